@@ -1,0 +1,84 @@
+"""Argument checks shared by the public API.
+
+Every check raises ``ValueError`` or ``TypeError`` with a message that names the
+argument and says what was expected, so bad input never reaches Pyro or torch
+as an opaque shape error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def check_tensor(name: str, value: object, *, ndim: int | Sequence[int] | None = None,
+                 floating: bool | None = None) -> Tensor:
+    """Return ``value`` if it is a finite, non-empty tensor of the expected rank.
+
+    ``floating=True`` requires a floating dtype, ``False`` an integer dtype.
+    """
+    if not isinstance(value, Tensor):
+        raise TypeError(f"Expected {name} to be a torch.Tensor, but got {type(value).__name__}.")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if value.dim() not in allowed:
+            raise ValueError(
+                f"Expected {name} to have {' or '.join(map(str, allowed))} dimensions, "
+                f"but got shape {tuple(value.shape)}."
+            )
+    if value.numel() == 0:
+        raise ValueError(f"Expected {name} to be non-empty, but got shape {tuple(value.shape)}.")
+    if floating is True and not value.is_floating_point():
+        raise TypeError(f"Expected {name} to have a floating dtype, but got {value.dtype}.")
+    if floating is False and (value.is_floating_point() or value.is_complex()):
+        raise TypeError(f"Expected {name} to have an integer dtype, but got {value.dtype}.")
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise ValueError(f"Expected {name} to contain only finite values, but found NaN or inf.")
+    return value
+
+
+def check_data(x: object, y: object | None = None) -> tuple[Tensor, Tensor | None]:
+    """Check inputs ``x`` of shape (N, D) and, if given, targets ``y`` of length N."""
+    x = check_tensor("x", x, ndim=2, floating=True)
+    if y is None:
+        return x, None
+    y = check_tensor("y", y, ndim=(1, 2))
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"Expected y to have one row per row of x ({x.shape[0]}), but got {y.shape[0]}."
+        )
+    if y.device != x.device:
+        raise ValueError(f"Expected x and y on the same device, but got {x.device} and {y.device}.")
+    return x, y
+
+
+def check_positive(name: str, value: object, *, allow_none: bool = False) -> float | None:
+    """Return ``value`` as a float if it is a finite number > 0."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"Expected {name} to be a number > 0, but got {value!r}.")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"Expected {name} > 0, but got {value!r}.")
+    return float(value)
+
+
+def check_positive_int(name: str, value: object, *, allow_none: bool = False) -> int | None:
+    """Return ``value`` if it is an int >= 1."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"Expected {name} to be an integer >= 1, but got {value!r}.")
+    if value < 1:
+        raise ValueError(f"Expected {name} >= 1, but got {value!r}.")
+    return value
+
+
+def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
+    """Return ``value`` if it is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"Unknown {name} {value!r}; expected one of: {', '.join(choices)}.")
+    return value  # type: ignore[return-value]

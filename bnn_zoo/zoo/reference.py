@@ -1,0 +1,40 @@
+"""Reference entries every benchmark runs: ``map`` (AutoDelta) and ``mean_field`` (AutoNormal)."""
+
+from __future__ import annotations
+
+from pyro.infer.autoguide import AutoDelta, AutoNormal
+
+from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
+from bnn_zoo.zoo import register
+from bnn_zoo.zoo._entry import Budget, Entry
+from bnn_zoo.zoo.bbb import mean_field_elbo, mlp
+
+
+def map_guide(model: BayesianMLP) -> AutoDelta:
+    """Point estimate of every weight (MAP under the model's prior)."""
+    return AutoDelta(model, init_loc_fn=init_to_fan_in)
+
+
+def auto_normal(model: BayesianMLP, *, init_scale: float = 0.01) -> AutoNormal:
+    """Pyro's mean-field Gaussian autoguide, started narrow at a fan-in initialisation."""
+    return AutoNormal(model, init_loc_fn=init_to_fan_in, init_scale=init_scale)
+
+
+register(Entry(
+    name="map",
+    description="MAP point estimate (Pyro AutoDelta)",
+    tasks=("regression", "classification"),
+    model=mlp,
+    guide=map_guide,
+    budget=Budget(steps=4000, lr=1e-2, batch_size=256),
+))
+
+register(Entry(
+    name="mean_field",
+    description="mean-field Gaussian (Pyro AutoNormal)",
+    tasks=("regression", "classification"),
+    model=mlp,
+    guide=auto_normal,
+    budget=Budget(steps=4000, lr=1e-2, batch_size=256),
+    elbo=mean_field_elbo,
+))

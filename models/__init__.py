@@ -1,0 +1,7 @@
+"""Pyro models of the zoo (installed as ``bnn_zoo.models``)."""
+
+from bnn_zoo.models.mlp import BayesianMLP as BayesianMLP
+from bnn_zoo.models.priors import GaussianPrior as GaussianPrior
+from bnn_zoo.models.priors import ScaleMixturePrior as ScaleMixturePrior
+
+__all__ = ["BayesianMLP", "GaussianPrior", "ScaleMixturePrior"]

@@ -1,0 +1,139 @@
+"""Bayesian MLP for regression and classification (seeds 001, 002, 004).
+
+Prior over every weight tensor (one sample site per tensor, named
+``layers.{l}.weight`` and ``layers.{l}.bias``), network output recorded as the
+deterministic site ``f``, and the likelihood at site ``obs`` inside
+``pyro.plate("data", N)``:
+
+* regression: ``y_n ~ N(f(x_n), sigma^2)``, with ``sigma`` fixed or learned as
+  a point estimate (type-II maximum likelihood); ``beta = sigma^-2`` is the
+  noise precision of Bishop (PRML 5.7);
+* classification: ``y_n ~ Categorical(softmax(f(x_n)))``.
+
+Minibatches come from the data plate: ``bnn_zoo.fit`` sets the plate's
+subsample indices, so the likelihood is rescaled by ``N / B`` and the ELBO stays
+unbiased (see :func:`bnn_zoo.training.subsample_data`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+from torch import Tensor
+
+from bnn_zoo._checks import check_choice, check_positive
+from bnn_zoo.nn import activation as activation_fn
+from bnn_zoo.nn import layer_names, layer_sizes, mlp_forward
+from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
+
+__all__ = ["TASKS", "BayesianMLP", "init_to_fan_in"]
+
+TASKS = ("regression", "classification")
+
+
+def drop_plate_dim(value: Tensor, event_dim: int) -> Tensor:
+    """Remove the singleton data-plate dim from the batch shape of a global site.
+
+    A site sampled outside ``plate("data", dim=-1)`` but inside a vectorised
+    particle or predictive plate has batch shape ``(S, 1)``; the network wants
+    the sample shape ``(S,)`` so its output ``(S, N, d)`` lines up with the plates.
+    """
+    if value.dim() > event_dim:
+        return value.squeeze(-event_dim - 1)
+    return value
+
+
+class BayesianMLP(PyroModule):
+    """Fully connected Bayesian network ``in_dim -> hidden... -> out_dim``.
+
+    Parameters
+    ----------
+    in_dim, out_dim : input width and output width (1 for regression, the number
+        of classes for classification).
+    hidden : widths of the hidden layers.
+    activation : hidden activation (``relu`` default; ``sigmoid`` for the seed's 1-3-1 net).
+    task : ``"regression"`` or ``"classification"``.
+    prior : :class:`GaussianPrior` (default ``N(0, 1)``) or :class:`ScaleMixturePrior`.
+    noise_scale : regression only; a float fixes ``sigma``, ``None`` learns it
+        (initialised at ``init_noise_scale``).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int = 1, hidden: Sequence[int] = (50,), *,
+                 activation: str = "relu", task: str = "regression",
+                 prior: GaussianPrior | ScaleMixturePrior | None = None,
+                 noise_scale: float | None = None, init_noise_scale: float = 0.5) -> None:
+        super().__init__()
+        self.task = check_choice("task", task, TASKS)
+        self.sizes = layer_sizes(in_dim, tuple(hidden), out_dim)
+        if task == "regression" and out_dim != 1:
+            raise ValueError(f"Expected out_dim == 1 for regression, but got {out_dim}.")
+        if task == "classification" and out_dim < 2:
+            raise ValueError(f"Expected out_dim >= 2 classes for classification, got {out_dim}.")
+        self.activation_name = activation
+        self.act = activation_fn(activation)
+        prior = GaussianPrior() if prior is None else prior
+        if not isinstance(prior, (GaussianPrior, ScaleMixturePrior)):
+            raise TypeError(f"Expected prior to be GaussianPrior or ScaleMixturePrior, got {prior!r}.")
+        self.prior = prior
+        self.learn_noise = task == "regression" and noise_scale is None
+        if self.learn_noise:
+            init = check_positive("init_noise_scale", init_noise_scale)
+            self.noise_scale = PyroParam(torch.tensor(init), constraint=constraints.positive)
+        else:
+            fixed = 1.0 if task == "classification" else check_positive("noise_scale", noise_scale)
+            self.register_buffer("fixed_noise_scale", torch.tensor(fixed))
+
+    @property
+    def sites(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``(name, shape)`` of every weight sample site, in forward order."""
+        out = []
+        for (w_name, b_name), d_in, d_out in zip(layer_names(len(self.sizes) - 1),
+                                                 self.sizes[:-1], self.sizes[1:]):
+            out += [(w_name, (d_in, d_out)), (b_name, (d_out,))]
+        return out
+
+    def observation_scale(self) -> Tensor:
+        """The regression noise standard deviation ``sigma``."""
+        return self.noise_scale if self.learn_noise else self.fixed_noise_scale
+
+    def sample_weights(self, like: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Sample every weight tensor from the prior (or the guide, under replay)."""
+        values = [drop_plate_dim(pyro.sample(name, self.prior.distribution(shape, like)),
+                                 len(shape)) for name, shape in self.sites]
+        return list(zip(values[::2], values[1::2]))
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        if x.dim() != 2 or x.shape[-1] != self.sizes[0]:
+            raise ValueError(
+                f"Expected x of shape (N, {self.sizes[0]}), but got {tuple(x.shape)}."
+            )
+        params = self.sample_weights(x)
+        with pyro.plate("data", x.shape[0]) as idx:
+            if idx.shape[0] != x.shape[0]:
+                x = x.index_select(0, idx)
+                y = None if y is None else y.index_select(0, idx)
+            f = pyro.deterministic("f", mlp_forward(x, params, self.act))
+            if self.task == "regression":
+                sigma = self.observation_scale().to(f.dtype)
+                pyro.sample("obs", dist.Normal(f.squeeze(-1), sigma), obs=y)
+            else:
+                pyro.sample("obs", dist.Categorical(logits=f), obs=y)
+        return f
+
+
+def init_to_fan_in(site: dict) -> Tensor:
+    """Initial value for autoguides: weight matrices ``N(0, 1/d_in)``, vectors zero.
+
+    Pyro's default ``init_to_feasible`` starts every weight at 0, where a ReLU
+    network has no gradient to break the symmetry between units.
+    """
+    fn = site["fn"]
+    ref = fn.mean
+    if len(fn.event_shape) == 2:
+        return torch.randn(ref.shape, dtype=ref.dtype, device=ref.device) / fn.event_shape[0] ** 0.5
+    return torch.zeros_like(ref)

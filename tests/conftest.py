@@ -1,0 +1,30 @@
+"""Pyro's testing habits: before each test, seed, clear the param store and turn
+validation on; tests that compare with closed forms ask for float64 themselves."""
+
+from __future__ import annotations
+
+import os
+
+import pyro
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(autouse=True)
+def pyro_test_setup():
+    pyro.set_rng_seed(0)
+    pyro.clear_param_store()
+    pyro.enable_validation(True)
+    yield
+    pyro.enable_validation(False)
+
+
+@pytest.fixture
+def uci_data():
+    """Skip cleanly unless BNN_ZOO_DATA points at the UCI folder."""
+    root = os.environ.get("BNN_ZOO_DATA")
+    if not root or not os.path.isdir(root):
+        pytest.skip("BNN_ZOO_DATA is not set to the UCI data folder")
+    return root
