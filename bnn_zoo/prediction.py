@@ -120,9 +120,8 @@ def predictive_from_likelihood(fn: dist.Distribution) -> Predictive:
         return GaussianMixturePredictive(loc.detach(), scale.detach())
     if isinstance(fn, dist.Categorical):
         return CategoricalPredictive(fn.probs.detach())
-    raise TypeError(
-        f"predict supports Normal and Categorical likelihoods at site 'obs', got {type(fn).__name__}."
-    )
+    raise TypeError("predict supports Normal and Categorical likelihoods at site 'obs', "
+                    f"got {type(fn).__name__}.")
 
 
 @torch.no_grad()

@@ -52,11 +52,12 @@ class BayesByBackpropGuide(PyroModule):
         super().__init__()
         check_positive("init_scale", init_scale)
         self.site_shapes = dict(model.sites)
+        self.keys = {name: name.replace(".", "_") for name in self.site_shapes}
         rho = softplus_inverse(init_scale)
         self.loc = nn.ParameterDict()
         self.rho = nn.ParameterDict()
         for name, shape in self.site_shapes.items():
-            key = name.replace(".", "_")
+            key = self.keys[name]
             if len(shape) == 2:
                 mean = torch.randn(shape, generator=generator) / math.sqrt(shape[0])
             else:
@@ -66,8 +67,9 @@ class BayesByBackpropGuide(PyroModule):
 
     def distributions(self) -> dict[str, dist.Normal]:
         """The variational Gaussian of every site, keyed by site name (no event dims)."""
-        return {name: dist.Normal(self.loc[key], nn.functional.softplus(self.rho[key]))
-                for name, key in ((n, n.replace(".", "_")) for n in self.site_shapes)}
+        locs, rhos = self.loc, self.rho  # each attribute access emits Pyro param messages
+        return {name: dist.Normal(locs[key], nn.functional.softplus(rhos[key]))
+                for name, key in self.keys.items()}
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> dict[str, Tensor]:
         return {name: pyro.sample(name, q.to_event(len(q.batch_shape)))

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import pyro
 import pyro.distributions as dist
 import torch
+from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
@@ -29,7 +30,6 @@ from torch import Tensor
 from bnn_zoo._checks import check_choice, check_positive
 from bnn_zoo.nn import activation as activation_fn
 from bnn_zoo.nn import layer_names, layer_sizes, mlp_forward
-from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 
 __all__ = ["TASKS", "BayesianMLP", "init_to_fan_in"]
 
@@ -78,7 +78,9 @@ class BayesianMLP(PyroModule):
         self.act = activation_fn(activation)
         prior = GaussianPrior() if prior is None else prior
         if not isinstance(prior, (GaussianPrior, ScaleMixturePrior)):
-            raise TypeError(f"Expected prior to be GaussianPrior or ScaleMixturePrior, got {prior!r}.")
+            raise TypeError(
+                f"Expected prior to be GaussianPrior or ScaleMixturePrior, got {prior!r}."
+            )
         self.prior = prior
         self.learn_noise = task == "regression" and noise_scale is None
         if self.learn_noise:

@@ -29,6 +29,7 @@ class Budget:
     batch_size: int | None = 256
     num_particles: int = 1
     kl_weighting: str = "uniform"
+    jit: bool = False
 
 
 @dataclass
@@ -161,6 +162,6 @@ def svi_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, s
     result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
                  batch_size=budget.batch_size, num_particles=budget.num_particles,
                  kl_weighting=budget.kl_weighting, elbo=entry.elbo(model), seed=seed,
-                 progress=progress)
+                 progress=progress, jit=budget.jit)
     placeholder = Standardizer.identity(x)
     return Fitted(entry.name, task, model, guide, placeholder, None, result.seconds, result)

@@ -26,7 +26,7 @@ register(Entry(
     tasks=("regression", "classification"),
     model=mlp,
     guide=map_guide,
-    budget=Budget(steps=4000, lr=1e-2, batch_size=256),
+    budget=Budget(steps=4000, lr=3e-2, batch_size=256, jit=True),
 ))
 
 register(Entry(
@@ -35,6 +35,6 @@ register(Entry(
     tasks=("regression", "classification"),
     model=mlp,
     guide=auto_normal,
-    budget=Budget(steps=4000, lr=1e-2, batch_size=256),
+    budget=Budget(steps=4000, lr=3e-2, batch_size=256, jit=True),
     elbo=mean_field_elbo,
 ))

@@ -1,0 +1,153 @@
+"""Milliseconds per SVI step of the ``bbb`` entry's model and guide against plain PyTorch.
+
+Three steps of the same network, timed in the same run, interleaved, medians:
+
+* ``torch_map``: a deterministic plain-PyTorch step (MSE-style Gaussian NLL, Adam);
+* ``torch_bbb``: a hand-written Bayes-by-Backprop step (reparameterised diagonal
+  Gaussian, closed-form KL, Adam) -- what the zoo's pair computes, without Pyro;
+* ``zoo_bbb``: ``BayesianMLP`` + ``BayesByBackpropGuide`` through the loss that
+  ``bnn_zoo.fit`` uses, one fused Adam.
+
+Ratios to ``torch_map`` and ``zoo_bbb / torch_bbb`` are printed and written as
+Markdown and JSON under ``--out``.
+
+    python benchmarks/speed.py --out results/speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyro
+import torch
+from bnn_zoo.guides import BayesByBackpropGuide
+from bnn_zoo.models import BayesianMLP
+
+from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo.nn import mlp_forward
+from bnn_zoo.training import SVIStep
+
+NETS = {"13-50-1": ([13, 50, 1], 100), "784-400-400-10": ([784, 400, 400, 10], 128)}
+
+
+def torch_params(sizes: list[int]) -> list[torch.Tensor]:
+    params = []
+    for d_in, d_out in zip(sizes[:-1], sizes[1:]):
+        params += [(torch.randn(d_in, d_out) / d_in**0.5).requires_grad_(),
+                   torch.zeros(d_out, requires_grad=True)]
+    return params
+
+
+def nll(f: torch.Tensor, y: torch.Tensor, classification: bool) -> torch.Tensor:
+    if classification:
+        return torch.nn.functional.cross_entropy(f, y, reduction="sum")
+    return 0.5 * ((f.squeeze(-1) - y) ** 2).sum()
+
+
+def torch_map_step(sizes, x, y, n, classification) -> Callable[[], None]:
+    params = torch_params(sizes)
+    opt = torch.optim.Adam(params, lr=1e-3)
+
+    def step():
+        opt.zero_grad()
+        f = mlp_forward(x, list(zip(params[::2], params[1::2])))
+        loss = n / x.shape[0] * nll(f, y, classification)
+        loss = loss + 0.5 * sum((p**2).sum() for p in params)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def torch_bbb_step(sizes, x, y, n, classification) -> Callable[[], None]:
+    locs = torch_params(sizes)
+    rhos = [torch.full_like(p, -4.6).requires_grad_() for p in locs]
+    opt = torch.optim.Adam(locs + rhos, lr=1e-3)
+
+    def step():
+        opt.zero_grad()
+        sigmas = [torch.nn.functional.softplus(r) for r in rhos]
+        ws = [m + s * torch.randn_like(s) for m, s in zip(locs, sigmas)]
+        f = mlp_forward(x, list(zip(ws[::2], ws[1::2])))
+        kl = sum((0.5 * (s**2 + m**2 - 1) - torch.log(s)).sum() for m, s in zip(locs, sigmas))
+        loss = n / x.shape[0] * nll(f, y, classification) + kl
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def zoo_bbb_step(sizes, x, y, n, classification, jit=False) -> Callable[[], None]:
+    task = "classification" if classification else "regression"
+    model = BayesianMLP(sizes[0], sizes[-1], sizes[1:-1], task=task, noise_scale=1.0)
+    guide = BayesByBackpropGuide(model)
+    return SVIStep(model, guide, x, y, lr=1e-3, elbo=MeanFieldELBO,
+                   batch_size=n // 10, jit=jit)
+
+
+def time_steps(steps: dict[str, Callable[[], None]], repeats: int, inner: int) -> dict:
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for fn in steps.values():  # warm-up
+        for _ in range(5):
+            fn()
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times[name].append((time.perf_counter() - start) / inner * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--inner", type=int, default=20)
+    parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
+    parser.add_argument("--out", type=Path, default=None, help="folder for speed.md/json")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    pyro.set_rng_seed(0)
+    rows = []
+    for net in args.nets:
+        sizes, batch = NETS[net]
+        classification = sizes[-1] > 1
+        n = 10 * batch
+        x = torch.randn(n, sizes[0])
+        y = torch.randint(sizes[-1], (n,)) if classification else torch.randn(n)
+        xb, yb = x[:batch], y[:batch]
+        steps = {
+            "torch_map": torch_map_step(sizes, xb, yb, n, classification),
+            "torch_bbb": torch_bbb_step(sizes, xb, yb, n, classification),
+            "zoo_bbb": zoo_bbb_step(sizes, x, y, n, classification),
+            "zoo_bbb_jit": zoo_bbb_step(sizes, x, y, n, classification, jit=True),
+        }
+        ms = time_steps(steps, args.repeats, args.inner)
+        rows.append({"net": net, "batch": batch, **{f"{k}_ms": v for k, v in ms.items()},
+                     "torch_bbb_ratio": ms["torch_bbb"] / ms["torch_map"],
+                     "zoo_bbb_ratio": ms["zoo_bbb"] / ms["torch_map"],
+                     "zoo_vs_hand": ms["zoo_bbb"] / ms["torch_bbb"]})
+    lines = ["| net | batch | torch MAP ms | torch BBB ms | zoo bbb ms | BBB/MAP | zoo/MAP "
+             "| zoo/hand BBB |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['net']} | {r['batch']} | {r['torch_map_ms']:.3f} | "
+                     f"{r['torch_bbb_ms']:.3f} | {r['zoo_bbb_ms']:.3f} | "
+                     f"{r['torch_bbb_ratio']:.2f} | {r['zoo_bbb_ratio']:.2f} | "
+                     f"{r['zoo_vs_hand']:.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "speed.md").write_text(table + "\n")
+        (args.out / "speed.json").write_text(json.dumps(rows, indent=2))
+    return {"rows": rows}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""Bayes by Backprop (seed 004): the seed's hand-derived gradients, the mean-field
+optimum of Bayesian linear regression, minibatch weighting, and the sine fit."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro import poutine
+
+from bnn_zoo import data, zoo
+from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo.guides import BayesByBackpropGuide
+from bnn_zoo.guides.bbb import softplus_inverse
+from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
+from bnn_zoo.models.priors import ScaleMixtureNormal
+from bnn_zoo.training import kl_weights
+
+
+def seed_net(sigma: float, prior_scale: float):
+    model = BayesianMLP(1, 1, (3,), activation="sigmoid", noise_scale=sigma,
+                        prior=GaussianPrior(prior_scale)).double()
+    guide = BayesByBackpropGuide(model).double()
+    with torch.no_grad():
+        for key in guide.loc:
+            guide.loc[key].normal_()
+            guide.rho[key].uniform_(-3, 0)
+    return model, guide
+
+
+def test_seed_gradients_match_autograd():
+    """Equations (1)-(8) of seed 004 (with (8) using layer 1's eps and rho, not layer 2's),
+    and the prior and posterior terms, against autograd through model and guide."""
+    sigma, sigma_p = 0.3, 0.05
+    model, guide = seed_net(sigma, sigma_p)
+    x = torch.tensor([[0.7]], dtype=torch.float64)
+    y = torch.tensor([0.2], dtype=torch.float64)
+    qs = guide.distributions()
+    eps = {name: torch.randn_like(q.loc) for name, q in qs.items()}
+    w = {name: q.loc + q.scale * eps[name] for name, q in qs.items()}
+    conditioned = poutine.trace(poutine.condition(model, data=w)).get_trace(x, y)
+    log_lik = conditioned.nodes["obs"]["fn"].log_prob(y).sum()
+    log_prior = sum(conditioned.nodes[n]["fn"].log_prob(w[n]) for n in w)
+    log_post = sum(qs[n].log_prob(w[n]).sum() for n in w)
+    params = [guide.loc[k] for k in guide.loc] + [guide.rho[k] for k in guide.rho]
+    names = list(guide.loc)
+    g_lik = dict(zip(["mu." + k for k in names] + ["rho." + k for k in names],
+                     torch.autograd.grad(log_lik, params, retain_graph=True)))
+    g_prior = dict(zip(["mu." + k for k in names] + ["rho." + k for k in names],
+                       torch.autograd.grad(log_prior, params, retain_graph=True)))
+    g_post = dict(zip(["mu." + k for k in names] + ["rho." + k for k in names],
+                      torch.autograd.grad(log_post, params)))
+
+    W1, b1 = w["layers.0.weight"], w["layers.0.bias"]
+    W2, b2 = w["layers.1.weight"], w["layers.1.bias"]
+    h1 = torch.sigmoid(x @ W1 + b1)
+    h_out = h1 @ W2 + b2
+    r = (y - h_out) / sigma**2  # d log p(D|w) / d h_out
+    dsig = {k: torch.sigmoid(guide.rho[k]) for k in names}  # d softplus(rho) / d rho
+    e = {k.replace(".", "_"): v for k, v in eps.items()}
+    back = (r * W2.T) * h1 * (1 - h1)  # d log p / d z1
+    seed = {
+        "mu.layers_1_weight": (r * h1).T,                                              # (1)
+        "rho.layers_1_weight": (r * h1).T * e["layers_1_weight"] * dsig["layers_1_weight"],  # (2)
+        "mu.layers_1_bias": r.reshape(1),                                              # (3)
+        "rho.layers_1_bias": r.reshape(1) * e["layers_1_bias"] * dsig["layers_1_bias"],  # (4)
+        "mu.layers_0_weight": x.T @ back,                                              # (5)
+        "rho.layers_0_weight": x.T @ back * e["layers_0_weight"] * dsig["layers_0_weight"],  # (6)
+        "mu.layers_0_bias": back.reshape(3),                                           # (7)
+        # (8), corrected: the seed multiplies by layer 2's eps and rho here.
+        "rho.layers_0_bias": back.reshape(3) * e["layers_0_bias"] * dsig["layers_0_bias"],
+    }
+    for key, expected in seed.items():
+        torch.testing.assert_close(g_lik[key], expected.reshape(g_lik[key].shape))
+    for name in names:
+        wv = w[name.replace("_", ".", 1).replace("_", ".", 1)]
+        torch.testing.assert_close(g_prior["mu." + name], -wv / sigma_p**2)
+        torch.testing.assert_close(g_prior["rho." + name],
+                                   -wv / sigma_p**2 * e[name] * dsig[name])
+        # log q(w|theta) = -log sigma - eps^2/2 + c at w = mu + sigma eps: no mu-dependence.
+        torch.testing.assert_close(g_post["mu." + name], torch.zeros_like(wv))
+        torch.testing.assert_close(g_post["rho." + name],
+                                   -dsig[name] / torch.nn.functional.softplus(guide.rho[name]))
+
+
+def blr_problem(n: int = 40, d: int = 2):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    w_true = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    sigma, s = 0.5, 1.0
+    y = x @ w_true + 0.3 + sigma * torch.randn(n, generator=gen, dtype=torch.float64)
+    model = BayesianMLP(d, 1, (), noise_scale=sigma, prior=GaussianPrior(s)).double()
+    phi = torch.cat([x, torch.ones(n, 1, dtype=torch.float64)], 1)  # weights then bias
+    precision = phi.T @ phi / sigma**2 + torch.eye(d + 1, dtype=torch.float64) / s**2
+    mean = torch.linalg.solve(precision, phi.T @ y / sigma**2)
+    # Mean-field optimum for a Gaussian target: the exact mean, variances 1 / Lambda_ii.
+    return model, x, y, mean, 1.0 / precision.diagonal()
+
+
+def set_guide(guide: BayesByBackpropGuide, mean: torch.Tensor, var: torch.Tensor) -> None:
+    with torch.no_grad():
+        guide.loc["layers_0_weight"].copy_(mean[:-1, None])
+        guide.loc["layers_0_bias"].copy_(mean[-1:])
+        guide.rho["layers_0_weight"].copy_(torch.log(torch.expm1(var[:-1, None].sqrt())))
+        guide.rho["layers_0_bias"].copy_(torch.log(torch.expm1(var[-1:].sqrt())))
+
+
+def test_mean_field_optimum_is_stationary_for_linear_regression():
+    """At the known mean-field solution, the ELBO gradient vanishes in expectation
+    (averaged over 4096 vectorised particles, within 4 Monte Carlo standard errors)."""
+    model, x, y, mean, var = blr_problem()
+    guide = BayesByBackpropGuide(model).double()
+    set_guide(guide, mean, var)
+    grads = []
+    for _ in range(16):
+        loss = MeanFieldELBO(num_particles=256, vectorize_particles=True,
+                             max_plate_nesting=1).differentiable_loss(model, guide, x, y)
+        grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+            loss, list(guide.parameters()))]))
+    grads = torch.stack(grads)
+    se = grads.std(0) / math.sqrt(grads.shape[0])
+    assert (grads.mean(0).abs() <= 4 * se + 1e-9).all(), (grads.mean(0), se)
+    # ...and moving away from it lowers the closed-form-KL ELBO (a non-trivial check).
+    set_guide(guide, mean + 0.3 * var.sqrt(), var)
+    shifted = torch.stack([torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+        MeanFieldELBO(num_particles=256, vectorize_particles=True, max_plate_nesting=1)
+        .differentiable_loss(model, guide, x, y), list(guide.parameters()))])
+        for _ in range(4)]).mean(0)
+    assert shifted.abs().max() > 10 * se.max()
+
+
+def test_svi_reaches_mean_field_optimum_for_linear_regression():
+    model, x, y, mean, var = blr_problem()
+    guide = BayesByBackpropGuide(model, init_scale=0.1).double()
+    from bnn_zoo import fit
+
+    # A large step to get there, then a small one so Adam's noise is below the tolerance.
+    for lr in (0.02, 0.002):
+        fit(model, guide, x, y, steps=1500, lr=lr, num_particles=16, elbo=MeanFieldELBO,
+            seed=0, jit=True)
+    got_mean = torch.cat([guide.loc["layers_0_weight"].reshape(-1), guide.loc["layers_0_bias"]])
+    got_sd = torch.nn.functional.softplus(
+        torch.cat([guide.rho["layers_0_weight"].reshape(-1), guide.rho["layers_0_bias"]]))
+    assert ((got_mean - mean).abs() / var.sqrt()).max() < 0.15
+    assert ((got_sd / var.sqrt()).log().abs()).max() < 0.15
+
+
+def test_minibatch_elbo_is_unbiased():
+    """The loss on a random minibatch (likelihood scaled by N/B) averages to the full-batch
+    loss: same guide state, 4 standard errors."""
+    from bnn_zoo.training import SVIStep
+
+    model, x, y, mean, var = blr_problem(n=40)
+    guide = BayesByBackpropGuide(model).double()
+    set_guide(guide, mean, var)
+    full = SVIStep(model, guide, x, y, lr=1e-3, elbo=MeanFieldELBO)
+    mini = SVIStep(model, guide, x, y, lr=1e-3, batch_size=8, elbo=MeanFieldELBO)
+    with torch.no_grad():
+        a = torch.stack([full.loss(*full.next_batch()) for _ in range(2000)])
+        b = torch.stack([mini.loss(*mini.next_batch()) for _ in range(2000)])
+    se = (a.var() / a.numel() + b.var() / b.numel()).sqrt()
+    assert (a.mean() - b.mean()).abs() < 4 * se
+    assert b.std() > a.std()  # the minibatch estimate really does vary with the batch
+
+
+def test_kl_weights_sum_to_one():
+    for scheme in ("uniform", "graves"):
+        pis = kl_weights(7, scheme)
+        assert math.isclose(sum(pis), 1.0)
+    graves = kl_weights(3, "graves")
+    assert graves == pytest.approx([4 / 7, 2 / 7, 1 / 7])
+    assert sum(kl_weights(5000, "graves")) == pytest.approx(1.0)
+
+
+def test_graves_weighting_scales_only_the_kl():
+    """With Graves' weights the loss of batch i is M pi_i KL - (N/B) log-lik: check it by
+    comparing with the uniform loss on the same weight sample."""
+    from bnn_zoo.training import SVIStep
+
+    model, x, y, mean, var = blr_problem(n=40)
+    guide = BayesByBackpropGuide(model).double()
+    uniform = SVIStep(model, guide, x, y, lr=1e-3, batch_size=10, elbo=MeanFieldELBO)
+    graves = SVIStep(model, guide, x, y, lr=1e-3, batch_size=10, elbo=MeanFieldELBO,
+                     kl_weighting="graves")
+    idx = torch.arange(10)
+    kl = sum(torch.distributions.kl_divergence(q, torch.distributions.Normal(0.0, 1.0)).sum()
+             for q in guide.distributions().values())
+    pis = kl_weights(4, "graves")
+    for i in range(4):
+        pyro.set_rng_seed(i)
+        lu = uniform.loss(i, idx)
+        pyro.set_rng_seed(i)
+        lg = graves.loss(i, idx)
+        torch.testing.assert_close(lg - lu, (4 * pis[i] - 1) * kl)
+
+
+def test_scale_mixture_log_prob_and_moments():
+    d = ScaleMixtureNormal(torch.tensor(0.3), torch.tensor(1.0), torch.tensor(0.01))
+    w = torch.linspace(-3, 3, 11)
+    direct = torch.log(0.3 * torch.exp(torch.distributions.Normal(0, 1.0).log_prob(w))
+                       + 0.7 * torch.exp(torch.distributions.Normal(0, 0.01).log_prob(w)))
+    torch.testing.assert_close(d.log_prob(w), direct)
+    samples = d.expand((200000,)).sample()
+    expected = 0.3 * 1.0 + 0.7 * 0.01**2
+    assert abs(samples.var() - expected) < 4 * math.sqrt(2 * 3.0 / 200000)
+    with pytest.raises(ValueError, match="pi"):
+        ScaleMixturePrior(pi=1.5)
+
+
+def test_scale_mixture_prior_trains_with_monte_carlo_kl():
+    d = data.load("sine")
+    fitted = zoo.get("bbb").fit(d.x_train, d.y_train, steps=300, prior=ScaleMixturePrior())
+    assert math.isfinite(fitted.result.losses[-1])
+    assert fitted.result.losses[-1] < fitted.result.losses[0]
+
+
+def test_init_is_narrow_and_documented():
+    model = BayesianMLP(3, 1, (4,))
+    guide = BayesByBackpropGuide(model, init_scale=0.02)
+    for q in guide.distributions().values():
+        torch.testing.assert_close(q.scale, torch.full_like(q.scale, 0.02))
+    assert softplus_inverse(0.693147) == pytest.approx(0.0, abs=1e-5)
+    with pytest.raises(ValueError, match="init_scale"):
+        BayesByBackpropGuide(model, init_scale=0.0)
+
+
+def test_bbb_on_sine_is_close_to_the_noise():
+    """Test log-likelihood within 0.3 nats per point of the generating noise's own, and the
+    90% interval covers 80-98% of test points."""
+    d = data.load("sine")
+    fitted = zoo.get("bbb").fit(d.x_train, d.y_train, seed=0)
+    metrics = fitted.evaluate(d.x_test, d.y_test)
+    noise_ll = -0.5 * math.log(2 * math.pi * d.noise_scale**2) - 0.5
+    assert metrics["ll"] >= noise_ll - 0.3, metrics
+    assert 0.80 <= metrics["coverage_90"] <= 0.98, metrics
