@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pyro
 import torch
-from bnn_zoo.guides import BayesByBackpropGuide
-from bnn_zoo.models import BayesianMLP
 
 from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo.guides import BayesByBackpropGuide
+from bnn_zoo.models import BayesianMLP
 from bnn_zoo.nn import mlp_forward
 from bnn_zoo.training import SVIStep
 

@@ -22,16 +22,16 @@ from collections.abc import Sequence
 import pyro
 import pyro.distributions as dist
 import torch
-from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 
 from bnn_zoo._checks import check_choice, check_positive
+from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 from bnn_zoo.nn import activation as activation_fn
 from bnn_zoo.nn import layer_names, layer_sizes, mlp_forward
 
-__all__ = ["TASKS", "BayesianMLP", "init_to_fan_in"]
+__all__ = ["TASKS", "BayesianMLP", "fan_in_init", "init_to_fan_in"]
 
 TASKS = ("regression", "classification")
 
@@ -128,14 +128,26 @@ class BayesianMLP(PyroModule):
         return f
 
 
+def fan_in_init(shape: tuple[int, ...], *, dtype: torch.dtype | None = None,
+                device: torch.device | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
+    """Initial weights: matrices ``(d_in, d_out)`` drawn ``N(0, 1/d_in)``, biases ``U(-1, 1)``.
+
+    On standardised inputs a unit's pre-activation ``w.x`` then has variance about 1,
+    and random biases spread the ReLU kinks ``-b/w`` over the data; zero biases would
+    put every kink at ``x = 0`` and leave a 1-D net unable to bend anywhere else.
+    """
+    if len(shape) == 2:
+        return torch.randn(shape, dtype=dtype, device=device, generator=generator) / shape[0] ** 0.5
+    return 2 * torch.rand(shape, dtype=dtype, device=device, generator=generator) - 1
+
+
 def init_to_fan_in(site: dict) -> Tensor:
-    """Initial value for autoguides: weight matrices ``N(0, 1/d_in)``, vectors zero.
+    """``init_loc_fn`` for autoguides: :func:`fan_in_init` for every weight site.
 
     Pyro's default ``init_to_feasible`` starts every weight at 0, where a ReLU
     network has no gradient to break the symmetry between units.
     """
-    fn = site["fn"]
-    ref = fn.mean
-    if len(fn.event_shape) == 2:
-        return torch.randn(ref.shape, dtype=ref.dtype, device=ref.device) / fn.event_shape[0] ** 0.5
-    return torch.zeros_like(ref)
+    ref = site["fn"].mean
+    return fan_in_init(tuple(site["fn"].event_shape), dtype=ref.dtype, device=ref.device).expand(
+        ref.shape)

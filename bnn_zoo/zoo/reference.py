@@ -7,7 +7,7 @@ from pyro.infer.autoguide import AutoDelta, AutoNormal
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.zoo import register
 from bnn_zoo.zoo._entry import Budget, Entry
-from bnn_zoo.zoo.bbb import mean_field_elbo, mlp
+from bnn_zoo.zoo.bbb import VI_BUDGET, mean_field_elbo, mlp
 
 
 def map_guide(model: BayesianMLP) -> AutoDelta:
@@ -35,6 +35,6 @@ register(Entry(
     tasks=("regression", "classification"),
     model=mlp,
     guide=auto_normal,
-    budget=Budget(steps=4000, lr=3e-2, batch_size=256, jit=True),
+    budget=VI_BUDGET,
     elbo=mean_field_elbo,
 ))
