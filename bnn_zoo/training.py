@@ -193,7 +193,10 @@ class SVIStep:
         fn = self._compiled.get(key)
         if fn is None:
             inputs = (*self.params, self.x, self.y, idx)
-            with warnings.catch_warnings():
+            devices = [self.x.device] if self.x.device.type == "cuda" else []
+            # Tracing runs the loss once; forking the RNG keeps that run's noise out of the
+            # random stream, so a JIT fit draws exactly the noise of an eager fit.
+            with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
                 # torch.jit.trace is deprecated in favour of torch.compile, which cannot
                 # trace through Pyro's effect handlers; its tracer warnings are expected.
                 warnings.simplefilter("ignore")
