@@ -109,8 +109,10 @@ def nan_beyond_one(x, y=None):
 def test_nan_loss_stops_with_clear_error_and_keeps_last_finite_parameters():
     x, y = torch.zeros(10, 1), torch.full((10,), 5.0)
     guide = AutoDelta(nan_beyond_one)
+    # validate=False: with validation on, Pyro rejects the NaN factor itself with a ValueError;
+    # the guard is what stops a run without validation, fit's default.
     with pytest.raises(TrainingDiverged, match="restored"):
-        bnn_zoo.fit(nan_beyond_one, guide, x, y, steps=500, lr=0.1)
+        bnn_zoo.fit(nan_beyond_one, guide, x, y, steps=500, lr=0.1, validate=False)
     z = guide.median()["z"]
     assert torch.isfinite(z) and 0.5 < z <= 1.0
 
