@@ -71,13 +71,3 @@ def mlp_forward(x: Tensor, params: Sequence[tuple[Tensor, Tensor]],
             h = act(h)
     return h
 
-
-def init_mlp_params(sizes: Sequence[int], *, generator: torch.Generator | None = None,
-                    dtype: torch.dtype | None = None,
-                    device: torch.device | str | None = None) -> list[tuple[Tensor, Tensor]]:
-    """He/LeCun-style initial weights ``W ~ N(0, 1/d_in)``, zero biases."""
-    params = []
-    for d_in, d_out in zip(sizes[:-1], sizes[1:]):
-        weight = torch.randn(d_in, d_out, generator=generator, dtype=dtype, device=device)
-        params.append((weight / d_in**0.5, torch.zeros(d_out, dtype=dtype, device=device)))
-    return params
