@@ -8,7 +8,9 @@ Three steps of the same network, timed in the same run, interleaved, medians:
 * ``zoo_bbb``: ``BayesianMLP`` + ``BayesByBackpropGuide`` through the loss that
   ``bnn_zoo.fit`` uses, one fused Adam.
 
-* ``zoo_bbb_jit``: the same with the JIT-traced loss the ``bbb`` entry trains with.
+* ``zoo_bbb_jit``: the same with the JIT-traced loss;
+* ``zoo_bbb_lrt_jit``: the JIT-traced loss with the local reparameterisation trick,
+  as the ``bbb`` entry trains.
 
 Ratios to ``torch_map`` and to the hand-written step are printed and written as
 Markdown, JSON and a bar chart under ``--out``.
@@ -28,13 +30,13 @@ from pathlib import Path
 import pyro
 import torch
 
-from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo.elbo import LocalReparameterizationELBO, MeanFieldELBO
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP
 from bnn_zoo.nn import mlp_forward
 from bnn_zoo.training import SVIStep
 
-STEPS = ("torch_map", "torch_bbb", "zoo_bbb", "zoo_bbb_jit")
+STEPS = ("torch_map", "torch_bbb", "zoo_bbb", "zoo_bbb_jit", "zoo_bbb_lrt_jit")
 NETS = {"13-50-1": ([13, 50, 1], 100), "784-400-400-10": ([784, 400, 400, 10], 128)}
 
 
@@ -85,11 +87,12 @@ def torch_bbb_step(sizes, x, y, n, classification) -> Callable[[], None]:
     return step
 
 
-def zoo_bbb_step(sizes, x, y, n, classification, jit=False) -> Callable[[], None]:
+def zoo_bbb_step(sizes, x, y, n, classification, jit=False,
+                 elbo=MeanFieldELBO) -> Callable[[], None]:
     task = "classification" if classification else "regression"
     model = BayesianMLP(sizes[0], sizes[-1], sizes[1:-1], task=task, noise_scale=1.0)
     guide = BayesByBackpropGuide(model)
-    return SVIStep(model, guide, x, y, lr=1e-3, elbo=MeanFieldELBO,
+    return SVIStep(model, guide, x, y, lr=1e-3, elbo=elbo,
                    batch_size=n // 10, jit=jit)
 
 
@@ -131,12 +134,15 @@ def main(argv: list[str] | None = None) -> dict:
             "torch_bbb": torch_bbb_step(sizes, xb, yb, n, classification),
             "zoo_bbb": zoo_bbb_step(sizes, x, y, n, classification),
             "zoo_bbb_jit": zoo_bbb_step(sizes, x, y, n, classification, jit=True),
+            "zoo_bbb_lrt_jit": zoo_bbb_step(sizes, x, y, n, classification, jit=True,
+                                            elbo=LocalReparameterizationELBO),
         }
         ms = time_steps(steps, args.repeats, args.inner)
         rows.append({"net": net, "batch": batch, **{f"{k}_ms": v for k, v in ms.items()},
                      **{f"{k}_per_map": v / ms["torch_map"] for k, v in ms.items()},
                      "zoo_vs_hand": ms["zoo_bbb"] / ms["torch_bbb"],
-                     "zoo_jit_vs_hand": ms["zoo_bbb_jit"] / ms["torch_bbb"]})
+                     "zoo_jit_vs_hand": ms["zoo_bbb_jit"] / ms["torch_bbb"],
+                     "zoo_lrt_jit_vs_hand": ms["zoo_bbb_lrt_jit"] / ms["torch_bbb"]})
     table = markdown_table(rows)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -149,12 +155,13 @@ def main(argv: list[str] | None = None) -> dict:
 def markdown_table(rows: list[dict]) -> str:
     lines = ["| net | batch | " + " | ".join(f"{k} ms" for k in STEPS)
              + " | " + " | ".join(f"{k}/MAP" for k in STEPS[1:])
-             + " | zoo/hand BBB | zoo JIT/hand BBB |",
-             "|---" * (2 + 2 * len(STEPS) - 1 + 2) + "|"]
+             + " | zoo/hand BBB | zoo JIT/hand BBB | zoo LRT JIT/hand BBB |",
+             "|---" * (2 + 2 * len(STEPS) - 1 + 3) + "|"]
     for r in rows:
         cells = [r["net"], str(r["batch"]), *(f"{r[f'{k}_ms']:.3f}" for k in STEPS),
                  *(f"{r[f'{k}_per_map']:.2f}" for k in STEPS[1:]),
-                 f"{r['zoo_vs_hand']:.2f}", f"{r['zoo_jit_vs_hand']:.2f}"]
+                 f"{r['zoo_vs_hand']:.2f}", f"{r['zoo_jit_vs_hand']:.2f}",
+                 f"{r['zoo_lrt_jit_vs_hand']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
