@@ -132,6 +132,7 @@ class NNGPKernel(gp.kernels.Kernel):
                  active_dims: list[int] | None = None) -> None:
         check_positive_int("input_dim", input_dim)
         super().__init__(input_dim, active_dims)
+        self.all_dims = active_dims is None
         self.activation = check_choice("activation", activation, sorted(ACTIVATIONS))
         if num_features is None and activation not in CLOSED_FORMS:
             num_features = 4096
@@ -163,7 +164,7 @@ class NNGPKernel(gp.kernels.Kernel):
         return activation(self.activation)(g) / math.sqrt(self.num_features)
 
     def forward(self, X: Tensor, Z: Tensor | None = None, diag: bool = False) -> Tensor:
-        X = self._slice_input(check_tensor("X", X, ndim=(1, 2), floating=True))
+        X = self._checked_input("X", X)
         if diag:
             if self.closed_form:
                 k = self.preactivation_variance(X)
@@ -171,11 +172,7 @@ class NNGPKernel(gp.kernels.Kernel):
             else:
                 product = (self.features(X) ** 2).sum(-1)
             return self.output_bias_variance + self.output_variance * product
-        Z = X if Z is None else self._slice_input(check_tensor("Z", Z, ndim=(1, 2),
-                                                               floating=True))
-        if X.shape[1] != self.input_dim or Z.shape[1] != self.input_dim:
-            raise ValueError(f"Expected X and Z with {self.input_dim} columns, but got "
-                             f"{X.shape[1]} and {Z.shape[1]}.")
+        Z = X if Z is None else self._checked_input("Z", Z)
         if self.closed_form:
             kxx = self.preactivation_variance(X).unsqueeze(-1)
             kzz = self.preactivation_variance(Z).unsqueeze(-2)
@@ -184,6 +181,14 @@ class NNGPKernel(gp.kernels.Kernel):
         else:
             product = self.features(X) @ self.features(Z).T
         return self.output_bias_variance + self.output_variance * product
+
+    def _checked_input(self, name: str, X: object) -> Tensor:
+        X = check_tensor(name, X, ndim=(1, 2), floating=True)
+        columns = X.shape[1] if X.dim() == 2 else 1
+        needed = self.input_dim if self.all_dims else max(self.active_dims) + 1
+        if columns < needed or (self.all_dims and columns != needed):
+            raise ValueError(f"Expected {name} with {needed} columns, but got {columns}.")
+        return self._slice_input(X)
 
     def preactivation_variance(self, X: Tensor) -> Tensor:
         r"""(N,) :math:`\Sigma(x, x)`."""
