@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -182,8 +181,8 @@ def test_tail_parameter_increases_with_depth():
 
 def test_nngp_entry_fits_sine_in_original_units():
     ds = data.load("sine")
-    x, y = ds.x_train[:120], 3.0 + 2.0 * ds.y_train[:120]
-    fitted = zoo.get("nngp").fit(x, y, steps=40)
+    x, y = ds.x_train[:80], 3.0 + 2.0 * ds.y_train[:80]
+    fitted = zoo.get("nngp").fit(x, y, steps=40, lr=0.1)
     assert fitted.result.losses[-1] < fitted.result.losses[0]
     out = fitted.evaluate(ds.x_test[:200], 3.0 + 2.0 * ds.y_test[:200])
     assert out["rmse"] < 0.5 and out["ll"] > -1.0 and 0.7 < out["coverage_90"] <= 1.0
@@ -220,9 +219,8 @@ def test_nngp_on_concrete(uci_data):
 def test_priors_command_writes_tables_and_figures(tmp_path):
     from bnn_zoo import priors_cli
 
-    args = Namespace(widths=[1, 10], depth=3, width=2, samples=2000, activation="relu",
-                     out=tmp_path)
-    priors_cli.run(args)
+    priors_cli.main(["priors", "--widths", "1", "10", "--depth", "3", "--samples", "2000",
+                     "--out", str(tmp_path)])
     for name in ("priors.md", "priors.json", "output_vs_gaussian.png", "tail_parameters.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "theta" in (tmp_path / "priors.md").read_text()
