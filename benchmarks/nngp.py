@@ -19,7 +19,6 @@ Writes ``nngp.md``, ``nngp.json``, ``covariance.png`` and ``test_ll.png`` into `
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from pathlib import Path
@@ -32,7 +31,7 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 from bnn_zoo import data, zoo  # noqa: E402
-from bnn_zoo.priors_cli import markdown_table, width_sweep  # noqa: E402
+from bnn_zoo.priors_cli import width_sweep, write_tables  # noqa: E402
 
 
 def evaluate_entries(datasets: list[str], entries: list[str], splits: int, steps: int | None,
@@ -119,14 +118,11 @@ def main(argv: list[str] | None = None) -> dict:
     rows = evaluate_entries(args.datasets, args.entries, args.splits, args.steps, args.train_size)
     brief = [{k: r[k] for k in ("dataset", "entry", "splits", "ll", "ll_se", "rmse",
                                 "coverage_90", "fit_seconds")} for r in rows]
-    text = (f"## Prior: one hidden {args.activation} layer against the NNGP kernel\n\n"
-            f"{markdown_table(sweep)}\n\n## Test log-likelihood and RMSE\n\n"
-            f"{markdown_table(brief)}\n")
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "nngp.md").write_text(text)
-    (args.out / "nngp.json").write_text(json.dumps({"width_sweep": sweep, "test": rows},
-                                                   indent=2))
+    write_tables(args.out, "nngp", [
+        ("width_sweep", f"Prior: one hidden {args.activation} layer against the NNGP kernel",
+         sweep),
+        ("test", "Test log-likelihood and RMSE", brief),
+    ])
     plot(sweep, rows, args.out)
     return {"width_sweep": sweep, "test": rows}
 

@@ -26,7 +26,8 @@ from bnn_zoo.models.priors import GaussianPrior
 from bnn_zoo.prior_plots import plot_output_vs_gaussian, plot_tail_parameters
 from bnn_zoo.priors import excess_kurtosis, prior_predictive, tail_table
 
-__all__ = ["add_parser", "fan_in_net", "main", "markdown_table", "run", "width_sweep"]
+__all__ = ["add_parser", "fan_in_net", "main", "markdown_table", "run", "width_sweep",
+           "write_tables"]
 
 
 def fan_in_net(in_dim: int, hidden: Sequence[int], activation: str, like: Tensor):
@@ -85,6 +86,17 @@ def markdown_table(rows: Sequence[dict], digits: int = 3) -> str:
     return "\n".join(lines)
 
 
+def write_tables(out: Path, stem: str, tables: Sequence[tuple[str, str, list[dict]]]) -> None:
+    """Print the ``(key, heading, rows)`` tables as Markdown and write them to
+    ``out/stem.md`` and, keyed by ``key``, to ``out/stem.json``."""
+    text = "\n".join(f"## {heading}\n\n{markdown_table(rows)}\n" for _, heading, rows in tables)
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps({key: rows for key, _, rows in tables},
+                                                 indent=2))
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``priors`` subcommand to the CLI's subparsers."""
     parser = subparsers.add_parser("priors", help="prior diagnostics: Gaussian limit and "
@@ -109,15 +121,10 @@ def run(args: argparse.Namespace) -> dict:
     sweep, samples = width_sweep(args.widths, x, args.samples, args.activation)
     net = fan_in_net(1, [args.width] * (args.depth - 1), args.activation, x)
     tails = tail_table(net, x, args.samples)
-    text = (f"## Gaussian limit of f(x=1), one hidden {args.activation} layer\n\n"
-            f"{markdown_table(sweep)}\n\n"
-            f"## Tail parameter theta of the units, hidden width {args.width}\n\n"
-            f"{markdown_table(tails)}\n")
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "priors.md").write_text(text)
-    (args.out / "priors.json").write_text(json.dumps({"width_sweep": sweep, "tails": tails},
-                                                     indent=2))
+    write_tables(args.out, "priors", [
+        ("width_sweep", f"Gaussian limit of f(x=1), one hidden {args.activation} layer", sweep),
+        ("tails", f"Tail parameter theta of the units, hidden width {args.width}", tails),
+    ])
     plot_output_vs_gaussian(samples, sweep[0]["kernel_variance"],
                             args.out / "output_vs_gaussian.png")
     plot_tail_parameters(tails, args.out / "tail_parameters.png")
