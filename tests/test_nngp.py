@@ -110,6 +110,23 @@ def test_posterior_and_evidence_match_hand_solve():
     assert all(torch.isfinite(g).all() for g in grads)
 
 
+def test_kernel_plugs_into_pyro_gp_regression():
+    """The kernel is a pyro.contrib.gp kernel: Pyro's GPRegression gives the same posterior."""
+    import pyro.contrib.gp as gp
+
+    x = torch.randn(10, 2, dtype=F64)
+    y = torch.cos(x.sum(-1))
+    xs = torch.randn(3, 2, dtype=F64)
+    ours = NNGPRegression(2, activation="erf", noise_scale=0.3, jitter=1e-14).double()
+    pyros = gp.models.GPRegression(x, y, ours.kernel, noise=torch.tensor(0.09, dtype=F64),
+                                   jitter=1e-14)
+    with torch.no_grad():
+        mean, var = pyros(xs, full_cov=False, noiseless=False)
+    pred = ours.posterior(x, y, xs)
+    torch.testing.assert_close(pred.loc[0], mean)
+    torch.testing.assert_close(pred.scale[0] ** 2, var)
+
+
 def relu_excess_kurtosis(width: int, s2: float) -> float:
     """Exact excess kurtosis of f = c + sum_m v_m relu(g_m), g_m ~ N(0, s2), v_m ~ N(0, 1/H),
     c ~ N(0, 1): 3 (E phi^4 - (E phi^2)^2) / (H (1 + E phi^2)^2), E phi^2 = s2 / 2,
