@@ -22,6 +22,7 @@ from bnn_zoo.priors import (
     prior_predictive,
     relu_chain_log_norms,
     tail_parameter_from_moments,
+    tail_parameter_from_survival,
     tail_table,
 )
 
@@ -184,6 +185,17 @@ def test_log_moment_norms_of_a_gaussian():
     torch.testing.assert_close(exact, torch.tensor([0.5 * math.log(2 / math.pi), 0.0,
                                                     0.25 * math.log(3)], dtype=F64))
     assert (log_moment_norms(u, (1, 2, 4)) - exact).abs().max() < 0.01
+
+
+@pytest.mark.parametrize("theta", [0.5, 1.0, 1.5])
+def test_tail_estimators_on_exact_weibull_tails(theta):
+    """X = E^theta with E ~ Exp(1) has P(X > t) = exp(-t^(1/theta)) exactly, so the
+    log-survival slope is 1/theta at every t, and E X^k = Gamma(1 + k theta)."""
+    x = torch.empty(200_000, dtype=F64).exponential_() ** theta
+    assert abs(float(tail_parameter_from_survival(x)) - theta) < 0.05 * theta
+    orders = (1, 2, 3)
+    exact = torch.tensor([math.lgamma(1 + k * theta) / k for k in orders], dtype=F64)
+    assert (log_moment_norms(x, orders) - exact).abs().max() < 0.02
 
 
 def test_tail_parameter_increases_with_depth():
