@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/nngp"))
     parser.add_argument("--widths", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024])
-    parser.add_argument("--samples", type=int, default=4000, help="prior samples per width")
+    parser.add_argument("--samples", type=int, default=20000, help="prior samples per width")
     parser.add_argument("--activation", default="relu")
     parser.add_argument("--datasets", nargs="+", default=["sine", "gap", "uci/concrete"])
     parser.add_argument("--entries", nargs="+", default=["nngp", "nngp-erf", "bbb", "map"])

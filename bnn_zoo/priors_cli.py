@@ -30,6 +30,9 @@ __all__ = ["add_parser", "fan_in_net", "main", "markdown_table", "run", "width_s
            "write_tables"]
 
 
+CHUNK = 2000
+
+
 def fan_in_net(in_dim: int, hidden: Sequence[int], activation: str, like: Tensor):
     """The zoo MLP with prior N(0, 1/d_in) on weight matrices and N(0, 1) on biases."""
     net = zoo.get("bbb").model(in_dim, 1, hidden=tuple(hidden), activation=activation,
@@ -60,8 +63,10 @@ def width_sweep(widths: Sequence[int], x: Tensor, num_samples: int, activation: 
     rows, samples = [], {}
     for width in widths:
         check_positive_int("width", width)
-        f = prior_predictive(fan_in_net(x.shape[1], (width,), activation, x), x,
-                             num_samples).squeeze(-1)  # (S, N)
+        net = fan_in_net(x.shape[1], (width,), activation, x)
+        # Chunks of at most CHUNK samples keep the (S, N, H) hidden units small.
+        f = torch.cat([prior_predictive(net, x, min(CHUNK, num_samples - start)).squeeze(-1)
+                       for start in range(0, num_samples, CHUNK)])  # (S, N)
         products = f.unsqueeze(-1) * f.unsqueeze(-2)
         stderr = products.std(0) / math.sqrt(num_samples)
         rows.append({
