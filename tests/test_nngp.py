@@ -242,7 +242,8 @@ def test_bad_input():
 def test_nngp_on_concrete(uci_data):
     ds = data.load("uci/concrete")
     out = zoo.get("nngp").fit(ds.x_train, ds.y_train).evaluate(ds.x_test, ds.y_test)
-    assert out["ll"] > -3.2  # better than the finite nets of the benchmark (about -3.2)
+    # Split 0 gives -3.03 (rmse 5.13); the finite nets of the benchmark average -3.25 (bbb).
+    assert out["ll"] > -3.15 and out["rmse"] < 5.6
 
 
 def test_priors_command_writes_tables_and_figures(tmp_path):
