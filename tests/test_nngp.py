@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from bnn_zoo.models import BayesianMLP, GaussianPrior
-from bnn_zoo.models.nngp import NNGPKernel, NNGPRegression
 
 from bnn_zoo import data, zoo
+from bnn_zoo.models import BayesianMLP, GaussianPrior
+from bnn_zoo.models.nngp import NNGPKernel, NNGPRegression
 from bnn_zoo.priors import (
     excess_kurtosis,
     log_moment_norms,
