@@ -72,6 +72,16 @@ def mlp_forward(x: Tensor, params: Sequence[tuple[Tensor, Tensor]],
     return h
 
 
+def tensor_options(module: torch.nn.Module) -> dict[str, torch.device | torch.dtype]:
+    """``{"device": ..., "dtype": ...}`` of the first floating parameter or buffer of
+    ``module`` (torch's defaults when it has none), so that tensors a guide builds from
+    a model land on the model's device and dtype instead of the CPU."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            return {"device": tensor.device, "dtype": tensor.dtype}
+    return {"device": torch.get_default_device(), "dtype": torch.get_default_dtype()}
+
+
 def init_mlp_params(sizes: Sequence[int], *, generator: torch.Generator | None = None,
                     dtype: torch.dtype | None = None,
                     device: torch.device | str | None = None) -> list[tuple[Tensor, Tensor]]:

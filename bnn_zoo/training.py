@@ -35,7 +35,13 @@ from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from bnn_zoo._checks import check_choice, check_data, check_positive, check_positive_int
+from bnn_zoo._checks import (
+    check_choice,
+    check_data,
+    check_module_device,
+    check_positive,
+    check_positive_int,
+)
 
 __all__ = ["FitResult", "SVIStep", "TrainingDiverged", "fit", "kl_weights", "scale_global_sites",
            "subsample_data"]
@@ -143,6 +149,8 @@ class SVIStep:
                  kl_weighting: str = "uniform", seed: int | None = None,
                  max_plate_nesting: int = 1, jit: bool = False) -> None:
         x, y = check_data(x, y)
+        check_module_device("model", model, x.device)
+        check_module_device("guide", guide, x.device)
         check_positive("lr", lr)
         check_positive_int("num_particles", num_particles)
         check_positive_int("batch_size", batch_size, allow_none=True)
@@ -205,7 +213,9 @@ class SVIStep:
     def next_batch(self) -> tuple[int, Tensor]:
         if self.position == self.num_batches:
             if self.batch < self.n:
-                self.perm = torch.randperm(self.n, generator=self.order).to(self.x.device)
+                # The order is drawn on the CPU so it is the same on every device.
+                self.perm = torch.randperm(self.n, generator=self.order, device="cpu").to(
+                    self.x.device)
             self.position = 0
         i = self.position
         self.position += 1
