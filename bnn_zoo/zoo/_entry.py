@@ -23,7 +23,11 @@ Predictive = GaussianMixturePredictive | CategoricalPredictive
 
 @dataclass(frozen=True)
 class Budget:
-    """An entry's training budget, fixed in one place for every data set."""
+    """An entry's training budget, fixed in one place for every data set.
+
+    ``distributed=True`` trains data-parallel on the initialised ``torch.distributed``
+    process group (see :mod:`bnn_zoo.distributed`); ``batch_size`` is then per process.
+    """
 
     steps: int = 3000
     lr: float = 1e-2
@@ -143,6 +147,9 @@ class Entry:
         budget = replace(self.budget, **{k: v for k, v in overrides.items() if k in budget_keys})
         rest = {k: v for k, v in overrides.items() if k not in budget_keys}
         fitter = self.fitter or svi_fitter
+        if budget.distributed and fitter is not svi_fitter:
+            raise ValueError(f"Entry {self.name!r} has its own fitter, which does not train "
+                             "data-parallel; distributed=True needs an SVI entry.")
         fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
         x_scaler = fit_scaler(x)
         y_scaler = fit_scaler(y) if task == "regression" else None
