@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -106,13 +104,10 @@ def bbb_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int], batch: int) ->
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, results) -> None:
     """One process of a ``world``-process run; rank 0 puts seconds per step on ``results``."""
     torch.set_num_threads(args.threads)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-    backend = "nccl" if args.device.type == "cuda" else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    cuda = args.device.type == "cuda"
+    distributed.init_loopback_group(rank, world, port, "nccl" if cuda else "gloo")
     try:
-        device = torch.device("cuda", rank) if backend == "nccl" else args.device
+        device = torch.device("cuda", rank) if cuda else args.device
         x, y = distributed.shard(*problem(args.n, args.in_dim, device))
         seconds = time_step(bbb_step(x, y, args.hidden, args.batch // world), device,
                             args.steps, args.warmup, args.repeats)
@@ -122,12 +117,6 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, results) 
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bbb_seconds(world: int, args: argparse.Namespace) -> float:
     """Seconds per step of ``bbb`` on ``world`` processes."""
     if world == 1:
@@ -135,7 +124,7 @@ def bbb_seconds(world: int, args: argparse.Namespace) -> float:
         return time_step(bbb_step(x, y, args.hidden, args.batch), args.device, args.steps,
                          args.warmup, args.repeats)
     results = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(worker, args=(world, free_port(), args, results), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, distributed.free_port(), args, results), nprocs=world, join=True)
     return results.get()
 
 

@@ -36,6 +36,7 @@ and in the script::
 from __future__ import annotations
 
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -44,9 +45,9 @@ from torch import Tensor
 from bnn_zoo._checks import check_choice
 from bnn_zoo.scaling import Standardizer
 
-__all__ = ["GradientAverager", "device", "fit_standardizer", "global_max", "global_size",
-           "init_process_group", "is_initialized", "is_main_process", "rank", "require",
-           "shard", "world_size"]
+__all__ = ["GradientAverager", "device", "fit_standardizer", "free_port", "global_max",
+           "global_size", "init_loopback_group", "init_process_group", "is_initialized",
+           "is_main_process", "rank", "require", "shard", "world_size"]
 
 BACKENDS = ("gloo", "nccl")
 
@@ -97,6 +98,24 @@ def init_process_group(backend: str | None = None) -> bool:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
     return True
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface, for :func:`init_loopback_group`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_loopback_group(rank: int, world_size: int, port: int, backend: str = "gloo") -> None:
+    """Join a group of ``world_size`` processes on this machine over loopback, for
+    processes started by ``torch.multiprocessing.spawn`` rather than ``torchrun``
+    (tests, benchmarks). With ``nccl`` process ``rank`` uses GPU ``rank``."""
+    check_choice("backend", backend, BACKENDS)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
 
 
 def device() -> torch.device:

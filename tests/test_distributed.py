@@ -7,8 +7,6 @@ slow part); the single-process reference runs in the test process.
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 import pyro
@@ -59,8 +57,7 @@ def run_steps(x: torch.Tensor, y: torch.Tensor, indices: list[torch.Tensor],
 
 def worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    distributed.init_loopback_group(rank, WORLD, port)
     try:
         x, y = distributed.shard(*global_data())
         params, losses = run_steps(x, y, local_indices(), distributed_=True)
@@ -77,16 +74,10 @@ def worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory) -> tuple[Path, list[dict]]:
     out = tmp_path_factory.mktemp("distributed")
-    mp.spawn(worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(worker, args=(distributed.free_port(), str(out)), nprocs=WORLD, join=True)
     return out, [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
 
 
