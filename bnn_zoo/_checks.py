@@ -35,7 +35,9 @@ def check_tensor(name: str, value: object, *, ndim: int | Sequence[int] | None =
         raise TypeError(f"Expected {name} to have a floating dtype, but got {value.dtype}.")
     if floating is False and (value.is_floating_point() or value.is_complex()):
         raise TypeError(f"Expected {name} to have an integer dtype, but got {value.dtype}.")
-    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+    # A meta tensor has no values to check (it stands in for a device in tests).
+    if (value.is_floating_point() and not value.is_meta
+            and not bool(torch.isfinite(value).all())):
         raise ValueError(f"Expected {name} to contain only finite values, but found NaN or inf.")
     return value
 
@@ -82,3 +84,46 @@ def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"Unknown {name} {value!r}; expected one of: {', '.join(choices)}.")
     return value  # type: ignore[return-value]
+
+
+def check_device(name: str, device: object, *, expected: torch.device | None = None
+                 ) -> torch.device:
+    """Return ``device`` (a ``torch.device`` or a string such as ``"cuda:0"``) as a
+    ``torch.device``, checking it is a known device type, available here, and (when
+    ``expected`` is given) the device the rest of the computation lives on."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"Expected {name} to be a torch.device or a string such as 'cpu' or "
+                        f"'cuda', but got {type(device).__name__}.")
+    try:
+        device = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"Unknown {name} {str(device)!r}: {error}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"Expected {name} to be available, but got {str(device)!r} and CUDA is "
+                         "not available on this machine.")
+    if expected is not None and not same_device(device, expected):
+        raise ValueError(f"Expected {name} on device {expected}, but got {device}.")
+    return device
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether ``a`` and ``b`` name the same device (``cuda`` meaning the current CUDA device)."""
+    def index(d: torch.device) -> int | None:
+        if d.index is None and d.type == "cuda":
+            return torch.cuda.current_device()
+        return d.index
+
+    return a.type == b.type and (a.type == "cpu" or index(a) == index(b))
+
+
+def check_module_device(name: str, module: object, device: torch.device) -> None:
+    """Check that every parameter and buffer of ``module`` (if it is an ``nn.Module``)
+    lives on ``device``, the device of the data."""
+    if not isinstance(module, torch.nn.Module):
+        return
+    for tensor_name, tensor in (*module.named_parameters(), *module.named_buffers()):
+        if not same_device(tensor.device, device):
+            raise ValueError(
+                f"Expected {name} on the device of x ({device}), but its tensor {tensor_name!r} "
+                f"is on {tensor.device}; move it with {name}.to(x.device)."
+            )

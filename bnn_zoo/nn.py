@@ -95,3 +95,14 @@ def mlp_forward(x: Tensor, params: Sequence[tuple], act: Callable[[Tensor], Tens
         if i < last:
             h = act(h)
     return h
+
+
+def tensor_options(module: torch.nn.Module) -> dict[str, torch.device | torch.dtype]:
+    """``{"device": ..., "dtype": ...}`` of the first floating parameter or buffer of
+    ``module`` (torch's defaults when it has none), so that tensors a guide builds from
+    a model land on the model's device and dtype instead of the CPU."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            return {"device": tensor.device, "dtype": tensor.dtype}
+    return {"device": torch.get_default_device(), "dtype": torch.get_default_dtype()}
+

@@ -24,7 +24,7 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
-from bnn_zoo._checks import check_positive_int, check_tensor
+from bnn_zoo._checks import check_module_device, check_positive_int, check_tensor
 
 __all__ = ["CategoricalPredictive", "GaussianMixturePredictive", "predict"]
 
@@ -132,8 +132,11 @@ def predict(model: Callable, guide: Callable, x: Tensor, *, num_samples: int = 1
     All ``num_samples`` weight samples go through the network in one pass.
     """
     check_tensor("x", x, ndim=2, floating=True)
+    check_module_device("model", model, x.device)
+    check_module_device("guide", guide, x.device)
     check_positive_int("num_samples", num_samples)
-    with pyro.plate("_predictive_samples", num_samples, dim=-max_plate_nesting - 1):
+    with pyro.plate("_predictive_samples", num_samples, dim=-max_plate_nesting - 1,
+                    device=x.device):
         guide_trace = poutine.trace(guide).get_trace(x, None)
         model_trace = poutine.trace(poutine.replay(model, guide_trace)).get_trace(x, None)
     if "obs" not in model_trace.nodes:

@@ -21,6 +21,11 @@ class Standardizer:
     def fit(cls, t: Tensor) -> Standardizer:
         mean = t.mean(0)
         std = t.std(0, unbiased=False) if t.shape[0] > 1 else torch.ones_like(mean)
+        return cls.from_mean_std(mean, std)
+
+    @classmethod
+    def from_mean_std(cls, mean: Tensor, std: Tensor) -> Standardizer:
+        """The standardizer with the given column statistics (``std == 0``: only centred)."""
         return cls(mean, torch.where(std > 0, std, torch.ones_like(std)))
 
     @classmethod

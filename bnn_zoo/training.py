@@ -36,7 +36,14 @@ from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from bnn_zoo._checks import check_choice, check_data, check_positive, check_positive_int
+from bnn_zoo._checks import (
+    check_choice,
+    check_data,
+    check_module_device,
+    check_positive,
+    check_positive_int,
+)
+from bnn_zoo.distributed import GradientAverager, global_size, is_main_process
 
 __all__ = ["FitResult", "SVIStep", "TrainingDiverged", "fit", "kl_weights", "scale_global_sites",
            "subsample_data"]
@@ -49,21 +56,31 @@ class TrainingDiverged(FloatingPointError):
     values whose loss and gradient were finite."""
 
 
+def _in_plate(msg: dict, name: str) -> bool:
+    return any(frame.name == name for frame in msg["cond_indep_stack"])
+
+
 class subsample_data(Messenger):
     """Effect handler that sets the subsample indices of ``pyro.plate(name, N)``.
 
-    Applied to model and guide alike, so both see the same minibatch.
+    Applied to model and guide alike, so both see the same minibatch. ``scale``
+    multiplies the log density of every site inside the plate: in data-parallel
+    training the plate holds this process's shard of ``n`` rows while the ELBO is
+    that of all ``N`` rows, so ``scale = N / n`` (see :mod:`bnn_zoo.distributed`).
     """
 
-    def __init__(self, indices: Tensor, name: str = "data") -> None:
+    def __init__(self, indices: Tensor, name: str = "data", scale: float = 1.0) -> None:
         super().__init__()
         self.indices = indices
         self.name = name
+        self.scale = scale
 
     def _pyro_sample(self, msg) -> None:
         if msg["name"] == self.name and isinstance(msg["fn"], _Subsample):
             msg["value"] = self.indices
             msg["done"] = True
+        elif self.scale != 1.0 and _in_plate(msg, self.name):
+            msg["scale"] = msg["scale"] * self.scale
 
 
 class scale_global_sites(Messenger):
@@ -77,7 +94,7 @@ class scale_global_sites(Messenger):
     def _pyro_sample(self, msg) -> None:
         if isinstance(msg["fn"], _Subsample):
             return
-        if not any(frame.name == self.data_plate for frame in msg["cond_indep_stack"]):
+        if not _in_plate(msg, self.data_plate):
             msg["scale"] = msg["scale"] * self.weight
 
 
@@ -136,14 +153,21 @@ class SVIStep:
     negative ELBO, checks it and the gradient norm are finite, and steps one
     fused ``torch.optim.Adam`` over every parameter of the model and the guide.
     It returns the loss. Benchmarks time exactly this.
+
+    With ``distributed=True``, ``x`` and ``y`` are this process's shard: the data
+    plate is rescaled to the global size, and the gradients (and the returned loss)
+    are averaged over the processes before the step (see :mod:`bnn_zoo.distributed`).
     """
 
     def __init__(self, model: Callable, guide: Callable, x: Tensor, y: Tensor, *, lr: float,
                  batch_size: int | None = None, num_particles: int = 1,
                  elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO,
                  kl_weighting: str = "uniform", seed: int | None = None,
-                 max_plate_nesting: int = 1, jit: bool = False) -> None:
+                 max_plate_nesting: int = 1, jit: bool = False,
+                 distributed: bool = False) -> None:
         x, y = check_data(x, y)
+        check_module_device("model", model, x.device)
+        check_module_device("guide", guide, x.device)
         check_positive("lr", lr)
         check_positive_int("num_particles", num_particles)
         check_positive_int("batch_size", batch_size, allow_none=True)
@@ -152,6 +176,7 @@ class SVIStep:
             raise TypeError(f"Expected elbo to be a pyro.infer.ELBO subclass, but got {elbo!r}.")
         self.model, self.guide, self.x, self.y = model, guide, x, y
         self.n = x.shape[0]
+        self.n_global = global_size(self.n, x.device) if distributed else self.n
         self.batch = self.n if batch_size is None else min(batch_size, self.n)
         self.num_batches = math.ceil(self.n / self.batch)
         self.kl_weighting = kl_weighting
@@ -166,6 +191,7 @@ class SVIStep:
         self.params = [p for m in self.modules for p in m.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("Expected the model or the guide to have trainable parameters.")
+        self.average = GradientAverager(self.params) if distributed else None
         self.optimizer = torch.optim.Adam(self.params, lr=lr)
         self.step_count = 0
         self.jit = jit
@@ -175,8 +201,8 @@ class SVIStep:
     def loss(self, i: int, idx: Tensor) -> Tensor:
         """Negative ELBO of minibatch ``i`` of the epoch with indices ``idx``."""
         with contextlib.ExitStack() as stack:
-            if self.batch < self.n:
-                stack.enter_context(subsample_data(idx))
+            if self.batch < self.n or self.n_global != self.n:
+                stack.enter_context(subsample_data(idx, scale=self.n_global / self.n))
             if self.kl_weighting != "uniform":
                 stack.enter_context(scale_global_sites(self.num_batches * self.weights[i]))
             return self.loss_fn.differentiable_loss(self.model, self.guide, self.x, self.y)
@@ -209,7 +235,9 @@ class SVIStep:
     def next_batch(self) -> tuple[int, Tensor]:
         if self.position == self.num_batches:
             if self.batch < self.n:
-                self.perm = torch.randperm(self.n, generator=self.order).to(self.x.device)
+                # The order is drawn on the CPU so it is the same on every device.
+                self.perm = torch.randperm(self.n, generator=self.order, device="cpu").to(
+                    self.x.device)
             self.position = 0
         i = self.position
         self.position += 1
@@ -219,6 +247,8 @@ class SVIStep:
         self.optimizer.zero_grad(set_to_none=True)
         loss = (self.compiled_loss if self.jit else self.loss)(*self.next_batch())
         loss.backward()
+        if self.average is not None:
+            loss = self.average(loss)
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params
                                                    if p.grad is not None])
         value = loss.item()
@@ -260,7 +290,7 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
         seed: int | None = None, progress: bool | None = None,
         checkpoint: str | Path | None = None, checkpoint_every: int = 1000,
         max_plate_nesting: int = 1, jit: bool = False,
-        validate: bool | None = None) -> FitResult:
+        validate: bool | None = None, distributed: bool = False) -> FitResult:
     """Fit ``guide`` to ``model`` by stochastic variational inference.
 
     Parameters
@@ -287,6 +317,12 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
     validate : run Pyro's and torch's argument validation while training (slower
         by 20-30%). ``None`` (default): on only when the environment variable
         ``BNN_ZOO_VALIDATE`` is ``1``, as the test suite sets it.
+    distributed : data-parallel training in an initialised ``torch.distributed``
+        process group (see :mod:`bnn_zoo.distributed`): ``x``, ``y`` are this
+        process's shard, ``batch_size`` is per process, the ELBO is that of the
+        union of the shards, gradients are averaged over the processes before each
+        step, and only rank 0 shows progress and writes ``checkpoint`` (which every
+        process resumes from, so it must be on a file system they all see).
 
     Raises
     ------
@@ -302,7 +338,8 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
     with pyro.validation_enabled(validate):
         return _fit(SVIStep(model, guide, x, y, lr=lr, batch_size=batch_size,
                             num_particles=num_particles, elbo=elbo, kl_weighting=kl_weighting,
-                            seed=seed, max_plate_nesting=max_plate_nesting, jit=jit),
+                            seed=seed, max_plate_nesting=max_plate_nesting, jit=jit,
+                            distributed=distributed),
                     steps, progress, checkpoint, checkpoint_every)
 
 
@@ -315,7 +352,9 @@ def _fit(step: SVIStep, steps: int, progress: bool | None, checkpoint: str | Pat
         step.load_state_dict(state)
         losses = list(state["losses"])
     start_step = step.step_count
-    show = sys.stderr.isatty() if progress is None else progress
+    show = (sys.stderr.isatty() if progress is None else progress) and is_main_process()
+    if not is_main_process():
+        path = None  # every process resumes from the checkpoint; rank 0 alone writes it
     started = time.perf_counter()
     with tqdm(total=steps, initial=start_step, disable=not show, desc="SVI", leave=False) as bar:
         while step.step_count < steps:

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from bnn_zoo._checks import check_positive
 from bnn_zoo.models.mlp import fan_in_init
+from bnn_zoo.nn import tensor_options
 
 __all__ = ["BayesByBackpropGuide", "softplus_inverse"]
 
@@ -46,7 +47,11 @@ class BayesByBackpropGuide(PyroModule):
     model : a model exposing ``sites``, the ``(name, shape)`` of its weight tensors
         (e.g. :class:`bnn_zoo.models.BayesianMLP`).
     init_scale : initial posterior standard deviation of every weight.
-    generator : optional ``torch.Generator`` for the initial means.
+    generator : optional CPU ``torch.Generator`` for the initial means.
+
+    The parameters are created on the device and in the dtype of the model's own
+    tensors (its noise scale), so ``BayesByBackpropGuide(model.to("cuda"))`` lives on
+    the GPU from the start.
     """
 
     def __init__(self, model: nn.Module, *, init_scale: float = 1e-2,
@@ -56,12 +61,15 @@ class BayesByBackpropGuide(PyroModule):
         self.site_shapes = dict(model.sites)
         self.keys = {name: name.replace(".", "_") for name in self.site_shapes}
         rho = softplus_inverse(init_scale)
+        options = tensor_options(model)
         self.loc = nn.ParameterDict()
         self.rho = nn.ParameterDict()
         for name, shape in self.site_shapes.items():
             key = self.keys[name]
-            self.loc[key] = nn.Parameter(fan_in_init(shape, generator=generator))
-            self.rho[key] = nn.Parameter(torch.full(shape, rho))
+            # Drawn on the CPU (where ``generator`` lives), so the initial means are the
+            # same on every device, then moved to the model's device and dtype.
+            self.loc[key] = nn.Parameter(fan_in_init(shape, generator=generator).to(**options))
+            self.rho[key] = nn.Parameter(torch.full(shape, rho, **options))
 
     def distributions(self) -> dict[str, dist.Normal]:
         """The variational Gaussian of every site, keyed by site name (no event dims)."""

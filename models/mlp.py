@@ -131,7 +131,7 @@ class BayesianMLP(PyroModule):
                 f"Expected x of shape (N, {self.sizes[0]}), but got {tuple(x.shape)}."
             )
         params = self.sample_weights(x)
-        with pyro.plate("data", x.shape[0]) as idx:
+        with pyro.plate("data", x.shape[0], device=x.device) as idx:
             if idx.shape[0] != x.shape[0]:
                 x = x.index_select(0, idx)
                 y = None if y is None else y.index_select(0, idx)

@@ -11,7 +11,8 @@ import pyro
 import torch
 from torch import Tensor
 
-from bnn_zoo._checks import check_data, check_positive_int
+from bnn_zoo import distributed
+from bnn_zoo._checks import check_data, check_device, check_positive_int
 from bnn_zoo.metrics import metrics
 from bnn_zoo.prediction import CategoricalPredictive, GaussianMixturePredictive, predict
 from bnn_zoo.scaling import Standardizer
@@ -22,7 +23,11 @@ Predictive = GaussianMixturePredictive | CategoricalPredictive
 
 @dataclass(frozen=True)
 class Budget:
-    """An entry's training budget, fixed in one place for every data set."""
+    """An entry's training budget, fixed in one place for every data set.
+
+    ``distributed=True`` trains data-parallel on the initialised ``torch.distributed``
+    process group (see :mod:`bnn_zoo.distributed`); ``batch_size`` is then per process.
+    """
 
     steps: int = 3000
     lr: float = 1e-2
@@ -30,6 +35,7 @@ class Budget:
     num_particles: int = 1
     kl_weighting: str = "uniform"
     jit: bool = False
+    distributed: bool = False
 
 
 @dataclass
@@ -37,7 +43,8 @@ class Fitted:
     """A fitted entry, working in the caller's units.
 
     ``predict(x)`` standardises ``x`` with the training statistics, predicts, and
-    maps regression predictives back to the units of ``y``.
+    maps regression predictives back to the units of ``y``; ``x`` must be on the
+    device the entry was fitted on.
     """
 
     entry: str
@@ -54,6 +61,7 @@ class Fitted:
     def predict(self, x: Tensor, num_samples: int = 200) -> Predictive:
         """Posterior predictive at ``x`` (N, D) in original units."""
         x, _ = check_data(x)
+        check_device("x", x.device, expected=self.x_scaler.mean.device)
         check_positive_int("num_samples", num_samples)
         if x.shape[1] != self.x_scaler.mean.shape[0]:
             raise ValueError(
@@ -120,7 +128,10 @@ class Entry:
 
         ``overrides`` may change any :class:`Budget` field (``steps``, ``lr``, ...),
         any hyperparameter of the model factory (``hidden``, ``prior``, ...) and any
-        option of the guide factory.
+        option of the guide factory. Everything runs on the device and in the dtype
+        of ``x``. With ``distributed=True`` (see :mod:`bnn_zoo.distributed`) ``x`` and
+        ``y`` are this process's shard, and the standardisation statistics and the
+        number of classes are those of all the shards together.
         """
         x, y = check_data(x, y)
         task = task or ("classification" if not y.is_floating_point() else "regression")
@@ -136,11 +147,17 @@ class Entry:
         budget = replace(self.budget, **{k: v for k, v in overrides.items() if k in budget_keys})
         rest = {k: v for k, v in overrides.items() if k not in budget_keys}
         fitter = self.fitter or svi_fitter
-        x_scaler = Standardizer.fit(x)
-        y_scaler = Standardizer.fit(y) if task == "regression" else None
+        if budget.distributed and fitter is not svi_fitter:
+            raise ValueError(f"Entry {self.name!r} has its own fitter, which does not train "
+                             "data-parallel; distributed=True needs an SVI entry.")
+        fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
+        x_scaler = fit_scaler(x)
+        y_scaler = fit_scaler(y) if task == "regression" else None
         xs = x_scaler.transform(x)
         ys = y_scaler.transform(y) if y_scaler is not None else y
         out_dim = 1 if task == "regression" else int(y.max()) + 1
+        if budget.distributed and task == "classification":
+            out_dim = distributed.global_max(out_dim, y.device)
         pyro.set_rng_seed(seed)
         started = time.perf_counter()
         fitted = fitter(self, xs, ys, task=task, out_dim=out_dim, seed=seed, budget=budget,
@@ -151,17 +168,18 @@ class Entry:
 
 def svi_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, seed: int,
                budget: Budget, progress: bool | None, options: dict) -> Fitted:
-    """Build the entry's model and guide on ``x.device`` and fit them by SVI."""
+    """Build the entry's model and guide on the device and in the dtype of ``x`` and
+    fit them by SVI."""
     model_kw, guide_kw = _split_kwargs(options, entry.model, entry.guide)
     model = entry.model(x.shape[1], out_dim, task=task, **model_kw)
     if isinstance(model, torch.nn.Module):
-        model = model.to(device=x.device)
+        model = model.to(device=x.device, dtype=x.dtype)
     guide = entry.guide(model, **guide_kw)
     if isinstance(guide, torch.nn.Module):
-        guide = guide.to(device=x.device)
+        guide = guide.to(device=x.device, dtype=x.dtype)
     result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
                  batch_size=budget.batch_size, num_particles=budget.num_particles,
                  kl_weighting=budget.kl_weighting, elbo=entry.elbo(model), seed=seed,
-                 progress=progress, jit=budget.jit)
+                 progress=progress, jit=budget.jit, distributed=budget.distributed)
     placeholder = Standardizer.identity(x)
     return Fitted(entry.name, task, model, guide, placeholder, None, result.seconds, result)

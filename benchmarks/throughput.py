@@ -1,0 +1,187 @@
+"""Training throughput (samples per second) of ``bbb``, on 1 and more processes, against
+a plain-PyTorch step, all at the same global batch.
+
+* ``torch``: one process, a deterministic ``nn.Sequential`` MLP of the same widths,
+  Gaussian negative log-likelihood, ``torch.optim.Adam``;
+* ``bbb xW``: the ``bbb`` entry's model and guide through :class:`bnn_zoo.training.SVIStep`
+  (traced, as the entry trains), on ``W`` processes of ``torch.distributed`` (gloo on
+  the CPU over loopback, nccl on GPUs), each stepping on ``batch / W`` rows of its
+  shard with the gradients averaged over the processes. ``W = 1`` runs in this
+  process without a process group.
+
+Samples per second are ``batch * steps / seconds`` (medians over ``--repeats``), as
+a Markdown table, JSON and a bar chart under ``--out``::
+
+    python benchmarks/throughput.py --device cpu --processes 1 2
+    python benchmarks/throughput.py --device cuda --processes 1 2   # two GPUs for W = 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+import pyro
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from bnn_zoo import distributed, zoo
+from bnn_zoo._checks import check_device
+from bnn_zoo.training import SVIStep
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def problem(n: int, in_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A synthetic regression set: ``y = sum(sin(x)) + noise``."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, in_dim, generator=g)
+    y = torch.sin(x).sum(-1) + 0.1 * torch.randn(n, generator=g)
+    return x.to(device), y.to(device)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_step(step: Callable[[], object], device: torch.device, steps: int, warmup: int,
+              repeats: int) -> float:
+    """Median seconds per call of ``step``, after ``warmup`` calls; with a process group,
+    every repeat starts and ends together on all processes."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        if distributed.is_initialized():
+            dist.barrier()
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize(device)
+        if distributed.is_initialized():
+            dist.barrier()
+        times.append((time.perf_counter() - start) / steps)
+    return statistics.median(times)
+
+
+def torch_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int]) -> Callable[[], None]:
+    """A plain-PyTorch MAP step of the same MLP on the whole of ``x``."""
+    widths = [x.shape[1], *hidden]
+    layers: list[torch.nn.Module] = []
+    for d_in, d_out in zip(widths[:-1], widths[1:]):
+        layers += [torch.nn.Linear(d_in, d_out), torch.nn.ReLU()]
+    net = torch.nn.Sequential(*layers, torch.nn.Linear(widths[-1], 1)).to(x.device)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = 0.5 * ((net(x).squeeze(-1) - y) ** 2).sum()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def bbb_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int], batch: int) -> SVIStep:
+    """The ``bbb`` entry's model, guide, ELBO and step, data-parallel when a process
+    group is initialised."""
+    entry = zoo.get("bbb")
+    model = entry.model(x.shape[1], 1, hidden=tuple(hidden)).to(x.device)
+    guide = entry.guide(model)
+    return SVIStep(model, guide, x, y, lr=1e-3, batch_size=batch, elbo=entry.elbo(model),
+                   jit=entry.budget.jit, distributed=distributed.is_initialized())
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, results) -> None:
+    """One process of a ``world``-process run; rank 0 puts seconds per step on ``results``."""
+    torch.set_num_threads(args.threads)
+    cuda = args.device.type == "cuda"
+    distributed.init_loopback_group(rank, world, port, "nccl" if cuda else "gloo")
+    try:
+        device = torch.device("cuda", rank) if cuda else args.device
+        x, y = distributed.shard(*problem(args.n, args.in_dim, device))
+        seconds = time_step(bbb_step(x, y, args.hidden, args.batch // world), device,
+                            args.steps, args.warmup, args.repeats)
+        if rank == 0:
+            results.put(seconds)
+    finally:
+        dist.destroy_process_group()
+
+
+def bbb_seconds(world: int, args: argparse.Namespace) -> float:
+    """Seconds per step of ``bbb`` on ``world`` processes."""
+    if world == 1:
+        x, y = problem(args.n, args.in_dim, args.device)
+        return time_step(bbb_step(x, y, args.hidden, args.batch), args.device, args.steps,
+                         args.warmup, args.repeats)
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(worker, args=(world, distributed.free_port(), args, results), nprocs=world, join=True)
+    return results.get()
+
+
+def write(rows: list[dict], args: argparse.Namespace) -> str:
+    lines = ["| step | device | processes | batch | samples/s | ratio to torch |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['step']} | {r['device']} | {r['processes']} | {r['batch']} | "
+                     f"{r['samples_per_second']:.0f} | {r['ratio_to_torch']:.3f} |")
+    table = "\n".join(lines)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "throughput.md").write_text(table + "\n")
+    (args.out / "throughput.json").write_text(json.dumps(rows, indent=2))
+    fig, ax = plt.subplots(figsize=(5, 3))
+    labels = [f"{r['step']}" for r in rows]
+    ax.bar(labels, [r["samples_per_second"] for r in rows], color="C0")
+    ax.set_ylabel("samples / s")
+    ax.set_title(f"training throughput, batch {args.batch}, {args.device}")
+    fig.tight_layout()
+    fig.savefig(args.out / "throughput.png", dpi=120)
+    plt.close(fig)
+    return table
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--batch", type=int, default=1024, help="global rows per step")
+    parser.add_argument("--n", type=int, default=16384, help="training rows (all processes)")
+    parser.add_argument("--in-dim", type=int, default=16)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[50])
+    parser.add_argument("--steps", type=int, default=50, help="steps per timed repeat")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--out", type=Path, default=Path("results/throughput"))
+    args = parser.parse_args(argv)
+    args.device = check_device("--device", args.device)
+    if any(w < 1 for w in args.processes):
+        raise ValueError(f"Expected --processes >= 1, but got {args.processes}.")
+    if args.device.type == "cuda" and max(args.processes) > torch.cuda.device_count():
+        raise ValueError(f"Expected --processes <= {torch.cuda.device_count()} GPUs, but got "
+                         f"{max(args.processes)}.")
+    torch.set_num_threads(args.threads)
+    pyro.set_rng_seed(0)
+    x, y = problem(args.n, args.in_dim, args.device)
+    torch_seconds = time_step(torch_step(x[:args.batch], y[:args.batch], args.hidden),
+                              args.device, args.steps, args.warmup, args.repeats)
+    timings = [("torch", 1, torch_seconds)]
+    timings += [(f"bbb x{w}", w, bbb_seconds(w, args)) for w in args.processes]
+    rows = [{"step": name, "device": str(args.device), "processes": w, "batch": args.batch,
+             "seconds_per_step": s, "samples_per_second": args.batch / s,
+             "ratio_to_torch": torch_seconds / s} for name, w, s in timings]
+    print(write(rows, args))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
