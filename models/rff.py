@@ -38,20 +38,19 @@ from typing import NamedTuple
 import pyro
 import pyro.distributions as dist
 import torch
+from bnn_zoo.models.mlp import drop_plate_dim
 from pyro.distributions import constraints
-from pyro.distributions.torch_distribution import TorchDistributionMixin
 from pyro.nn import PyroParam
 from torch import Tensor
-from torch.distributions import TransformedDistribution, register_kl
+from torch.distributions import register_kl
 from torch.distributions.transforms import SigmoidTransform
 
 from bnn_zoo._checks import check_positive, check_positive_int
-from bnn_zoo.models.mlp import drop_plate_dim
 
 __all__ = ["FeaturePosterior", "LogitNormal", "RandomFeatureRegression", "feature_posterior"]
 
 
-class LogitNormal(TransformedDistribution, TorchDistributionMixin):
+class LogitNormal(dist.TransformedDistribution):
     """``s = sigmoid(z)``, ``z ~ N(loc, scale^2)``: a distribution on (0, 1).
 
     Its KL divergence is that of the underlying Normals (the sigmoid is a
