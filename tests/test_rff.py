@@ -31,6 +31,15 @@ matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The K x K algebra is small: a second thread only adds contention on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def problem(n: int = 30, d: int = 3, k: int = 12, noise: float = 0.3):
     """A small float64 model, guide (scales spread out) and data."""
     gen = torch.Generator().manual_seed(3)
