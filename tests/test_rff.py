@@ -13,10 +13,6 @@ from pathlib import Path
 import matplotlib
 import pytest
 import torch
-from pyro import poutine
-
-from bnn_zoo import data, predict, zoo
-from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.guides.logitnormal import (
     Algorithm1ELBO,
     CollapsedELBO,
@@ -24,6 +20,10 @@ from bnn_zoo.guides.logitnormal import (
     plot_relevance,
 )
 from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression, feature_posterior
+from pyro import poutine
+
+from bnn_zoo import data, predict, zoo
+from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.training import SVIStep
 
 matplotlib.use("Agg")
@@ -60,7 +60,8 @@ def test_full_conditional_is_the_bayesian_linear_regression_posterior():
     sigma, sigma_beta = 0.3, model.beta_scale.item()
     for i in range(2):
         phi = model.features(x, s[i])
-        cov = torch.linalg.inv(phi.T @ phi / sigma**2 + torch.eye(12, dtype=x.dtype) / sigma_beta**2)
+        eye = torch.eye(12, dtype=x.dtype)
+        cov = torch.linalg.inv(phi.T @ phi / sigma**2 + eye / sigma_beta**2)
         mean = cov @ phi.T @ y / sigma**2
         marginal = torch.distributions.MultivariateNormal(
             torch.zeros_like(y), sigma_beta**2 * phi @ phi.T + sigma**2 * torch.eye(30).double())
