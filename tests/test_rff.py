@@ -220,11 +220,20 @@ def test_svi_step_with_minibatches_for_algorithm_3():
     assert {"s", "beta", "f", "obs"} <= set(trace.nodes)
 
 
+def test_collapsed_fit_on_yacht(uci_data):
+    """A short collapsed fit on UCI yacht beats a Gaussian fitted to the training targets."""
+    d = data.load("uci/yacht", 0)
+    fitted = zoo.get("rff_logitnormal").fit(d.x_train, d.y_train, objective="collapsed",
+                                            steps=150)
+    baseline = torch.distributions.Normal(d.y_train.mean(), d.y_train.std()).log_prob(d.y_test)
+    assert fitted.evaluate(d.x_test, d.y_test, num_samples=50)["ll"] > baseline.mean() + 1.0
+
+
 def test_benchmark_script_runs(tmp_path):
     out = tmp_path / "rff"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rff.py"), "--datasets", "sine",
                     "--splits", "1", "--steps", "20", "--num-features", "20",
-                    "--variance-samples", "4", "--out", str(out)],
+                    "--variance-samples", "4", "--num-samples", "20", "--out", str(out)],
                    check=True, capture_output=True, env={**os.environ, "MPLBACKEND": "Agg"})
     table = (out / "rff.md").read_text()
     assert "alg3" in table and "collapsed" in table
