@@ -46,7 +46,6 @@ from __future__ import annotations
 import pyro
 import pyro.distributions as dist
 import torch
-from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression
 from pyro import poutine
 from pyro.distributions import constraints
 from pyro.infer.util import torch_item
@@ -57,6 +56,7 @@ from torch.distributions import kl_divergence
 
 from bnn_zoo._checks import check_data, check_positive, check_positive_int
 from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression
 from bnn_zoo.training import subsample_data
 
 __all__ = ["Algorithm1ELBO", "CollapsedELBO", "LogitNormalGuide", "plot_relevance"]

@@ -38,7 +38,6 @@ from typing import NamedTuple
 import pyro
 import pyro.distributions as dist
 import torch
-from bnn_zoo.models.mlp import drop_plate_dim
 from pyro.distributions import constraints
 from pyro.nn import PyroParam
 from torch import Tensor
@@ -46,6 +45,7 @@ from torch.distributions import register_kl
 from torch.distributions.transforms import SigmoidTransform
 
 from bnn_zoo._checks import check_positive, check_positive_int
+from bnn_zoo.models.mlp import drop_plate_dim
 
 __all__ = ["FeaturePosterior", "LogitNormal", "RandomFeatureRegression", "feature_posterior"]
 

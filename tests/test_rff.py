@@ -13,6 +13,10 @@ from pathlib import Path
 import matplotlib
 import pytest
 import torch
+from pyro import poutine
+
+from bnn_zoo import data, predict, zoo
+from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.guides.logitnormal import (
     Algorithm1ELBO,
     CollapsedELBO,
@@ -20,24 +24,11 @@ from bnn_zoo.guides.logitnormal import (
     plot_relevance,
 )
 from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression, feature_posterior
-from pyro import poutine
-
-from bnn_zoo import data, predict, zoo
-from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.training import SVIStep
 
 matplotlib.use("Agg")
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The K x K algebra is small: a second thread only adds contention on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def problem(n: int = 30, d: int = 3, k: int = 12, noise: float = 0.3):
