@@ -43,6 +43,8 @@ form is just cheaper (no ``beta`` sample, no likelihood pass); Algorithm 1, whos
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -89,6 +91,9 @@ class LogitNormalGuide(PyroModule):
             raise TypeError(f"Expected model to be a RandomFeatureRegression, got {model!r}.")
         super().__init__()
         check_positive("init_scale", init_scale)
+        if isinstance(init_loc, bool) or not isinstance(init_loc, (int, float)) \
+                or not math.isfinite(init_loc):
+            raise ValueError(f"Expected init_loc to be a finite number, but got {init_loc!r}.")
         self.__dict__["model"] = model  # not a submodule: see the class docstring
         self.loc = PyroParam(torch.full((model.in_dim,), float(init_loc)))
         self.scale = PyroParam(torch.full((model.in_dim,), float(init_scale)),

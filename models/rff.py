@@ -35,6 +35,7 @@ import math
 import warnings
 from typing import NamedTuple
 
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
@@ -82,8 +83,8 @@ class LogitNormal(dist.TransformedDistribution):
 
     @property
     def mean(self) -> Tensor:
-        """``E[sigmoid(z)]`` by 64-point Gauss-Hermite quadrature (error < 1e-10 for
-        ``scale < 5``)."""
+        """``E[sigmoid(z)]`` by 64-point Gauss-Hermite quadrature (absolute error, float64:
+        1e-16 for ``scale <= 1``, 1e-7 at ``scale = 3``, 1e-5 at ``scale = 5``)."""
         nodes, weights = _hermite_rule(64, self.loc)
         z = self.loc.unsqueeze(-1) + self.scale.unsqueeze(-1) * nodes
         return (torch.sigmoid(z) * weights).sum(-1)
@@ -95,8 +96,6 @@ class LogitNormal(dist.TransformedDistribution):
 
 def _hermite_rule(n: int, like: Tensor) -> tuple[Tensor, Tensor]:
     """Nodes and weights of ``E[g(z)], z ~ N(0, 1)`` (probabilists' Gauss-Hermite)."""
-    import numpy as np
-
     nodes, weights = np.polynomial.hermite_e.hermegauss(n)
     weights = weights / math.sqrt(2 * math.pi)
     return (torch.as_tensor(nodes, dtype=like.dtype, device=like.device),

@@ -158,6 +158,8 @@ def test_bad_input_is_rejected():
     model = RandomFeatureRegression(2, 5)
     with pytest.raises(TypeError, match="model"):
         LogitNormalGuide(object())
+    with pytest.raises(ValueError, match="init_loc"):
+        LogitNormalGuide(RandomFeatureRegression(2, 5), init_loc=float("nan"))
     with pytest.raises(ValueError, match="x of shape"):
         model(torch.randn(4, 3))
     entry = zoo.get("rff_logitnormal")
