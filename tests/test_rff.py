@@ -1,0 +1,236 @@
+"""Random-Fourier-feature net with LogitNormal input scales (seed 000): the exact
+conditional of beta, the collapsed ELBO against the Trace ELBO, gradients, the
+LogitNormal's KL and mean, feature selection, and the three objectives on sine."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+import pytest
+import torch
+from pyro import poutine
+
+from bnn_zoo import data, predict, zoo
+from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo.guides.logitnormal import (
+    Algorithm1ELBO,
+    CollapsedELBO,
+    LogitNormalGuide,
+    plot_relevance,
+)
+from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression, feature_posterior
+from bnn_zoo.training import SVIStep
+
+matplotlib.use("Agg")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def problem(n: int = 30, d: int = 3, k: int = 12, noise: float = 0.3):
+    """A small float64 model, guide (scales spread out) and data."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    y = torch.sin(x[:, 0]) + noise * torch.randn(n, generator=gen, dtype=torch.float64)
+    model = RandomFeatureRegression(d, k, noise_scale=noise).double()
+    guide = LogitNormalGuide(model, init_scale=0.5).double()
+    with torch.no_grad():
+        guide.loc.copy_(torch.linspace(-1.0, 1.0, d, dtype=torch.float64))
+    return model, guide, x, y
+
+
+def test_full_conditional_is_the_bayesian_linear_regression_posterior():
+    """Mean, covariance and evidence against the textbook forms (N x N evidence), float64."""
+    model, _, x, y = problem()
+    s = torch.tensor([[0.2, 0.7, 0.5], [0.9, 0.1, 0.4]], dtype=torch.float64)
+    post = model.conditional(x, y, s)
+    sigma, sigma_beta = 0.3, model.beta_scale.item()
+    for i in range(2):
+        phi = model.features(x, s[i])
+        eye = torch.eye(12, dtype=x.dtype)
+        cov = torch.linalg.inv(phi.T @ phi / sigma**2 + eye / sigma_beta**2)
+        mean = cov @ phi.T @ y / sigma**2
+        marginal = torch.distributions.MultivariateNormal(
+            torch.zeros_like(y), sigma_beta**2 * phi @ phi.T + sigma**2 * torch.eye(30).double())
+        torch.testing.assert_close(post.loc[i], mean, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(post.scale_tril[i] @ post.scale_tril[i].T, cov,
+                                   rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(post.log_evidence[i], marginal.log_prob(y), rtol=1e-6, atol=1e-6)
+    assert torch.equal(post.scale_tril, post.scale_tril.tril())
+
+
+def test_feature_posterior_gradients_match_finite_differences():
+    gen = torch.Generator().manual_seed(0)
+    phi = torch.randn(8, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(8, generator=gen, dtype=torch.float64)
+    noise = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda p, s: tuple(feature_posterior(p, y, s, 0.7)), (phi, noise))
+
+
+def test_collapsed_elbo_equals_trace_elbo_with_exact_conditional():
+    """Per sample of s, the Algorithm-3 integrand log p(y|beta,s) + log p(beta) - log q(beta|s)
+    equals log p(y|s) whatever beta is drawn: same values and gradients as CollapsedELBO."""
+    model, guide, x, y = problem()
+    params = list(guide.parameters())
+    losses, grads = [], []
+    for elbo in (MeanFieldELBO, CollapsedELBO):
+        torch.manual_seed(7)
+        loss = elbo(num_particles=16, vectorize_particles=True,
+                    max_plate_nesting=1).differentiable_loss(model, guide, x, y)
+        losses.append(loss)
+        grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-9, atol=1e-8)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-7, atol=1e-8)
+    # The average over many s is the collapsed ELBO's expectation; it is not trivially
+    # constant: different seeds give different estimates.
+    torch.manual_seed(8)
+    other = CollapsedELBO(num_particles=16).differentiable_loss(model, guide, x, y)
+    assert (other - losses[1]).abs() > 1e-3
+
+
+def test_collapsed_elbo_is_evidence_minus_closed_form_kl():
+    model, guide, x, y = problem()
+    torch.manual_seed(1)
+    loss = CollapsedELBO(num_particles=5).differentiable_loss(model, guide, x, y)
+    torch.manual_seed(1)
+    s = guide.scale_distribution().rsample((5,))
+    kl = torch.distributions.kl_divergence(guide.scale_distribution(), model.scale_prior())
+    torch.testing.assert_close(loss, kl - model.conditional(x, y, s).log_evidence.mean())
+
+
+def test_logit_normal_kl_and_mean_against_monte_carlo():
+    p = LogitNormal(torch.tensor([0.3, -1.0], dtype=torch.float64),
+                    torch.tensor([0.8, 1.5], dtype=torch.float64))
+    q = LogitNormal(torch.tensor([0.0, 0.5], dtype=torch.float64),
+                    torch.tensor([1.0, 0.6], dtype=torch.float64))
+    torch.manual_seed(0)
+    s = p.sample((200000,))
+    log_ratio = p.log_prob(s) - q.log_prob(s)
+    se = log_ratio.std(0) / math.sqrt(s.shape[0])
+    kl = torch.distributions.kl_divergence(p, q)
+    assert ((log_ratio.mean(0) - kl).abs() < 4 * se).all(), (log_ratio.mean(0), kl, se)
+    assert ((s.mean(0) - p.mean).abs() < 4 * s.std(0) / math.sqrt(s.shape[0])).all()
+    median = p.icdf(0.5)
+    torch.testing.assert_close(median, torch.sigmoid(p.loc))
+    assert (s.max() < 1) and (s.min() > 0)
+
+
+def test_algorithm1_holds_beta_for_inner_steps():
+    model, guide, x, y = problem()
+    elbo = Algorithm1ELBO.with_inner_steps(3)(num_particles=2, vectorize_particles=True)
+    seen = []
+    for _ in range(7):
+        elbo.differentiable_loss(model, guide, x, y)
+        seen.append(elbo.beta.clone())
+    changed = [not torch.equal(a, b) for a, b in zip(seen, seen[1:])]
+    assert changed == [False, False, True, False, False, True]
+    assert elbo.inner_steps == 3 and Algorithm1ELBO.inner_steps == 10
+
+
+def test_predictive_is_algorithm_2():
+    """With q(s) nearly a point mass, the predictive mean is Phi(x*; s) E[beta | X, y, s]."""
+    model, _, x, y = problem()
+    narrow = LogitNormalGuide(model, init_loc=0.4, init_scale=1e-6).double()
+    with pytest.raises(RuntimeError, match="training data"):
+        predict(model, narrow, x, num_samples=2)
+    narrow.condition_on(x, y)
+    x_new = torch.linspace(-2, 2, 7, dtype=torch.float64)[:, None].expand(7, 3)
+    pred = predict(model, narrow, x_new, num_samples=4000)
+    s = torch.sigmoid(torch.full((3,), 0.4, dtype=torch.float64))
+    post = model.conditional(x, y, s)
+    phi_new = model.features(x_new, s)
+    expected = phi_new @ post.loc
+    sd = (phi_new @ post.scale_tril).norm(dim=-1)
+    assert ((pred.mean - expected).abs() < 4 * sd / math.sqrt(4000)).all()
+    torch.testing.assert_close(pred.loc.var(0), sd**2, rtol=0.15, atol=1e-6)
+
+
+def test_bad_input_is_rejected():
+    with pytest.raises(ValueError, match="num_features"):
+        RandomFeatureRegression(2, 0)
+    with pytest.raises(ValueError, match="bandwidth"):
+        RandomFeatureRegression(2, 5, bandwidth=-1.0)
+    model = RandomFeatureRegression(2, 5)
+    with pytest.raises(TypeError, match="model"):
+        LogitNormalGuide(object())
+    with pytest.raises(ValueError, match="init_loc"):
+        LogitNormalGuide(RandomFeatureRegression(2, 5), init_loc=float("nan"))
+    with pytest.raises(ValueError, match="x of shape"):
+        model(torch.randn(4, 3))
+    entry = zoo.get("rff_logitnormal")
+    x, y = torch.randn(20, 2), torch.randn(20)
+    with pytest.raises(ValueError, match="objective"):
+        entry.fit(x, y, objective="alg2", steps=1)
+    with pytest.raises(ValueError, match="batch_size"):
+        entry.fit(x, y, objective="collapsed", steps=1, batch_size=5)
+    with pytest.raises(ValueError, match="inner_steps"):
+        entry.fit(x, y, objective="alg1", inner_steps=0, steps=1)
+
+
+def test_learns_the_relevant_inputs():
+    """Ten inputs, y depends on x_1 and x_2 only (noise 0.1, N = 500)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 10, generator=gen)
+    y = torch.sin(2 * x[:, 0]) + 0.5 * x[:, 1] ** 2 + 0.1 * torch.randn(500, generator=gen)
+    fitted = zoo.get("rff_logitnormal").fit(x, y, objective="collapsed", steps=250,
+                                            num_features=50)
+    mean, lo, hi = fitted.guide.relevance()
+    assert mean[:2].min() > mean[2:].max(), mean
+    assert (mean[2:] < 0.2).all(), mean
+    assert ((lo <= mean) & (mean <= hi)).all()
+    fig = plot_relevance(fitted.guide)
+    assert len(fig.axes[0].patches) == 10
+
+
+def test_objectives_agree_on_sine():
+    """Algorithms 1 and 3 and the collapsed ELBO: test log-likelihoods within 0.1 nats per
+    point of each other, and near the noise's own (0.88 nats)."""
+    d = data.load("sine")
+    lls = {}
+    for objective in ("alg3", "alg1", "collapsed"):
+        fitted = zoo.get("rff_logitnormal").fit(d.x_train, d.y_train, objective=objective,
+                                                steps=250, num_features=50, seed=0)
+        lls[objective] = fitted.evaluate(d.x_test, d.y_test, num_samples=100)["ll"]
+    assert max(lls.values()) - min(lls.values()) < 0.1, lls
+    noise_ll = -0.5 * math.log(2 * math.pi * d.noise_scale**2) - 0.5
+    assert min(lls.values()) > noise_ll - 0.2, lls
+
+
+def test_svi_step_with_minibatches_for_algorithm_3():
+    """Algorithm 3 accepts minibatches: the likelihood is rescaled, beta's conditional
+    uses every point."""
+    model, guide, x, y = problem()
+    step = SVIStep(model, guide, x, y, lr=1e-2, batch_size=10, num_particles=2,
+                   elbo=MeanFieldELBO)
+    assert all(math.isfinite(step()) for _ in range(3))
+    assert guide.x_train.shape[0] == x.shape[0]
+    trace = poutine.trace(model).get_trace(x, y)
+    assert {"s", "beta", "f", "obs"} <= set(trace.nodes)
+
+
+def test_collapsed_fit_on_yacht(uci_data):
+    """A short collapsed fit on UCI yacht beats a Gaussian fitted to the training targets."""
+    d = data.load("uci/yacht", 0)
+    fitted = zoo.get("rff_logitnormal").fit(d.x_train, d.y_train, objective="collapsed",
+                                            steps=150)
+    baseline = torch.distributions.Normal(d.y_train.mean(), d.y_train.std()).log_prob(d.y_test)
+    assert fitted.evaluate(d.x_test, d.y_test, num_samples=50)["ll"] > baseline.mean() + 1.0
+
+
+def test_benchmark_script_runs(tmp_path):
+    out = tmp_path / "rff"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rff.py"), "--datasets", "sine",
+                    "--splits", "1", "--steps", "20", "--num-features", "20",
+                    "--variance-samples", "4", "--num-samples", "20", "--out", str(out)],
+                   check=True, capture_output=True, env={**os.environ, "MPLBACKEND": "Agg"})
+    table = (out / "rff.md").read_text()
+    assert "alg3" in table and "collapsed" in table
+    rows = (out / "rff.csv").read_text().splitlines()
+    assert len(rows) == 4
+    assert all(math.isfinite(float(v)) for v in rows[1].split(",")[3:])
+    assert (out / "rff.png").stat().st_size > 0
