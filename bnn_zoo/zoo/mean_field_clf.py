@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pyro.infer
 
+from bnn_zoo._checks import check_positive
 from bnn_zoo.guides.mean_field import MeanFieldGuide
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.priors import GaussianPrior
@@ -19,8 +20,8 @@ def classifier(in_dim: int, out_dim: int, *, task: str = "classification",
                prior_scale: float = 1.0) -> BayesianMLP:
     """The zoo's MLP with a categorical likelihood on its logits and the prior
     ``N(0, prior_scale^2 I)`` on every weight tensor (the seed's ``N(0, I)`` by default)."""
-    return mlp(in_dim, out_dim, task=task, hidden=hidden, activation=activation,
-               prior=GaussianPrior(prior_scale))
+    prior = GaussianPrior(check_positive("prior_scale", prior_scale))
+    return mlp(in_dim, out_dim, task=task, hidden=hidden, activation=activation, prior=prior)
 
 
 def trace_mean_field_elbo(model: BayesianMLP) -> type[pyro.infer.ELBO]:
