@@ -2,7 +2,7 @@
 
 * :func:`reliability_diagram`: accuracy against confidence of the top-class
   prediction in equal-width bins (Guo et al. 2017, Fig. 1), with the gap to the
-  diagonal and the expected calibration error in the legend.
+  diagonal and the expected calibration error in the title.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def reliability_diagram(probs: Tensor, y: Tensor, *, num_bins: int = 15, ax: Axe
 
     Bar ``b`` shows the accuracy of the points whose top-class confidence falls in
     ``((b-1)/B, b/B]``, a hatched bar the gap to that bin's mean confidence, and
-    the dashed diagonal perfect calibration. The legend gives the ECE,
+    the dashed diagonal perfect calibration. The title gives the ECE,
     ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|`` (:mod:`bnn_zoo.metrics`).
 
     Parameters
@@ -32,7 +32,7 @@ def reliability_diagram(probs: Tensor, y: Tensor, *, num_bins: int = 15, ax: Axe
     y : (N,) integer class labels.
     num_bins : number ``B`` of equal-width confidence bins.
     ax : axes to draw on; a new figure with one axes if ``None``.
-    title : axes title.
+    title : first line of the axes title (the second is the ECE).
 
     Returns
     -------
@@ -52,14 +52,14 @@ def reliability_diagram(probs: Tensor, y: Tensor, *, num_bins: int = 15, ax: Axe
     width = 1.0 / num_bins
     ece = expected_calibration_error(probs, y, num_bins)
     ax.bar(centres[filled], bins["accuracy"][filled], width=width, edgecolor="black",
-           color="tab:blue", label=f"accuracy (ECE {ece:.3f})")
+           color="tab:blue", label="accuracy")
     gap = bins["confidence"][filled] - bins["accuracy"][filled]
     ax.bar(centres[filled], gap, bottom=bins["accuracy"][filled], width=width,
            color="tab:red", alpha=0.3, hatch="//", edgecolor="tab:red", label="gap")
     ax.plot([0, 1], [0, 1], "k--", linewidth=1)
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
     ax.set_aspect("equal")
-    if title is not None:
-        ax.set_title(title)
-    ax.legend(loc="upper left", fontsize="small")
+    ax.set_title(f"ECE {ece:.3f}" if title is None else f"{title}\nECE {ece:.3f}")
+    # Top-class confidences below 0.3 are rare, so the lower-left corner is nearly always free.
+    ax.legend(loc="lower left", fontsize="x-small", framealpha=0.9)
     return ax.figure
