@@ -8,8 +8,12 @@ Three steps of the same network, timed in the same run, interleaved, medians:
 * ``zoo_bbb``: ``BayesianMLP`` + ``BayesByBackpropGuide`` through the loss that
   ``bnn_zoo.fit`` uses, one fused Adam.
 
-Ratios to ``torch_map`` and ``zoo_bbb / torch_bbb`` are printed and written as
-Markdown and JSON under ``--out``.
+* ``zoo_bbb_jit``: the same with the JIT-traced loss;
+* ``zoo_bbb_lrt_jit``: the JIT-traced loss with the local reparameterisation trick,
+  as the ``bbb`` entry trains.
+
+Ratios to ``torch_map`` and to the hand-written step are printed and written as
+Markdown, JSON and a bar chart under ``--out``.
 
     python benchmarks/speed.py --out results/speed
 """
@@ -25,13 +29,14 @@ from pathlib import Path
 
 import pyro
 import torch
+
+from bnn_zoo.elbo import LocalReparameterizationELBO, MeanFieldELBO
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP
-
-from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.nn import mlp_forward
 from bnn_zoo.training import SVIStep
 
+STEPS = ("torch_map", "torch_bbb", "zoo_bbb", "zoo_bbb_jit", "zoo_bbb_lrt_jit")
 NETS = {"13-50-1": ([13, 50, 1], 100), "784-400-400-10": ([784, 400, 400, 10], 128)}
 
 
@@ -82,11 +87,12 @@ def torch_bbb_step(sizes, x, y, n, classification) -> Callable[[], None]:
     return step
 
 
-def zoo_bbb_step(sizes, x, y, n, classification, jit=False) -> Callable[[], None]:
+def zoo_bbb_step(sizes, x, y, n, classification, jit=False,
+                 elbo=MeanFieldELBO) -> Callable[[], None]:
     task = "classification" if classification else "regression"
     model = BayesianMLP(sizes[0], sizes[-1], sizes[1:-1], task=task, noise_scale=1.0)
     guide = BayesByBackpropGuide(model)
-    return SVIStep(model, guide, x, y, lr=1e-3, elbo=MeanFieldELBO,
+    return SVIStep(model, guide, x, y, lr=1e-3, elbo=elbo,
                    batch_size=n // 10, jit=jit)
 
 
@@ -109,7 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--inner", type=int, default=20)
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
-    parser.add_argument("--out", type=Path, default=None, help="folder for speed.md/json")
+    parser.add_argument("--out", type=Path, default=Path("results/speed"),
+                        help="folder for speed.md, speed.json and speed.png")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -127,26 +134,57 @@ def main(argv: list[str] | None = None) -> dict:
             "torch_bbb": torch_bbb_step(sizes, xb, yb, n, classification),
             "zoo_bbb": zoo_bbb_step(sizes, x, y, n, classification),
             "zoo_bbb_jit": zoo_bbb_step(sizes, x, y, n, classification, jit=True),
+            "zoo_bbb_lrt_jit": zoo_bbb_step(sizes, x, y, n, classification, jit=True,
+                                            elbo=LocalReparameterizationELBO),
         }
         ms = time_steps(steps, args.repeats, args.inner)
         rows.append({"net": net, "batch": batch, **{f"{k}_ms": v for k, v in ms.items()},
-                     "torch_bbb_ratio": ms["torch_bbb"] / ms["torch_map"],
-                     "zoo_bbb_ratio": ms["zoo_bbb"] / ms["torch_map"],
-                     "zoo_vs_hand": ms["zoo_bbb"] / ms["torch_bbb"]})
-    lines = ["| net | batch | torch MAP ms | torch BBB ms | zoo bbb ms | BBB/MAP | zoo/MAP "
-             "| zoo/hand BBB |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['net']} | {r['batch']} | {r['torch_map_ms']:.3f} | "
-                     f"{r['torch_bbb_ms']:.3f} | {r['zoo_bbb_ms']:.3f} | "
-                     f"{r['torch_bbb_ratio']:.2f} | {r['zoo_bbb_ratio']:.2f} | "
-                     f"{r['zoo_vs_hand']:.2f} |")
-    table = "\n".join(lines)
+                     **{f"{k}_per_map": v / ms["torch_map"] for k, v in ms.items()},
+                     "zoo_vs_hand": ms["zoo_bbb"] / ms["torch_bbb"],
+                     "zoo_jit_vs_hand": ms["zoo_bbb_jit"] / ms["torch_bbb"],
+                     "zoo_lrt_jit_vs_hand": ms["zoo_bbb_lrt_jit"] / ms["torch_bbb"]})
+    table = markdown_table(rows)
     print(table)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "speed.md").write_text(table + "\n")
-        (args.out / "speed.json").write_text(json.dumps(rows, indent=2))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "speed.md").write_text(table + "\n")
+    (args.out / "speed.json").write_text(json.dumps(rows, indent=2))
+    plot(rows, args.out / "speed.png")
     return {"rows": rows}
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| net | batch | " + " | ".join(f"{k} ms" for k in STEPS)
+             + " | " + " | ".join(f"{k}/MAP" for k in STEPS[1:])
+             + " | zoo/hand BBB | zoo JIT/hand BBB | zoo LRT JIT/hand BBB |",
+             "|---" * (2 + 2 * len(STEPS) - 1 + 3) + "|"]
+    for r in rows:
+        cells = [r["net"], str(r["batch"]), *(f"{r[f'{k}_ms']:.3f}" for k in STEPS),
+                 *(f"{r[f'{k}_per_map']:.2f}" for k in STEPS[1:]),
+                 f"{r['zoo_vs_hand']:.2f}", f"{r['zoo_jit_vs_hand']:.2f}",
+                 f"{r['zoo_lrt_jit_vs_hand']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Bar chart of each step's time as a multiple of the plain-PyTorch MAP step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.8 / len(rows)
+    for i, r in enumerate(rows):
+        ax.bar([j + i * width for j in range(len(STEPS))],
+               [r[f"{k}_per_map"] for k in STEPS], width, label=r["net"])
+    ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(STEPS))], STEPS)
+    ax.set_ylabel("time per step / plain-PyTorch MAP step")
+    ax.axhline(1.0, color="k", lw=0.5)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@ sites inside data plates with dependencies between them).
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 import pyro
+import pyro.distributions as dist
 from pyro import poutine
 from pyro.distributions.util import is_identically_zero
 from pyro.infer.util import is_validation_enabled, torch_item
@@ -31,7 +34,29 @@ from pyro.util import check_model_guide_match, warn_if_nan
 from torch import Tensor
 from torch.distributions import kl_divergence
 
-__all__ = ["MeanFieldELBO"]
+__all__ = ["LocalReparameterizationELBO", "MeanFieldELBO", "guide_moments"]
+
+_GUIDE_MOMENTS: ContextVar[dict[str, tuple[Tensor, Tensor]] | None] = ContextVar(
+    "guide_moments", default=None)
+
+
+def guide_moments() -> dict[str, tuple[Tensor, Tensor]] | None:
+    """``{site: (loc, scale)}`` of the guide's Gaussian sites while
+    :class:`LocalReparameterizationELBO` runs the model, ``None`` otherwise.
+
+    A model that supports the local reparameterisation trick (e.g.
+    :class:`~bnn_zoo.models.mlp.BayesianMLP`) reads it to sample pre-activations
+    instead of computing them from its weight samples.
+    """
+    return _GUIDE_MOMENTS.get()
+
+
+def _normal_moments(fn) -> tuple[Tensor, Tensor] | None:
+    while isinstance(fn, dist.Independent):
+        fn = fn.base_dist
+    if isinstance(fn, dist.Normal):
+        return fn.loc, fn.scale
+    return None
 
 
 def _sum_scaled(value: Tensor, scale) -> Tensor:
@@ -43,11 +68,14 @@ class MeanFieldELBO(pyro.infer.ELBO):
 
     def _get_trace(self, model, guide, args, kwargs):
         guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
-        model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
-            *args, **kwargs)
+        model_trace = self._model_trace(model, guide_trace, args, kwargs)
         if is_validation_enabled():
             check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
         return model_trace, guide_trace
+
+    @staticmethod
+    def _model_trace(model, guide_trace, args, kwargs):
+        return poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
 
     @staticmethod
     def _elbo_particle(model_trace, guide_trace) -> Tensor:
@@ -88,3 +116,30 @@ class MeanFieldELBO(pyro.infer.ELBO):
         loss = self.differentiable_loss(model, guide, *args, **kwargs)
         loss.backward()
         return torch_item(loss)
+
+
+class LocalReparameterizationELBO(MeanFieldELBO):
+    """:class:`MeanFieldELBO` with the local reparameterisation trick (Kingma et al. 2015).
+
+    The model runs with :func:`guide_moments` set to the loc and scale of every
+    Gaussian guide site, so a model that supports it draws each pre-activation
+    from its Gaussian given the layer input (see
+    :func:`bnn_zoo.nn.local_reparameterized_affine`) rather than pushing one weight
+    sample through the minibatch. The KL terms are unchanged (closed form, or
+    Monte Carlo at the guide's weight sample); the expected log-likelihood is the
+    same in expectation, with lower-variance gradients. A model that ignores
+    :func:`guide_moments` gets the plain :class:`MeanFieldELBO`.
+    """
+
+    def _model_trace(self, model, guide_trace, args, kwargs):
+        moments = {}
+        for name, site in guide_trace.nodes.items():
+            if site["type"] == "sample" and not site["is_observed"]:
+                pair = _normal_moments(site["fn"])
+                if pair is not None:
+                    moments[name] = pair
+        token = _GUIDE_MOMENTS.set(moments)
+        try:
+            return super()._model_trace(model, guide_trace, args, kwargs)
+        finally:
+            _GUIDE_MOMENTS.reset(token)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 import warnings
@@ -193,7 +194,10 @@ class SVIStep:
         fn = self._compiled.get(key)
         if fn is None:
             inputs = (*self.params, self.x, self.y, idx)
-            with warnings.catch_warnings():
+            devices = [self.x.device] if self.x.device.type == "cuda" else []
+            # Tracing runs the loss once; forking the RNG keeps that run's noise out of the
+            # random stream, so a JIT fit draws exactly the noise of an eager fit.
+            with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
                 # torch.jit.trace is deprecated in favour of torch.compile, which cannot
                 # trace through Pyro's effect handlers; its tracer warnings are expected.
                 warnings.simplefilter("ignore")
@@ -255,7 +259,8 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
         elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO, kl_weighting: str = "uniform",
         seed: int | None = None, progress: bool | None = None,
         checkpoint: str | Path | None = None, checkpoint_every: int = 1000,
-        max_plate_nesting: int = 1, jit: bool = False, validate: bool = False) -> FitResult:
+        max_plate_nesting: int = 1, jit: bool = False,
+        validate: bool | None = None) -> FitResult:
     """Fit ``guide`` to ``model`` by stochastic variational inference.
 
     Parameters
@@ -280,7 +285,8 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
         for models without data-dependent Python control flow. On small nets this
         removes most of Pyro's per-step overhead.
     validate : run Pyro's and torch's argument validation while training (slower
-        by 20-30%; off by default, on in the test suite where it matters).
+        by 20-30%). ``None`` (default): on only when the environment variable
+        ``BNN_ZOO_VALIDATE`` is ``1``, as the test suite sets it.
 
     Raises
     ------
@@ -291,6 +297,8 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
     check_positive_int("checkpoint_every", checkpoint_every)
     if seed is not None:
         pyro.set_rng_seed(seed)
+    if validate is None:
+        validate = os.environ.get("BNN_ZOO_VALIDATE") == "1"
     with pyro.validation_enabled(validate):
         return _fit(SVIStep(model, guide, x, y, lr=lr, batch_size=batch_size,
                             num_particles=num_particles, elbo=elbo, kl_weighting=kl_weighting,

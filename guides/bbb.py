@@ -12,8 +12,9 @@ scale-mixture prior, ``Trace_ELBO`` (a Monte Carlo KL, as in the paper).
 Initialisation differs from the seed on purpose: the seed draws ``rho`` near 0,
 i.e. a posterior scale of ``softplus(0) = 0.69``, which drowns the signal of a
 freshly initialised net in weight noise. We start narrow (``init_scale=1e-2``:
-``rho = log(expm1(0.01)) = -4.6``) with means drawn as ``N(0, 1/d_in)`` so the
-initial network is a reasonable deterministic net, and let the KL widen it.
+``rho = log(expm1(0.01)) = -4.6``) with means from
+:func:`~bnn_zoo.models.mlp.fan_in_init` (weights ``N(0, 1/d_in)``, biases ``U(-1, 1)``)
+so the initial network is a reasonable deterministic net, and let the KL widen it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from bnn_zoo._checks import check_positive
+from bnn_zoo.models.mlp import fan_in_init
 
 __all__ = ["BayesByBackpropGuide", "softplus_inverse"]
 
@@ -58,11 +60,7 @@ class BayesByBackpropGuide(PyroModule):
         self.rho = nn.ParameterDict()
         for name, shape in self.site_shapes.items():
             key = self.keys[name]
-            if len(shape) == 2:
-                mean = torch.randn(shape, generator=generator) / math.sqrt(shape[0])
-            else:
-                mean = torch.zeros(shape)
-            self.loc[key] = nn.Parameter(mean)
+            self.loc[key] = nn.Parameter(fan_in_init(shape, generator=generator))
             self.rho[key] = nn.Parameter(torch.full(shape, rho))
 
     def distributions(self) -> dict[str, dist.Normal]:

@@ -22,16 +22,17 @@ from collections.abc import Sequence
 import pyro
 import pyro.distributions as dist
 import torch
-from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 
 from bnn_zoo._checks import check_choice, check_positive
+from bnn_zoo.elbo import guide_moments
+from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 from bnn_zoo.nn import activation as activation_fn
-from bnn_zoo.nn import layer_names, layer_sizes, mlp_forward
+from bnn_zoo.nn import layer_names, layer_sizes, local_reparameterized_affine, mlp_forward
 
-__all__ = ["TASKS", "BayesianMLP", "init_to_fan_in"]
+__all__ = ["TASKS", "BayesianMLP", "fan_in_init", "init_to_fan_in"]
 
 TASKS = ("regression", "classification")
 
@@ -109,6 +110,21 @@ class BayesianMLP(PyroModule):
                                  len(shape)) for name, shape in self.sites]
         return list(zip(values[::2], values[1::2]))
 
+    def network(self, x: Tensor, params: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """The network output ``f(x)`` (*S, N, out_dim) under the weight samples ``params``.
+
+        Under :class:`~bnn_zoo.elbo.LocalReparameterizationELBO` the guide's Gaussian
+        moments are known and each pre-activation is sampled from them instead (the
+        local reparameterisation trick); the weight samples then serve the KL only.
+        """
+        moments = guide_moments()
+        if moments is None or any(name not in moments for name, _ in self.sites):
+            return mlp_forward(x, params, self.act)
+        pairs = [tuple(drop_plate_dim(t, len(shape)) for t in moments[name])
+                 for name, shape in self.sites]
+        return mlp_forward(x, list(zip(pairs[::2], pairs[1::2])), self.act,
+                           local_reparameterized_affine)
+
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         if x.dim() != 2 or x.shape[-1] != self.sizes[0]:
             raise ValueError(
@@ -119,7 +135,7 @@ class BayesianMLP(PyroModule):
             if idx.shape[0] != x.shape[0]:
                 x = x.index_select(0, idx)
                 y = None if y is None else y.index_select(0, idx)
-            f = pyro.deterministic("f", mlp_forward(x, params, self.act))
+            f = pyro.deterministic("f", self.network(x, params))
             if self.task == "regression":
                 sigma = self.observation_scale().to(f.dtype)
                 pyro.sample("obs", dist.Normal(f.squeeze(-1), sigma), obs=y)
@@ -128,14 +144,26 @@ class BayesianMLP(PyroModule):
         return f
 
 
+def fan_in_init(shape: tuple[int, ...], *, dtype: torch.dtype | None = None,
+                device: torch.device | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
+    """Initial weights: matrices ``(d_in, d_out)`` drawn ``N(0, 1/d_in)``, biases ``U(-1, 1)``.
+
+    On standardised inputs a unit's pre-activation ``w.x`` then has variance about 1,
+    and random biases spread the ReLU kinks ``-b/w`` over the data; zero biases would
+    put every kink at ``x = 0`` and leave a 1-D net unable to bend anywhere else.
+    """
+    if len(shape) == 2:
+        return torch.randn(shape, dtype=dtype, device=device, generator=generator) / shape[0] ** 0.5
+    return 2 * torch.rand(shape, dtype=dtype, device=device, generator=generator) - 1
+
+
 def init_to_fan_in(site: dict) -> Tensor:
-    """Initial value for autoguides: weight matrices ``N(0, 1/d_in)``, vectors zero.
+    """``init_loc_fn`` for autoguides: :func:`fan_in_init` for every weight site.
 
     Pyro's default ``init_to_feasible`` starts every weight at 0, where a ReLU
     network has no gradient to break the symmetry between units.
     """
-    fn = site["fn"]
-    ref = fn.mean
-    if len(fn.event_shape) == 2:
-        return torch.randn(ref.shape, dtype=ref.dtype, device=ref.device) / fn.event_shape[0] ** 0.5
-    return torch.zeros_like(ref)
+    ref = site["fn"].mean
+    return fan_in_init(tuple(site["fn"].event_shape), dtype=ref.dtype, device=ref.device).expand(
+        ref.shape)

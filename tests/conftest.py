@@ -1,5 +1,7 @@
 """Pyro's testing habits: before each test, seed, clear the param store and turn
-validation on; tests that compare with closed forms ask for float64 themselves."""
+validation on (in Pyro and in ``bnn_zoo.fit``); tests that compare with closed
+forms ask for float64 themselves. One torch thread: the nets here are too small
+to gain from intra-op threads, which only add overhead on a busy machine."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ import pyro
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
-def pyro_test_setup():
+def pyro_test_setup(monkeypatch):
+    monkeypatch.setenv("BNN_ZOO_VALIDATE", "1")  # bnn_zoo.fit validates only when asked
     pyro.set_rng_seed(0)
     pyro.clear_param_store()
     pyro.enable_validation(True)

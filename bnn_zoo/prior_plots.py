@@ -1,0 +1,57 @@
+"""Figures of the prior diagnostics (:mod:`bnn_zoo.priors`), drawn with matplotlib's Agg
+backend so they work without a display."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+__all__ = ["plot_output_vs_gaussian", "plot_tail_parameters"]
+
+
+def plot_output_vs_gaussian(samples: dict[int, Tensor], variance: float, path: Path) -> None:
+    """Histogram (log density) of the prior output at one input for each width ``H``
+    (``samples[H]`` of shape (S,)) against the Gaussian limit ``N(0, variance)``."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    scale = math.sqrt(variance)
+    grid = torch.linspace(-6 * scale, 6 * scale, 400, dtype=torch.float64)
+    for width, values in samples.items():
+        ax.hist(values.detach().cpu().double().numpy(), bins=120, range=(-6 * scale, 6 * scale),
+                density=True, histtype="step", label=f"H = {width}")
+    gauss = torch.exp(-0.5 * (grid / scale) ** 2) / (scale * math.sqrt(2 * math.pi))
+    ax.plot(grid.numpy(), gauss.numpy(), "k--", label="GP limit")
+    ax.set_yscale("log")
+    ax.set_ylim(1e-4 / scale, None)
+    ax.set_xlabel("f(x) under the prior")
+    ax.set_ylabel("density")
+    ax.set_title("One hidden layer: the output approaches its Gaussian limit")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_tail_parameters(rows: Sequence[dict[str, float]], path: Path) -> None:
+    """Estimated tail parameter against the layer ``l``, with the theorem's ``l/2``
+    (``rows`` as from :func:`bnn_zoo.priors.tail_table`)."""
+    layers = [r["layer"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot(layers, [r["theta_moments"] for r in rows], "o-", label="moment norms")
+    ax.plot(layers, [r["theta_survival"] for r in rows], "s-", label="log-survival")
+    ax.plot(layers, [r["theta_theory"] for r in rows], "k--", label="sub-Weibull l/2")
+    ax.set_xticks(layers)
+    ax.set_xlabel("layer l")
+    ax.set_ylabel("tail parameter theta")
+    ax.set_title("Units get heavier-tailed with depth")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,148 @@
+"""The ``priors`` subcommand: the Gaussian limit of the output as the width grows and the
+tail parameter of the units against depth (seed 001, second half).
+
+    python -m bnn_zoo priors --widths 1 10 100 1000 --depth 3 --width 2 --out results/priors
+
+prints two Markdown tables and writes ``priors.md``, ``priors.json``,
+``output_vs_gaussian.png`` and ``tail_parameters.png`` into ``--out``. The nets are the
+zoo's MLP (entry ``bbb``'s model factory) with the fan-in Gaussian prior whose
+infinite-width limit is the kernel of entry ``nngp`` with every variance 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from bnn_zoo import zoo
+from bnn_zoo._checks import check_positive_int
+from bnn_zoo.models.priors import GaussianPrior
+from bnn_zoo.prior_plots import plot_output_vs_gaussian, plot_tail_parameters
+from bnn_zoo.priors import excess_kurtosis, prior_predictive, tail_table
+
+__all__ = ["add_parser", "fan_in_net", "main", "markdown_table", "run", "width_sweep",
+           "write_tables"]
+
+
+CHUNK = 2000
+
+
+def fan_in_net(in_dim: int, hidden: Sequence[int], activation: str, like: Tensor):
+    """The zoo MLP with prior N(0, 1/d_in) on weight matrices and N(0, 1) on biases."""
+    net = zoo.get("bbb").model(in_dim, 1, hidden=tuple(hidden), activation=activation,
+                               prior=GaussianPrior(1.0, fan_in=True), noise_scale=1.0)
+    return net.to(device=like.device, dtype=like.dtype)
+
+
+def _ks_to_gaussian(values: Tensor, variance: Tensor) -> float:
+    """Kolmogorov-Smirnov distance between the samples and ``N(0, variance)``."""
+    v, _ = values.sort()
+    n = v.shape[0]
+    cdf = 0.5 * (1 + torch.erf(v / (2 * variance).sqrt()))
+    ranks = torch.arange(1, n + 1, dtype=v.dtype, device=v.device)
+    return float(torch.maximum(ranks / n - cdf, cdf - (ranks - 1) / n).max())
+
+
+def width_sweep(widths: Sequence[int], x: Tensor, num_samples: int, activation: str = "relu",
+                ) -> tuple[list[dict[str, float]], dict[int, Tensor]]:
+    """For each width ``H``: prior samples of ``f(x)`` of the one-hidden-layer net at the
+    inputs ``x`` (N, D), and per ``H`` the largest error of the empirical covariance
+    against the NNGP kernel in Monte Carlo standard errors, the variance at ``x[0]``
+    against ``K(x_0, x_0)``, the excess kurtosis and the KS distance to the GP marginal.
+    Returns the rows and the samples at ``x[0]`` per width."""
+    kernel = zoo.get("nngp").model(x.shape[1], 1, activation=activation).kernel
+    kernel = kernel.to(device=x.device, dtype=x.dtype)
+    with torch.no_grad():
+        k = kernel(x)
+    rows, samples = [], {}
+    for width in widths:
+        check_positive_int("width", width)
+        net = fan_in_net(x.shape[1], (width,), activation, x)
+        # Chunks of at most CHUNK samples keep the (S, N, H) hidden units small.
+        f = torch.cat([prior_predictive(net, x, min(CHUNK, num_samples - start)).squeeze(-1)
+                       for start in range(0, num_samples, CHUNK)])  # (S, N)
+        products = f.unsqueeze(-1) * f.unsqueeze(-2)
+        stderr = products.std(0) / math.sqrt(num_samples)
+        rows.append({
+            "width": width,
+            "cov_error_in_se": float(((products.mean(0) - k).abs() / stderr).max()),
+            "variance": float(f[:, 0].var()),
+            "kernel_variance": float(k[0, 0]),
+            "excess_kurtosis": float(excess_kurtosis(f[:, 0])),
+            "ks_to_gaussian": _ks_to_gaussian(f[:, 0], k[0, 0]),
+        })
+        samples[width] = f[:, 0]
+    return rows, samples
+
+
+def markdown_table(rows: Sequence[dict], digits: int = 3) -> str:
+    """A Markdown table of the rows' keys and values (floats rounded)."""
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for row in rows:
+        cells = [f"{v:.{digits}f}" if isinstance(v, float) else str(v) for v in row.values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_tables(out: Path, stem: str, tables: Sequence[tuple[str, str, list[dict]]]) -> None:
+    """Print the ``(key, heading, rows)`` tables as Markdown and write them to
+    ``out/stem.md`` and, keyed by ``key``, to ``out/stem.json``."""
+    text = "\n".join(f"## {heading}\n\n{markdown_table(rows)}\n" for _, heading, rows in tables)
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps({key: rows for key, _, rows in tables},
+                                                 indent=2))
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``priors`` subcommand to the CLI's subparsers."""
+    parser = subparsers.add_parser("priors", help="prior diagnostics: Gaussian limit and "
+                                   "sub-Weibull tails of the units", description=__doc__)
+    parser.add_argument("--widths", type=int, nargs="+", default=[1, 10, 100, 1000],
+                        help="hidden widths H of the one-hidden-layer sweep")
+    parser.add_argument("--depth", type=int, default=3, help="layers L of the tail study")
+    parser.add_argument("--width", type=int, default=2, help="hidden width of the tail study")
+    parser.add_argument("--samples", type=int, default=20000, help="prior samples")
+    parser.add_argument("--activation", default="relu")
+    parser.add_argument("--out", type=Path, default=Path("results/priors"))
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Compute both tables, print them, and write tables and figures into ``args.out``."""
+    check_positive_int("depth", args.depth)
+    if args.depth < 2:
+        raise ValueError(f"Expected depth >= 2 (one hidden layer at least), got {args.depth}.")
+    x = torch.tensor([[1.0]], dtype=torch.float64)
+    sweep, samples = width_sweep(args.widths, x, args.samples, args.activation)
+    net = fan_in_net(1, [args.width] * (args.depth - 1), args.activation, x)
+    tails = tail_table(net, x, args.samples)
+    write_tables(args.out, "priors", [
+        ("width_sweep", f"Gaussian limit of f(x=1), one hidden {args.activation} layer", sweep),
+        ("tails", f"Tail parameter theta of the units, hidden width {args.width}", tails),
+    ])
+    plot_output_vs_gaussian(samples, sweep[0]["kernel_variance"],
+                            args.out / "output_vs_gaussian.png")
+    plot_tail_parameters(tails, args.out / "tail_parameters.png")
+    return {"width_sweep": sweep, "tails": tails}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Stand-alone entry point: ``python -m bnn_zoo.priors_cli priors [options]``."""
+    parser = argparse.ArgumentParser(prog="bnn_zoo")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    main()

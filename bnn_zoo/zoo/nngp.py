@@ -1,0 +1,65 @@
+"""Zoo entries ``nngp`` and ``nngp-erf``: the infinite-width limit of the one-hidden-layer
+BNN as exact GP regression (seed 001, second half; Neal 1996)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from torch import Tensor
+
+from bnn_zoo.models.nngp import NNGPRegression
+from bnn_zoo.scaling import Standardizer
+from bnn_zoo.training import fit
+from bnn_zoo.zoo import register
+from bnn_zoo.zoo._entry import Budget, Entry, Fitted, _split_kwargs
+
+
+def nngp(in_dim: int, out_dim: int, *, task: str = "regression", activation: str = "relu",
+         noise_scale: float | None = None, num_features: int | None = None,
+         **kernel_options: float) -> NNGPRegression:
+    """The NNGP regression model; ``kernel_options`` are the initial kernel variances
+    (``weight_variance``, ``bias_variance``, ``output_variance``, ``output_bias_variance``)."""
+    if task != "regression" or out_dim != 1:
+        raise ValueError(f"Expected task 'regression' with out_dim 1, got {task!r}, {out_dim}.")
+    return NNGPRegression(in_dim, activation=activation, noise_scale=noise_scale,
+                          num_features=num_features, **kernel_options)
+
+
+def no_guide(x: Tensor, y: Tensor | None = None) -> None:
+    """The empty guide: the model has no latent site, so SVI maximises the evidence."""
+
+
+def evidence_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, seed: int,
+                    budget: Budget, progress: bool | None, options: dict) -> Fitted:
+    """Type-II maximum likelihood: maximise ``log p(y | x, theta)`` over the kernel
+    variances and the noise by Adam on the full data (see :func:`bnn_zoo.fit`)."""
+    if budget.batch_size is not None:
+        raise ValueError(f"Expected batch_size=None for the exact GP entry {entry.name!r}, "
+                         f"but got {budget.batch_size}.")
+    (model_kw,) = _split_kwargs(options, entry.model)
+    model = entry.model(x.shape[1], out_dim, task=task, **model_kw)
+    model = model.to(device=x.device, dtype=x.dtype)
+    result = fit(model, no_guide, x, y, steps=budget.steps, lr=budget.lr, seed=seed,
+                 progress=progress)
+
+    def predict_standardized(z: Tensor, num_samples: int):
+        return model.posterior(x, y, z)
+
+    return Fitted(entry.name, task, model, no_guide, Standardizer.identity(x), None,
+                  result.seconds, result, predict_standardized=predict_standardized)
+
+
+for _name, _activation in [("nngp", "relu"), ("nngp-erf", "erf")]:
+    register(Entry(
+        name=_name,
+        description=f"infinite-width 1-hidden-layer {_activation} BNN: exact GP with the NNGP "
+                    "kernel, hyperparameters by type-II maximum likelihood",
+        tasks=("regression",),
+        seed="001_c55daefe340e50b9.txt",
+        model=partial(nngp, activation=_activation),
+        guide=None,
+        budget=Budget(steps=300, lr=0.05, batch_size=None),
+        fitter=evidence_fitter,
+    ))
+
+__all__ = ["evidence_fitter", "nngp", "no_guide"]

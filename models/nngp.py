@@ -1,0 +1,279 @@
+r"""The infinite-width limit of a one-hidden-layer Bayesian network (seed 001, second half).
+
+Neal (1996), as in the seed: the network
+
+.. math::
+
+    f(x) = c + \sum_{m=1}^H v_m \, \phi(g_m(x)), \qquad
+    g_m(x) = b_m + \sum_{h=1}^D w_{mh} x_h,
+
+with independent priors :math:`w_{mh} \sim N(0, \sigma_w^2 / D)`,
+:math:`b_m \sim N(0, \sigma_b^2)`, :math:`v_m \sim N(0, \sigma_v^2 / H)` and
+:math:`c \sim N(0, \sigma_c^2)` is a sum of ``H`` i.i.d. terms, so by the central
+limit theorem it converges, as :math:`H \to \infty`, to a Gaussian process with
+the NNGP kernel
+
+.. math::
+
+    K(x, x') = \sigma_c^2 + \sigma_v^2 \, E[\phi(u) \phi(u')], \qquad
+    (u, u') \sim N\left(0, \begin{pmatrix} \Sigma(x, x) & \Sigma(x, x') \\
+    \Sigma(x, x') & \Sigma(x', x') \end{pmatrix}\right), \qquad
+    \Sigma(x, x') = \sigma_b^2 + \sigma_w^2 \, x \cdot x' / D .
+
+The covariance of :math:`f` equals :math:`K` at every width ``H``; only the
+higher cumulants (e.g. the excess kurtosis, which falls as ``1/H``) vanish in
+the limit. With :class:`~bnn_zoo.models.GaussianPrior` ``(scale=1, fan_in=True)``
+the zoo's :class:`~bnn_zoo.models.BayesianMLP` with one hidden layer has exactly
+this prior with every variance equal to 1.
+
+Closed forms of :math:`E[\phi(u)\phi(u')]` (with :math:`k_{11}, k_{12}, k_{22}`
+the entries of the covariance above):
+
+* ``relu`` (arc-cosine kernel of order 1, Cho & Saul 2009):
+  :math:`\frac{\sqrt{k_{11}k_{22}}}{2\pi}(\sin\theta + (\pi - \theta)\cos\theta)`,
+  :math:`\cos\theta = k_{12}/\sqrt{k_{11}k_{22}}`;
+* ``erf`` (Williams 1997):
+  :math:`\frac{2}{\pi}\arcsin\frac{2k_{12}}{\sqrt{(1 + 2k_{11})(1 + 2k_{22})}}`;
+* ``identity``: :math:`k_{12}` (Bayesian linear regression).
+
+Any other activation of :data:`bnn_zoo.nn.ACTIVATIONS` uses a Monte Carlo
+kernel: the covariance of a random-feature network of ``num_features`` units
+drawn once from the prior with a fixed seed (positive semi-definite by
+construction, and differentiable in the hyperparameters).
+
+The seed's :math:`\sigma_H^2` is the variance of each output weight; it must
+scale as :math:`1/H` for the limit :math:`N(0, H \sigma_H^2 c^2)` to exist, which
+the seed leaves implicit: here :math:`\sigma_H^2 = \sigma_v^2 / H`. The seed
+also assumes :math:`E[h_m(x)] = 0`, which fails for ReLU; it is not needed,
+because :math:`E[v_m] = 0` already centres each term.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pyro
+import pyro.contrib.gp as gp
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+from torch import Tensor
+
+from bnn_zoo._checks import check_choice, check_positive, check_positive_int, check_tensor
+from bnn_zoo.nn import ACTIVATIONS, activation
+from bnn_zoo.prediction import GaussianMixturePredictive
+
+__all__ = ["CLOSED_FORMS", "NNGPKernel", "NNGPRegression", "expected_product"]
+
+
+def _relu_product(k11: Tensor, k12: Tensor, k22: Tensor) -> Tensor:
+    norm = (k11 * k22).sqrt()
+    # Clamp strictly inside [-1, 1]: arccos and sqrt(1 - c^2) have infinite slopes at
+    # c = 1 (the diagonal) that cancel analytically but give NaN gradients numerically.
+    eps = 100 * torch.finfo(norm.dtype).eps
+    cos = (k12 / norm).clamp(-1 + eps, 1 - eps)
+    theta = torch.arccos(cos)
+    return norm / (2 * math.pi) * (torch.sin(theta) + (math.pi - theta) * cos)
+
+
+def _erf_product(k11: Tensor, k12: Tensor, k22: Tensor) -> Tensor:
+    return 2 / math.pi * torch.arcsin(2 * k12 / ((1 + 2 * k11) * (1 + 2 * k22)).sqrt())
+
+
+def _identity_product(k11: Tensor, k12: Tensor, k22: Tensor) -> Tensor:
+    return k12
+
+
+CLOSED_FORMS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "relu": _relu_product,
+    "erf": _erf_product,
+    "identity": _identity_product,
+}
+
+
+def expected_product(name: str, k11: Tensor, k12: Tensor, k22: Tensor) -> Tensor:
+    r""":math:`E[\phi(u)\phi(u')]` for the bivariate Gaussian with covariance
+    ``[[k11, k12], [k12, k22]]`` (broadcast elementwise), in closed form for the
+    activations of :data:`CLOSED_FORMS`."""
+    return CLOSED_FORMS[check_choice("activation", name, sorted(CLOSED_FORMS))](k11, k12, k22)
+
+
+class NNGPKernel(gp.kernels.Kernel):
+    r"""The NNGP kernel :math:`K(x, x')` of a one-hidden-layer network (see the module).
+
+    A :class:`pyro.contrib.gp.kernels.Kernel`, so it also plugs into Pyro's GP
+    models. Its hyperparameters are ``PyroParam`` s (positive); like any Pyro
+    ``Parameterized`` they can be given priors with ``PyroSample``.
+
+    Parameters
+    ----------
+    input_dim : number of input features ``D``.
+    activation : a name of :data:`bnn_zoo.nn.ACTIVATIONS`; closed form for
+        ``relu``, ``erf`` and ``identity``, Monte Carlo otherwise.
+    weight_variance, bias_variance : :math:`\sigma_w^2` (input weights have
+        variance :math:`\sigma_w^2 / D`) and :math:`\sigma_b^2` of the hidden layer.
+    output_variance, output_bias_variance : :math:`\sigma_v^2` (output weights have
+        variance :math:`\sigma_v^2 / H`) and :math:`\sigma_c^2`.
+    num_features : use a Monte Carlo kernel with this many random hidden units even
+        for a closed-form activation (default: 4096 where there is no closed form).
+    seed : seed of the Monte Carlo features (fixed, so the kernel is a deterministic
+        function of its hyperparameters).
+
+    ``forward(X, Z=None, diag=False)`` returns the (N, M) covariance matrix, or its
+    (N,) diagonal.
+    """
+
+    def __init__(self, input_dim: int, activation: str = "relu", *,
+                 weight_variance: float = 1.0, bias_variance: float = 1.0,
+                 output_variance: float = 1.0, output_bias_variance: float = 1.0,
+                 num_features: int | None = None, seed: int = 0,
+                 active_dims: list[int] | None = None) -> None:
+        check_positive_int("input_dim", input_dim)
+        super().__init__(input_dim, active_dims)
+        self.all_dims = active_dims is None
+        self.activation = check_choice("activation", activation, sorted(ACTIVATIONS))
+        if num_features is None and activation not in CLOSED_FORMS:
+            num_features = 4096
+        self.num_features = check_positive_int("num_features", num_features, allow_none=True)
+        self.seed = seed
+        for name, value in [("weight_variance", weight_variance),
+                            ("bias_variance", bias_variance),
+                            ("output_variance", output_variance),
+                            ("output_bias_variance", output_bias_variance)]:
+            setattr(self, name, PyroParam(torch.tensor(check_positive(name, value)),
+                                          constraint=constraints.positive))
+
+    @property
+    def closed_form(self) -> bool:
+        """Whether the kernel is exact (``False``: Monte Carlo random features)."""
+        return self.num_features is None
+
+    def preactivation_covariance(self, X: Tensor, Z: Tensor) -> Tensor:
+        r""":math:`\Sigma(x, z) = \sigma_b^2 + \sigma_w^2 x \cdot z / D`, shape (N, M)."""
+        return self.bias_variance + self.weight_variance * (X @ Z.T) / self.input_dim
+
+    def features(self, X: Tensor) -> Tensor:
+        r"""(N, S) hidden units :math:`\phi(g_s(x)) / \sqrt{S}` of the Monte Carlo kernel."""
+        gen = torch.Generator(device=X.device).manual_seed(self.seed)
+        shape = (self.input_dim + 1, self.num_features)
+        noise = torch.randn(shape, generator=gen, dtype=X.dtype, device=X.device)
+        g = (self.weight_variance / self.input_dim).sqrt() * (X @ noise[:-1])
+        g = g + self.bias_variance.sqrt() * noise[-1]
+        return activation(self.activation)(g) / math.sqrt(self.num_features)
+
+    def forward(self, X: Tensor, Z: Tensor | None = None, diag: bool = False) -> Tensor:
+        X = self._checked_input("X", X)
+        if diag:
+            if self.closed_form:
+                k = self.preactivation_variance(X)
+                product = expected_product(self.activation, k, k, k)
+            else:
+                product = (self.features(X) ** 2).sum(-1)
+            return self.output_bias_variance + self.output_variance * product
+        Z = X if Z is None else self._checked_input("Z", Z)
+        if self.closed_form:
+            kxx = self.preactivation_variance(X).unsqueeze(-1)
+            kzz = self.preactivation_variance(Z).unsqueeze(-2)
+            product = expected_product(self.activation, kxx, self.preactivation_covariance(X, Z),
+                                       kzz)
+        else:
+            product = self.features(X) @ self.features(Z).T
+        return self.output_bias_variance + self.output_variance * product
+
+    def _checked_input(self, name: str, X: object) -> Tensor:
+        X = check_tensor(name, X, ndim=(1, 2), floating=True)
+        columns = X.shape[1] if X.dim() == 2 else 1
+        needed = self.input_dim if self.all_dims else max(self.active_dims) + 1
+        if columns < needed or (self.all_dims and columns != needed):
+            raise ValueError(f"Expected {name} with {needed} columns, but got {columns}.")
+        return self._slice_input(X)
+
+    def preactivation_variance(self, X: Tensor) -> Tensor:
+        r"""(N,) :math:`\Sigma(x, x)`."""
+        return self.bias_variance + self.weight_variance * (X**2).sum(-1) / self.input_dim
+
+
+class NNGPRegression(PyroModule):
+    r"""Exact GP regression with the NNGP kernel: the infinite-width one-hidden-layer BNN.
+
+    .. math:: y \sim N(0, K(X, X) + \sigma^2 I)
+
+    The function values are integrated out, so ``model(x, y)`` has one sample site,
+    ``"obs"``, whose log density is the log evidence :math:`\log p(y | X, \theta)`:
+    SVI with an empty guide (what the zoo entry ``nngp`` runs) is type-II maximum
+    likelihood of the kernel hyperparameters and the noise. Unlike the zoo's
+    BNNs, ``"obs"`` is one multivariate normal over the N points (they are
+    dependent), so there is no ``"data"`` plate and no minibatching.
+
+    Parameters
+    ----------
+    in_dim : number of input features.
+    activation, num_features, **kernel_options : passed to :class:`NNGPKernel`.
+    noise_scale : fixed noise standard deviation :math:`\sigma`; ``None`` learns it,
+        starting at ``init_noise_scale``.
+    jitter : added to the diagonal (times the mean prior variance) before the Cholesky.
+    """
+
+    def __init__(self, in_dim: int, *, activation: str = "relu", noise_scale: float | None = None,
+                 init_noise_scale: float = 0.3, jitter: float = 1e-6,
+                 num_features: int | None = None, **kernel_options: float) -> None:
+        super().__init__()
+        self.kernel = NNGPKernel(in_dim, activation, num_features=num_features, **kernel_options)
+        self.jitter = check_positive("jitter", jitter)
+        self.learn_noise = noise_scale is None
+        if self.learn_noise:
+            init = check_positive("init_noise_scale", init_noise_scale)
+            self.noise_scale = PyroParam(torch.tensor(init), constraint=constraints.positive)
+        else:
+            self.register_buffer("fixed_noise_scale",
+                                 torch.tensor(check_positive("noise_scale", noise_scale)))
+
+    def observation_scale(self) -> Tensor:
+        """The noise standard deviation :math:`\\sigma`."""
+        return self.noise_scale if self.learn_noise else self.fixed_noise_scale
+
+    def _train_cholesky(self, x: Tensor) -> Tensor:
+        k = self.kernel(x)
+        diag = self.observation_scale() ** 2 + self.jitter * k.diagonal().mean().detach()
+        return torch.linalg.cholesky(k + diag * torch.eye(x.shape[0], dtype=x.dtype,
+                                                          device=x.device))
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        check_tensor("x", x, ndim=2, floating=True)
+        if y is not None:
+            check_tensor("y", y, ndim=1, floating=True)
+            if y.shape[0] != x.shape[0]:
+                raise ValueError(f"Expected y of shape ({x.shape[0]},), got {tuple(y.shape)}.")
+        scale_tril = self._train_cholesky(x)
+        return pyro.sample("obs", dist.MultivariateNormal(x.new_zeros(x.shape[0]),
+                                                          scale_tril=scale_tril), obs=y)
+
+    def log_evidence(self, x: Tensor, y: Tensor) -> Tensor:
+        """:math:`\\log p(y | x, \\theta)` (the log density at ``"obs"``)."""
+        trace = pyro.poutine.trace(self).get_trace(x, y)
+        return trace.nodes["obs"]["fn"].log_prob(y)
+
+    @torch.no_grad()
+    def posterior(self, x_train: Tensor, y_train: Tensor, x: Tensor) -> GaussianMixturePredictive:
+        r"""The GP posterior predictive at ``x`` (M, D) given the training data.
+
+        .. math::
+
+            \mu = K_{*}^T (K + \sigma^2 I)^{-1} y, \qquad
+            s^2 = \mathrm{diag}(K_{**}) - \mathrm{diag}(K_*^T (K + \sigma^2 I)^{-1} K_*)
+            + \sigma^2
+
+        returned as a one-component :class:`GaussianMixturePredictive` (``loc`` and
+        ``scale`` of shape (1, M)), so the zoo's metrics apply unchanged.
+        """
+        check_tensor("x", x, ndim=2, floating=True)
+        chol = self._train_cholesky(x_train)
+        cross = self.kernel(x_train, x)
+        v = torch.linalg.solve_triangular(chol, cross, upper=False)
+        alpha = torch.cholesky_solve(y_train.unsqueeze(-1), chol).squeeze(-1)
+        mean = cross.T @ alpha
+        var_f = (self.kernel(x, diag=True) - (v**2).sum(0)).clamp_min(0)
+        scale = (var_f + self.observation_scale() ** 2).sqrt()
+        return GaussianMixturePredictive(mean.unsqueeze(0), scale.unsqueeze(0))

@@ -1,0 +1,287 @@
+"""The core's contract: bad input, determinism, the NaN guard, checkpoints, guide
+independence, JIT against eager, predictive summaries and metrics against hand
+computations, and the data sets."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer.autoguide import AutoDelta, AutoNormal
+
+import bnn_zoo
+from bnn_zoo import data, zoo
+from bnn_zoo.metrics import expected_calibration_error, metrics
+from bnn_zoo.models import BayesianMLP, GaussianPrior
+from bnn_zoo.prediction import CategoricalPredictive, GaussianMixturePredictive
+from bnn_zoo.scaling import Standardizer
+from bnn_zoo.training import SVIStep, TrainingDiverged
+
+
+def small_problem(n: int = 40):
+    x = torch.linspace(-2, 2, n).unsqueeze(-1)
+    return x, torch.sin(x.squeeze(-1)) + 0.1 * torch.randn(n)
+
+
+def parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.named_parameters()}
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("x, y, match", [
+    (torch.zeros(5), torch.zeros(5), "x"),
+    (torch.zeros(5, 1), torch.zeros(4), "y"),
+    (torch.full((5, 1), math.nan), torch.zeros(5), "x"),
+    (torch.zeros(5, 1), torch.tensor([0.0, 1.0, math.inf, 0.0, 0.0]), "y"),
+    (torch.zeros(0, 1), torch.zeros(0), "x"),
+])
+def test_fit_rejects_bad_data(x, y, match):
+    with pytest.raises(ValueError, match=match):
+        zoo.get("map").fit(x, y, steps=2)
+
+
+def test_fit_rejects_bad_options():
+    x, y = small_problem()
+    model = BayesianMLP(1, 1, (4,))
+    guide = AutoDelta(model)
+    with pytest.raises(ValueError, match="lr"):
+        bnn_zoo.fit(model, guide, x, y, steps=2, lr=-1.0)
+    with pytest.raises(ValueError, match="steps"):
+        bnn_zoo.fit(model, guide, x, y, steps=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        bnn_zoo.fit(model, guide, x, y, steps=2, batch_size=0)
+    with pytest.raises(ValueError, match="kl_weighting"):
+        bnn_zoo.fit(model, guide, x, y, steps=2, kl_weighting="blundell")
+    with pytest.raises(TypeError, match="elbo"):
+        bnn_zoo.fit(model, guide, x, y, steps=2, elbo="Trace_ELBO")
+    with pytest.raises(ValueError, match="hiden"):
+        zoo.get("bbb").fit(x, y, hiden=(3,))
+
+
+def test_unknown_names_and_bad_hyperparameters():
+    with pytest.raises(ValueError, match="zoo entry 'nope'"):
+        zoo.get("nope")
+    with pytest.raises(ValueError, match="data set"):
+        data.load("nope")
+    with pytest.raises(ValueError, match="activation"):
+        BayesianMLP(1, 1, (3,), activation="swish2")
+    with pytest.raises(ValueError, match="noise_scale"):
+        BayesianMLP(1, 1, (3,), noise_scale=0.0)
+    with pytest.raises(ValueError, match="scale"):
+        GaussianPrior(-1.0)
+    with pytest.raises(ValueError, match="task"):
+        BayesianMLP(1, 1, (3,), task="ranking")
+    x, y = small_problem()
+    with pytest.raises(ValueError, match="classification"):
+        zoo.get("map").fit(x, y, task="classification", steps=2)
+    with pytest.raises(ValueError, match="columns"):
+        zoo.get("map").fit(x, y, steps=2).predict(torch.zeros(3, 2))
+
+
+# --- reproducibility, NaN guard, checkpoints ------------------------------------------------
+
+def test_same_seed_same_result_and_other_seed_differs():
+    x, y = small_problem()
+    runs = [zoo.get("bbb").fit(x, y, seed=s, steps=30, hidden=(8,)) for s in (3, 3, 4)]
+    means = []
+    for fitted in runs:
+        pyro.set_rng_seed(0)
+        means.append(fitted.predict(x, num_samples=10).mean)
+    assert runs[0].result.losses == runs[1].result.losses
+    torch.testing.assert_close(means[0], means[1], rtol=0, atol=0)
+    assert runs[0].result.losses != runs[2].result.losses
+
+
+def nan_beyond_one(x, y=None):
+    """A model whose log density is NaN once ``z > 1``; its MAP pulls ``z`` up to 5."""
+    z = pyro.sample("z", dist.Normal(0.0, 10.0))
+    pyro.factor("wall", torch.where(z > 1, torch.tensor(math.nan), torch.tensor(0.0)))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Normal(z, 1.0), obs=y)
+
+
+# Pyro's ELBO warns "Encountered NaN: loss" before our guard raises: expected here.
+@pytest.mark.filterwarnings("ignore:Encountered NaN:UserWarning")
+def test_nan_loss_stops_with_clear_error_and_keeps_last_finite_parameters():
+    x, y = torch.zeros(10, 1), torch.full((10,), 5.0)
+    guide = AutoDelta(nan_beyond_one)
+    # validate=False: with validation on, Pyro rejects the NaN factor itself with a ValueError;
+    # the guard is what stops a run without validation, fit's default.
+    with pytest.raises(TrainingDiverged, match="restored"):
+        bnn_zoo.fit(nan_beyond_one, guide, x, y, steps=500, lr=0.1, validate=False)
+    z = guide.median()["z"]
+    assert torch.isfinite(z) and 0.5 < z <= 1.0
+
+
+def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
+    x, y = small_problem()
+
+    def run(steps: int, checkpoint=None):
+        pyro.set_rng_seed(0)
+        model = BayesianMLP(1, 1, (6,))
+        guide = AutoNormal(model)
+        result = bnn_zoo.fit(model, guide, x, y, steps=steps, lr=0.02, batch_size=16, seed=1,
+                             checkpoint=checkpoint, checkpoint_every=5)
+        return result, parameters(guide)
+
+    straight, expected = run(20)
+    path = tmp_path / "fit.pt"
+    run(10, path)
+    resumed, got = run(20, path)
+    assert resumed.steps == 10
+    assert resumed.losses == pytest.approx(straight.losses)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name])
+
+
+def test_guides_fitted_one_after_another_stay_independent():
+    x, y = small_problem()
+    first, second = BayesianMLP(1, 1, (4,)), BayesianMLP(1, 1, (4,))
+    guide_a, guide_b = AutoNormal(first), AutoNormal(second)
+    bnn_zoo.fit(first, guide_a, x, y, steps=20, lr=0.05)
+    before = parameters(guide_a)
+    bnn_zoo.fit(second, guide_b, x, -y, steps=20, lr=0.05)
+    after = parameters(guide_a)
+    assert before.keys() == after.keys() == parameters(guide_b).keys()
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=0)
+        assert not torch.equal(after[name], parameters(guide_b)[name])
+
+
+def test_jit_loss_equals_eager_loss_under_the_same_seed():
+    x, y = small_problem()
+    losses = []
+    for jit in (False, True):
+        pyro.set_rng_seed(0)
+        model = BayesianMLP(1, 1, (5,))
+        guide = zoo.get("bbb").guide(model)
+        step = SVIStep(model, guide, x, y, lr=0.01, batch_size=16, num_particles=3, seed=0,
+                       jit=jit)
+        pyro.set_rng_seed(1)
+        losses.append([step() for _ in range(6)])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_minibatch_sizes_are_respected_by_the_data_plate():
+    x, y = small_problem(50)
+    model = BayesianMLP(1, 1, (3,))
+    step = SVIStep(model, AutoDelta(model), x, y, lr=0.01, batch_size=16)
+    sizes = [step.next_batch()[1].shape[0] for _ in range(4)]
+    assert sizes == [16, 16, 16, 2]
+    seen = torch.cat([step.next_batch()[1] for _ in range(4)])
+    assert sorted(seen.tolist()) == list(range(50))
+
+
+# --- prediction and metrics against hand computations --------------------------------------
+
+def test_gaussian_predictive_metrics_match_hand_computation():
+    mu, sigma = torch.tensor([0.0, 1.0, -2.0]), torch.tensor([1.0, 2.0, 0.5])
+    y = torch.tensor([0.5, 4.0, -2.1])
+    pred = GaussianMixturePredictive(mu.unsqueeze(0), sigma.unsqueeze(0))
+    out = metrics(pred, y)
+    hand_ll = (-0.5 * torch.log(2 * math.pi * sigma**2) - 0.5 * ((y - mu) / sigma) ** 2).mean()
+    assert out["ll"] == pytest.approx(float(hand_ll))
+    assert out["rmse"] == pytest.approx(float(((y - mu) ** 2).mean().sqrt()))
+    # |z| = 0.5, 1.5, 0.2: the 50% interval (|z| < 0.674) holds points 1 and 3
+    assert out["coverage_50"] == pytest.approx(2 / 3)
+    assert out["coverage_90"] == pytest.approx(1.0)
+
+
+def test_mixture_predictive_moments_and_quantiles():
+    loc = torch.tensor([[-1.0], [1.0]])
+    scale = torch.tensor([[0.5], [0.5]])
+    pred = GaussianMixturePredictive(loc, scale)
+    assert pred.mean.item() == pytest.approx(0.0)
+    assert pred.variance.item() == pytest.approx(0.25 + 1.0)
+    q = pred.quantile(0.9)
+    cdf = 0.5 * (dist.Normal(-1.0, 0.5).cdf(q) + dist.Normal(1.0, 0.5).cdf(q))
+    assert cdf.item() == pytest.approx(0.9, abs=1e-6)
+    lo, hi = pred.interval(0.5)
+    assert lo.item() == pytest.approx(-hi.item(), abs=1e-6)
+    shifted = pred.affine(3.0, 2.0)
+    assert shifted.mean.item() == pytest.approx(3.0)
+    assert shifted.variance.item() == pytest.approx(4 * 1.25)
+
+
+def test_classification_metrics_match_hand_computation():
+    probs = torch.tensor([[[0.9, 0.1], [0.4, 0.6], [0.7, 0.3]]])
+    y = torch.tensor([0, 0, 1])
+    out = metrics(CategoricalPredictive(probs), y)
+    assert out["accuracy"] == pytest.approx(1 / 3)
+    assert out["nll"] == pytest.approx(-(math.log(0.9) + math.log(0.4) + math.log(0.3)) / 3)
+    assert out["brier"] == pytest.approx((2 * 0.1**2 + 2 * 0.6**2 + 2 * 0.7**2) / 3)
+    # confidences 0.9, 0.6, 0.7 in separate bins with accuracies 1, 0, 0
+    assert expected_calibration_error(probs[0], y) == pytest.approx((0.1 + 0.6 + 0.7) / 3)
+
+
+def test_classification_predictive_averages_probabilities_not_weights():
+    probs = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]], [[0.0, 1.0]]])
+    pred = CategoricalPredictive(probs)
+    torch.testing.assert_close(pred.mean, torch.tensor([[1 / 3, 2 / 3]]))
+
+
+def test_predict_is_the_network_under_point_weights():
+    x = torch.randn(7, 2)
+    model = BayesianMLP(2, 1, (3,), noise_scale=0.2)
+    guide = AutoDelta(model)
+    guide(x)
+    weights = guide.median()
+    pred = bnn_zoo.predict(model, guide, x, num_samples=4)
+    hidden = torch.relu(x @ weights["layers.0.weight"] + weights["layers.0.bias"])
+    f = (hidden @ weights["layers.1.weight"] + weights["layers.1.bias"]).squeeze(-1)
+    torch.testing.assert_close(pred.loc, f.expand(4, -1))
+    torch.testing.assert_close(pred.scale, torch.full((4, 7), 0.2))
+
+
+def test_entry_metrics_are_in_the_callers_units():
+    """Fitting ``a + b y`` instead of ``y`` shifts the RMSE by the factor ``b`` and the LL
+    by ``-log b``: standardisation happens inside ``entry.fit`` only."""
+    x, y = small_problem()
+    scores = []
+    for a, b in ((0.0, 1.0), (100.0, 10.0)):
+        fitted = zoo.get("map").fit(x, a + b * y, steps=200, seed=0)
+        pyro.set_rng_seed(0)
+        scores.append(fitted.evaluate(x, a + b * y, num_samples=2))
+    assert scores[1]["rmse"] == pytest.approx(10 * scores[0]["rmse"], rel=1e-3)
+    assert scores[1]["ll"] == pytest.approx(scores[0]["ll"] - math.log(10), abs=1e-3)
+
+
+def test_standardizer_leaves_constant_columns_unscaled():
+    x = torch.tensor([[1.0, 5.0], [3.0, 5.0]])
+    s = Standardizer.fit(x)
+    z = s.transform(x)
+    torch.testing.assert_close(z, torch.tensor([[-1.0, 0.0], [1.0, 0.0]]))
+    torch.testing.assert_close(s.inverse(z), x)
+
+
+# --- data ----------------------------------------------------------------------------------
+
+def test_toy_data_sets():
+    sine = data.load("sine")
+    assert sine.task == "regression" and sine.x_train.shape == (500, 1)
+    assert sine.y_train.shape == (500,) and sine.x_test.shape[1] == 1
+    resid = sine.y_train - torch.sin(2 * sine.x_train.squeeze(-1))
+    assert resid.std().item() == pytest.approx(sine.noise_scale, rel=0.15)
+    gap = data.load("gap")
+    assert (gap.x_train.abs() >= 1).all() and (gap.x_test.abs() < 1).any()
+    moons = data.load("two_moons", split=1)
+    assert moons.task == "classification" and moons.y_train.dtype == torch.long
+    assert not torch.equal(data.load("two_moons", 0).x_train, moons.x_train)
+
+
+@pytest.mark.parametrize("name", ["diabetes", "breast_cancer"])
+def test_bundled_sklearn_sets(name):
+    d = data.load(name)
+    assert d.x_train.shape[0] > d.x_test.shape[0] > 0
+    assert torch.isfinite(d.x_train).all()
+
+
+def test_uci_split_is_the_standard_one(uci_data):
+    d = data.load("uci/concrete", split=3)
+    assert d.x_train.shape[1] == 8
+    assert d.x_train.shape[0] + d.x_test.shape[0] == 1030
+    assert data.num_splits("uci/concrete") == 20
