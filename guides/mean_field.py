@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import pyro.distributions as dist
 import torch
-from bnn_zoo.guides.bbb import BayesByBackpropGuide
 from torch import Tensor, nn
 
 from bnn_zoo._checks import check_tensor
+from bnn_zoo.guides.bbb import BayesByBackpropGuide
 
 __all__ = ["MeanFieldGuide", "diagonal_gaussian_kl"]
 
