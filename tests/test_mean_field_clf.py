@@ -29,16 +29,6 @@ F64 = torch.float64
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These nets are tiny: intra-op threads only add synchronisation (10x slower on a
-    loaded machine), so each test runs on one thread and restores the setting after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_gaussians(shape=(3, 4), seed=0):
     gen = torch.Generator().manual_seed(seed)
     loc_q = torch.randn(shape, generator=gen, dtype=F64)
