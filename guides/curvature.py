@@ -41,7 +41,7 @@ hidden layers under the Gaussian likelihood.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -187,11 +187,6 @@ def layer_jacobians(theta: Tensor, x: Tensor, layout: ParameterLayout,
     return f.detach(), [a.detach() for a in inputs], jacs
 
 
-def _chunks(x: Tensor, chunk: int) -> Iterator[Tensor]:
-    """Consecutive blocks of ``chunk`` rows, so memory grows with the chunk, not with N."""
-    yield from x.split(chunk)
-
-
 def _whitened(theta, x, layout, act, likelihood, layers=None):
     """``a_l`` and ``R_n J_l`` for the requested layers (all by default)."""
     f, inputs, jacs = layer_jacobians(theta, x, layout, act)
@@ -225,7 +220,8 @@ def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout, likel
 def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
                  act: Callable[[Tensor], Tensor], likelihood: str = "gaussian",
                  max_bytes: int = MAX_DENSE_BYTES) -> Tensor:
-    """(P, P) exact Hessian ``d^2 E / dtheta^2`` by ``torch.func.hessian`` (forward over reverse)."""
+    """(P, P) exact Hessian ``d^2 E / dtheta^2`` by ``torch.func.hessian`` (forward-over-reverse)
+    in one vectorised call, not a row-by-row loop."""
     x, y = _checked(theta, x, y, layout, likelihood)
     check_dense_fits(theta.shape[0], theta.dtype, "full", max_bytes)
 
@@ -256,7 +252,7 @@ def _dense_ggn(theta, x, layout, act, likelihood, layers, chunk) -> Tensor:
     size = sum(s.stop - s.start for i, s in enumerate(layout.layer_slices)
                if layers is None or i in layers)
     out = theta.new_zeros(size, size)
-    for xc in _chunks(x, chunk):
+    for xc in x.split(chunk):  # memory grows with the chunk, not N
         rows = torch.cat([(a[:, None, :, None] * rj[:, :, None, :]).flatten(2)
                           for a, rj in _whitened(theta, xc, layout, act, likelihood, layers)], -1)
         rows = rows.flatten(0, 1)
@@ -270,7 +266,7 @@ def diagonal_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
     """(P,) the diagonal of the GGN, ``sum_{n,k} a_{n,i}^2 (R_n J_n)_{k,j}^2`` per layer."""
     x, y = _checked(theta, x, y, layout, likelihood)
     out = theta.new_zeros(theta.shape[0])
-    for xc in _chunks(x, chunk):
+    for xc in x.split(chunk):  # memory grows with the chunk, not N
         parts = [torch.einsum("ni,nkj->ij", a**2, rj**2).flatten()
                  for a, rj in _whitened(theta, xc, layout, act, likelihood)]
         out += torch.cat(parts)
@@ -290,7 +286,7 @@ def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
     sizes = layout.sizes
     factors = [(theta.new_zeros(d_in + 1, d_in + 1), theta.new_zeros(d_out, d_out))
                for d_in, d_out in zip(sizes[:-1], sizes[1:])]
-    for xc in _chunks(x, chunk):
+    for xc in x.split(chunk):  # memory grows with the chunk, not N
         for (q, g), (a, rj) in zip(factors, _whitened(theta, xc, layout, act, likelihood)):
             q += a.T @ a
             g += torch.einsum("nki,nkj->ij", rj, rj)

@@ -82,7 +82,7 @@ from torch import Tensor, nn
 from bnn_zoo._checks import check_choice, check_data, check_positive, check_positive_int
 from bnn_zoo.nn import mlp_forward
 from bnn_zoo.prediction import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.training import fit
+from bnn_zoo.training import FitResult, fit
 
 __all__ = ["EVIDENCE_METHODS", "PREDICTIVES", "LaplaceGuide", "LaplacePosterior",
            "NotPositiveDefiniteError", "curvature_blocks", "fit_laplace", "laplace_posterior",
@@ -357,7 +357,7 @@ class LaplacePosterior:
         return out
 
     def function_variance(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Network output ``f`` (N, K) at the MAP and the GLM variances ``g_k^T A^-1 g_k`` (N, K)."""
+        """Output ``f`` (N, K) at the MAP and the GLM variances ``g_k^T A^-1 g_k`` (N, K)."""
         f, g = jacobian(self.theta, x, self.layout, self.act)
         a = self.alpha_vector()
         rows = g.flatten(0, 1)
@@ -617,15 +617,20 @@ class LaplaceGuide(PyroModule):
 
 def fit_laplace(model: nn.Module, x: Tensor, y: Tensor, *, steps: int = 3000, lr: float = 1e-2,
                 batch_size: int | None = None, seed: int | None = None,
-                progress: bool | None = None, jit: bool = False, curvature: str = "ggn",
-                evidence: str | None = None, **options) -> tuple[LaplaceGuide, LaplacePosterior]:
+                progress: bool | None = None, jit: bool = False, bias_scale: float = 1.0,
+                curvature: str = "ggn", evidence: str | None = None,
+                **options) -> tuple[LaplaceGuide, LaplacePosterior, FitResult]:
     """MAP by SVI (``bnn_zoo.fit`` with a :class:`LaplaceGuide` as point mass), then the
-    Laplace approximation. ``options`` go to :meth:`LaplaceGuide.laplace_approximation`."""
+    Laplace approximation. ``options`` go to :meth:`LaplaceGuide.laplace_approximation`.
+
+    Returns the guide (now sampling the posterior), the posterior and the SVI result.
+    """
     x, y = check_data(x, y)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    guide = LaplaceGuide(model, generator=generator).to(device=x.device, dtype=x.dtype)
-    fit(model, guide, x, y, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-        progress=progress, jit=jit)
+    guide = LaplaceGuide(model, bias_scale=bias_scale, generator=generator)
+    guide = guide.to(device=x.device, dtype=x.dtype)
+    result = fit(model, guide, x, y, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+                 progress=progress, jit=jit)
     post = guide.laplace_approximation(model, x, y, curvature=curvature, evidence=evidence,
                                        **options)
-    return guide, post
+    return guide, post, result
