@@ -220,15 +220,17 @@ def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout, likel
 def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
                  act: Callable[[Tensor], Tensor], likelihood: str = "gaussian",
                  max_bytes: int = MAX_DENSE_BYTES) -> Tensor:
-    """(P, P) exact Hessian ``d^2 E / dtheta^2`` by ``torch.func.hessian`` (forward-over-reverse)
-    in one vectorised call, not a row-by-row loop."""
+    """(P, P) exact Hessian ``d^2 E / dtheta^2`` in one vectorised ``torch.func`` call
+    (``jacrev`` of ``jacrev``, not a row-by-row loop; reverse-over-reverse because the
+    forward mode of ``torch.func.hessian`` scripts decompositions with the deprecated
+    ``torch.jit.script`` on first use)."""
     x, y = _checked(theta, x, y, layout, likelihood)
     check_dense_fits(theta.shape[0], theta.dtype, "full", max_bytes)
 
     def energy(t: Tensor) -> Tensor:
         return negative_log_likelihood(mlp_forward(x, layout.network(t), act), y, likelihood)
 
-    return torch.func.hessian(energy)(theta.detach())
+    return torch.func.jacrev(torch.func.jacrev(energy))(theta.detach())
 
 
 def ggn(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,

@@ -496,16 +496,21 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
     num_outputs = y.numel() if likelihood == "gaussian" else y.shape[0]
     history: list[tuple[list[float], float, float]] = []
 
-    def build(theta: Tensor, alpha: Tensor, beta: Tensor) -> LaplacePosterior:
+    def build(theta: Tensor, alpha: Tensor, beta: Tensor,
+              blocks: list[Block] | None = None) -> LaplacePosterior:
         if refine:
             theta = refine_map(theta, x, y, layout, act, likelihood,
                                alpha[layout.layer_index(theta)], beta)
-        blocks = curvature_blocks(curvature, theta, x, y, layout, act, likelihood,
-                                  indefinite=indefinite, max_bytes=max_bytes)
+        if refine or blocks is None:  # without refits the MAP, hence H, stays put
+            blocks = curvature_blocks(curvature, theta, x, y, layout, act, likelihood,
+                                      indefinite=indefinite, max_bytes=max_bytes)
         with torch.no_grad():
             energy = _energy(theta, x, y, layout, act, likelihood)
-        return LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
+        post = LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
                                 num_outputs, act, history)
+        with torch.no_grad():
+            post.log_det()  # fails now, with NotPositiveDefiniteError, if A is not PD
+        return post
 
     post = build(theta, alpha, beta)
     for _ in range(iterations if evidence is not None else 0):
@@ -518,7 +523,7 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
             new_alpha, new_beta = _gradient_step(post, per_layer_alpha)
         change = max(float(((new_alpha - post.alpha).abs() / post.alpha).max()),
                      float((new_beta - post.beta).abs() / post.beta))
-        post = build(post.theta, new_alpha, new_beta)
+        post = build(post.theta, new_alpha, new_beta, post.blocks)
         if change < tol:
             break
     if evidence is not None:
@@ -626,6 +631,9 @@ def fit_laplace(model: nn.Module, x: Tensor, y: Tensor, *, steps: int = 3000, lr
     Returns the guide (now sampling the posterior), the posterior and the SVI result.
     """
     x, y = check_data(x, y)
+    check_choice("curvature", curvature, CURVATURES)  # before the SVI run, not after
+    if evidence is not None:
+        check_choice("evidence", evidence, EVIDENCE_METHODS)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     guide = LaplaceGuide(model, bias_scale=bias_scale, generator=generator)
     guide = guide.to(device=x.device, dtype=x.dtype)
