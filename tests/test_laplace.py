@@ -11,10 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from pyro import poutine
-from scipy.optimize import minimize
-
-from bnn_zoo import data, predict, zoo
 from bnn_zoo.guides.curvature import (
     ParameterLayout,
     diagonal_ggn,
@@ -31,6 +27,10 @@ from bnn_zoo.guides.laplace import (
     laplace_posterior,
 )
 from bnn_zoo.models import BayesianMLP, GaussianPrior
+from pyro import poutine
+from scipy.optimize import minimize
+
+from bnn_zoo import data, predict, zoo
 from bnn_zoo.nn import mlp_forward
 
 ROOT = Path(__file__).resolve().parents[1]
