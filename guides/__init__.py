@@ -1,5 +1,6 @@
 """Custom guides of the zoo (installed as ``bnn_zoo.guides``)."""
 
 from bnn_zoo.guides.bbb import BayesByBackpropGuide as BayesByBackpropGuide
+from bnn_zoo.guides.laplace import LaplaceGuide as LaplaceGuide
 
-__all__ = ["BayesByBackpropGuide"]
+__all__ = ["BayesByBackpropGuide", "LaplaceGuide"]

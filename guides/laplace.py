@@ -99,10 +99,17 @@ class NotPositiveDefiniteError(ValueError):
 
 # --------------------------------------------------------------------------- structures
 class DenseBlock:
-    """Precision ``diag(alpha) + beta H`` on ``theta[index]`` with a dense (p, p) ``H``."""
+    """Precision ``diag(alpha) + beta H`` on ``theta[index]`` with a dense (p, p) ``H``.
+
+    Factorised in float64 whatever the data's dtype: with a small ``alpha`` the
+    precision of a trained net is too ill-conditioned for a float32 Cholesky.
+    Results come back in the dtype of ``H``.
+    """
 
     def __init__(self, index: slice, hessian: Tensor, indefinite: str = "raise") -> None:
         self.index = index
+        self.dtype = hessian.dtype
+        hessian = hessian.double()
         self.clipped = 0
         if indefinite == "clip":
             evals, evecs = torch.linalg.eigh(hessian)
@@ -111,39 +118,43 @@ class DenseBlock:
         self.hessian = hessian
 
     def cholesky(self, alpha: Tensor, beta: Tensor) -> Tensor:
-        precision = beta * self.hessian + torch.diag_embed(alpha)
+        precision = beta.double() * self.hessian + torch.diag_embed(alpha.double())
         chol, info = torch.linalg.cholesky_ex(precision)
         if int(info) != 0:
             smallest = float(torch.linalg.eigvalsh(precision)[0])
             raise NotPositiveDefiniteError(
                 f"The Laplace precision alpha I + beta H is not positive definite (smallest "
-                f"eigenvalue {smallest:.3g}): the exact Hessian at this MAP is indefinite. Use "
-                "curvature='ggn' (always positive semi-definite), refine the MAP, or pass "
-                "indefinite='clip' to project H onto the positive semi-definite cone."
+                f"eigenvalue {smallest:.3g} in float64): the curvature is indefinite, as the "
+                "exact Hessian at a ReLU net's MAP often is. Use curvature='ggn' (always "
+                "positive semi-definite), refine the MAP, or pass indefinite='clip' to project "
+                "H onto the positive semi-definite cone."
             )
         return chol
 
     def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
-        return 2 * torch.log(torch.diagonal(self.cholesky(alpha, beta))).sum()
+        return (2 * torch.log(torch.diagonal(self.cholesky(alpha, beta))).sum()).to(self.dtype)
 
     def inverse_diagonal(self, alpha: Tensor, beta: Tensor) -> Tensor:
         chol = self.cholesky(alpha, beta)
         eye = torch.eye(chol.shape[0], dtype=chol.dtype, device=chol.device)
-        return (torch.linalg.solve_triangular(chol, eye, upper=False) ** 2).sum(0)
+        inv = torch.linalg.solve_triangular(chol, eye, upper=False)
+        return (inv**2).sum(0).to(self.dtype)
 
     def quadratic(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
         """(M,) ``g_m^T A^-1 g_m`` for rows ``g`` (M, p)."""
-        v = torch.linalg.solve_triangular(self.cholesky(alpha, beta), g.T, upper=False)
-        return (v**2).sum(0)
+        chol = self.cholesky(alpha, beta)
+        v = torch.linalg.solve_triangular(chol, g.T.double(), upper=False)
+        return (v**2).sum(0).to(self.dtype)
 
     def offset(self, eps: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
         """``L^-T eps`` (..., p), distributed as ``N(0, A^-1)`` for standard normal ``eps``."""
         chol = self.cholesky(alpha, beta)
-        flat = eps.reshape(-1, eps.shape[-1]).T
-        return torch.linalg.solve_triangular(chol.T, flat, upper=True).T.reshape(eps.shape)
+        flat = eps.reshape(-1, eps.shape[-1]).T.double()
+        out = torch.linalg.solve_triangular(chol.T, flat, upper=True).T
+        return out.reshape(eps.shape).to(self.dtype)
 
     def covariance(self, alpha: Tensor, beta: Tensor) -> Tensor:
-        return torch.cholesky_inverse(self.cholesky(alpha, beta))
+        return torch.cholesky_inverse(self.cholesky(alpha, beta)).to(self.dtype)
 
 
 class DiagBlock:
