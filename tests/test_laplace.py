@@ -335,8 +335,8 @@ def test_bad_arguments():
 
 def test_uci_concrete(uci_data):
     d = data.load("uci/concrete", split=0)
-    out = zoo.get("laplace_kron").fit(d.x_train, d.y_train, seed=0, steps=300).evaluate(
-        d.x_test, d.y_test)
+    fitted = zoo.get("laplace_kron").fit(d.x_train, d.y_train, seed=0, steps=300, refine=False)
+    out = fitted.evaluate(d.x_test, d.y_test)
     assert out["rmse"] < 12 and out["ll"] > -4.5
 
 
