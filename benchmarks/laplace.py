@@ -37,7 +37,7 @@ METRICS = ["ll", "rmse", "coverage_90", "fit_seconds"]
 
 
 def default_datasets() -> list[str]:
-    return ["sine", "gap"] + (["uci/concrete"] if os.environ.get("BNN_ZOO_DATA") else [])
+    return ["gap", "sine"] + (["uci/concrete"] if os.environ.get("BNN_ZOO_DATA") else [])
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict], list[tuple]]:
