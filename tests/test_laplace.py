@@ -38,6 +38,16 @@ D = torch.float64
 
 
 # --------------------------------------------------------------------------- fixtures
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tests run many tiny factorisations; on a busy machine two intra-op threads
+    made them 20-70x slower than one (measured), so this module uses one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def linear_problem(n: int = 30, noise: float = 0.4, prior_scale: float = 0.8):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, 2, generator=g, dtype=D)
