@@ -1,6 +1,7 @@
 """Custom guides of the zoo (installed as ``bnn_zoo.guides``)."""
 
 from bnn_zoo.guides.bbb import BayesByBackpropGuide as BayesByBackpropGuide
+from bnn_zoo.guides.laplace import LaplaceGuide as LaplaceGuide
 from bnn_zoo.guides.mean_field import MeanFieldGuide as MeanFieldGuide
 
-__all__ = ["BayesByBackpropGuide", "MeanFieldGuide"]
+__all__ = ["BayesByBackpropGuide", "LaplaceGuide", "MeanFieldGuide"]

@@ -86,7 +86,7 @@ class Fitted:
         return out
 
 
-def _split_kwargs(kwargs: dict, *targets: Callable) -> list[dict]:
+def split_options(kwargs: dict, *targets: Callable) -> list[dict]:
     """Route each keyword to the first of ``targets`` whose signature accepts it."""
     accepted = [set(inspect.signature(t).parameters) for t in targets]
     routed: list[dict] = [{} for _ in targets]
@@ -170,7 +170,7 @@ def svi_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, s
                budget: Budget, progress: bool | None, options: dict) -> Fitted:
     """Build the entry's model and guide on the device and in the dtype of ``x`` and
     fit them by SVI."""
-    model_kw, guide_kw = _split_kwargs(options, entry.model, entry.guide)
+    model_kw, guide_kw = split_options(options, entry.model, entry.guide)
     model = entry.model(x.shape[1], out_dim, task=task, **model_kw)
     if isinstance(model, torch.nn.Module):
         model = model.to(device=x.device, dtype=x.dtype)

@@ -11,7 +11,7 @@ from bnn_zoo.models.nngp import NNGPRegression
 from bnn_zoo.scaling import Standardizer
 from bnn_zoo.training import fit
 from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Budget, Entry, Fitted, _split_kwargs
+from bnn_zoo.zoo._entry import Budget, Entry, Fitted, split_options
 
 
 def nngp(in_dim: int, out_dim: int, *, task: str = "regression", activation: str = "relu",
@@ -36,7 +36,7 @@ def evidence_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: i
     if budget.batch_size is not None:
         raise ValueError(f"Expected batch_size=None for the exact GP entry {entry.name!r}, "
                          f"but got {budget.batch_size}.")
-    (model_kw,) = _split_kwargs(options, entry.model)
+    (model_kw,) = split_options(options, entry.model)
     model = entry.model(x.shape[1], out_dim, task=task, **model_kw)
     model = model.to(device=x.device, dtype=x.dtype)
     result = fit(model, no_guide, x, y, steps=budget.steps, lr=budget.lr, seed=seed,

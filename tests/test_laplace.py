@@ -1,0 +1,350 @@
+"""Laplace approximation (seed 001, first half): closed forms on Bayesian linear regression,
+every curvature against a naive dense reference or finite differences, the seed's GLM
+variance by hand, the evidence fixed point against a direct optimisation, and the entries."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from pyro import poutine
+from scipy.optimize import minimize
+
+from bnn_zoo import data, predict, zoo
+from bnn_zoo.guides.curvature import (
+    ParameterLayout,
+    diagonal_ggn,
+    full_hessian,
+    ggn,
+    jacobian,
+    kron_ggn,
+    last_layer_ggn,
+)
+from bnn_zoo.guides.laplace import (
+    LaplaceGuide,
+    NotPositiveDefiniteError,
+    fit_laplace,
+    laplace_posterior,
+)
+from bnn_zoo.models import BayesianMLP, GaussianPrior
+from bnn_zoo.nn import mlp_forward
+
+ROOT = Path(__file__).resolve().parents[1]
+D = torch.float64
+
+
+# --------------------------------------------------------------------------- fixtures
+def linear_problem(n: int = 30, noise: float = 0.4, prior_scale: float = 0.8):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 2, generator=g, dtype=D)
+    y = x @ torch.tensor([1.5, -0.7], dtype=D) + 0.3 + noise * torch.randn(n, generator=g,
+                                                                          dtype=D)
+    model = BayesianMLP(2, 1, (), noise_scale=noise, prior=GaussianPrior(prior_scale)).double()
+    return model, x, y
+
+
+def closed_form(x, y, alpha: float, beta: float):
+    """Posterior mean, covariance and log evidence of Bayesian linear regression on
+    features ``[x, 1]`` (PRML 3.53-3.54, 3.86)."""
+    phi = torch.cat([x, torch.ones(x.shape[0], 1, dtype=D)], 1)
+    precision = alpha * torch.eye(3, dtype=D) + beta * phi.T @ phi
+    cov = torch.linalg.inv(precision)
+    mean = beta * cov @ phi.T @ y
+    marginal = torch.eye(len(y), dtype=D) / beta + phi @ phi.T / alpha
+    evidence = torch.distributions.MultivariateNormal(torch.zeros(len(y), dtype=D),
+                                                      marginal).log_prob(y)
+    return mean, cov, evidence
+
+
+def tiny_net(task: str, activation: str = "tanh", n: int = 7):
+    g = torch.Generator().manual_seed(2)
+    out = 1 if task == "regression" else 3
+    model = BayesianMLP(3, out, (4, 3), activation=activation, task=task, noise_scale=1.0
+                        if task == "regression" else None).double()
+    layout = ParameterLayout.from_model(model)
+    theta = torch.randn(layout.num_parameters, generator=g, dtype=D)
+    x = torch.randn(n, 3, generator=g, dtype=D)
+    y = torch.randn(n, generator=g, dtype=D) if task == "regression" else \
+        torch.randint(0, 3, (n,), generator=g)
+    return model, layout, theta, x, y
+
+
+def naive_jacobian(model, layout, theta, x):
+    """(N, K, P) by autograd through the network, one row at a time."""
+    return torch.autograd.functional.jacobian(
+        lambda t: mlp_forward(x, layout.network(t), model.act), theta)
+
+
+def naive_ggn(model, layout, theta, x):
+    jac = naive_jacobian(model, layout, theta, x)
+    f = mlp_forward(x, layout.network(theta), model.act)
+    if model.task == "regression":
+        lam = torch.eye(1, dtype=D).expand(x.shape[0], 1, 1)
+    else:
+        p = torch.softmax(f, -1)
+        lam = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+    return torch.einsum("nkp,nkl,nlq->pq", jac, lam, jac)
+
+
+def model_nll(model, layout, theta, x, y):
+    """``-log p(y | x, w)`` read from the Pyro model's ``obs`` site."""
+    trace = poutine.trace(poutine.condition(model, data=layout.unflatten(theta))).get_trace(x, y)
+    return -trace.nodes["obs"]["fn"].log_prob(y).sum()
+
+
+# --------------------------------------------------------------------------- closed forms
+@pytest.mark.parametrize("curvature", ["full", "ggn", "kron", "last_layer"])
+def test_linear_regression_posterior_and_evidence_are_exact(curvature):
+    model, x, y = linear_problem()
+    alpha, beta = 0.8**-2, 0.4**-2
+    theta0 = torch.zeros(3, dtype=D)
+    post = laplace_posterior(model, theta0, x, y, curvature=curvature)
+    mean, cov, evidence = closed_form(x, y, alpha, beta)
+    torch.testing.assert_close(post.theta, mean, atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(post.covariance(), cov, atol=1e-9, rtol=1e-6)
+    torch.testing.assert_close(post.log_evidence(), evidence, atol=1e-7, rtol=1e-7)
+
+
+def test_diagonal_posterior_keeps_the_diagonal_precision():
+    model, x, y = linear_problem()
+    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y, curvature="diag")
+    mean, cov, _ = closed_form(x, y, 0.8**-2, 0.4**-2)
+    torch.testing.assert_close(post.theta, mean, atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(post.covariance(), torch.diag(1 / torch.linalg.inv(cov).diag()))
+
+
+@pytest.mark.parametrize("method", ["fixed_point", "gradient"])
+def test_evidence_maximisation_reaches_the_closed_form_maximiser(method):
+    model, x, y = linear_problem(n=40)
+
+    def negative_evidence(log_ab):
+        return -float(closed_form(x, y, math.exp(log_ab[0]), math.exp(log_ab[1]))[2])
+
+    best = minimize(negative_evidence, [0.0, 0.0], method="Nelder-Mead",
+                    options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 4000}).x
+    guide = LaplaceGuide(model).double()
+    post = guide.laplace_approximation(model, x, y, curvature="ggn", evidence=method,
+                                       iterations=200, tol=1e-10)
+    assert math.log(post.alpha[0]) == pytest.approx(best[0], abs=1e-4)
+    assert math.log(post.beta) == pytest.approx(best[1], abs=1e-4)
+    # the evidence went up along the way and ends at the closed form's value there
+    values = [h[2] for h in post.history]
+    assert values[-1] >= values[0]
+    assert values[-1] == pytest.approx(-negative_evidence(best), abs=1e-7)
+    # the model and the guide now carry the tuned hyperparameters and the MAP
+    torch.testing.assert_close(guide.theta().detach(), post.theta)
+    assert float(model.observation_scale()) == pytest.approx(float(post.beta) ** -0.5)
+    assert model.prior.scale == pytest.approx(float(post.alpha[0]) ** -0.5)
+
+
+def test_per_layer_alpha_fixed_point_is_a_stationary_point_of_the_evidence():
+    model, layout, theta, x, y = tiny_net("regression", n=20)
+    post = laplace_posterior(model, theta, x, y, curvature="kron", evidence="fixed_point",
+                             per_layer_alpha=True, iterations=300, tol=1e-10, refine=False)
+    assert len(set(post.alpha.tolist())) == 3
+    alpha = post.alpha.clone().requires_grad_()
+    beta = post.beta.clone().requires_grad_()
+    grad = torch.autograd.grad(post.log_evidence(alpha, beta), [alpha, beta])
+    # Without refits (refine=False) the MAP is fixed, so the fixed point is exact.
+    torch.testing.assert_close(grad[0] * post.alpha, torch.zeros(3, dtype=D), atol=1e-6, rtol=0)
+    assert float(grad[1] * post.beta) == pytest.approx(0, abs=1e-6)
+
+
+# --------------------------------------------------------------------------- curvatures
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_ggn_equals_the_hessian_for_a_linear_model(task):
+    g = torch.Generator().manual_seed(3)
+    out = 1 if task == "regression" else 3
+    model = BayesianMLP(2, out, (), task=task, noise_scale=1.0 if out == 1 else None).double()
+    layout = ParameterLayout.from_model(model)
+    theta = torch.randn(layout.num_parameters, generator=g, dtype=D)
+    x = torch.randn(9, 2, generator=g, dtype=D)
+    y = torch.randn(9, generator=g, dtype=D) if out == 1 else torch.randint(0, 3, (9,),
+                                                                           generator=g)
+    torch.testing.assert_close(ggn(theta, x, y, layout, model.act, LIK[task]),
+                               full_hessian(theta, x, y, layout, model.act, LIK[task]))
+
+
+LIK = {"regression": "gaussian", "classification": "categorical"}
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_full_hessian_matches_finite_differences_of_the_model_likelihood(task):
+    model, layout, theta, x, y = tiny_net(task)
+    hessian = full_hessian(theta, x, y, layout, model.act, LIK[task])
+
+    def grad(t):
+        t = t.clone().requires_grad_()
+        return torch.autograd.grad(model_nll(model, layout, t, x, y), t)[0]
+
+    h = 1e-5
+    eye = torch.eye(len(theta), dtype=D)
+    fd = torch.stack([(grad(theta + h * e) - grad(theta - h * e)) / (2 * h) for e in eye], 1)
+    torch.testing.assert_close(hessian, fd, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(hessian, hessian.T)
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_structured_curvatures_agree_with_a_naive_dense_ggn(task):
+    model, layout, theta, x, y = tiny_net(task, activation="relu")
+    lik = LIK[task]
+    dense = naive_ggn(model, layout, theta, x)
+    torch.testing.assert_close(ggn(theta, x, y, layout, model.act, lik, chunk=3), dense)
+    torch.testing.assert_close(diagonal_ggn(theta, x, y, layout, model.act, lik, chunk=3),
+                               dense.diag())
+    last = layout.layer_slices[-1]
+    torch.testing.assert_close(last_layer_ggn(theta, x, y, layout, model.act, lik),
+                               dense[last, last])
+    f, jac = jacobian(theta, x, layout, model.act)
+    torch.testing.assert_close(jac, naive_jacobian(model, layout, theta, x))
+    torch.testing.assert_close(f, mlp_forward(x, layout.network(theta), model.act))
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_kronecker_factors_are_exact_for_one_data_point(task):
+    model, layout, theta, x, y = tiny_net(task)
+    x, y = x[:1], y[:1]
+    dense = naive_ggn(model, layout, theta, x)
+    for index, (q, g) in zip(layout.layer_slices, kron_ggn(theta, x, y, layout, model.act,
+                                                           LIK[task])):
+        torch.testing.assert_close(torch.kron(q, g), dense[index, index])
+
+
+def test_kron_posterior_precision_is_alpha_plus_beta_q_kron_g():
+    model, layout, theta, x, y = tiny_net("regression")
+    post = laplace_posterior(model, theta, x, y, curvature="kron", alpha=2.0, beta=3.0,
+                             refine=False)
+    factors = kron_ggn(theta, x, y, layout, model.act)
+    precision = torch.block_diag(*[2 * torch.eye(q.shape[0] * g.shape[0], dtype=D)
+                                   + 3 * torch.kron(q, g) for q, g in factors])
+    torch.testing.assert_close(post.covariance() @ precision, torch.eye(len(theta), dtype=D))
+
+
+@pytest.mark.parametrize("curvature", ["full", "ggn", "diag", "kron", "last_layer"])
+def test_sample_offsets_have_the_posterior_covariance(curvature):
+    """The guide's draws are ``theta + M eps``; ``M M^T`` must be ``A^-1`` exactly."""
+    model, layout, theta, x, y = tiny_net("classification")
+    post = laplace_posterior(model, theta, x, y, curvature=curvature, indefinite="clip")
+    m = post.offset(torch.eye(len(theta), dtype=D))  # row i is M e_i
+    torch.testing.assert_close(m.T @ m, post.covariance())
+
+
+# --------------------------------------------------------------------------- predictives
+@pytest.mark.parametrize("curvature", ["ggn", "diag", "kron", "last_layer"])
+def test_glm_variance_is_the_seeds_formula(curvature):
+    """sigma^2(x) = 1/beta + g^T A^-1 g with g from autograd and A^-1 from the posterior;
+    for ``ggn``, A = alpha I + beta H built by hand from the naive GGN."""
+    model, layout, theta, x, y = tiny_net("regression")
+    post = laplace_posterior(model, theta, x, y, curvature=curvature, alpha=1.5, beta=4.0)
+    g = naive_jacobian(model, layout, post.theta, x)[:, 0]
+    cov = post.covariance()
+    if curvature == "ggn":
+        precision = 1.5 * torch.eye(len(theta), dtype=D) + 4.0 * naive_ggn(model, layout,
+                                                                         post.theta, x)
+        cov = torch.linalg.inv(precision)
+    expected = 1 / 4.0 + torch.einsum("np,pq,nq->n", g, cov, g)
+    pred = post.glm_predictive(x)
+    torch.testing.assert_close(pred.scale[0] ** 2, expected)
+    torch.testing.assert_close(pred.loc[0], mlp_forward(x, layout.network(post.theta),
+                                                        model.act)[:, 0])
+
+
+def test_probit_predictive_for_classification():
+    model, layout, theta, x, y = tiny_net("classification")
+    post = laplace_posterior(model, theta, x, y, curvature="ggn")
+    g = naive_jacobian(model, layout, post.theta, x)
+    var = torch.einsum("nkp,pq,nkq->nk", g, post.covariance(), g)
+    f = mlp_forward(x, layout.network(post.theta), model.act)
+    expected = torch.softmax(f / torch.sqrt(1 + math.pi / 8 * var), -1)
+    torch.testing.assert_close(post.glm_predictive(x).probs[0], expected)
+
+
+def test_mc_predictive_of_the_guide_matches_the_exact_linear_predictive():
+    """On a linear model the GLM predictive is exact; the guide's Monte Carlo predictive
+    through ``bnn_zoo.predict`` must agree within its standard error."""
+    model, x, y = linear_problem()
+    guide = LaplaceGuide(model).double()
+    guide.laplace_approximation(model, x, y, curvature="ggn")
+    exact = guide.posterior.glm_predictive(x)
+    s = 4000
+    mc = predict(model, guide, x, num_samples=s)
+    epistemic = exact.scale[0] ** 2 - 1 / guide.posterior.beta
+    se_mean = (epistemic / s).sqrt()
+    assert bool(((mc.mean - exact.mean).abs() < 5 * se_mean).all())
+    se_var = epistemic * math.sqrt(2 / s)
+    assert bool(((mc.variance - exact.variance).abs() < 5 * se_var).all())
+
+
+def test_glm_uncertainty_is_larger_inside_the_gap():
+    d = data.load("gap")
+    fitted = zoo.get("laplace").fit(d.x_train, d.y_train, seed=0, steps=300, iterations=3)
+    inside = torch.linspace(-0.8, 0.8, 9).unsqueeze(-1)
+    train_std = fitted.predict(d.x_train).stddev
+    assert float(fitted.predict(inside).stddev.min()) > float(train_std.median())
+
+
+# --------------------------------------------------------------------------- entries, errors
+def test_entries_fit_classification_with_both_predictives():
+    d = data.load("two_moons")
+    x, y = d.x_train[:200], d.y_train[:200]
+    assert {"laplace", "laplace_full", "laplace_ggn", "laplace_diag", "laplace_kron",
+            "laplace_last_layer"} <= set(zoo.names("classification"))
+    fitted = zoo.get("laplace_kron").fit(x, y, seed=0, steps=150, predictive="mc")
+    assert fitted.evaluate(d.x_test, d.y_test)["accuracy"] > 0.8
+    glm = fitted.guide.posterior.glm_predictive(fitted.x_scaler.transform(d.x_test))
+    assert float((glm.mean.argmax(-1) == d.y_test).float().mean()) > 0.8
+    with pytest.raises(ValueError, match="predictive"):
+        zoo.get("laplace").fit(x, y, steps=1, predictive="exact")
+    with pytest.raises(ValueError, match="full, ggn, diag, kron, last_layer"):
+        zoo.get("laplace").fit(x, y, steps=1, curvature="block")
+
+
+def test_indefinite_hessian_raises_or_is_clipped():
+    model, layout, theta, x, y = tiny_net("regression", n=20)
+    with pytest.raises(NotPositiveDefiniteError, match="indefinite='clip'"):
+        laplace_posterior(model, theta, x, y, curvature="full", alpha=1e-6, refine=False)
+    post = laplace_posterior(model, theta, x, y, curvature="full", alpha=1e-6, refine=False,
+                             indefinite="clip")
+    assert post.clipped > 0
+    assert bool(torch.isfinite(post.log_evidence()))
+
+
+def test_bad_arguments():
+    model, layout, theta, x, y = tiny_net("regression")
+    with pytest.raises(ValueError, match="GiB"):
+        laplace_posterior(model, theta, x, y, curvature="full", max_bytes=1000)
+    with pytest.raises(ValueError, match="theta"):
+        laplace_posterior(model, theta[:-1], x, y)
+    with pytest.raises(ValueError, match="alpha"):
+        laplace_posterior(model, theta, x, y, alpha=-1.0)
+    with pytest.raises(ValueError, match="evidence"):
+        laplace_posterior(model, theta, x, y, evidence="type2")
+    fan_in = BayesianMLP(3, 1, (4, 3), prior=GaussianPrior(fan_in=True)).double()
+    with pytest.raises(ValueError, match="fan_in=False"):
+        laplace_posterior(fan_in, theta, x, y)
+    clf, _, theta_c, x_c, y_c = tiny_net("classification")
+    with pytest.raises(ValueError, match="beta"):
+        laplace_posterior(clf, theta_c, x_c, y_c, beta=2.0)
+    with pytest.raises(TypeError, match="y"):
+        fit_laplace(model, x, [1.0], steps=1)
+
+
+def test_uci_concrete(uci_data):
+    d = data.load("uci/concrete", split=0)
+    fitted = zoo.get("laplace_kron").fit(d.x_train, d.y_train, seed=0, steps=300, refine=False)
+    out = fitted.evaluate(d.x_test, d.y_test)
+    assert out["rmse"] < 12 and out["ll"] > -4.5
+
+
+def test_benchmark_script_runs_with_tiny_flags(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "laplace.py"), "--out",
+                    str(tmp_path), "--datasets", "sine", "--variants", "laplace_kron",
+                    "--steps", "50", "--splits", "1"], check=True, timeout=300)
+    table = (tmp_path / "laplace.md").read_text()
+    assert "laplace_kron" in table and any(c.isdigit() for c in table)
+    assert (tmp_path / "laplace.csv").stat().st_size > 0
+    assert (tmp_path / "laplace_bands.png").stat().st_size > 0
