@@ -131,7 +131,8 @@ class Entry:
         x, y = check_data(x, y)
         task = task or ("classification" if not y.is_floating_point() else "regression")
         if task not in self.tasks:
-            raise UnsupportedProblem(f"Entry {self.name!r} supports {', '.join(self.tasks)}, not {task!r}.")
+            raise UnsupportedProblem(
+                f"Entry {self.name!r} supports {', '.join(self.tasks)}, not {task!r}.")
         if task == "regression" and (y.dim() != 1 or not y.is_floating_point()):
             raise ValueError(f"Expected y to be a float vector (N,) for regression, got "
                              f"{y.dtype} of shape {tuple(y.shape)}.")
