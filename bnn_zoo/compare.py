@@ -384,11 +384,15 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _entry_or_none(text: str) -> str | None:
+    return None if text.lower() == "none" else text
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, data: Sequence[str] = ("sine",),
                   out: str = "results/compare", splits: int = 1,
                   reference: str | None = None) -> argparse.ArgumentParser:
     """The flags shared by ``python -m bnn_zoo compare`` and the benchmark scripts."""
-    parser.add_argument("--data", nargs="+", default=list(data),
+    parser.add_argument("--data", "--datasets", nargs="+", default=list(data), dest="data",
                         help=f"data sets (default: {' '.join(data)})")
     parser.add_argument("--entries", nargs="+", default=None,
                         help="zoo entries (default: every entry supporting the task)")
@@ -398,9 +402,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, data: Sequence[str] = ("si
                         help="override every entry's number of training steps")
     parser.add_argument("--num-samples", type=int, default=200,
                         help="posterior samples per prediction")
-    parser.add_argument("--reference", default=reference,
-                        help=f"reference entry to measure distances to, e.g. {REFERENCE} "
-                             f"(default: {reference})")
+    parser.add_argument("--reference", default=reference, type=_entry_or_none,
+                        help=f"reference entry to measure distances to, e.g. {REFERENCE}, "
+                             f"or none (default: {reference})")
     parser.add_argument("--out", type=Path, default=Path(out),
                         help=f"results folder (default: {out})")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
