@@ -35,8 +35,8 @@ def test_nuts_matches_closed_form_linear_regression_posterior():
     fitted = zoo.get("nuts").fit(x, y, hidden=(), steps=300, warmup=200, samples=300,
                                  chains=2, max_tree_depth=4)
     diag = fitted.diagnostics
-    assert diag["r_hat_max"] < 1.1
-    assert diag["ess_min"] > 50
+    assert diag["r_hat_max"] < 1.1 and diag["r_hat_f_max"] < 1.1
+    assert diag["ess_min"] > 50 and diag["ess_f_min"] > 50
     sigma = diag["noise_scale"]
     xs, ys = fitted.x_scaler.transform(x), fitted.y_scaler.transform(y)
     phi = torch.cat([xs, torch.ones_like(xs)], 1)

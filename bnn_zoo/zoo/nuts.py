@@ -13,7 +13,8 @@ Steps:
    over all chains: ``p(y|x) ~ 1/S sum_s p(y | x, w_s)``.
 
 ``Fitted.diagnostics`` reports the largest split R-hat and the smallest effective
-sample size over all weights (Gelman et al., BDA3 11.4-11.5), the number of
+sample size over all weights and over the network outputs at training inputs
+(Gelman et al., BDA3 11.4-11.5; see :func:`chain_diagnostics`), the number of
 divergent transitions and the sampling time. NUTS costs up to ``2^max_tree_depth``
 gradients per draw, so data sets above ``max_points`` training points raise
 :class:`~bnn_zoo.zoo.UnsupportedProblem` (benchmarks then skip the entry).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 
 import pyro
 import pyro.distributions as dist
@@ -33,7 +35,7 @@ from pyro.ops.stats import effective_sample_size, split_gelman_rubin
 from torch import Tensor
 
 from bnn_zoo._checks import check_positive_int
-from bnn_zoo.prediction import predict
+from bnn_zoo.prediction import GaussianMixturePredictive, predict
 from bnn_zoo.scaling import Standardizer
 from bnn_zoo.zoo import get, register
 from bnn_zoo.zoo._entry import (
@@ -73,14 +75,31 @@ class PosteriorSamples:
         return guide
 
 
-def chain_diagnostics(chains: list[dict[str, Tensor]]) -> dict[str, float]:
-    """Largest split R-hat and smallest effective sample size over every weight."""
-    r_hat, ess = [], []
-    for name in chains[0]:
-        stacked = torch.stack([c[name] for c in chains]).flatten(2)  # (C, S, P)
-        r_hat.append(split_gelman_rubin(stacked, chain_dim=0, sample_dim=1).max())
-        ess.append(effective_sample_size(stacked, chain_dim=0, sample_dim=1).min())
-    return {"r_hat_max": float(torch.stack(r_hat).max()), "ess_min": float(torch.stack(ess).min())}
+def _r_hat_ess(stacked: Tensor) -> tuple[float, float]:
+    """Largest split R-hat and smallest ESS of the draws ``stacked`` (C, S, P)."""
+    return (float(split_gelman_rubin(stacked, chain_dim=0, sample_dim=1).max()),
+            float(effective_sample_size(stacked, chain_dim=0, sample_dim=1).min()))
+
+
+def chain_diagnostics(chains: list[dict[str, Tensor]], model: Callable,
+                      x: Tensor) -> dict[str, float]:
+    """Largest split R-hat and smallest effective sample size over every weight, and
+    over the network output ``f`` at (up to 50) training inputs.
+
+    A BNN's posterior is symmetric under permutations of hidden units, so chains in
+    permuted modes give a large R-hat on the weights while agreeing on the function;
+    the ``_f`` diagnostics are the ones that say whether the predictive is sound.
+    """
+    per_site = [_r_hat_ess(torch.stack([c[n] for c in chains]).flatten(2)) for n in chains[0]]
+    outputs = []
+    for chain in chains:
+        draws = next(iter(chain.values())).shape[0]
+        pred = predict(model, PosteriorSamples(chain).draws(draws), x[:50], num_samples=draws)
+        outputs.append(pred.loc if isinstance(pred, GaussianMixturePredictive)
+                       else pred.probs.flatten(1))
+    r_hat_f, ess_f = _r_hat_ess(torch.stack(outputs))
+    return {"r_hat_max": max(r for r, _ in per_site), "ess_min": min(e for _, e in per_site),
+            "r_hat_f_max": r_hat_f, "ess_f_min": ess_f}
 
 
 def nuts_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, seed: int,
@@ -122,7 +141,7 @@ def nuts_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, 
     def predict_standardized(z: Tensor, num_samples: int) -> Predictive:
         return predict(model, posterior.draws(num_samples), z, num_samples=num_samples)
 
-    diagnostics = {**chain_diagnostics(chains), "divergences": float(divergences),
+    diagnostics = {**chain_diagnostics(chains, model, x), "divergences": float(divergences),
                    "sampling_seconds": seconds, **{k: float(v) for k, v in noise.items()}}
     return Fitted(entry.name, task, model, None, Standardizer.identity(x), None, seconds, None,
                   predict_standardized, diagnostics)
