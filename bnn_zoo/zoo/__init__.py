@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from bnn_zoo.zoo._entry import Budget, Entry, Fitted
+from bnn_zoo.zoo._entry import Budget, Entry, Fitted, UnsupportedProblem
 
-__all__ = ["Budget", "Entry", "Fitted", "get", "names", "register"]
+__all__ = ["Budget", "Entry", "Fitted", "UnsupportedProblem", "get", "names", "register"]
 
 _REGISTRY: dict[str, Entry] = {}
 _LOADED = False

@@ -21,6 +21,11 @@ from bnn_zoo.training import FitResult, fit
 Predictive = GaussianMixturePredictive | CategoricalPredictive
 
 
+class UnsupportedProblem(ValueError):
+    """An entry cannot handle this problem (task, data size, ...); benchmarks and the
+    CLI skip it and report the message as the reason."""
+
+
 @dataclass(frozen=True)
 class Budget:
     """An entry's training budget, fixed in one place for every data set.
@@ -57,6 +62,7 @@ class Fitted:
     result: FitResult | None = None
     predict_standardized: Callable[[Tensor, int], Predictive] | None = field(default=None,
                                                                            repr=False)
+    diagnostics: dict[str, float] = field(default_factory=dict)
 
     def predict(self, x: Tensor, num_samples: int = 200) -> Predictive:
         """Posterior predictive at ``x`` (N, D) in original units."""
@@ -136,7 +142,8 @@ class Entry:
         x, y = check_data(x, y)
         task = task or ("classification" if not y.is_floating_point() else "regression")
         if task not in self.tasks:
-            raise ValueError(f"Entry {self.name!r} supports {', '.join(self.tasks)}, not {task!r}.")
+            raise UnsupportedProblem(
+                f"Entry {self.name!r} supports {', '.join(self.tasks)}, not {task!r}.")
         if task == "regression" and (y.dim() != 1 or not y.is_floating_point()):
             raise ValueError(f"Expected y to be a float vector (N,) for regression, got "
                              f"{y.dtype} of shape {tuple(y.shape)}.")

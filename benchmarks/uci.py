@@ -1,0 +1,126 @@
+"""The standard UCI regression benchmark, beside the published numbers.
+
+Protocol (Hernandez-Lobato & Adams 2015; Gal & Ghahramani 2016): the data's own
+train/test splits (20, 5 for protein), one hidden ReLU layer of 50 units (100 for
+protein), inputs and targets standardised with the training split's statistics
+inside ``entry.fit``, metrics in original units, mean ± standard error over splits.
+Every entry runs with its own fixed budget (the same for every data set; nothing is
+tuned on the test splits; the observation noise is learned on the training split).
+
+Writes under ``--out``: ``uci.md``/``.csv``/``.json`` (per data set: every entry
+with the published VI, PBP, MC dropout and deep-ensembles rows beside it),
+``uci_summary.md`` (per entry: on how many data sets its test log-likelihood beats
+VI's and PBP's, and its total fit time) and ``uci_ll.png``. Finished (entry, data
+set, split) runs are cached in ``--out/runs`` and skipped on a rerun.
+
+    BNN_ZOO_DATA=../shared/data/uci python benchmarks/uci.py --splits 5 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from bnn_zoo import compare, published
+from bnn_zoo._checks import check_positive_int
+from bnn_zoo.data import UCI_SETS
+
+DEFAULT_SETS = tuple(n for n in UCI_SETS if n != "protein-tertiary-structure")
+COLUMNS = ("rmse", "ll", "coverage_90", "fit_seconds")
+HIDDEN = {"protein-tertiary-structure": (100,)}
+
+
+def published_rows() -> dict[str, dict[str, str]]:
+    """``{method: {uci/<name>: "rmse | ll | - | -"}}`` for :func:`compare.markdown_table`."""
+    rows: dict[str, dict[str, str]] = {}
+    for method in published.METHODS:
+        for name in published.PUBLISHED:
+            cells = [f"{m:.2f} ± {se:.2f}" for m, se in
+                     (published.published(name, metric, method) for metric in ("rmse", "ll"))]
+            rows.setdefault(method, {})[f"uci/{name}"] = " | ".join([*cells, "-", "-"])
+    return rows
+
+
+def wins_table(summary: list[dict]) -> str:
+    """Per entry: data sets where its mean test LL beats VI's / PBP's, and fit time."""
+    lines = ["| entry | data sets | LL > VI | LL > PBP | fit minutes (all runs) | "
+             "mean fit s |", "|---|---|---|---|---|---|"]
+    for entry in dict.fromkeys(row["entry"] for row in summary):
+        rows = [r for r in summary if r["entry"] == entry and "ll" in r]
+        vi = sum(r["ll"] > published.published(r["data"], "ll", "VI")[0] for r in rows)
+        pbp = sum(r["ll"] > published.published(r["data"], "ll", "PBP")[0] for r in rows)
+        total = sum(r["fit_seconds"] * r["splits"] for r in rows)
+        runs = sum(r["splits"] for r in rows)
+        lines.append(f"| {entry} | {len(rows)} | {vi} | {pbp} | {total / 60:.1f} | "
+                     f"{total / max(runs, 1):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def ll_figure(summary: list[dict], out: Path) -> Path:
+    """Test log-likelihood of every entry relative to PBP's, per data set."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = list(dict.fromkeys(r["data"] for r in summary))
+    entries = list(dict.fromkeys(r["entry"] for r in summary))
+    fig, ax = plt.subplots(figsize=(1.2 * len(sets) + 3, 4))
+    for j, method in enumerate(published.METHODS):
+        ys = [published.published(s, "ll", method)[0] - published.published(s, "ll", "PBP")[0]
+              for s in sets]
+        ax.scatter(range(len(sets)), ys, marker="x", c=f"C{j}", label=method)
+    for k, entry in enumerate(entries):
+        xs, ys = [], []
+        for i, s in enumerate(sets):
+            row = next((r for r in summary if r["data"] == s and r["entry"] == entry
+                        and "ll" in r), None)
+            if row is not None:
+                xs.append(i + 0.1 + 0.05 * k)
+                ys.append(row["ll"] - published.published(s, "ll", "PBP")[0])
+        ax.scatter(xs, ys, marker="o", s=14, c=f"C{k + len(published.METHODS)}", label=entry)
+    ax.axhline(0, c="k", lw=0.5)
+    ax.set_xticks(range(len(sets)), [s.removeprefix("uci/") for s in sets], rotation=30,
+                  fontsize=7)
+    ax.set(ylabel="test LL - PBP's (nats/point)", title="UCI: higher is better")
+    ax.set_ylim(-1.5, 2.5)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    path = out / "uci_ll.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    compare.add_arguments(parser, data=DEFAULT_SETS, out="results/uci", splits=20)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(check_positive_int("threads", args.threads or 1))
+    records = []
+    for name in args.data:
+        name = name.removeprefix("uci/")
+        overrides = {"hidden": HIDDEN[name]} if name in HIDDEN else {}
+        if args.steps is not None:
+            overrides["steps"] = check_positive_int("steps", args.steps)
+        records += compare.run_comparison([f"uci/{name}"], args.entries, splits=args.splits,
+                                          out=args.out, device=args.device, overrides=overrides,
+                                          num_samples=args.num_samples,
+                                          reference=args.reference)
+    table = compare.write_tables(records, args.out, reference=args.reference, name="uci",
+                                 columns=COLUMNS, extra=published_rows())
+    summary = compare.summarise(records, reference=args.reference)
+    wins = wins_table(summary)
+    (args.out / "uci_summary.md").write_text(wins)
+    figure = ll_figure(summary, args.out)
+    print(table)
+    print(wins)
+    print(f"Wrote {args.out}/uci.md, .csv, .json, uci_summary.md, {figure.name}")
+    return records
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The command line: ``python -m bnn_zoo {list,fit,compare}`` (also installed as ``bnn-zoo``).
+
+* ``list``: the zoo's entries with their tasks, seed documents and descriptions;
+* ``fit --entry NAME --data NAME``: fit one entry on one split and print its test metrics;
+* ``compare``: fit several entries on a data set and print a Markdown table of the
+  metrics with time (mean ± standard error over splits), writing CSV/JSON and
+  figures (predictive bands for 1-D data) under ``--out``; with no flags it runs
+  every regression entry on ``sine`` (see :mod:`bnn_zoo.compare`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from bnn_zoo import compare, zoo
+from bnn_zoo import data as data_module
+from bnn_zoo._checks import check_positive_int
+
+__all__ = ["build_parser", "main"]
+
+
+def _list(args: argparse.Namespace) -> int:
+    rows = [(name, zoo.get(name)) for name in zoo.names(args.task)]
+    width = max((len(n) for n, _ in rows), default=5)
+    print(f"{'entry':<{width}}  {'tasks':<27}  {'seed':<25}  description")
+    for name, entry in rows:
+        tasks = ",".join(entry.tasks)
+        print(f"{name:<{width}}  {tasks:<27}  {entry.seed or '-':<25}  {entry.description}")
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        torch.set_num_threads(check_positive_int("threads", args.threads))
+    dataset = data_module.load(args.data, args.split).to(args.device)
+    overrides = {} if args.steps is None else {"steps": check_positive_int("steps", args.steps)}
+    record = compare.run_one(args.entry, dataset, split=args.split, seed=args.seed,
+                             overrides=overrides, num_samples=args.num_samples)
+    if record["status"] != "ok":
+        print(f"{args.entry} on {args.data}: {record['status']}: {record['reason']}")
+        return 1
+    shown = {**record["metrics"], **record["diagnostics"]}
+    print(f"{args.entry} on {args.data} (split {args.split}, seed {args.seed}):")
+    for key, value in shown.items():
+        print(f"  {key:<18} {value:.4g}")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"{args.entry}_{args.data.replace('/', '_')}_split{args.split}.json"
+        path.write_text(json.dumps({k: record[k] for k in ("entry", "data", "split", "seed",
+                                                           "metrics", "diagnostics")}, indent=1))
+        print(f"Wrote {path}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    compare.main_from_args(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``bnn_zoo`` argument parser with its ``list``, ``fit`` and ``compare`` commands."""
+    parser = argparse.ArgumentParser(prog="python -m bnn_zoo",
+                                     description="A Pyro model zoo for Bayesian neural networks.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    listing = commands.add_parser("list", help="list the zoo's entries")
+    listing.add_argument("--task", choices=("regression", "classification"), default=None)
+    listing.set_defaults(run=_list)
+
+    fitting = commands.add_parser("fit", help="fit one entry on one data split, print metrics")
+    fitting.add_argument("--entry", required=True, help="zoo entry (see `list`)")
+    fitting.add_argument("--data", required=True,
+                         help=f"data set, one of: {', '.join(data_module.names())}")
+    fitting.add_argument("--split", type=int, default=0)
+    fitting.add_argument("--seed", type=int, default=0)
+    fitting.add_argument("--steps", type=int, default=None,
+                         help="override the entry's number of training steps")
+    fitting.add_argument("--num-samples", type=int, default=200)
+    fitting.add_argument("--out", type=Path, default=None, help="write the metrics as JSON here")
+    fitting.add_argument("--device", default="cpu", help="cpu or cuda")
+    fitting.add_argument("--threads", type=int, default=None)
+    fitting.set_defaults(run=_fit)
+
+    comparing = commands.add_parser("compare", help="compare entries on a data set")
+    compare.add_arguments(comparing)
+    comparing.set_defaults(run=_compare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m bnn_zoo`` and the ``bnn-zoo`` script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return args.run(args)

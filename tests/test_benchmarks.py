@@ -1,0 +1,38 @@
+"""Every script in ``benchmarks/`` runs with tiny flags, without the network; a script
+missing from ``TINY_ARGS`` fails the suite (as Pyro's ``tests/test_examples.py`` does)."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+# file name -> flags that make it run in seconds ("{out}" becomes a temporary folder)
+TINY_ARGS: dict[str, list[str]] = {
+    "speed.py": ["--repeats", "1", "--inner", "1", "--nets", "13-50-1", "--out", "{out}"],
+    "compare_guides.py": ["--data", "sine", "--entries", "map", "--steps", "10",
+                          "--num-samples", "5", "--reference", "none", "--out", "{out}"],
+    "uci.py": ["--data", "yacht", "--splits", "1", "--entries", "map", "--steps", "10",
+               "--num-samples", "5", "--out", "{out}"],
+}
+NEEDS_UCI = {"uci.py"}
+
+
+def test_every_script_is_listed():
+    scripts = {p.name for p in BENCHMARKS.glob("*.py")}
+    missing = scripts - set(TINY_ARGS)
+    assert not missing, f"add tiny flags for {sorted(missing)} to TINY_ARGS"
+
+
+@pytest.mark.parametrize("script", sorted(TINY_ARGS))
+def test_script_runs_with_tiny_flags(script, tmp_path, monkeypatch, request):
+    if script in NEEDS_UCI:
+        request.getfixturevalue("uci_data")
+    argv = [a.replace("{out}", str(tmp_path)) for a in TINY_ARGS[script]]
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
+    assert any(tmp_path.iterdir())

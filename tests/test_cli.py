@@ -1,0 +1,45 @@
+"""``python -m bnn_zoo``: list, fit and compare with tiny flags through ``main(argv)``."""
+
+from __future__ import annotations
+
+import pytest
+
+from bnn_zoo import cli, zoo
+
+
+def test_list_shows_every_entry(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in zoo.names():
+        assert name in out
+    assert "004_ab4f0efce319fcd8.txt" in out  # bbb's seed
+
+
+def test_fit_prints_metrics_and_writes_json(tmp_path, capsys):
+    code = cli.main(["fit", "--entry", "map", "--data", "sine", "--steps", "20",
+                     "--num-samples", "10", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "rmse" in out and "ll" in out and "fit_seconds" in out
+    assert (tmp_path / "map_sine_split0.json").exists()
+
+
+def test_compare_writes_table_files_and_bands(tmp_path, capsys):
+    code = cli.main(["compare", "--entries", "map", "mean_field", "--steps", "20",
+                     "--num-samples", "10", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| map | 1 |" in out and "| mean_field | 1 |" in out
+    for name in ("compare.md", "compare.csv", "compare.json", "bands_sine.png"):
+        assert (tmp_path / name).exists()
+
+
+def test_compare_defaults_are_the_readme_job():
+    args = cli.build_parser().parse_args(["compare"])
+    assert args.data == ["sine"] and args.entries is None and args.splits == 1
+    assert args.reference is None and str(args.out) == "results/compare"
+
+
+def test_bad_command_exits():
+    with pytest.raises(SystemExit):
+        cli.main(["no_such_command"])
