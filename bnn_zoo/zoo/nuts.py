@@ -44,7 +44,7 @@ from bnn_zoo.zoo._entry import (
     Fitted,
     Predictive,
     UnsupportedProblem,
-    _split_kwargs,
+    split_options,
     svi_fitter,
 )
 from bnn_zoo.zoo.bbb import mlp
@@ -107,7 +107,7 @@ def nuts_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, 
     """MAP start, then ``chains`` NUTS chains on the same model (see the module doc)."""
     opts = {k: check_positive_int(k, options.get(k, v)) for k, v in NUTS_OPTIONS.items()}
     model_kw = {k: v for k, v in options.items() if k not in NUTS_OPTIONS}
-    _split_kwargs(model_kw, entry.model)  # unknown options fail here, before any work
+    split_options(model_kw, entry.model)  # unknown options fail here, before any work
     if x.shape[0] > opts["max_points"]:
         raise UnsupportedProblem(f"nuts runs on at most max_points={opts['max_points']} "
                                  f"training points, got {x.shape[0]}.")
