@@ -44,22 +44,30 @@ Gradient estimators of the ELBO (``estimator=``), all unbiased, computed by
 * ``"score"``: the seed's section 4,
   :math:`\nabla \mathrm{ELBO} \approx \frac1n\sum_s \nabla\log q(\theta^{(s)})
   \{\ln p(\theta^{(s)}) - \ln q(\theta^{(s)}) - 1 - c\}`, with ``c = 0`` as in the
-  seed or, with ``baseline=True``, a running mean of the ELBO from earlier steps
-  (a control variate; unbiased because it does not depend on the current draw);
-* ``"pathwise"``: reparameterised samples of the whole mixture, with the
-  implicit gradients of Jankowiak & Karaletsos (2018) from Pyro's
-  :class:`~pyro.distributions.MixtureOfDiagNormals` (needs ``D >= 2``);
+  seed or, with ``baseline=True``, ``c = m - 1`` where ``m`` is a running mean of the
+  ELBO from earlier steps, which centres the multiplier (a control variate, unbiased
+  because it does not depend on the current draw);
+* ``"pathwise"``: the component ``k ~ pi`` is drawn, then
+  :math:`\theta = \mu_k + \sigma_k \epsilon` is reparameterised, which gives
+  pathwise gradients for the means and scales; the weights, which do not move
+  the sample, get the score of ``k`` Rao-Blackwellised over ``k | theta``,
+  :math:`E[\nabla_a \log q(\theta)\,\{\ln p(\theta) - \ln q(\theta) - c\}]` with
+  the means and scales held fixed in :math:`\log q` (works for any ``D >= 1``);
 * ``"enumerate"``: the component summed out exactly,
   :math:`\mathrm{ELBO} = \sum_i \pi_i E_{\theta \sim N_i}[\ln p(\theta) - \ln q(\theta)]`,
   one reparameterised draw from every component per particle.
 
-.. warning:: Pyro's implicit mixture gradient evaluates
-   :math:`q(\theta) = \sum_i \pi_i \prod_j N_{ij}` and products of scales
-   without rescaling in log space. In float32 these overflow once
-   :math:`\sum_j \log(1/\sigma_{ij})` exceeds about 88 (a 1-10-1 net's 31
-   weights at :math:`\sigma = 0.05` already do), and the gradient turns NaN.
-   We run that sample in float64, which pushes the limit to about 709; beyond
-   it (large nets with narrow components) use ``"enumerate"``.
+Why not Pyro's :class:`~pyro.distributions.MixtureOfDiagNormals`, whose
+``rsample`` has implicit pathwise gradients for all parameters (Jankowiak &
+Karaletsos 2018)? Two defects in pyro 1.9 (both measured, see the tests and
+docs/mixture.md): (1) its backward evaluates :math:`q(\theta)` and products of
+scales outside log space, which overflows in float32 once
+:math:`\sum_j \log(1/\sigma_{ij})` exceeds about 88 (a 1-10-1 net's 31 weights at
+:math:`\sigma = 0.01`): the gradient turns NaN, which is why the pathwise BNN
+runs of an earlier attempt diverged for ``K >= 2``; (2) its gradient for the
+component logits is biased except for functions linear in :math:`\theta`
+(for :math:`E[\theta_1^3]` it returns -1.10 where the exact value is -0.78), so
+fits with it leave the weights near their initial values.
 """
 
 from __future__ import annotations
@@ -115,10 +123,10 @@ class DiagonalNormalMixture(TorchDistribution):
     r"""The mixture :math:`q(\theta; a, w, b)` over :math:`\mathbb{R}^D` (event shape (D,)).
 
     ``log_prob`` is :math:`\operatorname{logsumexp}_i \beta_i` (see
-    :func:`component_log_densities`). ``reparameterized=True`` gives ``rsample``
-    with implicit pathwise gradients (Pyro's ``MixtureOfDiagNormals``, in
-    float64); otherwise samples carry no gradient and ELBO gradients go through
-    ``log_prob`` (the score function).
+    :func:`component_log_densities`). ``reparameterized=True`` gives an ``rsample``
+    that is pathwise in the means and scales given the drawn component; otherwise
+    samples carry no gradient and ELBO gradients go through ``log_prob`` (the score
+    function).
     """
 
     arg_constraints = {"a": constraints.real, "w": constraints.positive, "b": constraints.real}
@@ -174,18 +182,14 @@ class DiagonalNormalMixture(TorchDistribution):
             return self.locs[which] + self.scales[which] * noise
 
     def rsample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+        """Draw ``k ~ pi`` (no gradient), then ``locs[k] + scales[k] * eps`` (reparameterised
+        in the means and scales; the weights' gradient needs a score term, see the module)."""
         if not self.reparameterized:
             raise NotImplementedError("rsample needs reparameterized=True.")
-        if self.event_shape[0] < 2:
-            raise ValueError("Pathwise mixture samples need dimension D >= 2 "
-                             "(pyro's MixtureOfDiagNormals); use the score or enumerate "
-                             "estimator.")
-        # float64: see the module's warning on overflow in the implicit gradient.
-        # pyro's rsample mishandles a sample shape of more than one dim: expand instead.
         shape = torch.Size(sample_shape)
-        locs, scales = (t.double().expand(shape + t.shape) for t in (self.locs, self.scales))
-        logits = torch.log(self.weights.double()).expand(shape + self.a.shape)
-        return dist.MixtureOfDiagNormals(locs, scales, logits).rsample().to(self.w.dtype)
+        which = dist.Categorical(self.weights.detach()).sample(shape)
+        noise = torch.randn(shape + self.event_shape, dtype=self.w.dtype, device=self.w.device)
+        return self.locs[which] + self.scales[which] * noise
 
     def componentwise(self, extra_dims: int) -> ComponentDraws:
         """One reparameterised draw per component: batch shape ``(K,) + (1,) * extra_dims``."""
@@ -216,6 +220,14 @@ class ComponentDraws(TorchDistribution):
         return self.mixture.log_prob(value)
 
 
+def _per_lead(log_prob: Tensor, nesting: int, lead: int) -> Tensor:
+    """Sum a site's log density over the model's ``nesting`` plate dims, keeping the
+    ``lead`` particle (and component) dims to their left."""
+    while log_prob.dim() < nesting + lead:
+        log_prob = log_prob.unsqueeze(0)
+    return log_prob.sum(tuple(range(-nesting, 0))) if nesting else log_prob
+
+
 class _draw_every_component(Messenger):
     """Replace the mixture at ``site`` by :class:`ComponentDraws` (batch dim at ``dim``)."""
 
@@ -238,7 +250,8 @@ class MixtureGuide(AutoContinuous):
         :class:`~bnn_zoo.models.BayesianMLP`).
     num_components : ``K``.
     estimator : ``"score"``, ``"pathwise"`` or ``"enumerate"`` (see the module).
-    baseline : score estimator only: subtract a running mean of the ELBO.
+    baseline : ``score`` and ``pathwise``: subtract a running mean of earlier ELBOs in the
+        score-function term.
     init_scale : initial standard deviation ``1/w`` of every component.
     init_spread : components start at ``init_loc +- init_spread * e_m``, ``e_m ~ N(0, I)``,
         in antithetic pairs (``K > 1``), so that they do not start on top of each other.
@@ -256,8 +269,9 @@ class MixtureGuide(AutoContinuous):
         self.estimator = check_choice("estimator", estimator, ESTIMATORS)
         if not isinstance(baseline, bool):
             raise TypeError(f"Expected baseline to be a bool, but got {baseline!r}.")
-        if baseline and estimator != "score":
-            raise ValueError(f"baseline=True needs estimator='score', not {estimator!r}.")
+        if baseline and estimator == "enumerate":
+            raise ValueError("baseline=True needs a score-function term: estimator='score' "
+                             "or 'pathwise', not 'enumerate'.")
         self.baseline = baseline
         self._init_scale = check_positive("init_scale", init_scale)
         if isinstance(init_spread, bool) or not isinstance(init_spread, (int, float)) \
@@ -268,9 +282,6 @@ class MixtureGuide(AutoContinuous):
 
     def _setup_prototype(self, *args, **kwargs) -> None:
         super()._setup_prototype(*args, **kwargs)
-        if self.estimator == "pathwise" and self.latent_dim < 2:
-            raise ValueError(f"estimator='pathwise' needs a latent dimension >= 2, but the model "
-                             f"has {self.latent_dim}; use 'score' or 'enumerate'.")
         centre = self._init_loc()
         k = self.num_components
         # Antithetic offsets (+e, -e, +e', -e', ...): pairs start on opposite sides of the
@@ -278,11 +289,11 @@ class MixtureGuide(AutoContinuous):
         offsets = torch.randn((k + 1) // 2, self.latent_dim, dtype=centre.dtype,
                               device=centre.device)
         offsets = torch.stack([offsets, -offsets], 1).reshape(-1, self.latent_dim)[:k]
-        locs = centre + (self._init_spread * offsets if k > 1 else 0.0)
-        w = torch.full_like(locs, 1.0 / self._init_scale)
+        locs = centre + (self._init_spread * offsets if k > 1 else torch.zeros_like(offsets))
         self.a = PyroParam(torch.full_like(centre[:1], k**-0.5).expand(k).clone())
-        self.w = PyroParam(w, constraint=constraints.positive)
-        self.b = PyroParam(-locs * w)
+        self.w = PyroParam(torch.full_like(locs, 1.0 / self._init_scale),
+                           constraint=constraints.positive)
+        self.loc = PyroParam(locs)
         self.register_buffer("baseline_value", centre.new_zeros(()))
         self.register_buffer("baseline_steps", centre.new_zeros((), dtype=torch.long))
 
@@ -292,7 +303,8 @@ class MixtureGuide(AutoContinuous):
         return f"_{self._pyro_name}_latent"
 
     def get_posterior(self, *args, **kwargs) -> DiagonalNormalMixture:
-        return DiagonalNormalMixture(self.a, self.w, self.b,
+        w = self.w
+        return DiagonalNormalMixture(self.a, w, -self.loc * w,
                                      reparameterized=self.estimator == "pathwise")
 
     def mixture(self) -> DiagonalNormalMixture:
@@ -334,6 +346,8 @@ class MixtureELBO(pyro.infer.ELBO):
     """
 
     def _per_particle(self, model, guide: MixtureGuide, args, kwargs) -> tuple[Tensor, Tensor]:
+        """``log p(theta) - log q(theta)`` per particle ((P,), or (K, P) when enumerating)
+        and the latent draws."""
         if self.max_plate_nesting == math.inf:
             self._guess_max_plate_nesting(model, guide, args, kwargs)
         nesting = int(self.max_plate_nesting)
@@ -352,34 +366,34 @@ class MixtureELBO(pyro.infer.ELBO):
             guide_trace = poutine.trace(guided).get_trace(*args, **kwargs)
             model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
                 *args, **kwargs)
-        log_q_latent = None
         elbo = 0.0
         for sign, trace in ((1.0, model_trace), (-1.0, guide_trace)):
             trace.compute_log_prob()
-            for name, site in trace.nodes.items():
+            for site in trace.nodes.values():
                 if site["type"] != "sample" or is_identically_zero(site["log_prob"]) or (
                         sign < 0 and site["is_observed"]):
                     continue
-                lp = site["log_prob"]
-                while lp.dim() < nesting + lead:
-                    lp = lp.unsqueeze(0)
-                lp = lp.sum(tuple(range(-nesting, 0))) if nesting else lp
-                elbo = elbo + sign * lp
-                if sign < 0 and name == guide.latent_site:
-                    log_q_latent = lp
-        return elbo, log_q_latent
+                elbo = elbo + sign * _per_lead(site["log_prob"], nesting, lead)
+        return elbo, guide_trace.nodes[guide.latent_site]["value"]
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> Tensor:
         if not isinstance(guide, MixtureGuide):
             raise TypeError(f"MixtureELBO needs a MixtureGuide, but got {type(guide).__name__}.")
-        elbo, log_q = self._per_particle(model, guide, args, kwargs)  # (P,) or (K, P)
+        elbo, latent = self._per_particle(model, guide, args, kwargs)
+        q = guide.mixture()
         if guide.estimator == "enumerate":
-            return -(guide.mixture().weights * elbo.mean(-1)).sum()
+            return -(q.weights * elbo.mean(-1)).sum()
+        # ``elbo`` already carries the direct gradients (for the score estimator the seed's
+        # "-1" term, -grad log q) and, for pathwise, the gradients through the sample. Add
+        # grad log q(theta) * (elbo - c) with theta fixed: for every parameter (score) or
+        # only for the weights, the means and scales held fixed (pathwise).
         if guide.estimator == "pathwise":
-            return -elbo.mean()
-        # Score function: elbo already carries -grad log q (the seed's "-1" term) and the
-        # direct gradients of the model's parameters; add grad log q * (elbo - c).
-        c = guide.current_baseline() if guide.baseline else 0.0
+            q = DiagonalNormalMixture(q.a, q.w.detach(), q.b.detach())
+        nesting = int(self.max_plate_nesting)
+        log_q = _per_lead(q.log_prob(latent.detach()), nesting, 1)
+        # With the direct term, the multiplier of grad log q is the seed's elbo - 1 - c; the
+        # baseline c = mean(elbo) - 1 centres it (c = 0 is the seed's estimator).
+        c = guide.current_baseline() - 1.0 if guide.baseline else 0.0
         score = log_q * (elbo.detach() - c)
         if guide.baseline and torch.is_grad_enabled():
             guide.update_baseline(elbo.detach().mean())

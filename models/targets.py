@@ -99,7 +99,8 @@ def banana(curvature: float = 0.5, width: float = 1.5, thickness: float = 0.4) -
         ridge = t2 - curvature * (t1**2 - width**2)
         return -0.5 * t1**2 / width**2 - 0.5 * ridge**2 / thickness**2
 
-    return UnnormalisedModel(log_density, 2, log_normalizer=math.log(2 * math.pi * width * thickness))
+    log_z = math.log(2 * math.pi * width * thickness)
+    return UnnormalisedModel(log_density, 2, log_normalizer=log_z)
 
 
 def ring(radius: float = 2.0, thickness: float = 0.3) -> UnnormalisedModel:

@@ -8,14 +8,14 @@ import math
 import pyro
 import pytest
 import torch
-from pyro import poutine
-
-from bnn_zoo import data, zoo
-from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.guides.bbb import softplus_inverse
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
 from bnn_zoo.models.priors import ScaleMixtureNormal
+from pyro import poutine
+
+from bnn_zoo import data, zoo
+from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.training import kl_weights
 
 
