@@ -253,8 +253,9 @@ class MixtureGuide(AutoContinuous):
     baseline : ``score`` and ``pathwise``: subtract a running mean of earlier ELBOs in the
         score-function term.
     init_scale : initial standard deviation ``1/w`` of every component.
-    init_spread : components start at ``init_loc +- init_spread * e_m``, ``e_m ~ N(0, I)``,
-        in antithetic pairs (``K > 1``), so that they do not start on top of each other.
+    init_spread : components start at ``init_loc +- init_spread * sqrt(D) * u_m`` with
+        ``u_m`` uniform random unit vectors, in antithetic pairs (``K > 1``), so that they
+        do not start on top of each other.
     init_loc_fn : Pyro init function for the centre (default ``init_to_median``).
 
     The parameters are the seed's ``a`` (K,), ``w`` (K, D) and ``b`` (K, D); note
@@ -288,6 +289,9 @@ class MixtureGuide(AutoContinuous):
         # centre, so two components never start in the same basin by chance.
         offsets = torch.randn((k + 1) // 2, self.latent_dim, dtype=centre.dtype,
                               device=centre.device)
+        # Fixed length sqrt(D), the typical norm of N(0, I), so no pair starts by chance
+        # almost on top of the centre.
+        offsets = offsets * (self.latent_dim**0.5 / offsets.norm(dim=-1, keepdim=True))
         offsets = torch.stack([offsets, -offsets], 1).reshape(-1, self.latent_dim)[:k]
         locs = centre + (self._init_spread * offsets if k > 1 else torch.zeros_like(offsets))
         self.a = PyroParam(torch.full_like(centre[:1], k**-0.5).expand(k).clone())
