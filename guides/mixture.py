@@ -113,7 +113,9 @@ def component_log_densities(theta: Tensor, a: Tensor, w: Tensor, b: Tensor) -> T
     (..., K) :math:`\beta_i = \log \pi_i + \sum_j \{-\frac12 (\theta_j w_{ij} + b_{ij})^2
     + \frac12 \log(w_{ij}^2 / 2\pi)\}`.
     """
-    log_weights = torch.log(a**2) - torch.log((a**2).sum())
+    # 2 log|a|, not log(a^2): a dying component's a^2 underflows in float32 (a ~ 1e-23 on the
+    # BNN), which made log(a^2) = -inf and the gradient NaN.
+    log_weights = 2 * torch.log(a.abs()) - torch.log((a**2).sum())
     z = theta.unsqueeze(-2) * w + b  # (..., K, D)
     per_coord = -0.5 * z**2 + 0.5 * torch.log(w**2 / (2 * math.pi))
     return log_weights + per_coord.sum(-1)
