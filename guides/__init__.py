@@ -3,5 +3,8 @@
 from bnn_zoo.guides.bbb import BayesByBackpropGuide as BayesByBackpropGuide
 from bnn_zoo.guides.laplace import LaplaceGuide as LaplaceGuide
 from bnn_zoo.guides.mean_field import MeanFieldGuide as MeanFieldGuide
+from bnn_zoo.guides.mixture import MixtureELBO as MixtureELBO
+from bnn_zoo.guides.mixture import MixtureGuide as MixtureGuide
 
-__all__ = ["BayesByBackpropGuide", "LaplaceGuide", "MeanFieldGuide"]
+__all__ = ["BayesByBackpropGuide", "LaplaceGuide", "MeanFieldGuide", "MixtureELBO",
+           "MixtureGuide"]

@@ -3,5 +3,6 @@
 from bnn_zoo.models.mlp import BayesianMLP as BayesianMLP
 from bnn_zoo.models.priors import GaussianPrior as GaussianPrior
 from bnn_zoo.models.priors import ScaleMixturePrior as ScaleMixturePrior
+from bnn_zoo.models.targets import UnnormalisedModel as UnnormalisedModel
 
-__all__ = ["BayesianMLP", "GaussianPrior", "ScaleMixturePrior"]
+__all__ = ["BayesianMLP", "GaussianPrior", "ScaleMixturePrior", "UnnormalisedModel"]

@@ -1,0 +1,192 @@
+"""Mixture-of-diagonal-Gaussians guide (seed 003) by gradient estimator and number of components.
+
+For each target (``two_component``, ``banana``, ``ring``: KL to the normalised target,
+``KL = log Z - ELBO``; ``bnn``: the weight posterior of a 1-10-1 tanh net on 100 points
+of ``sine``, ELBO only) and each estimator (``score`` as in the seed, ``score_baseline``,
+``pathwise``, ``enumerate``) and ``K``: the final KL or ELBO (Monte Carlo, with its
+standard error), the effective number of components ``exp(H(pi))``, and the wall time.
+Then, at one common state per target (the ``enumerate`` fit with the largest ``K >= 2``),
+the variance of each estimator's gradient per particle (summed over parameters). A
+figure shows the fitted densities over the 2-D targets.
+
+    python benchmarks/mixture.py --out results/mixture
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pyro  # noqa: E402
+import torch  # noqa: E402
+
+from bnn_zoo import data, fit  # noqa: E402
+from bnn_zoo.guides.mixture import MixtureELBO, MixtureGuide  # noqa: E402
+from bnn_zoo.models.targets import TARGETS, UnnormalisedModel, bnn_posterior, target  # noqa: E402
+from bnn_zoo.training import TrainingDiverged  # noqa: E402
+
+ESTIMATORS = {"score": ("score", False), "score_baseline": ("score", True),
+              "pathwise": ("pathwise", False), "enumerate": ("enumerate", False)}
+NO_DATA = (torch.zeros(1, 1), torch.zeros(1))
+
+
+def make_target(name: str) -> UnnormalisedModel:
+    if name == "bnn":
+        sine = data.load("sine")
+        return bnn_posterior(sine.x_train[:100], sine.y_train[:100], hidden=(10,))
+    return target(name)
+
+
+def make_guide(model: UnnormalisedModel, estimator: str, k: int, bnn: bool) -> MixtureGuide:
+    kind, baseline = ESTIMATORS[estimator]
+    return MixtureGuide(model, k, estimator=kind, baseline=baseline,
+                        init_scale=0.02 if bnn else 0.3, init_spread=0.5 if bnn else 1.0)
+
+
+def elbo_estimate(model, guide, particles: int, batches: int = 8) -> tuple[float, float]:
+    """Mean and standard error of the ELBO from ``batches`` independent estimates."""
+    per = max(1, particles // batches)
+    values = torch.tensor([-MixtureELBO(num_particles=per, max_plate_nesting=1).loss(
+        model, guide, *NO_DATA) for _ in range(batches)])
+    return values.mean().item(), (values.std() / math.sqrt(batches)).item()
+
+
+def gradient_variance(model, state: dict, estimator: str, k: int, bnn: bool, particles: int,
+                      repeats: int) -> float:
+    """Trace of the covariance of a one-particle gradient of -ELBO at ``state``."""
+    guide = make_guide(model, estimator, k, bnn)
+    guide(*NO_DATA)
+    guide.load_state_dict(state)
+    elbo = MixtureELBO(num_particles=particles, max_plate_nesting=1)
+    params = [p for _, p in sorted(guide.named_parameters())]
+    draws = []
+    for _ in range(repeats):
+        loss = elbo.differentiable_loss(model, guide, *NO_DATA)
+        draws.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
+    return particles * torch.stack(draws).var(0).sum().item()
+
+
+def plot(guides: dict, names: list[str], estimators: list[str], k: int, path: Path) -> None:
+    grid = torch.linspace(-4.5, 4.5, 181)
+    t1, t2 = torch.meshgrid(grid, grid, indexing="xy")
+    theta = torch.stack([t1, t2], -1)
+    fig, axes = plt.subplots(len(names), len(estimators) + 1, squeeze=False,
+                             figsize=(2.6 * (len(estimators) + 1), 2.6 * len(names)))
+    for row, name in zip(axes, names):
+        model = guides[(name, estimators[0], k)][0]
+        p = torch.exp(model.log_density(theta) - model.log_normalizer)
+        row[0].contourf(t1, t2, p, levels=20, cmap="Greys")
+        row[0].set_title(f"{name}: target", fontsize=8)
+        for ax, est in zip(row[1:], estimators):
+            guide = guides[(name, est, k)][1]
+            with torch.no_grad():
+                q = torch.exp(guide.mixture().log_prob(theta))
+            ax.contourf(t1, t2, q, levels=20, cmap="Blues")
+            ax.contour(t1, t2, p, levels=5, colors="k", linewidths=0.4)
+            ax.set_title(f"{est}, K={k}", fontsize=8)
+        for ax in row:
+            ax.set_xticks([])
+            ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", nargs="+", default=[*TARGETS, "bnn"],
+                        choices=[*TARGETS, "bnn"])
+    parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS),
+                        choices=list(ESTIMATORS))
+    parser.add_argument("--components", nargs="+", type=int, default=[1, 2, 5, 10])
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--lr", type=float, default=0.03)
+    parser.add_argument("--particles", type=int, default=8)
+    parser.add_argument("--eval-particles", type=int, default=16384)
+    parser.add_argument("--grad-repeats", type=int, default=100)
+    parser.add_argument("--grad-particles", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("results/mixture"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    rows, guides, variance_rows = [], {}, []
+    for name in args.targets:
+        bnn = name == "bnn"
+        for est in args.estimators:
+            for k in args.components:
+                pyro.set_rng_seed(args.seed)
+                model = make_target(name)
+                guide = make_guide(model, est, k, bnn)
+                started, status = time.perf_counter(), "ok"
+                try:
+                    fit(model, guide, *NO_DATA, steps=args.steps, lr=args.lr,
+                        num_particles=args.particles, elbo=MixtureELBO, seed=args.seed)
+                except TrainingDiverged:
+                    status = "diverged"
+                seconds = time.perf_counter() - started
+                elbo, se = elbo_estimate(model, guide, args.eval_particles)
+                kl = None if model.log_normalizer is None else model.log_normalizer - elbo
+                rows.append({"target": name, "estimator": est, "K": k, "elbo": elbo,
+                             "elbo_se": se, "kl": kl,
+                             "effective_components": guide.effective_components(),
+                             "seconds": seconds, "status": status})
+                guides[(name, est, k)] = (model, guide)
+                print(rows[-1], flush=True)
+        multi = [k for k in args.components if k >= 2]
+        if "enumerate" in args.estimators and multi:
+            model, reference = guides[(name, "enumerate", max(multi))]
+            state = {key: v.detach().clone() for key, v in reference.state_dict().items()}
+            for est in args.estimators:
+                var = gradient_variance(model, state, est, max(multi), bnn, args.grad_particles,
+                                        args.grad_repeats)
+                variance_rows.append({"target": name, "estimator": est, "K": max(multi),
+                                      "grad_variance": var})
+
+    with open(args.out / "mixture.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [f"Steps {args.steps}, lr {args.lr}, {args.particles} particles; KL = log Z - ELBO "
+             f"({args.eval_particles} particles; ELBO for bnn); n_eff = exp(H(pi)).", "",
+             "| target | estimator | K | KL | ELBO +- se | n_eff | seconds | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        kl = "" if r["kl"] is None else f"{r['kl']:.3f}"
+        lines.append(f"| {r['target']} | {r['estimator']} | {r['K']} | {kl} | "
+                     f"{r['elbo']:.3f} +- {r['elbo_se']:.3f} | "
+                     f"{r['effective_components']:.2f} | {r['seconds']:.1f} | {r['status']} |")
+    if variance_rows:
+        lines += ["", "Gradient variance per particle (trace of the covariance, at the "
+                  "enumerate fit):", "", "| target | K | " + " | ".join(args.estimators) + " |",
+                  "|---|---|" + "---|" * len(args.estimators)]
+        for name in args.targets:
+            vals = {r["estimator"]: r for r in variance_rows if r["target"] == name}
+            if vals:
+                k = next(iter(vals.values()))["K"]
+                lines.append(f"| {name} | {k} | " + " | ".join(
+                    f"{vals[e]['grad_variance']:.3g}" for e in args.estimators) + " |")
+        with open(args.out / "mixture_grad_variance.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(variance_rows[0]))
+            writer.writeheader()
+            writer.writerows(variance_rows)
+    table = "\n".join(lines)
+    print(table)
+    (args.out / "mixture.md").write_text(table + "\n")
+    two_d = [n for n in args.targets if n != "bnn"]
+    if two_d:
+        plot(guides, two_d, args.estimators, max(args.components), args.out / "mixture.png")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

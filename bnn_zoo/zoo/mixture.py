@@ -1,0 +1,38 @@
+"""Zoo entry ``mixture``: a mixture of ``K`` diagonal Gaussians over all weights (seed 003)."""
+
+from __future__ import annotations
+
+import pyro.infer
+
+from bnn_zoo.guides.mixture import MixtureELBO, MixtureGuide
+from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
+from bnn_zoo.zoo import register
+from bnn_zoo.zoo._entry import Budget, Entry
+from bnn_zoo.zoo.bbb import mlp
+
+
+def mixture_guide(model: BayesianMLP, *, num_components: int = 2, estimator: str = "enumerate",
+                  baseline: bool = False, init_scale: float = 0.02,
+                  init_spread: float = 0.1) -> MixtureGuide:
+    """:class:`~bnn_zoo.guides.mixture.MixtureGuide` centred on a fan-in initialisation,
+    its components offset by ``init_spread`` so that they can settle in different modes."""
+    return MixtureGuide(model, num_components, estimator=estimator, baseline=baseline,
+                        init_scale=init_scale, init_spread=init_spread,
+                        init_loc_fn=init_to_fan_in)
+
+
+def mixture_elbo(model: BayesianMLP) -> type[pyro.infer.ELBO]:
+    """:class:`~bnn_zoo.guides.mixture.MixtureELBO`, which applies the guide's estimator."""
+    return MixtureELBO
+
+
+register(Entry(
+    name="mixture",
+    description="mixture of K diagonal Gaussians; score, pathwise or enumerated gradients",
+    tasks=("regression", "classification"),
+    seed="003_b80c1764357a09e5.txt",
+    model=mlp,
+    guide=mixture_guide,
+    budget=Budget(steps=3000, lr=1e-2, batch_size=256, num_particles=4),
+    elbo=mixture_elbo,
+))
