@@ -1,11 +1,14 @@
-"""The command line: ``python -m bnn_zoo {list,fit,compare}`` (also installed as ``bnn-zoo``).
+"""The command line: ``python -m bnn_zoo {list,fit,compare,priors}`` (also ``bnn-zoo``).
 
 * ``list``: the zoo's entries with their tasks, seed documents and descriptions;
 * ``fit --entry NAME --data NAME``: fit one entry on one split and print its test metrics;
 * ``compare``: fit several entries on a data set and print a Markdown table of the
   metrics with time (mean ± standard error over splits), writing CSV/JSON and
   figures (predictive bands for 1-D data) under ``--out``; with no flags it runs
-  every regression entry on ``sine`` (see :mod:`bnn_zoo.compare`).
+  :data:`QUICK_ENTRIES` on ``sine``, with ``--entries all`` every entry of the task
+  (see :mod:`bnn_zoo.compare`);
+* ``priors``: prior diagnostics, the Gaussian limit and the unit tails (see
+  :mod:`bnn_zoo.priors_cli`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bnn_zoo import compare, zoo
+from bnn_zoo import compare, priors_cli, zoo
 from bnn_zoo import data as data_module
 from bnn_zoo._checks import check_positive_int
 
@@ -57,13 +60,24 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What ``compare`` runs without ``--entries``: one entry per family that fits ``sine`` in
+#: seconds, so the README's first command finishes in a minute or two on 2 CPU cores.
+QUICK_ENTRIES = ("map", "mean_field", "bbb", "laplace", "nngp")
+
+
 def _compare(args: argparse.Namespace) -> int:
     compare.main_from_args(args)
     return 0
 
 
+def _priors(args: argparse.Namespace) -> int:
+    priors_cli.run(args)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``bnn_zoo`` argument parser with its ``list``, ``fit`` and ``compare`` commands."""
+    """The ``bnn_zoo`` argument parser with its ``list``, ``fit``, ``compare`` and ``priors``
+    commands."""
     parser = argparse.ArgumentParser(prog="python -m bnn_zoo",
                                      description="A Pyro model zoo for Bayesian neural networks.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -87,8 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     fitting.set_defaults(run=_fit)
 
     comparing = commands.add_parser("compare", help="compare entries on a data set")
-    compare.add_arguments(comparing)
+    compare.add_arguments(comparing, entries=QUICK_ENTRIES)
     comparing.set_defaults(run=_compare)
+
+    priors_cli.add_parser(commands).set_defaults(run=_priors)
     return parser
 
 

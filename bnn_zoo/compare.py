@@ -390,12 +390,19 @@ def _entry_or_none(text: str) -> str | None:
 
 def add_arguments(parser: argparse.ArgumentParser, *, data: Sequence[str] = ("sine",),
                   out: str = "results/compare", splits: int = 1,
-                  reference: str | None = None) -> argparse.ArgumentParser:
-    """The flags shared by ``python -m bnn_zoo compare`` and the benchmark scripts."""
+                  reference: str | None = None,
+                  entries: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The flags shared by ``python -m bnn_zoo compare`` and the benchmark scripts.
+
+    ``entries`` is the default entry list; ``None`` (or ``--entries all``) runs every
+    entry that supports the data's task.
+    """
+    every = "every entry supporting the task"
     parser.add_argument("--data", "--datasets", nargs="+", default=list(data), dest="data",
                         help=f"data sets (default: {' '.join(data)})")
-    parser.add_argument("--entries", nargs="+", default=None,
-                        help="zoo entries (default: every entry supporting the task)")
+    parser.add_argument("--entries", nargs="+", default=None if entries is None else list(entries),
+                        help=f"zoo entries, or 'all' for {every} (default: "
+                             f"{every if entries is None else ' '.join(entries)})")
     parser.add_argument("--splits", "--seeds", type=int, default=splits, dest="splits",
                         help=f"splits 0..N-1, split k fitted with seed k (default: {splits})")
     parser.add_argument("--steps", type=int, default=None,
@@ -419,7 +426,8 @@ def main_from_args(args: argparse.Namespace, *, columns: Sequence[str] | None = 
     if args.threads is not None:
         torch.set_num_threads(check_positive_int("threads", args.threads))
     overrides = {} if args.steps is None else {"steps": check_positive_int("steps", args.steps)}
-    records = run_comparison(args.data, args.entries, splits=args.splits, out=args.out,
+    entries = None if args.entries == ["all"] else args.entries
+    records = run_comparison(args.data, entries, splits=args.splits, out=args.out,
                              device=args.device, overrides=overrides,
                              num_samples=args.num_samples, reference=args.reference)
     table = write_tables(records, args.out, reference=args.reference or REFERENCE,

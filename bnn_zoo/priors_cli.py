@@ -26,7 +26,7 @@ from bnn_zoo.models.priors import GaussianPrior
 from bnn_zoo.prior_plots import plot_output_vs_gaussian, plot_tail_parameters
 from bnn_zoo.priors import excess_kurtosis, prior_predictive, tail_table
 
-__all__ = ["add_parser", "fan_in_net", "main", "markdown_table", "run", "width_sweep",
+__all__ = ["add_parser", "fan_in_net", "markdown_table", "run", "width_sweep",
            "write_tables"]
 
 
@@ -134,15 +134,3 @@ def run(args: argparse.Namespace) -> dict:
                             args.out / "output_vs_gaussian.png")
     plot_tail_parameters(tails, args.out / "tail_parameters.png")
     return {"width_sweep": sweep, "tails": tails}
-
-
-def main(argv: list[str] | None = None) -> dict:
-    """Stand-alone entry point: ``python -m bnn_zoo.priors_cli priors [options]``."""
-    parser = argparse.ArgumentParser(prog="bnn_zoo")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
-if __name__ == "__main__":
-    main()

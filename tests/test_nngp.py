@@ -247,9 +247,9 @@ def test_nngp_on_concrete(uci_data):
 
 
 def test_priors_command_writes_tables_and_figures(tmp_path):
-    from bnn_zoo import priors_cli
+    from bnn_zoo.cli import main
 
-    priors_cli.main(["priors", "--widths", "1", "10", "--depth", "3", "--samples", "2000",
+    main(["priors", "--widths", "1", "10", "--depth", "3", "--samples", "2000",
                      "--out", str(tmp_path)])
     for name in ("priors.md", "priors.json", "output_vs_gaussian.png", "tail_parameters.png"):
         assert (tmp_path / name).stat().st_size > 0
