@@ -24,6 +24,7 @@ NEEDS_UCI = {"uci.py"}
 TESTED_ELSEWHERE = {
     "classification.py": "test_mean_field_clf.py",
     "laplace.py": "test_laplace.py",
+    "mixture.py": "test_mixture.py",
     "nngp.py": "test_nngp.py",
     "rff.py": "test_rff.py",
     "throughput.py": "test_scale_scripts.py",

@@ -36,8 +36,10 @@ def test_compare_writes_table_files_and_bands(tmp_path, capsys):
 
 def test_compare_defaults_are_the_readme_job():
     args = cli.build_parser().parse_args(["compare"])
-    assert args.data == ["sine"] and args.entries is None and args.splits == 1
-    assert args.reference is None and str(args.out) == "results/compare"
+    assert args.data == ["sine"] and args.entries == list(cli.QUICK_ENTRIES)
+    assert args.splits == 1 and args.reference is None and str(args.out) == "results/compare"
+    assert set(cli.QUICK_ENTRIES) <= set(zoo.names("regression"))
+    assert cli.build_parser().parse_args(["compare", "--entries", "all"]).entries == ["all"]
 
 
 def test_bad_command_exits():
