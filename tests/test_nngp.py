@@ -265,3 +265,13 @@ def test_benchmark_script_runs_with_tiny_flags(tmp_path):
     assert "sine" in table and any(ch.isdigit() for ch in table)
     for name in ("nngp.json", "covariance.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_entry_declines_data_too_large_for_an_exact_gp():
+    from bnn_zoo.zoo import UnsupportedProblem
+    from bnn_zoo.zoo.nngp import MAX_TRAINING_POINTS
+
+    n = MAX_TRAINING_POINTS + 1
+    x = torch.linspace(-1, 1, n).unsqueeze(-1)
+    with pytest.raises(UnsupportedProblem, match="O\\(N\\^3\\)"):
+        zoo.get("nngp").fit(x, x.squeeze(-1), steps=1)
