@@ -34,7 +34,8 @@ from pyro.util import check_model_guide_match, warn_if_nan
 from torch import Tensor
 from torch.distributions import kl_divergence
 
-__all__ = ["LocalReparameterizationELBO", "MeanFieldELBO", "guide_moments"]
+__all__ = ["DifferentiableLossELBO", "LocalReparameterizationELBO", "MeanFieldELBO",
+           "guide_moments"]
 
 _GUIDE_MOMENTS: ContextVar[dict[str, tuple[Tensor, Tensor]] | None] = ContextVar(
     "guide_moments", default=None)
@@ -63,7 +64,20 @@ def _sum_scaled(value: Tensor, scale) -> Tensor:
     return (value * scale).sum() if not isinstance(scale, float) or scale != 1.0 else value.sum()
 
 
-class MeanFieldELBO(pyro.infer.ELBO):
+class DifferentiableLossELBO(pyro.infer.ELBO):
+    """An ELBO defined by its ``differentiable_loss``; ``loss`` and ``loss_and_grads``
+    follow from it."""
+
+    def loss(self, model, guide, *args, **kwargs) -> float:
+        return torch_item(self.differentiable_loss(model, guide, *args, **kwargs))
+
+    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
+        loss = self.differentiable_loss(model, guide, *args, **kwargs)
+        loss.backward()
+        return torch_item(loss)
+
+
+class MeanFieldELBO(DifferentiableLossELBO):
     """Trace ELBO with closed-form KL terms, evaluated lazily (see module docstring)."""
 
     def _get_trace(self, model, guide, args, kwargs):
@@ -108,14 +122,6 @@ class MeanFieldELBO(pyro.infer.ELBO):
             loss = loss - self._elbo_particle(model_trace, guide_trace) / self.num_particles
         warn_if_nan(loss, "loss")
         return loss
-
-    def loss(self, model, guide, *args, **kwargs) -> float:
-        return torch_item(self.differentiable_loss(model, guide, *args, **kwargs))
-
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        loss = self.differentiable_loss(model, guide, *args, **kwargs)
-        loss.backward()
-        return torch_item(loss)
 
 
 class LocalReparameterizationELBO(MeanFieldELBO):

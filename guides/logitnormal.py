@@ -50,14 +50,13 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 from pyro.distributions import constraints
-from pyro.infer.util import torch_item
 from pyro.nn import PyroModule, PyroParam
 from pyro.poutine.runtime import _PYRO_STACK
 from torch import Tensor
 from torch.distributions import kl_divergence
 
 from bnn_zoo._checks import check_data, check_positive, check_positive_int
-from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo.elbo import DifferentiableLossELBO, MeanFieldELBO
 from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression
 from bnn_zoo.training import subsample_data
 
@@ -162,7 +161,7 @@ def _check_pair(model: object, guide: object) -> None:
         raise TypeError(f"Expected guide to be a LogitNormalGuide, got {guide!r}.")
 
 
-class CollapsedELBO(pyro.infer.ELBO):
+class CollapsedELBO(DifferentiableLossELBO):
     """The ELBO with ``beta`` integrated out (seed 000's model, collapsed):
 
     .. math::
@@ -192,14 +191,6 @@ class CollapsedELBO(pyro.infer.ELBO):
         s = q.rsample((self.num_particles,))
         log_evidence = model.conditional(x, y, s).log_evidence.mean()
         return kl_divergence(q, model.scale_prior()) - log_evidence
-
-    def loss(self, model, guide, *args, **kwargs) -> float:
-        return torch_item(self.differentiable_loss(model, guide, *args, **kwargs))
-
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        loss = self.differentiable_loss(model, guide, *args, **kwargs)
-        loss.backward()
-        return torch_item(loss)
 
 
 class Algorithm1ELBO(MeanFieldELBO):

@@ -22,12 +22,12 @@ from collections.abc import Sequence
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.distributions import constraints
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroModule
 from torch import Tensor
 
-from bnn_zoo._checks import check_choice, check_positive
+from bnn_zoo._checks import check_choice
 from bnn_zoo.elbo import guide_moments
+from bnn_zoo.models.noise import ObservationNoise
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 from bnn_zoo.nn import activation as activation_fn
 from bnn_zoo.nn import layer_names, layer_sizes, local_reparameterized_affine, mlp_forward
@@ -49,7 +49,7 @@ def drop_plate_dim(value: Tensor, event_dim: int) -> Tensor:
     return value
 
 
-class BayesianMLP(PyroModule):
+class BayesianMLP(ObservationNoise, PyroModule):
     """Fully connected Bayesian network ``in_dim -> hidden... -> out_dim``.
 
     Parameters
@@ -83,13 +83,7 @@ class BayesianMLP(PyroModule):
                 f"Expected prior to be GaussianPrior or ScaleMixturePrior, got {prior!r}."
             )
         self.prior = prior
-        self.learn_noise = task == "regression" and noise_scale is None
-        if self.learn_noise:
-            init = check_positive("init_noise_scale", init_noise_scale)
-            self.noise_scale = PyroParam(torch.tensor(init), constraint=constraints.positive)
-        else:
-            fixed = 1.0 if task == "classification" else check_positive("noise_scale", noise_scale)
-            self.register_buffer("fixed_noise_scale", torch.tensor(fixed))
+        self.init_noise(noise_scale if task == "regression" else 1.0, init_noise_scale)
 
     @property
     def sites(self) -> list[tuple[str, tuple[int, ...]]]:
@@ -100,9 +94,6 @@ class BayesianMLP(PyroModule):
             out += [(w_name, (d_in, d_out)), (b_name, (d_out,))]
         return out
 
-    def observation_scale(self) -> Tensor:
-        """The regression noise standard deviation ``sigma``."""
-        return self.noise_scale if self.learn_noise else self.fixed_noise_scale
 
     def sample_weights(self, like: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Sample every weight tensor from the prior (or the guide, under replay)."""

@@ -62,6 +62,7 @@ from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 
 from bnn_zoo._checks import check_choice, check_positive, check_positive_int, check_tensor
+from bnn_zoo.models.noise import ObservationNoise
 from bnn_zoo.nn import ACTIVATIONS, activation
 from bnn_zoo.prediction import GaussianMixturePredictive
 
@@ -195,7 +196,7 @@ class NNGPKernel(gp.kernels.Kernel):
         return self.bias_variance + self.weight_variance * (X**2).sum(-1) / self.input_dim
 
 
-class NNGPRegression(PyroModule):
+class NNGPRegression(ObservationNoise, PyroModule):
     r"""Exact GP regression with the NNGP kernel: the infinite-width one-hidden-layer BNN.
 
     .. math:: y \sim N(0, K(X, X) + \sigma^2 I)
@@ -222,17 +223,8 @@ class NNGPRegression(PyroModule):
         super().__init__()
         self.kernel = NNGPKernel(in_dim, activation, num_features=num_features, **kernel_options)
         self.jitter = check_positive("jitter", jitter)
-        self.learn_noise = noise_scale is None
-        if self.learn_noise:
-            init = check_positive("init_noise_scale", init_noise_scale)
-            self.noise_scale = PyroParam(torch.tensor(init), constraint=constraints.positive)
-        else:
-            self.register_buffer("fixed_noise_scale",
-                                 torch.tensor(check_positive("noise_scale", noise_scale)))
+        self.init_noise(noise_scale, init_noise_scale)
 
-    def observation_scale(self) -> Tensor:
-        """The noise standard deviation :math:`\\sigma`."""
-        return self.noise_scale if self.learn_noise else self.fixed_noise_scale
 
     def _train_cholesky(self, x: Tensor) -> Tensor:
         k = self.kernel(x)

@@ -40,13 +40,13 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
-from pyro.nn import PyroParam
 from torch import Tensor
 from torch.distributions import register_kl
 from torch.distributions.transforms import SigmoidTransform
 
 from bnn_zoo._checks import check_positive, check_positive_int
 from bnn_zoo.models.mlp import drop_plate_dim
+from bnn_zoo.models.noise import ObservationNoise
 
 __all__ = ["FeaturePosterior", "LogitNormal", "RandomFeatureRegression", "feature_posterior"]
 
@@ -173,7 +173,7 @@ def feature_posterior(phi: Tensor, y: Tensor, noise_scale: Tensor | float,
     return FeaturePosterior(loc, scale_tril, log_evidence)
 
 
-class RandomFeatureRegression(pyro.nn.PyroModule):
+class RandomFeatureRegression(ObservationNoise, pyro.nn.PyroModule):
     """Random-Fourier-feature regression with LogitNormal input scales (seed 000).
 
     Parameters
@@ -210,17 +210,8 @@ class RandomFeatureRegression(pyro.nn.PyroModule):
         self.register_buffer("scale_prior_loc", torch.tensor(float(prior_loc)))
         self.register_buffer("scale_prior_scale", torch.tensor(float(prior_scale)))
         self.register_buffer("beta_scale", torch.tensor(math.sqrt(prior_variance / num_features)))
-        self.learn_noise = noise_scale is None
-        if self.learn_noise:
-            init = check_positive("init_noise_scale", init_noise_scale)
-            self.noise_scale = PyroParam(torch.tensor(init), constraint=constraints.positive)
-        else:
-            self.register_buffer("fixed_noise_scale",
-                                 torch.tensor(check_positive("noise_scale", noise_scale)))
+        self.init_noise(noise_scale, init_noise_scale)
 
-    def observation_scale(self) -> Tensor:
-        """The noise standard deviation ``sigma``."""
-        return self.noise_scale if self.learn_noise else self.fixed_noise_scale
 
     def scale_prior(self) -> LogitNormal:
         """``p(s)``: ``LogitNormal(mu_s, sigma_s^2)`` per input, event shape (D,)."""
