@@ -244,14 +244,16 @@ def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
     args = (theta, x, y, layout, act, likelihood)
     if curvature == "full":
         return [DenseBlock(everything, full_hessian(*args, max_bytes=max_bytes), indefinite)]
+    # A GGN is positive semi-definite in exact arithmetic; clipping removes only the
+    # round-off negatives that a float32 GGN times a large beta (e.g. naval) can show.
     if curvature == "ggn":
-        return [DenseBlock(everything, ggn(*args, max_bytes=max_bytes))]
+        return [DenseBlock(everything, ggn(*args, max_bytes=max_bytes), "clip")]
     if curvature == "diag":
         return [DiagBlock(everything, diagonal_ggn(*args))]
     if curvature == "kron":
         return [KronBlock(index, q, g)
                 for index, (q, g) in zip(layout.layer_slices, kron_ggn(*args))]
-    return [DenseBlock(layout.layer_slices[-1], last_layer_ggn(*args))]
+    return [DenseBlock(layout.layer_slices[-1], last_layer_ggn(*args), "clip")]
 
 
 # --------------------------------------------------------------------------- posterior
