@@ -60,7 +60,7 @@ Gradient estimators of the ELBO (``estimator=``), all unbiased, computed by
 Why not Pyro's :class:`~pyro.distributions.MixtureOfDiagNormals`, whose
 ``rsample`` has implicit pathwise gradients for all parameters (Jankowiak &
 Karaletsos 2018)? Two defects in pyro 1.9 (both measured, see the tests and
-docs/mixture.md): (1) its backward evaluates :math:`q(\theta)` and products of
+the README): (1) its backward evaluates :math:`q(\theta)` and products of
 scales outside log space, which overflows in float32 once
 :math:`\sum_j \log(1/\sigma_{ij})` exceeds about 88 (a 1-10-1 net's 31 weights at
 :math:`\sigma = 0.01`): the gradient turns NaN, which is why the pathwise BNN

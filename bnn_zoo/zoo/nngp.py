@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from functools import partial
 
+import torch
 from torch import Tensor
 
 from bnn_zoo.models.nngp import NNGPRegression
+from bnn_zoo.prediction import GaussianMixturePredictive
 from bnn_zoo.scaling import Standardizer
 from bnn_zoo.training import fit
 from bnn_zoo.zoo import register
@@ -45,12 +47,16 @@ def evidence_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: i
                          f"but got {budget.batch_size}.")
     (model_kw,) = split_options(options, entry.model)
     model = entry.model(x.shape[1], out_dim, task=task, **model_kw)
-    model = model.to(device=x.device, dtype=x.dtype)
-    result = fit(model, no_guide, x, y, steps=budget.steps, lr=budget.lr, seed=seed,
+    # The GP works in float64: once the learned noise is small (yacht), the Cholesky of
+    # K + sigma^2 I fails in float32. Predictions come back in the data's dtype.
+    x64, y64 = x.double(), y.double()
+    model = model.to(device=x.device, dtype=torch.float64)
+    result = fit(model, no_guide, x64, y64, steps=budget.steps, lr=budget.lr, seed=seed,
                  progress=progress)
 
     def predict_standardized(z: Tensor, num_samples: int):
-        return model.posterior(x, y, z)
+        pred = model.posterior(x64, y64, z.double())
+        return GaussianMixturePredictive(pred.loc.to(z.dtype), pred.scale.to(z.dtype))
 
     return Fitted(entry.name, task, model, no_guide, Standardizer.identity(x), None,
                   result.seconds, result, predict_standardized=predict_standardized)
