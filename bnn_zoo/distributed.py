@@ -23,7 +23,7 @@ Rank 0 alone shows progress and writes checkpoints.
 
 Launch (one machine, 4 processes; ``--nnodes``/``--rdzv-endpoint`` for several)::
 
-    torchrun --standalone --nproc-per-node 4 examples/distributed_fit.py
+    torchrun --standalone --nproc-per-node 4 benchmarks/distributed_fit.py
 
 and in the script::
 

@@ -23,6 +23,7 @@ NEEDS_UCI = {"uci.py"}
 # scripts whose tiny run lives beside the method's other tests, which also check the numbers
 TESTED_ELSEWHERE = {
     "classification.py": "test_mean_field_clf.py",
+    "distributed_fit.py": "test_scale_scripts.py",
     "laplace.py": "test_laplace.py",
     "mixture.py": "test_mixture.py",
     "nngp.py": "test_nngp.py",

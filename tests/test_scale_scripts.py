@@ -50,7 +50,7 @@ def check_metrics(path: Path, processes: int) -> None:
 
 
 def test_distributed_example_runs_as_one_process(monkeypatch, tmp_path):
-    example = script(monkeypatch, "examples", "distributed_fit")
+    example = script(monkeypatch, "benchmarks", "distributed_fit")
     example.main(["--steps", "3", "--out", str(tmp_path)])
     check_metrics(tmp_path / "metrics.json", 1)
 
@@ -58,7 +58,7 @@ def test_distributed_example_runs_as_one_process(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_distributed_example_under_torchrun(tmp_path):
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node", "2", str(ROOT / "examples" / "distributed_fit.py"),
+                    "--nproc-per-node", "2", str(ROOT / "benchmarks" / "distributed_fit.py"),
                     "--steps", "20", "--out", str(tmp_path)], check=True, cwd=tmp_path,
                    timeout=600)
     check_metrics(tmp_path / "metrics.json", 2)

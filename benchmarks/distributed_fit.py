@@ -2,12 +2,12 @@
 
 One machine, two processes (gloo on CPU, nccl with one GPU per process)::
 
-    torchrun --standalone --nproc-per-node 2 examples/distributed_fit.py --data diabetes
+    torchrun --standalone --nproc-per-node 2 benchmarks/distributed_fit.py --data diabetes
 
 Several machines (run on each, ``HOST`` being the first machine's address)::
 
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-        examples/distributed_fit.py --data diabetes
+        benchmarks/distributed_fit.py --data diabetes
 
 Each process trains on its shard of the training rows (``--batch-size`` rows per
 process and step) with gradients averaged over the processes; rank 0 alone prints
