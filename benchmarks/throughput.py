@@ -97,7 +97,7 @@ def bbb_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int], batch: int) ->
     entry = zoo.get("bbb")
     model = entry.model(x.shape[1], 1, hidden=tuple(hidden)).to(x.device)
     guide = entry.guide(model)
-    return SVIStep(model, guide, x, y, lr=1e-3, batch_size=batch, elbo=entry.elbo(model),
+    return SVIStep(model, guide, x, y, lr=1e-3, batch_size=batch, elbo=entry.elbo,
                    jit=entry.budget.jit, distributed=distributed.is_initialized())
 
 

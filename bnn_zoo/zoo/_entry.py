@@ -112,7 +112,7 @@ class Entry:
     """A registered model/guide pair.
 
     ``model(in_dim, out_dim, *, task, **hyper)`` builds the Pyro model,
-    ``guide(model, **options)`` its guide, ``elbo(model)`` the ELBO class, and
+    ``guide(model, **options)`` its guide, ``elbo`` the ELBO class, and
     ``fit`` runs the whole method on data in the caller's units. An entry whose
     method is not plain SVI (Laplace, NUTS, ensembles) passes its own ``fitter``
     with the signature of :func:`svi_fitter`.
@@ -125,7 +125,7 @@ class Entry:
     guide: Callable[..., Callable] | None
     seed: str | None = None
     budget: Budget = Budget()
-    elbo: Callable[[Callable], type[pyro.infer.ELBO]] = lambda model: pyro.infer.Trace_ELBO
+    elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO
     fitter: Callable[..., Fitted] | None = None
 
     def fit(self, x: Tensor, y: Tensor, *, task: str | None = None, seed: int = 0,
@@ -186,7 +186,7 @@ def svi_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, s
         guide = guide.to(device=x.device, dtype=x.dtype)
     result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
                  batch_size=budget.batch_size, num_particles=budget.num_particles,
-                 kl_weighting=budget.kl_weighting, elbo=entry.elbo(model), seed=seed,
+                 kl_weighting=budget.kl_weighting, elbo=entry.elbo, seed=seed,
                  progress=progress, jit=budget.jit, distributed=budget.distributed)
     placeholder = Standardizer.identity(x)
     return Fitted(entry.name, task, model, guide, placeholder, None, result.seconds, result)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pyro.infer
-
 from bnn_zoo.guides.mixture import MixtureELBO, MixtureGuide
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.zoo import register
@@ -21,11 +19,6 @@ def mixture_guide(model: BayesianMLP, *, num_components: int = 2, estimator: str
                         init_loc_fn=init_to_fan_in)
 
 
-def mixture_elbo(model: BayesianMLP) -> type[pyro.infer.ELBO]:
-    """:class:`~bnn_zoo.guides.mixture.MixtureELBO`, which applies the guide's estimator."""
-    return MixtureELBO
-
-
 register(Entry(
     name="mixture",
     description="mixture of K diagonal Gaussians; score, pathwise or enumerated gradients",
@@ -34,5 +27,5 @@ register(Entry(
     model=mlp,
     guide=mixture_guide,
     budget=Budget(steps=3000, lr=1e-2, batch_size=256, num_particles=4),
-    elbo=mixture_elbo,
+    elbo=MixtureELBO,  # applies the guide's gradient estimator
 ))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pyro.infer.autoguide import AutoDelta, AutoNormal
 
+from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.zoo import register
 from bnn_zoo.zoo._entry import Budget, Entry
-from bnn_zoo.zoo.bbb import mean_field_elbo, mlp
+from bnn_zoo.zoo.bbb import mlp
 
 #: Pyro's AutoNormal samples weights (no local reparameterisation): 8 vectorised particles
 #: cost about 1.5x one particle per step and make 3000 steps enough on the bundled sets.
@@ -40,5 +41,5 @@ register(Entry(
     model=mlp,
     guide=auto_normal,
     budget=MEAN_FIELD_BUDGET,
-    elbo=mean_field_elbo,
+    elbo=MeanFieldELBO,
 ))

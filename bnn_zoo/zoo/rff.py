@@ -65,7 +65,7 @@ def rff_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, s
     unless ``feature_seed`` is given."""
     options = {"feature_seed": seed, **options}
     elbo = objective_elbo(options.pop("objective", "alg3"), options.pop("inner_steps", 10))
-    return svi_fitter(replace(entry, elbo=lambda model: elbo), x, y, task=task, out_dim=out_dim,
+    return svi_fitter(replace(entry, elbo=elbo), x, y, task=task, out_dim=out_dim,
                       seed=seed, budget=budget, progress=progress, options=options)
 
 
