@@ -566,8 +566,9 @@ class LaplaceGuide(PyroModule):
     ``mc`` predictive and :meth:`LaplacePosterior.glm_predictive` the ``glm`` one.
 
     Initial means: weight matrices ``N(0, 1/d_in)`` and biases ``N(0, bias_scale^2)``.
-    Random biases (the core's ``init_to_fan_in`` uses zero) spread the kinks of a ReLU
-    net over the inputs; with zero biases every kink starts at ``x = 0``.
+    Random biases spread the kinks of a ReLU net over the inputs (with zero biases every
+    kink starts at ``x = 0``), as the core's ``fan_in_init`` does with ``U(-1, 1)``; here
+    their spread is a parameter, ``bias_scale``.
     """
 
     def __init__(self, model: nn.Module, *, bias_scale: float = 1.0,
