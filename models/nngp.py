@@ -225,7 +225,6 @@ class NNGPRegression(ObservationNoise, PyroModule):
         self.jitter = check_positive("jitter", jitter)
         self.init_noise(noise_scale, init_noise_scale)
 
-
     def _train_cholesky(self, x: Tensor) -> Tensor:
         k = self.kernel(x)
         diag = self.observation_scale() ** 2 + self.jitter * k.diagonal().mean().detach()

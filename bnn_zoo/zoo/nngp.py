@@ -47,8 +47,9 @@ def evidence_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: i
                          f"but got {budget.batch_size}.")
     (model_kw,) = split_options(options, entry.model)
     model = entry.model(x.shape[1], out_dim, task=task, **model_kw)
-    # The GP works in float64: once the learned noise is small (yacht), the Cholesky of
-    # K + sigma^2 I fails in float32. Predictions come back in the data's dtype.
+    # The GP works in float64: once the learned noise is small (yacht), the float32 kernel
+    # K + sigma^2 I is no longer positive definite (factorising it alone in float64 does
+    # not help). Predictions come back in the data's dtype.
     x64, y64 = x.double(), y.double()
     model = model.to(device=x.device, dtype=torch.float64)
     result = fit(model, no_guide, x64, y64, steps=budget.steps, lr=budget.lr, seed=seed,
