@@ -147,6 +147,11 @@ def global_size(n: int, device: torch.device) -> int:
     return int(_all_reduce(torch.tensor(n, device=device)).item())
 
 
+def global_sum(t: Tensor) -> Tensor:
+    """The elementwise sum of ``t`` over the processes (every process gets it)."""
+    return _all_reduce(t.clone())
+
+
 def global_max(value: int, device: torch.device) -> int:
     """The largest ``value`` over the processes (e.g. the number of classes)."""
     return int(_all_reduce(torch.tensor(value, device=device), dist.ReduceOp.MAX).item())

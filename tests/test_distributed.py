@@ -68,6 +68,7 @@ def worker(rank: int, port: int, out: str) -> None:
         fitted = zoo.get("bbb").fit(x, y, steps=2, hidden=(4,), jit=False, distributed=True)
         torch.save({"params": params, "losses": losses, "x_mean": fitted.x_scaler.mean,
                     "x_std": fitted.x_scaler.std, "y_mean": fitted.y_scaler.mean,
+                    "noise": fitted.diagnostics["validated_noise_scale"],
                     "rank": distributed.rank(), "world": distributed.world_size()},
                    Path(out) / f"rank{rank}.pt")
     finally:
@@ -110,6 +111,12 @@ def test_entry_standardises_with_the_statistics_of_all_shards(two_processes):
         torch.testing.assert_close(rank["x_mean"], x.mean(0))
         torch.testing.assert_close(rank["x_std"], x.std(0, unbiased=False))
         torch.testing.assert_close(rank["y_mean"], y.mean())
+
+
+def test_every_process_tunes_the_same_validated_noise(two_processes):
+    """Each shard holds out its own rows; the noise search averages over all of them."""
+    _, ranks = two_processes
+    assert ranks[0]["noise"] == ranks[1]["noise"] > 0
 
 
 def test_distributed_without_a_process_group_is_a_value_error():

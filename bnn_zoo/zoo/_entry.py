@@ -17,6 +17,7 @@ from bnn_zoo.metrics import metrics
 from bnn_zoo.prediction import CategoricalPredictive, GaussianMixturePredictive, predict
 from bnn_zoo.scaling import Standardizer
 from bnn_zoo.training import FitResult, fit
+from bnn_zoo.validation import holdout, validated_noise_scale, with_noise_scale
 
 Predictive = GaussianMixturePredictive | CategoricalPredictive
 
@@ -32,6 +33,10 @@ class Budget:
 
     ``distributed=True`` trains data-parallel on the initialised ``torch.distributed``
     process group (see :mod:`bnn_zoo.distributed`); ``batch_size`` is then per process.
+    ``validation > 0`` (regression) holds that fraction of the training points out of the
+    fit and sets the predictive's noise scale to the one that maximises their
+    log-likelihood (see :mod:`bnn_zoo.validation`); ``0`` keeps the noise the method
+    learned with the weights.
     """
 
     steps: int = 3000
@@ -41,6 +46,12 @@ class Budget:
     kl_weighting: str = "uniform"
     jit: bool = False
     distributed: bool = False
+    validation: float = 0.0
+
+
+#: The share of a regression training split on which the SVI entries tune the observation
+#: noise (see :attr:`Budget.validation`).
+VALIDATION_FRACTION = 0.1
 
 
 @dataclass
@@ -73,14 +84,16 @@ class Fitted:
             raise ValueError(
                 f"Expected x with {self.x_scaler.mean.shape[0]} columns, got {x.shape[1]}."
             )
-        z = self.x_scaler.transform(x)
-        if self.predict_standardized is not None:
-            pred = self.predict_standardized(z, num_samples)
-        else:
-            pred = predict(self.model, self.guide, z, num_samples=num_samples)
+        pred = self.predict_in_fit_units(self.x_scaler.transform(x), num_samples)
         if self.y_scaler is not None:
             pred = pred.affine(self.y_scaler.mean, self.y_scaler.std)
         return pred
+
+    def predict_in_fit_units(self, z: Tensor, num_samples: int) -> Predictive:
+        """Posterior predictive at standardised inputs ``z``, in standardised units."""
+        if self.predict_standardized is not None:
+            return self.predict_standardized(z, num_samples)
+        return predict(self.model, self.guide, z, num_samples=num_samples)
 
     def evaluate(self, x: Tensor, y: Tensor, num_samples: int = 200) -> dict[str, float]:
         """Test metrics in original units (see :mod:`bnn_zoo.metrics`) plus ``fit_seconds``."""
@@ -162,6 +175,9 @@ class Entry:
         y_scaler = fit_scaler(y) if task == "regression" else None
         xs = x_scaler.transform(x)
         ys = y_scaler.transform(y) if y_scaler is not None else y
+        validate_noise = budget.validation > 0 and task == "regression"
+        if validate_noise:
+            xs, ys, x_val, y_val = holdout(xs, ys, budget.validation, seed=seed)
         out_dim = 1 if task == "regression" else int(y.max()) + 1
         if budget.distributed and task == "classification":
             out_dim = distributed.global_max(out_dim, y.device)
@@ -169,8 +185,24 @@ class Entry:
         started = time.perf_counter()
         fitted = fitter(self, xs, ys, task=task, out_dim=out_dim, seed=seed, budget=budget,
                         progress=progress, options=rest)
+        if validate_noise:
+            fitted = with_validated_noise(fitted, x_val, y_val, distributed=budget.distributed)
         return replace(fitted, entry=self.name, task=task, x_scaler=x_scaler, y_scaler=y_scaler,
                        fit_seconds=time.perf_counter() - started)
+
+
+def with_validated_noise(fitted: Fitted, x_val: Tensor, y_val: Tensor, *,
+                         num_samples: int = 200, distributed: bool = False) -> Fitted:
+    """``fitted`` with its predictive noise scale tuned on held-out standardised data (with
+    ``distributed=True``, on the held-out rows of every process's shard together)."""
+    sigma = validated_noise_scale(fitted.predict_in_fit_units(x_val, num_samples).loc, y_val,
+                                  distributed=distributed)
+
+    def predict_standardized(z: Tensor, n: int) -> Predictive:
+        return with_noise_scale(fitted.predict_in_fit_units(z, n), sigma)
+
+    return replace(fitted, predict_standardized=predict_standardized,
+                   diagnostics={**fitted.diagnostics, "validated_noise_scale": sigma})
 
 
 def svi_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, seed: int,

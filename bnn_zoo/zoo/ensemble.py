@@ -20,8 +20,7 @@ from bnn_zoo.scaling import Standardizer
 from bnn_zoo.training import FitResult
 from bnn_zoo.zoo import get, register
 from bnn_zoo.zoo._entry import Budget, Entry, Fitted, Predictive, svi_fitter
-from bnn_zoo.zoo.bbb import mlp
-from bnn_zoo.zoo.reference import map_guide
+from bnn_zoo.zoo.reference import MAP_BUDGET, fan_in_mlp, map_guide
 
 
 def mixture(preds: list[Predictive]) -> Predictive:
@@ -59,8 +58,8 @@ register(Entry(
     name="ensemble",
     description="deep ensemble: 5 MAP networks from different seeds (Lakshminarayanan 2017)",
     tasks=("regression", "classification"),
-    model=mlp,
+    model=fan_in_mlp,
     guide=map_guide,
-    budget=Budget(steps=4000, lr=3e-2, batch_size=256, jit=True),
+    budget=MAP_BUDGET,
     fitter=ensemble_fitter,
 ))

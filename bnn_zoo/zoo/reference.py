@@ -1,18 +1,42 @@
-"""Reference entries every benchmark runs: ``map`` (AutoDelta) and ``mean_field`` (AutoNormal)."""
+"""Reference entries every benchmark runs: ``map`` (AutoDelta) and ``mean_field`` (AutoNormal).
+
+The reference entries (these two, ``lowrank``, ``iaf`` and ``ensemble``) put Neal's
+fan-in prior ``N(0, 1/d_in)`` on every weight matrix (:func:`fan_in_mlp`). Under the
+``N(0, 1)`` prior a hidden unit the data do not use keeps output weights of scale 1,
+and a mean-field posterior left at that prior adds their noise to every prediction;
+a point estimate is barely regularised. On UCI (boston, wine, yacht splits 0 and 2)
+the fan-in prior raised AutoNormal's test log-likelihood by 0.1 to 2 nats per point.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from pyro.infer.autoguide import AutoDelta, AutoNormal
 
 from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
+from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Budget, Entry
+from bnn_zoo.zoo._entry import VALIDATION_FRACTION, Budget, Entry
 from bnn_zoo.zoo.bbb import mlp
 
 #: Pyro's AutoNormal samples weights (no local reparameterisation): 8 vectorised particles
 #: cost about 1.5x one particle per step and make 3000 steps enough on the bundled sets.
-MEAN_FIELD_BUDGET = Budget(steps=3000, lr=3e-2, batch_size=256, num_particles=8, jit=True)
+MEAN_FIELD_BUDGET = Budget(steps=3000, lr=3e-2, batch_size=256, num_particles=8, jit=True,
+                           validation=VALIDATION_FRACTION)
+#: ``map``'s budget, shared by every ``ensemble`` member.
+MAP_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True, validation=VALIDATION_FRACTION)
+
+
+def fan_in_mlp(in_dim: int, out_dim: int, *, task: str = "regression",
+               hidden: Sequence[int] = (50,), activation: str = "relu",
+               prior: GaussianPrior | ScaleMixturePrior | None = None,
+               noise_scale: float | None = None) -> BayesianMLP:
+    """:func:`~bnn_zoo.zoo.bbb.mlp` with the fan-in prior ``N(0, 1/d_in)`` by default."""
+    return mlp(in_dim, out_dim, task=task, hidden=hidden, activation=activation,
+               prior=GaussianPrior(fan_in=True) if prior is None else prior,
+               noise_scale=noise_scale)
 
 
 def map_guide(model: BayesianMLP) -> AutoDelta:
@@ -29,16 +53,16 @@ register(Entry(
     name="map",
     description="MAP point estimate (Pyro AutoDelta)",
     tasks=("regression", "classification"),
-    model=mlp,
+    model=fan_in_mlp,
     guide=map_guide,
-    budget=Budget(steps=4000, lr=3e-2, batch_size=256, jit=True),
+    budget=MAP_BUDGET,
 ))
 
 register(Entry(
     name="mean_field",
     description="mean-field Gaussian (Pyro AutoNormal)",
     tasks=("regression", "classification"),
-    model=mlp,
+    model=fan_in_mlp,
     guide=auto_normal,
     budget=MEAN_FIELD_BUDGET,
     elbo=MeanFieldELBO,

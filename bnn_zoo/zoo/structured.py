@@ -10,16 +10,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pyro.distributions.transforms import affine_autoregressive
 from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoNormalizingFlow
 
 from bnn_zoo._checks import check_positive_int
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Budget, Entry
-from bnn_zoo.zoo.bbb import mlp
+from bnn_zoo.zoo._entry import VALIDATION_FRACTION, Budget, Entry
+from bnn_zoo.zoo.reference import fan_in_mlp
 
-BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
+BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True, validation=VALIDATION_FRACTION)
 
 
 def low_rank(model: BayesianMLP, *, rank: int = 10,
@@ -46,7 +48,7 @@ register(Entry(
     name="lowrank",
     description="low-rank + diagonal Gaussian, rank 10 (Pyro AutoLowRankMultivariateNormal)",
     tasks=("regression", "classification"),
-    model=mlp,
+    model=fan_in_mlp,
     guide=low_rank,
     budget=BUDGET,
 ))
@@ -55,7 +57,7 @@ register(Entry(
     name="iaf",
     description="inverse autoregressive flow, one affine MADE layer (Pyro AutoIAFNormal)",
     tasks=("regression", "classification"),
-    model=mlp,
+    model=fan_in_mlp,
     guide=iaf,
-    budget=Budget(steps=4000, lr=1e-2, batch_size=256, jit=True),
+    budget=replace(BUDGET, lr=1e-2),
 ))
