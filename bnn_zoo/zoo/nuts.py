@@ -47,8 +47,7 @@ from bnn_zoo.zoo._entry import (
     split_options,
     svi_fitter,
 )
-from bnn_zoo.zoo.bbb import mlp
-from bnn_zoo.zoo.reference import map_guide
+from bnn_zoo.zoo.reference import fan_in_mlp, map_guide
 
 NUTS_OPTIONS = {"warmup": 300, "samples": 300, "chains": 2, "max_tree_depth": 8,
                 "max_points": 1000}
@@ -151,7 +150,7 @@ register(Entry(
     name="nuts",
     description="NUTS (HMC) on the same MLP: MAP start and noise, 2 chains x 300 draws",
     tasks=("regression", "classification"),
-    model=mlp,
+    model=fan_in_mlp,
     guide=map_guide,
     budget=Budget(steps=2000, lr=3e-2, batch_size=256, jit=True),
     fitter=nuts_fitter,
