@@ -5,7 +5,11 @@ train/test splits (20, 5 for protein), one hidden ReLU layer of 50 units (100 fo
 protein), inputs and targets standardised with the training split's statistics
 inside ``entry.fit``, metrics in original units, mean ± standard error over splits.
 Every entry runs with its own fixed budget (the same for every data set; nothing is
-tuned on the test splits; the observation noise is learned on the training split).
+tuned on the test splits). An entry with a single learned noise scale
+(``Entry.tunable_noise``: the SVI entries) fits on 90% of the training split and
+takes the noise that maximises the log-likelihood of the other 10%
+(``--validation``; see :mod:`bnn_zoo.validation`); the others keep their own noise
+model (Laplace's evidence, the GP's marginal likelihood).
 
 Writes under ``--out``: ``uci.md``/``.csv``/``.json`` (per data set: every entry
 with the published VI, PBP, MC dropout and deep-ensembles rows beside it),
@@ -19,18 +23,30 @@ set, split) runs are cached in ``--out/runs`` and skipped on a rerun.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
-from bnn_zoo import compare, published
+from bnn_zoo import compare, published, zoo
 from bnn_zoo._checks import check_positive_int
 from bnn_zoo.data import UCI_SETS
 
 DEFAULT_SETS = tuple(n for n in UCI_SETS if n != "protein-tertiary-structure")
 COLUMNS = ("rmse", "ll", "coverage_90", "fit_seconds")
 HIDDEN = {"protein-tertiary-structure": (100,)}
+#: The share of each training split held out to tune the observation noise.
+VALIDATION_FRACTION = 0.1
+
+
+def protocol_overrides(overrides: dict, validation: float) -> Callable[[str], dict]:
+    """Per entry: ``overrides``, plus ``validation`` where the entry has a tunable noise."""
+    def for_entry(entry: str) -> dict:
+        if validation > 0 and zoo.get(entry).tunable_noise:
+            return {**overrides, "validation": validation}
+        return overrides
+
+    return for_entry
 
 
 def published_rows() -> dict[str, dict[str, str]]:
@@ -98,7 +114,12 @@ def ll_figure(summary: list[dict], out: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     compare.add_arguments(parser, data=DEFAULT_SETS, out="results/uci", splits=20)
+    parser.add_argument("--validation", type=float, default=VALIDATION_FRACTION,
+                        help="share of the training split on which entries with a single "
+                             "learned noise scale tune it (0: keep the learned noise)")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.validation < 1.0:
+        parser.error(f"--validation must be in [0, 1), got {args.validation}")
     torch.set_num_threads(check_positive_int("threads", args.threads or 1))
     records = []
     for name in args.data:
@@ -107,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         if args.steps is not None:
             overrides["steps"] = check_positive_int("steps", args.steps)
         records += compare.run_comparison([f"uci/{name}"], args.entries, splits=args.splits,
-                                          out=args.out, device=args.device, overrides=overrides,
+                                          out=args.out, device=args.device,
+                                          overrides=protocol_overrides(overrides, args.validation),
                                           num_samples=args.num_samples,
                                           reference=args.reference)
     table = compare.write_tables(records, args.out, reference=args.reference, name="uci",

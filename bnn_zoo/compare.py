@@ -30,7 +30,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pyro
@@ -138,7 +138,8 @@ def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
 
 def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
                    splits: int | Sequence[int] = 1, out: str | Path = "results/compare",
-                   device: str | torch.device = "cpu", overrides: dict | None = None,
+                   device: str | torch.device = "cpu",
+                   overrides: dict | Callable[[str], dict] | None = None,
                    num_samples: int = 200, reference: str | None = None,
                    log: bool = True) -> list[dict]:
     """Fit each entry on each split of each data set; return the records.
@@ -151,7 +152,8 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         splits) or explicit split indices; split ``k`` is fitted with seed ``k``.
     out : results folder; finished runs are cached in ``out/runs`` and reused.
     device : where data and fits live (``"cpu"``, ``"cuda"``).
-    overrides : passed to every ``entry.fit`` (e.g. ``{"steps": 500}``).
+    overrides : passed to every ``entry.fit`` (e.g. ``{"steps": 500}``), or a function of
+        the entry's name giving its own (see ``benchmarks/uci.py``).
     reference : an entry (e.g. ``"nuts"``) also run on every split, so that
         :func:`summarise` can measure the distance of every predictive to it.
     """
@@ -169,8 +171,9 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
             if reference is not None and reference not in chosen:
                 chosen = [reference, *chosen]
             for entry in chosen:
-                records.append(_cached_run(entry, dataset, split, overrides or {}, num_samples,
-                                           out, log))
+                own = overrides(entry) if callable(overrides) else overrides
+                records.append(_cached_run(entry, dataset, split, own or {}, num_samples, out,
+                                           log))
     return records
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +87,19 @@ def test_classification_ignores_validation():
     y = (x[:, 0] > 0).long()
     fitted = zoo.get("map").fit(x, y, steps=5, seed=0, validation=0.2)
     assert "validated_noise_scale" not in fitted.diagnostics
+
+
+def test_entry_without_a_single_noise_scale_refuses_validation():
+    x = torch.randn(20, 1)
+    with pytest.raises(ValueError, match="no single noise scale"):
+        zoo.get("laplace").fit(x, x[:, 0], steps=2, validation=0.1)
+
+
+def test_uci_protocol_tunes_the_noise_of_tunable_entries_only():
+    uci = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "uci.py"),
+                         run_name="uci")
+    protocol_overrides = uci["protocol_overrides"]
+    for_entry = protocol_overrides({"steps": 5}, 0.1)
+    assert for_entry("bbb") == {"steps": 5, "validation": 0.1}
+    assert for_entry("laplace") == {"steps": 5}
+    assert protocol_overrides({}, 0.0)("mean_field") == {}

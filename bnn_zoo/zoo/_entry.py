@@ -33,10 +33,10 @@ class Budget:
 
     ``distributed=True`` trains data-parallel on the initialised ``torch.distributed``
     process group (see :mod:`bnn_zoo.distributed`); ``batch_size`` is then per process.
-    ``validation > 0`` (regression) holds that fraction of the training points out of the
-    fit and sets the predictive's noise scale to the one that maximises their
-    log-likelihood (see :mod:`bnn_zoo.validation`); ``0`` keeps the noise the method
-    learned with the weights.
+    ``validation > 0`` (regression, entries with ``tunable_noise``) holds that fraction
+    of the training points out of the fit and sets the predictive's noise scale to the
+    one that maximises their log-likelihood (see :mod:`bnn_zoo.validation`); the
+    default ``0`` fits on every point and keeps the noise learned with the weights.
     """
 
     steps: int = 3000
@@ -47,11 +47,6 @@ class Budget:
     jit: bool = False
     distributed: bool = False
     validation: float = 0.0
-
-
-#: The share of a regression training split on which the SVI entries tune the observation
-#: noise (see :attr:`Budget.validation`).
-VALIDATION_FRACTION = 0.1
 
 
 @dataclass
@@ -128,7 +123,11 @@ class Entry:
     ``guide(model, **options)`` its guide, ``elbo`` the ELBO class, and
     ``fit`` runs the whole method on data in the caller's units. An entry whose
     method is not plain SVI (Laplace, NUTS, ensembles) passes its own ``fitter``
-    with the signature of :func:`svi_fitter`.
+    with the signature of :func:`svi_fitter`. ``tunable_noise`` marks an entry whose
+    regression predictive is a mixture ``1/S sum_s N(f_s(x), sigma^2)`` with one
+    learned ``sigma``, which ``Budget.validation`` may replace by a held-out optimum
+    (not so where the predictive variance has an epistemic part in closed form, as in
+    Laplace's GLM predictive or a GP).
     """
 
     name: str
@@ -140,6 +139,7 @@ class Entry:
     budget: Budget = Budget()
     elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO
     fitter: Callable[..., Fitted] | None = None
+    tunable_noise: bool = False
 
     def fit(self, x: Tensor, y: Tensor, *, task: str | None = None, seed: int = 0,
             progress: bool | None = False, **overrides) -> Fitted:
@@ -176,6 +176,9 @@ class Entry:
         xs = x_scaler.transform(x)
         ys = y_scaler.transform(y) if y_scaler is not None else y
         validate_noise = budget.validation > 0 and task == "regression"
+        if validate_noise and not self.tunable_noise:
+            raise ValueError(f"Entry {self.name!r} has no single noise scale to tune: expected "
+                             "validation=0.")
         if validate_noise:
             xs, ys, x_val, y_val = holdout(xs, ys, budget.validation, seed=seed)
         out_dim = 1 if task == "regression" else int(y.max()) + 1

@@ -61,5 +61,6 @@ register(Entry(
     model=fan_in_mlp,
     guide=map_guide,
     budget=MAP_BUDGET,
+    tunable_noise=True,
     fitter=ensemble_fitter,
 ))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bnn_zoo.guides.mixture import MixtureELBO, MixtureGuide
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import VALIDATION_FRACTION, Budget, Entry
+from bnn_zoo.zoo._entry import Budget, Entry
 from bnn_zoo.zoo.bbb import mlp
 
 
@@ -26,7 +26,7 @@ register(Entry(
     seed="003_b80c1764357a09e5.txt",
     model=mlp,
     guide=mixture_guide,
-    budget=Budget(steps=3000, lr=1e-2, batch_size=256, num_particles=4,
-                  validation=VALIDATION_FRACTION),
+    budget=Budget(steps=3000, lr=1e-2, batch_size=256, num_particles=4),
+    tunable_noise=True,
     elbo=MixtureELBO,  # applies the guide's gradient estimator
 ))

@@ -18,15 +18,14 @@ from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import VALIDATION_FRACTION, Budget, Entry
+from bnn_zoo.zoo._entry import Budget, Entry
 from bnn_zoo.zoo.bbb import mlp
 
 #: Pyro's AutoNormal samples weights (no local reparameterisation): 8 vectorised particles
 #: cost about 1.5x one particle per step and make 3000 steps enough on the bundled sets.
-MEAN_FIELD_BUDGET = Budget(steps=3000, lr=3e-2, batch_size=256, num_particles=8, jit=True,
-                           validation=VALIDATION_FRACTION)
+MEAN_FIELD_BUDGET = Budget(steps=3000, lr=3e-2, batch_size=256, num_particles=8, jit=True)
 #: ``map``'s budget, shared by every ``ensemble`` member.
-MAP_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True, validation=VALIDATION_FRACTION)
+MAP_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 
 
 def fan_in_mlp(in_dim: int, out_dim: int, *, task: str = "regression",
@@ -56,6 +55,7 @@ register(Entry(
     model=fan_in_mlp,
     guide=map_guide,
     budget=MAP_BUDGET,
+    tunable_noise=True,
 ))
 
 register(Entry(
@@ -66,4 +66,5 @@ register(Entry(
     guide=auto_normal,
     budget=MEAN_FIELD_BUDGET,
     elbo=MeanFieldELBO,
+    tunable_noise=True,
 ))

@@ -18,10 +18,10 @@ from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoNormalizingF
 from bnn_zoo._checks import check_positive_int
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import VALIDATION_FRACTION, Budget, Entry
+from bnn_zoo.zoo._entry import Budget, Entry
 from bnn_zoo.zoo.reference import fan_in_mlp
 
-BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True, validation=VALIDATION_FRACTION)
+BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 
 
 def low_rank(model: BayesianMLP, *, rank: int = 10,
@@ -51,6 +51,7 @@ register(Entry(
     model=fan_in_mlp,
     guide=low_rank,
     budget=BUDGET,
+    tunable_noise=True,
 ))
 
 register(Entry(
@@ -60,4 +61,5 @@ register(Entry(
     model=fan_in_mlp,
     guide=iaf,
     budget=replace(BUDGET, lr=1e-2),
+    tunable_noise=True,
 ))
