@@ -1,6 +1,6 @@
 """Reference entries every benchmark runs: ``map`` (AutoDelta) and ``mean_field`` (AutoNormal).
 
-The reference entries (these two, ``lowrank``, ``iaf`` and ``ensemble``) put Neal's
+These two entries and ``ensemble`` (and ``nuts``, which starts from ``map``) put Neal's
 fan-in prior ``N(0, 1/d_in)`` on every weight matrix (:func:`fan_in_mlp`). Under the
 ``N(0, 1)`` prior a hidden unit the data do not use keeps output weights of scale 1,
 and a mean-field posterior left at that prior adds their noise to every prediction;
