@@ -114,8 +114,11 @@ def component_log_densities(theta: Tensor, a: Tensor, w: Tensor, b: Tensor) -> T
     + \frac12 \log(w_{ij}^2 / 2\pi)\}`.
     """
     # 2 log|a|, not log(a^2): a dying component's a^2 underflows in float32 (a ~ 1e-23 on the
-    # BNN), which made log(a^2) = -inf and the gradient NaN.
-    log_weights = 2 * torch.log(a.abs()) - torch.log((a**2).sum())
+    # BNN), which made log(a^2) = -inf and the gradient NaN. |a| itself keeps shrinking
+    # (to 4e-44 after 2000 steps on sine, then 0), so it is floored at the smallest normal
+    # number: below it the component's weight is 0 to working precision and a is frozen.
+    floor = torch.finfo(a.dtype).tiny
+    log_weights = 2 * torch.log(a.abs().clamp_min(floor)) - torch.log((a**2).sum())
     z = theta.unsqueeze(-2) * w + b  # (..., K, D)
     per_coord = -0.5 * z**2 + 0.5 * torch.log(w**2 / (2 * math.pi))
     return log_weights + per_coord.sum(-1)

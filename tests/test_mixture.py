@@ -333,3 +333,15 @@ def test_benchmark_script_runs_with_tiny_flags(tmp_path):
     rows = (out / "mixture.csv").read_text().splitlines()
     assert len(rows) > 1 and any(ch.isdigit() for ch in rows[1])
     assert (out / "mixture.png").stat().st_size > 0
+
+
+def test_a_dead_component_keeps_finite_log_densities_and_gradients():
+    """A component whose weight parameter ``a`` has underflowed to 0 (as after ~2000 Adam
+    steps on sine) gives log-weight ``2 log(tiny)``, not ``-inf``, and no NaN gradient."""
+    a = torch.tensor([1.0, 0.0], requires_grad=True)
+    w = torch.ones(2, 3, requires_grad=True)
+    b = torch.zeros(2, 3, requires_grad=True)
+    beta = component_log_densities(torch.zeros(4, 3), a, w, b)
+    assert torch.isfinite(beta).all()
+    torch.logsumexp(beta, -1).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (a, w, b))
