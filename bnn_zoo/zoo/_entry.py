@@ -176,10 +176,10 @@ class Entry:
         xs = x_scaler.transform(x)
         ys = y_scaler.transform(y) if y_scaler is not None else y
         validate_noise = budget.validation > 0 and task == "regression"
-        if validate_noise and not self.tunable_noise:
-            raise ValueError(f"Entry {self.name!r} has no single noise scale to tune: expected "
-                             "validation=0.")
         if validate_noise:
+            if not self.tunable_noise:
+                raise ValueError(f"Entry {self.name!r} has no single noise scale to tune: "
+                                 "expected validation=0.")
             xs, ys, x_val, y_val = holdout(xs, ys, budget.validation, seed=seed)
         out_dim = 1 if task == "regression" else int(y.max()) + 1
         if budget.distributed and task == "classification":

@@ -10,13 +10,13 @@ the fan-in prior raised AutoNormal's test log-likelihood by 0.1 to 2 nats per po
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from functools import partial
 
 from pyro.infer.autoguide import AutoDelta, AutoNormal
 
 from bnn_zoo.elbo import MeanFieldELBO
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
-from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
+from bnn_zoo.models.priors import GaussianPrior
 from bnn_zoo.zoo import register
 from bnn_zoo.zoo._entry import Budget, Entry
 from bnn_zoo.zoo.bbb import mlp
@@ -28,14 +28,9 @@ MEAN_FIELD_BUDGET = Budget(steps=3000, lr=3e-2, batch_size=256, num_particles=8,
 MAP_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 
 
-def fan_in_mlp(in_dim: int, out_dim: int, *, task: str = "regression",
-               hidden: Sequence[int] = (50,), activation: str = "relu",
-               prior: GaussianPrior | ScaleMixturePrior | None = None,
-               noise_scale: float | None = None) -> BayesianMLP:
-    """:func:`~bnn_zoo.zoo.bbb.mlp` with the fan-in prior ``N(0, 1/d_in)`` by default."""
-    return mlp(in_dim, out_dim, task=task, hidden=hidden, activation=activation,
-               prior=GaussianPrior(fan_in=True) if prior is None else prior,
-               noise_scale=noise_scale)
+#: :func:`~bnn_zoo.zoo.bbb.mlp` with the fan-in prior ``N(0, 1/d_in)`` by default (a
+#: ``prior=`` option still replaces it).
+fan_in_mlp = partial(mlp, prior=GaussianPrior(fan_in=True))
 
 
 def map_guide(model: BayesianMLP) -> AutoDelta:
