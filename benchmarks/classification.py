@@ -24,7 +24,7 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data, zoo
-from bnn_zoo.plotting import reliability_diagram
+from bnn_zoo.harness.figures import reliability_diagram
 
 DATASETS = ("two_moons", "breast_cancer", "digits", "wine")
 COLUMNS = ("accuracy", "nll", "brier", "ece", "entropy", "fit_seconds", "ms_per_step")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from bnn_zoo import compare
+from bnn_zoo.harness import compare
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:

@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bnn_zoo import data, distributed, zoo
-from bnn_zoo._checks import check_device
+from bnn_zoo import data, zoo
+from bnn_zoo.core import distributed
+from bnn_zoo.core.checks import check_device
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

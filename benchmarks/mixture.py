@@ -28,9 +28,9 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 from bnn_zoo import data, fit  # noqa: E402
+from bnn_zoo.core.training import TrainingDiverged  # noqa: E402
 from bnn_zoo.guides.mixture import MixtureELBO, MixtureGuide  # noqa: E402
 from bnn_zoo.models.targets import TARGETS, UnnormalisedModel, bnn_posterior, target  # noqa: E402
-from bnn_zoo.training import TrainingDiverged  # noqa: E402
 
 ESTIMATORS = {"score": ("score", False), "score_baseline": ("score", True),
               "pathwise": ("pathwise", False), "enumerate": ("enumerate", False)}

@@ -31,7 +31,7 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 from bnn_zoo import data, zoo  # noqa: E402
-from bnn_zoo.priors_cli import width_sweep, write_tables  # noqa: E402
+from bnn_zoo.harness.prior_command import width_sweep, write_tables  # noqa: E402
 
 
 def evaluate_entries(datasets: list[str], entries: list[str], splits: int, steps: int | None,

@@ -30,11 +30,11 @@ from pathlib import Path
 import pyro
 import torch
 
-from bnn_zoo.elbo import LocalReparameterizationELBO, MeanFieldELBO
+from bnn_zoo.core.elbo import LocalReparameterizationELBO, MeanFieldELBO
+from bnn_zoo.core.nn import mlp_forward
+from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP
-from bnn_zoo.nn import mlp_forward
-from bnn_zoo.training import SVIStep
 
 STEPS = ("torch_map", "torch_bbb", "zoo_bbb", "zoo_bbb_jit", "zoo_bbb_lrt_jit")
 NETS = {"13-50-1": ([13, 50, 1], 100), "784-400-400-10": ([784, 400, 400, 10], 128)}

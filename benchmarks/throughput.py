@@ -3,7 +3,7 @@ a plain-PyTorch step, all at the same global batch.
 
 * ``torch``: one process, a deterministic ``nn.Sequential`` MLP of the same widths,
   Gaussian negative log-likelihood, ``torch.optim.Adam``;
-* ``bbb xW``: the ``bbb`` entry's model and guide through :class:`bnn_zoo.training.SVIStep`
+* ``bbb xW``: the ``bbb`` entry's model and guide through :class:`bnn_zoo.core.training.SVIStep`
   (traced, as the entry trains), on ``W`` processes of ``torch.distributed`` (gloo on
   the CPU over loopback, nccl on GPUs), each stepping on ``batch / W`` rows of its
   shard with the gradients averaged over the processes. ``W = 1`` runs in this
@@ -31,9 +31,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bnn_zoo import distributed, zoo
-from bnn_zoo._checks import check_device
-from bnn_zoo.training import SVIStep
+from bnn_zoo import zoo
+from bnn_zoo.core import distributed
+from bnn_zoo.core.checks import check_device
+from bnn_zoo.core.training import SVIStep
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

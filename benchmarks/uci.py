@@ -8,7 +8,7 @@ Every entry runs with its own fixed budget (the same for every data set; nothing
 tuned on the test splits). An entry with a single learned noise scale
 (``Entry.tunable_noise``: the SVI entries) fits on 90% of the training split and
 takes the noise that maximises the log-likelihood of the other 10%
-(``--validation``; see :mod:`bnn_zoo.validation`); the others keep their own noise
+(``--validation``; see :mod:`bnn_zoo.evaluation.noise_tuning`); the others keep their own noise
 model (Laplace's evidence, the GP's marginal likelihood).
 
 Writes under ``--out``: ``uci.md``/``.csv``/``.json`` (per data set: every entry
@@ -28,9 +28,10 @@ from pathlib import Path
 
 import torch
 
-from bnn_zoo import compare, published, zoo
-from bnn_zoo._checks import check_positive_int
-from bnn_zoo.data import UCI_SETS
+from bnn_zoo import zoo
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.data import UCI_SETS
+from bnn_zoo.harness import compare, published
 
 DEFAULT_SETS = tuple(n for n in UCI_SETS if n != "protein-tertiary-structure")
 COLUMNS = ("rmse", "ll", "coverage_90", "fit_seconds")

@@ -1,31 +1,25 @@
 """bnn-zoo: a Pyro model zoo for Bayesian neural networks.
 
-Importing the package turns on Pyro's ``module_local_params`` setting: the
-parameters of every ``PyroModule`` (our guides, the autoguides, models with a
-learned noise) then live in the module, not in Pyro's global parameter store,
-so two guides fitted one after the other never share parameters by name.
+Layers, each importing only those before it:
+
+1. :mod:`bnn_zoo.core`: functional nets, data, standardisation, input checks, the
+   ELBOs, effect handlers, the SVI runner :func:`fit` and :func:`predict`;
+2. :mod:`bnn_zoo.models` and :mod:`bnn_zoo.guides`: Pyro models and guides;
+3. :mod:`bnn_zoo.methods`: inference methods that are not plain SVI;
+4. :mod:`bnn_zoo.evaluation`: metrics and noise tuning on a held-out part;
+5. :mod:`bnn_zoo.zoo`: the registry of entries;
+6. :mod:`bnn_zoo.harness`: compare, the command line, tables, figures, prior diagnostics.
+
+Importing the package changes no global setting of Pyro or torch.
 """
 
 from __future__ import annotations
 
-import pyro
-
-pyro.settings.set(module_local_params=True)
-
-from bnn_zoo import data, zoo  # noqa: E402
-from bnn_zoo.metrics import metrics  # noqa: E402
-from bnn_zoo.prediction import (  # noqa: E402
-    CategoricalPredictive,
-    GaussianMixturePredictive,
-    predict,
-)
-from bnn_zoo.training import FitResult, TrainingDiverged, fit  # noqa: E402
-
-
-def evaluate(model, guide, x, y, *, num_samples: int = 200) -> dict[str, float]:
-    """Metrics of the posterior predictive of ``model`` under ``guide`` at ``(x, y)``."""
-    return metrics(predict(model, guide, x, num_samples=num_samples), y)
-
+from bnn_zoo import zoo
+from bnn_zoo.core import data
+from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
+from bnn_zoo.core.training import FitResult, TrainingDiverged, fit
+from bnn_zoo.evaluation.metrics import evaluate, metrics
 
 __all__ = ["CategoricalPredictive", "FitResult", "GaussianMixturePredictive",
            "TrainingDiverged", "data", "evaluate", "fit", "metrics", "predict", "zoo"]

@@ -1,5 +1,5 @@
-"""``python -m bnn_zoo``: see :mod:`bnn_zoo.cli`."""
+"""``python -m bnn_zoo``: see :mod:`bnn_zoo.harness.cli`."""
 
-from bnn_zoo.cli import main
+from bnn_zoo.harness.cli import main
 
 raise SystemExit(main())

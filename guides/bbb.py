@@ -27,9 +27,9 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
-from bnn_zoo._checks import check_positive
+from bnn_zoo.core.checks import check_positive
+from bnn_zoo.core.nn import tensor_options
 from bnn_zoo.models.mlp import fan_in_init
-from bnn_zoo.nn import tensor_options
 
 __all__ = ["BayesByBackpropGuide", "softplus_inverse"]
 

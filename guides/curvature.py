@@ -47,8 +47,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bnn_zoo._checks import check_choice, check_data
-from bnn_zoo.nn import mlp_forward
+from bnn_zoo.core.checks import check_choice, check_data
+from bnn_zoo.core.nn import mlp_forward
 
 __all__ = ["CURVATURES", "LIKELIHOODS", "MAX_DENSE_BYTES", "ParameterLayout", "check_dense_fits",
            "diagonal_ggn", "full_hessian", "ggn", "jacobian", "kron_ggn", "last_layer_ggn",
@@ -125,7 +125,7 @@ class ParameterLayout:
         return out
 
     def network(self, theta: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """The ``(W, b)`` list of :func:`bnn_zoo.nn.mlp_forward` for ``theta`` (*S, P)."""
+        """The ``(W, b)`` list of :func:`bnn_zoo.core.nn.mlp_forward` for ``theta`` (*S, P)."""
         values = list(self.unflatten(theta).values())
         return list(zip(values[::2], values[1::2]))
 

@@ -24,7 +24,7 @@ from pyro.distributions.torch_transform import ComposeTransformModule, Transform
 from pyro.infer.autoguide import AutoContinuous, AutoNormalizingFlow
 from torch import Tensor, nn
 
-from bnn_zoo._checks import check_positive
+from bnn_zoo.core.checks import check_positive
 
 __all__ = ["AffineShiftedFlow", "ElementwiseAffine"]
 

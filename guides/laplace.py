@@ -65,7 +65,10 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
-from bnn_zoo._checks import check_choice, check_data, check_positive, check_positive_int
+from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
+from bnn_zoo.core.nn import mlp_forward
+from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
+from bnn_zoo.core.training import FitResult, fit
 from bnn_zoo.guides.curvature import (
     CURVATURES,
     MAX_DENSE_BYTES,
@@ -80,9 +83,6 @@ from bnn_zoo.guides.curvature import (
     negative_log_likelihood,
 )
 from bnn_zoo.models.priors import GaussianPrior
-from bnn_zoo.nn import mlp_forward
-from bnn_zoo.prediction import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.training import FitResult, fit
 
 __all__ = ["EVIDENCE_METHODS", "PREDICTIVES", "LaplaceGuide", "LaplacePosterior",
            "NotPositiveDefiniteError", "curvature_blocks", "fit_laplace", "laplace_posterior",

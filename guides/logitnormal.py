@@ -14,7 +14,7 @@ objectives, all maximising a lower bound of ``log p(y | X)`` over ``phi``:
 * **Algorithm 3** (default; the seed's "version 2.0"): the Trace ELBO of this
   guide, ``n_est`` vectorised particles ``s_k ~ q(s)``, a fresh
   ``beta_k ~ p(beta | X, y, s_k)`` for each, and ``KL(q(s) || p(s))`` in closed
-  form. Train with :class:`~bnn_zoo.elbo.MeanFieldELBO`.
+  form. Train with :class:`~bnn_zoo.core.elbo.MeanFieldELBO`.
 * **Algorithm 1** (:class:`Algorithm1ELBO`): ``beta_i ~ p(beta | X, y, s_i)`` with
   ``s_i ~ q(s)`` drawn once per outer iteration and held (no gradient) for
   ``inner_steps`` (the seed's ``n_grad``) optimiser steps on
@@ -55,10 +55,10 @@ from pyro.poutine.runtime import _PYRO_STACK
 from torch import Tensor
 from torch.distributions import kl_divergence
 
-from bnn_zoo._checks import check_data, check_positive, check_positive_int
-from bnn_zoo.elbo import DifferentiableLossELBO, MeanFieldELBO
+from bnn_zoo.core.checks import check_data, check_positive, check_positive_int
+from bnn_zoo.core.elbo import DifferentiableLossELBO, MeanFieldELBO
+from bnn_zoo.core.training import subsample_data
 from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression
-from bnn_zoo.training import subsample_data
 
 __all__ = ["Algorithm1ELBO", "CollapsedELBO", "LogitNormalGuide", "plot_relevance"]
 

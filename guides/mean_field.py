@@ -17,7 +17,7 @@ eq. (1) (:func:`diagonal_gaussian_kl`); in Pyro that is ``TraceMeanField_ELBO``,
 which replaces the Monte Carlo ``log q(w) - log p(w)`` of ``Trace_ELBO`` by the
 analytic KL of each site. The predictive is the seed's section 2, the Monte
 Carlo average of class probabilities over ``w_s ~ q``
-(:func:`bnn_zoo.predict`, :class:`~bnn_zoo.prediction.CategoricalPredictive`).
+(:func:`bnn_zoo.predict`, :class:`~bnn_zoo.core.predictive.CategoricalPredictive`).
 
 Where we differ from the seed's slips:
 
@@ -38,7 +38,7 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor, nn
 
-from bnn_zoo._checks import check_tensor
+from bnn_zoo.core.checks import check_tensor
 from bnn_zoo.guides.bbb import BayesByBackpropGuide
 
 __all__ = ["MeanFieldGuide", "diagonal_gaussian_kl"]

@@ -89,7 +89,7 @@ from pyro.nn import PyroParam
 from pyro.poutine.messenger import Messenger
 from torch import Tensor
 
-from bnn_zoo._checks import check_choice, check_positive, check_positive_int
+from bnn_zoo.core.checks import check_choice, check_positive, check_positive_int
 
 __all__ = ["ESTIMATORS", "DiagonalNormalMixture", "MixtureELBO", "MixtureGuide",
            "component_log_densities"]

@@ -12,7 +12,7 @@ deterministic site ``f``, and the likelihood at site ``obs`` inside
 
 Minibatches come from the data plate: ``bnn_zoo.fit`` sets the plate's
 subsample indices, so the likelihood is rescaled by ``N / B`` and the ELBO stays
-unbiased (see :func:`bnn_zoo.training.subsample_data`).
+unbiased (see :func:`bnn_zoo.core.training.subsample_data`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor
 
-from bnn_zoo._checks import check_choice
-from bnn_zoo.elbo import guide_moments
+from bnn_zoo.core.checks import check_choice
+from bnn_zoo.core.elbo import guide_moments
+from bnn_zoo.core.nn import activation as activation_fn
+from bnn_zoo.core.nn import layer_names, layer_sizes, local_reparameterized_affine, mlp_forward
 from bnn_zoo.models.noise import ObservationNoise
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
-from bnn_zoo.nn import activation as activation_fn
-from bnn_zoo.nn import layer_names, layer_sizes, local_reparameterized_affine, mlp_forward
 
 __all__ = ["TASKS", "BayesianMLP", "fan_in_init", "init_to_fan_in"]
 
@@ -104,7 +104,7 @@ class BayesianMLP(ObservationNoise, PyroModule):
     def network(self, x: Tensor, params: list[tuple[Tensor, Tensor]]) -> Tensor:
         """The network output ``f(x)`` (*S, N, out_dim) under the weight samples ``params``.
 
-        Under :class:`~bnn_zoo.elbo.LocalReparameterizationELBO` the guide's Gaussian
+        Under :class:`~bnn_zoo.core.elbo.LocalReparameterizationELBO` the guide's Gaussian
         moments are known and each pre-activation is sampled from them instead (the
         local reparameterisation trick); the weight samples then serve the KL only.
         """

@@ -36,7 +36,7 @@ the entries of the covariance above):
   :math:`\frac{2}{\pi}\arcsin\frac{2k_{12}}{\sqrt{(1 + 2k_{11})(1 + 2k_{22})}}`;
 * ``identity``: :math:`k_{12}` (Bayesian linear regression).
 
-Any other activation of :data:`bnn_zoo.nn.ACTIVATIONS` uses a Monte Carlo
+Any other activation of :data:`bnn_zoo.core.nn.ACTIVATIONS` uses a Monte Carlo
 kernel: the covariance of a random-feature network of ``num_features`` units
 drawn once from the prior with a fixed seed (positive semi-definite by
 construction, and differentiable in the hyperparameters).
@@ -61,10 +61,10 @@ from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 
-from bnn_zoo._checks import check_choice, check_positive, check_positive_int, check_tensor
+from bnn_zoo.core.checks import check_choice, check_positive, check_positive_int, check_tensor
+from bnn_zoo.core.nn import ACTIVATIONS, activation
+from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.models.noise import ObservationNoise
-from bnn_zoo.nn import ACTIVATIONS, activation
-from bnn_zoo.prediction import GaussianMixturePredictive
 
 __all__ = ["CLOSED_FORMS", "NNGPKernel", "NNGPRegression", "expected_product"]
 
@@ -111,7 +111,7 @@ class NNGPKernel(gp.kernels.Kernel):
     Parameters
     ----------
     input_dim : number of input features ``D``.
-    activation : a name of :data:`bnn_zoo.nn.ACTIVATIONS`; closed form for
+    activation : a name of :data:`bnn_zoo.core.nn.ACTIVATIONS`; closed form for
         ``relu``, ``erf`` and ``identity``, Monte Carlo otherwise.
     weight_variance, bias_variance : :math:`\sigma_w^2` (input weights have
         variance :math:`\sigma_w^2 / D`) and :math:`\sigma_b^2` of the hidden layer.

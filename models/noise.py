@@ -7,7 +7,7 @@ from pyro.distributions import constraints
 from pyro.nn import PyroParam
 from torch import Tensor
 
-from bnn_zoo._checks import check_positive
+from bnn_zoo.core.checks import check_positive
 
 __all__ = ["ObservationNoise"]
 

@@ -17,7 +17,7 @@ from pyro.distributions import constraints
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch import Tensor
 
-from bnn_zoo._checks import check_positive
+from bnn_zoo.core.checks import check_positive
 
 __all__ = ["GaussianPrior", "ScaleMixtureNormal", "ScaleMixturePrior"]
 

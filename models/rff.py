@@ -44,7 +44,7 @@ from torch import Tensor
 from torch.distributions import register_kl
 from torch.distributions.transforms import SigmoidTransform
 
-from bnn_zoo._checks import check_positive, check_positive_int
+from bnn_zoo.core.checks import check_positive, check_positive_int
 from bnn_zoo.models.mlp import drop_plate_dim
 from bnn_zoo.models.noise import ObservationNoise
 

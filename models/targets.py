@@ -28,9 +28,9 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
-from bnn_zoo._checks import check_choice, check_data, check_positive, check_positive_int
-from bnn_zoo.nn import activation as activation_fn
-from bnn_zoo.nn import layer_sizes, mlp_forward
+from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
+from bnn_zoo.core.nn import activation as activation_fn
+from bnn_zoo.core.nn import layer_sizes, mlp_forward
 
 __all__ = ["TARGETS", "MLPLogPosterior", "UnnormalisedModel", "banana", "bnn_posterior",
            "ring", "target", "two_component"]

@@ -11,13 +11,13 @@ import torch
 from pyro import poutine
 
 from bnn_zoo import data, zoo
-from bnn_zoo.elbo import LocalReparameterizationELBO, MeanFieldELBO
+from bnn_zoo.core.elbo import LocalReparameterizationELBO, MeanFieldELBO
+from bnn_zoo.core.nn import local_reparameterized_affine
+from bnn_zoo.core.training import kl_weights
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.guides.bbb import softplus_inverse
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
 from bnn_zoo.models.priors import ScaleMixtureNormal
-from bnn_zoo.nn import local_reparameterized_affine
-from bnn_zoo.training import kl_weights
 
 
 def seed_net(sigma: float, prior_scale: float):
@@ -151,7 +151,7 @@ def test_svi_reaches_mean_field_optimum_for_linear_regression():
 def test_minibatch_elbo_is_unbiased():
     """The loss on a random minibatch (likelihood scaled by N/B) averages to the full-batch
     loss: same guide state, 4 standard errors."""
-    from bnn_zoo.training import SVIStep
+    from bnn_zoo.core.training import SVIStep
 
     model, x, y, mean, var = blr_problem(n=40)
     guide = BayesByBackpropGuide(model).double()
@@ -178,7 +178,7 @@ def test_kl_weights_sum_to_one():
 def test_graves_weighting_scales_only_the_kl():
     """With Graves' weights the loss of batch i is M pi_i KL - (N/B) log-lik: check it by
     comparing with the uniform loss on the same weight sample."""
-    from bnn_zoo.training import SVIStep
+    from bnn_zoo.core.training import SVIStep
 
     model, x, y, mean, var = blr_problem(n=40)
     guide = BayesByBackpropGuide(model).double()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bnn_zoo import cli, zoo
+from bnn_zoo import zoo
+from bnn_zoo.harness import cli
 
 
 def test_list_shows_every_entry(capsys):

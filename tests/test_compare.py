@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from bnn_zoo import compare, data, zoo
-from bnn_zoo.metrics import metrics
-from bnn_zoo.prediction import GaussianMixturePredictive
+from bnn_zoo import data, zoo
+from bnn_zoo.core.predictive import GaussianMixturePredictive
+from bnn_zoo.evaluation.metrics import metrics
+from bnn_zoo.harness import compare
 
 TINY = {"steps": 20}
 

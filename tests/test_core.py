@@ -14,11 +14,11 @@ from pyro.infer.autoguide import AutoDelta, AutoNormal
 
 import bnn_zoo
 from bnn_zoo import data, zoo
-from bnn_zoo.metrics import expected_calibration_error, metrics
+from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
+from bnn_zoo.core.scaling import Standardizer
+from bnn_zoo.core.training import SVIStep, TrainingDiverged
+from bnn_zoo.evaluation.metrics import expected_calibration_error, metrics
 from bnn_zoo.models import BayesianMLP, GaussianPrior
-from bnn_zoo.prediction import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.scaling import Standardizer
-from bnn_zoo.training import SVIStep, TrainingDiverged
 
 
 def small_problem(n: int = 40):

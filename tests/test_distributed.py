@@ -16,11 +16,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import bnn_zoo
-from bnn_zoo import distributed, zoo
-from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo import zoo
+from bnn_zoo.core import distributed
+from bnn_zoo.core.elbo import MeanFieldELBO
+from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP
-from bnn_zoo.training import SVIStep
 
 WORLD = 2
 N, LOCAL_BATCH, STEPS = 24, 3, 4

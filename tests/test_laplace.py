@@ -15,6 +15,7 @@ from pyro import poutine
 from scipy.optimize import minimize
 
 from bnn_zoo import data, predict, zoo
+from bnn_zoo.core.nn import mlp_forward
 from bnn_zoo.guides.curvature import (
     ParameterLayout,
     diagonal_ggn,
@@ -31,7 +32,6 @@ from bnn_zoo.guides.laplace import (
     laplace_posterior,
 )
 from bnn_zoo.models import BayesianMLP, GaussianPrior
-from bnn_zoo.nn import mlp_forward
 
 ROOT = Path(__file__).resolve().parents[1]
 D = torch.float64

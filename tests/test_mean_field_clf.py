@@ -18,12 +18,16 @@ from pyro import poutine
 from torch.distributions import Normal, kl_divergence
 
 from bnn_zoo import data, predict, zoo
+from bnn_zoo.core.predictive import CategoricalPredictive
+from bnn_zoo.evaluation.metrics import (
+    classification_metrics,
+    expected_calibration_error,
+    reliability_bins,
+)
 from bnn_zoo.guides import MeanFieldGuide
 from bnn_zoo.guides.mean_field import diagonal_gaussian_kl
-from bnn_zoo.metrics import classification_metrics, expected_calibration_error, reliability_bins
+from bnn_zoo.harness.figures import reliability_diagram
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
-from bnn_zoo.plotting import reliability_diagram
-from bnn_zoo.prediction import CategoricalPredictive
 
 F64 = torch.float64
 ROOT = Path(__file__).resolve().parents[1]

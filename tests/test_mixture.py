@@ -192,6 +192,7 @@ def test_two_modes_are_recovered_where_one_gaussian_cannot():
     out = {}
     for k in (1, 2):
         pyro.set_rng_seed(0)
+        pyro.clear_param_store()  # kl_to runs Pyro's ELBO, which shares parameters by name
         model = two_component_target().double()
         guide = MixtureGuide(model, k, estimator="enumerate", init_scale=0.3)
         fit(model, guide, *NO_DATA, steps=400, lr=0.05, num_particles=8, elbo=MixtureELBO,

@@ -13,9 +13,7 @@ import pytest
 import torch
 
 from bnn_zoo import data, zoo
-from bnn_zoo.models import BayesianMLP, GaussianPrior
-from bnn_zoo.models.nngp import NNGPKernel, NNGPRegression
-from bnn_zoo.priors import (
+from bnn_zoo.harness.prior_diagnostics import (
     excess_kurtosis,
     log_moment_norms,
     preactivations,
@@ -25,6 +23,8 @@ from bnn_zoo.priors import (
     tail_parameter_from_survival,
     tail_table,
 )
+from bnn_zoo.models import BayesianMLP, GaussianPrior
+from bnn_zoo.models.nngp import NNGPKernel, NNGPRegression
 
 ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64
@@ -247,7 +247,7 @@ def test_nngp_on_concrete(uci_data):
 
 
 def test_priors_command_writes_tables_and_figures(tmp_path):
-    from bnn_zoo.cli import main
+    from bnn_zoo.harness.cli import main
 
     main(["priors", "--widths", "1", "10", "--depth", "3", "--samples", "2000",
                      "--out", str(tmp_path)])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bnn_zoo import data, zoo
-from bnn_zoo.prediction import GaussianMixturePredictive
+from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.zoo.ensemble import mixture
 from bnn_zoo.zoo.nuts import PosteriorSamples
 

@@ -16,7 +16,8 @@ import torch
 from pyro import poutine
 
 from bnn_zoo import data, predict, zoo
-from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo.core.elbo import MeanFieldELBO
+from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides.logitnormal import (
     Algorithm1ELBO,
     CollapsedELBO,
@@ -24,7 +25,6 @@ from bnn_zoo.guides.logitnormal import (
     plot_relevance,
 )
 from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression, feature_posterior
-from bnn_zoo.training import SVIStep
 
 matplotlib.use("Agg")
 

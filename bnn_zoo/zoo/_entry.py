@@ -11,13 +11,13 @@ import pyro
 import torch
 from torch import Tensor
 
-from bnn_zoo import distributed
-from bnn_zoo._checks import check_data, check_device, check_positive_int
-from bnn_zoo.metrics import metrics
-from bnn_zoo.prediction import CategoricalPredictive, GaussianMixturePredictive, predict
-from bnn_zoo.scaling import Standardizer
-from bnn_zoo.training import FitResult, fit
-from bnn_zoo.validation import holdout, validated_noise_scale, with_noise_scale
+from bnn_zoo.core import distributed
+from bnn_zoo.core.checks import check_data, check_device, check_positive_int
+from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
+from bnn_zoo.core.scaling import Standardizer
+from bnn_zoo.core.training import FitResult, fit
+from bnn_zoo.evaluation.metrics import metrics
+from bnn_zoo.evaluation.noise_tuning import holdout, validated_noise_scale, with_noise_scale
 
 Predictive = GaussianMixturePredictive | CategoricalPredictive
 
@@ -32,10 +32,10 @@ class Budget:
     """An entry's training budget, fixed in one place for every data set.
 
     ``distributed=True`` trains data-parallel on the initialised ``torch.distributed``
-    process group (see :mod:`bnn_zoo.distributed`); ``batch_size`` is then per process.
+    process group (see :mod:`bnn_zoo.core.distributed`); ``batch_size`` is then per process.
     ``validation > 0`` (regression, entries with ``tunable_noise``) holds that fraction
     of the training points out of the fit and sets the predictive's noise scale to the
-    one that maximises their log-likelihood (see :mod:`bnn_zoo.validation`); the
+    one that maximises their log-likelihood (see :mod:`bnn_zoo.evaluation.noise_tuning`); the
     default ``0`` fits on every point and keeps the noise learned with the weights.
     """
 
@@ -91,7 +91,7 @@ class Fitted:
         return predict(self.model, self.guide, z, num_samples=num_samples)
 
     def evaluate(self, x: Tensor, y: Tensor, num_samples: int = 200) -> dict[str, float]:
-        """Test metrics in original units (see :mod:`bnn_zoo.metrics`) plus ``fit_seconds``."""
+        """Test metrics in original units (see :mod:`bnn_zoo.evaluation.metrics`) plus ``fit_seconds``."""
         x, y = check_data(x, y)
         out = metrics(self.predict(x, num_samples), y)
         out["fit_seconds"] = self.fit_seconds
@@ -148,7 +148,7 @@ class Entry:
         ``overrides`` may change any :class:`Budget` field (``steps``, ``lr``, ...),
         any hyperparameter of the model factory (``hidden``, ``prior``, ...) and any
         option of the guide factory. Everything runs on the device and in the dtype
-        of ``x``. With ``distributed=True`` (see :mod:`bnn_zoo.distributed`) ``x`` and
+        of ``x``. With ``distributed=True`` (see :mod:`bnn_zoo.core.distributed`) ``x`` and
         ``y`` are this process's shard, and the standardisation statistics and the
         number of classes are those of all the shards together.
         """

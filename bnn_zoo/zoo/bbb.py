@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bnn_zoo.elbo import LocalReparameterizationELBO
+from bnn_zoo.core.elbo import LocalReparameterizationELBO
 from bnn_zoo.guides.bbb import BayesByBackpropGuide
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior

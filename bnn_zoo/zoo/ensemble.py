@@ -14,10 +14,10 @@ import pyro
 import torch
 from torch import Tensor
 
-from bnn_zoo._checks import check_positive_int
-from bnn_zoo.prediction import CategoricalPredictive, GaussianMixturePredictive, predict
-from bnn_zoo.scaling import Standardizer
-from bnn_zoo.training import FitResult
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
+from bnn_zoo.core.scaling import Standardizer
+from bnn_zoo.core.training import FitResult
 from bnn_zoo.zoo import get, register
 from bnn_zoo.zoo._entry import Budget, Entry, Fitted, Predictive, svi_fitter
 from bnn_zoo.zoo.reference import MAP_BUDGET, fan_in_mlp, map_guide

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bnn_zoo._checks import check_choice
+from bnn_zoo.core.checks import check_choice
+from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.guides.laplace import PREDICTIVES, LaplaceGuide, fit_laplace
-from bnn_zoo.scaling import Standardizer
 from bnn_zoo.zoo import register
 from bnn_zoo.zoo._entry import Budget, Entry, Fitted, split_options
 from bnn_zoo.zoo.bbb import mlp

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pyro.infer
 
-from bnn_zoo._checks import check_positive
+from bnn_zoo.core.checks import check_positive
 from bnn_zoo.guides.mean_field import MeanFieldGuide
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.priors import GaussianPrior

@@ -8,10 +8,10 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from bnn_zoo.core.predictive import GaussianMixturePredictive
+from bnn_zoo.core.scaling import Standardizer
+from bnn_zoo.core.training import fit
 from bnn_zoo.models.nngp import NNGPRegression
-from bnn_zoo.prediction import GaussianMixturePredictive
-from bnn_zoo.scaling import Standardizer
-from bnn_zoo.training import fit
 from bnn_zoo.zoo import register
 from bnn_zoo.zoo._entry import Budget, Entry, Fitted, UnsupportedProblem, split_options
 

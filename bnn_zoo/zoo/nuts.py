@@ -34,9 +34,9 @@ from pyro.infer.autoguide.initialization import init_to_value
 from pyro.ops.stats import effective_sample_size, split_gelman_rubin
 from torch import Tensor
 
-from bnn_zoo._checks import check_positive_int
-from bnn_zoo.prediction import GaussianMixturePredictive, predict
-from bnn_zoo.scaling import Standardizer
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.predictive import GaussianMixturePredictive, predict
+from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.zoo import get, register
 from bnn_zoo.zoo._entry import (
     Budget,

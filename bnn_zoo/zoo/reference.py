@@ -14,7 +14,7 @@ from functools import partial
 
 from pyro.infer.autoguide import AutoDelta, AutoNormal
 
-from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.models.priors import GaussianPrior
 from bnn_zoo.zoo import register

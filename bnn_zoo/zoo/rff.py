@@ -24,8 +24,8 @@ from typing import Any
 import pyro.infer
 from torch import Tensor
 
-from bnn_zoo._checks import check_choice
-from bnn_zoo.elbo import MeanFieldELBO
+from bnn_zoo.core.checks import check_choice
+from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.guides.logitnormal import Algorithm1ELBO, CollapsedELBO, LogitNormalGuide
 from bnn_zoo.models.rff import RandomFeatureRegression
 from bnn_zoo.zoo import register

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pyro.distributions.transforms import affine_autoregressive
 from pyro.infer.autoguide import AutoLowRankMultivariateNormal
 
-from bnn_zoo._checks import check_positive_int
+from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.guides.flow import AffineShiftedFlow
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.zoo import register

@@ -1,12 +1,12 @@
 """Predictive metrics in the units of the data.
 
-Regression (from a :class:`~bnn_zoo.prediction.GaussianMixturePredictive`):
+Regression (from a :class:`~bnn_zoo.core.predictive.GaussianMixturePredictive`):
 
 * ``rmse`` of the predictive mean;
 * ``ll``: mean test log-likelihood per point, ``1/N sum_n log 1/S sum_s N(y_n; mu_sn, sigma_sn^2)``;
 * ``coverage_{50,90,95}``: fraction of targets inside the central predictive interval.
 
-Classification (from a :class:`~bnn_zoo.prediction.CategoricalPredictive`):
+Classification (from a :class:`~bnn_zoo.core.predictive.CategoricalPredictive`):
 
 * ``accuracy`` of the arg-max of the averaged probabilities; ``nll`` per point;
 * ``brier``: ``1/N sum_n sum_c (p_nc - [y_n = c])^2``;
@@ -17,12 +17,14 @@ Classification (from a :class:`~bnn_zoo.prediction.CategoricalPredictive`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-from bnn_zoo.prediction import CategoricalPredictive, GaussianMixturePredictive
+from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
 
-__all__ = ["classification_metrics", "expected_calibration_error", "metrics",
+__all__ = ["classification_metrics", "evaluate", "expected_calibration_error", "metrics",
            "regression_metrics", "reliability_bins"]
 
 COVERAGE_MASSES = (0.5, 0.9, 0.95)
@@ -83,3 +85,10 @@ def metrics(pred: GaussianMixturePredictive | CategoricalPredictive, y: Tensor) 
     if isinstance(pred, GaussianMixturePredictive):
         return regression_metrics(pred, y)
     return classification_metrics(pred, y)
+
+
+def evaluate(model: Callable, guide: Callable, x: Tensor, y: Tensor, *,
+             num_samples: int = 200) -> dict[str, float]:
+    """Metrics of the posterior predictive of ``model`` under ``guide`` at ``(x, y)``
+    (see :func:`bnn_zoo.predict` and :func:`metrics`)."""
+    return metrics(predict(model, guide, x, num_samples=num_samples), y)

@@ -37,11 +37,11 @@ import pyro
 import torch
 from torch import Tensor
 
-from bnn_zoo import data as data_module
 from bnn_zoo import zoo
-from bnn_zoo._checks import check_positive_int
-from bnn_zoo.metrics import reliability_bins
-from bnn_zoo.prediction import GaussianMixturePredictive
+from bnn_zoo.core import data as data_module
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.predictive import GaussianMixturePredictive
+from bnn_zoo.evaluation.metrics import reliability_bins
 from bnn_zoo.zoo import UnsupportedProblem
 
 __all__ = ["REFERENCE", "add_arguments", "default_entries", "gaussian_w2", "main_from_args",
@@ -146,7 +146,7 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
 
     Parameters
     ----------
-    data : data set names (see :func:`bnn_zoo.data.names`).
+    data : data set names (see :func:`bnn_zoo.core.data.names`).
     entries : zoo entries; ``None``: :func:`default_entries` of each data set's task.
     splits : a count ``K`` (splits ``0..K-1``, capped at the data set's number of
         splits) or explicit split indices; split ``k`` is fitted with seed ``k``.

@@ -42,8 +42,8 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
-from bnn_zoo._checks import check_positive_int, check_tensor
-from bnn_zoo.nn import mlp_forward
+from bnn_zoo.core.checks import check_positive_int, check_tensor
+from bnn_zoo.core.nn import mlp_forward
 
 __all__ = ["excess_kurtosis", "log_moment_norms", "prior_predictive", "prior_preactivations",
            "preactivations", "relu_chain_log_norms", "tail_parameter_from_moments",
@@ -73,7 +73,7 @@ def prior_predictive(model: Callable, x: Tensor, num_samples: int, site: str = "
 def preactivations(x: Tensor, params: Sequence[tuple[Tensor, Tensor]],
                    act: Callable[[Tensor], Tensor] = torch.relu) -> list[Tensor]:
     r"""Pre-activations :math:`g^{(l)} = \phi(g^{(l-1)}) W_l + b_l` of every layer
-    ``l = 1..L`` of the network ``params`` (as in :func:`bnn_zoo.nn.mlp_forward`),
+    ``l = 1..L`` of the network ``params`` (as in :func:`bnn_zoo.core.nn.mlp_forward`),
     each of shape (*S, N, d_l)."""
     return [mlp_forward(x, params[:depth], act) for depth in range(1, len(params) + 1)]
 

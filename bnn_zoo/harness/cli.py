@@ -6,9 +6,9 @@
   metrics with time (mean ± standard error over splits), writing CSV/JSON and
   figures (predictive bands for 1-D data) under ``--out``; with no flags it runs
   :data:`QUICK_ENTRIES` on ``sine``, with ``--entries all`` every entry of the task
-  (see :mod:`bnn_zoo.compare`);
+  (see :mod:`bnn_zoo.harness.compare`);
 * ``priors``: prior diagnostics, the Gaussian limit and the unit tails (see
-  :mod:`bnn_zoo.priors_cli`).
+  :mod:`bnn_zoo.harness.prior_command`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
-from bnn_zoo import compare, priors_cli, zoo
-from bnn_zoo import data as data_module
-from bnn_zoo._checks import check_positive_int
+from bnn_zoo import zoo
+from bnn_zoo.core import data as data_module
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.harness import compare, prior_command
 
 __all__ = ["build_parser", "main"]
 
@@ -71,7 +72,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _priors(args: argparse.Namespace) -> int:
-    priors_cli.run(args)
+    prior_command.run(args)
     return 0
 
 
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_arguments(comparing, entries=QUICK_ENTRIES)
     comparing.set_defaults(run=_compare)
 
-    priors_cli.add_parser(commands).set_defaults(run=_priors)
+    prior_command.add_parser(commands).set_defaults(run=_priors)
     return parser
 
 

@@ -23,9 +23,9 @@ import math
 import torch
 from torch import Tensor
 
-from bnn_zoo import distributed as distributed_module
-from bnn_zoo._checks import check_positive
-from bnn_zoo.prediction import GaussianMixturePredictive
+from bnn_zoo.core import distributed as distributed_module
+from bnn_zoo.core.checks import check_positive
+from bnn_zoo.core.predictive import GaussianMixturePredictive
 
 __all__ = ["holdout", "validated_noise_scale", "with_noise_scale"]
 

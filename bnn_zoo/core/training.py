@@ -36,17 +36,17 @@ from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from bnn_zoo._checks import (
+from bnn_zoo.core.checks import (
     check_choice,
     check_data,
     check_module_device,
     check_positive,
     check_positive_int,
 )
-from bnn_zoo.distributed import GradientAverager, global_size, is_main_process
+from bnn_zoo.core.distributed import GradientAverager, global_size, is_main_process
 
-__all__ = ["FitResult", "SVIStep", "TrainingDiverged", "fit", "kl_weights", "scale_global_sites",
-           "subsample_data"]
+__all__ = ["FitResult", "SVIStep", "TrainingDiverged", "fit", "kl_weights",
+           "scale_global_sites", "subsample_data"]
 
 KL_WEIGHTINGS = ("uniform", "graves")
 
@@ -66,7 +66,7 @@ class subsample_data(Messenger):
     Applied to model and guide alike, so both see the same minibatch. ``scale``
     multiplies the log density of every site inside the plate: in data-parallel
     training the plate holds this process's shard of ``n`` rows while the ELBO is
-    that of all ``N`` rows, so ``scale = N / n`` (see :mod:`bnn_zoo.distributed`).
+    that of all ``N`` rows, so ``scale = N / n`` (see :mod:`bnn_zoo.core.distributed`).
     """
 
     def __init__(self, indices: Tensor, name: str = "data", scale: float = 1.0) -> None:
@@ -156,7 +156,7 @@ class SVIStep:
 
     With ``distributed=True``, ``x`` and ``y`` are this process's shard: the data
     plate is rescaled to the global size, and the gradients (and the returned loss)
-    are averaged over the processes before the step (see :mod:`bnn_zoo.distributed`).
+    are averaged over the processes before the step (see :mod:`bnn_zoo.core.distributed`).
     """
 
     def __init__(self, model: Callable, guide: Callable, x: Tensor, y: Tensor, *, lr: float,
@@ -186,7 +186,14 @@ class SVIStep:
         self.order = torch.Generator().manual_seed(seed if seed is not None else 0)
         self.position = self.num_batches  # start a fresh epoch on the first call
         self.perm = torch.arange(self.n, device=x.device)
-        self.loss(0, self.perm[: self.batch])  # creates lazily initialised parameters
+        # A parameter store of its own: in Pyro's default mode a PyroModule whose parameter
+        # names are already in the global store takes the stored tensors instead of its own,
+        # so a second guide of the same class would silently share the first's. The step
+        # always trains the modules' own parameters, in either mode, and leaves the caller's
+        # store as it was.
+        self.param_state: dict = {"params": {}, "constraints": {}}
+        with pyro.get_param_store().scope(self.param_state):
+            self.loss(0, self.perm[: self.batch])  # creates lazily initialised parameters
         self.modules = _modules(model, guide)
         self.params = [p for m in self.modules for p in m.parameters() if p.requires_grad]
         if not self.params:
@@ -245,7 +252,8 @@ class SVIStep:
 
     def __call__(self) -> float:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = (self.compiled_loss if self.jit else self.loss)(*self.next_batch())
+        with pyro.get_param_store().scope(self.param_state):
+            loss = (self.compiled_loss if self.jit else self.loss)(*self.next_batch())
         loss.backward()
         if self.average is not None:
             loss = self.average(loss)
@@ -318,7 +326,7 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
         by 20-30%). ``None`` (default): on only when the environment variable
         ``BNN_ZOO_VALIDATE`` is ``1``, as the test suite sets it.
     distributed : data-parallel training in an initialised ``torch.distributed``
-        process group (see :mod:`bnn_zoo.distributed`): ``x``, ``y`` are this
+        process group (see :mod:`bnn_zoo.core.distributed`): ``x``, ``y`` are this
         process's shard, ``batch_size`` is per process, the ELBO is that of the
         union of the shards, gradients are averaged over the processes before each
         step, and only rank 0 shows progress and writes ``checkpoint`` (which every

@@ -21,10 +21,10 @@ import torch
 from torch import Tensor
 
 from bnn_zoo import zoo
-from bnn_zoo._checks import check_positive_int
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.harness.prior_diagnostics import excess_kurtosis, prior_predictive, tail_table
+from bnn_zoo.harness.prior_figures import plot_output_vs_gaussian, plot_tail_parameters
 from bnn_zoo.models.priors import GaussianPrior
-from bnn_zoo.prior_plots import plot_output_vs_gaussian, plot_tail_parameters
-from bnn_zoo.priors import excess_kurtosis, prior_predictive, tail_table
 
 __all__ = ["add_parser", "fan_in_net", "markdown_table", "run", "width_sweep",
            "write_tables"]

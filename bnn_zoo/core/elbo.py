@@ -130,7 +130,7 @@ class LocalReparameterizationELBO(MeanFieldELBO):
     The model runs with :func:`guide_moments` set to the loc and scale of every
     Gaussian guide site, so a model that supports it draws each pre-activation
     from its Gaussian given the layer input (see
-    :func:`bnn_zoo.nn.local_reparameterized_affine`) rather than pushing one weight
+    :func:`bnn_zoo.core.nn.local_reparameterized_affine`) rather than pushing one weight
     sample through the minibatch. The KL terms are unchanged (closed form, or
     Monte Carlo at the guide's weight sample); the expected log-likelihood is the
     same in expectation, with lower-variance gradients. A model that ignores

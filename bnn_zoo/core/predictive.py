@@ -24,7 +24,7 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
-from bnn_zoo._checks import check_module_device, check_positive_int, check_tensor
+from bnn_zoo.core.checks import check_module_device, check_positive_int, check_tensor
 
 __all__ = ["CategoricalPredictive", "GaussianMixturePredictive", "predict"]
 
@@ -135,8 +135,10 @@ def predict(model: Callable, guide: Callable, x: Tensor, *, num_samples: int = 1
     check_module_device("model", model, x.device)
     check_module_device("guide", guide, x.device)
     check_positive_int("num_samples", num_samples)
-    with pyro.plate("_predictive_samples", num_samples, dim=-max_plate_nesting - 1,
-                    device=x.device):
+    # A private parameter store: the modules' own parameters, whatever the caller's store
+    # holds (see :func:`bnn_zoo.core.training.private_param_store`).
+    with pyro.get_param_store().scope(), pyro.plate(
+            "_predictive_samples", num_samples, dim=-max_plate_nesting - 1, device=x.device):
         guide_trace = poutine.trace(guide).get_trace(x, None)
         model_trace = poutine.trace(poutine.replay(model, guide_trace)).get_trace(x, None)
     if "obs" not in model_trace.nodes:

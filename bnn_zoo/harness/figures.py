@@ -11,8 +11,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from bnn_zoo._checks import check_positive_int, check_tensor
-from bnn_zoo.metrics import expected_calibration_error, reliability_bins
+from bnn_zoo.core.checks import check_positive_int, check_tensor
+from bnn_zoo.evaluation.metrics import expected_calibration_error, reliability_bins
 
 __all__ = ["reliability_diagram"]
 
@@ -24,7 +24,7 @@ def reliability_diagram(probs: Tensor, y: Tensor, *, num_bins: int = 15, ax: Axe
     Bar ``b`` shows the accuracy of the points whose top-class confidence falls in
     ``((b-1)/B, b/B]``, a hatched bar the gap to that bin's mean confidence, and
     the dashed diagonal perfect calibration. The title gives the ECE,
-    ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|`` (:mod:`bnn_zoo.metrics`).
+    ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|`` (:mod:`bnn_zoo.evaluation.metrics`).
 
     Parameters
     ----------

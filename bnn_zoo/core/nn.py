@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from bnn_zoo._checks import check_choice, check_positive_int
+from bnn_zoo.core.checks import check_choice, check_positive_int
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu,

@@ -27,7 +27,7 @@ Launch (one machine, 4 processes; ``--nnodes``/``--rdzv-endpoint`` for several):
 
 and in the script::
 
-    from bnn_zoo import distributed
+    from bnn_zoo.core import distributed
     distributed.init_process_group()          # gloo on CPU, nccl on GPU
     x, y = distributed.shard(x, y)            # or load only this process's rows
     bnn_zoo.fit(model, guide, x.to(distributed.device()), ..., distributed=True)
@@ -42,8 +42,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from bnn_zoo._checks import check_choice
-from bnn_zoo.scaling import Standardizer
+from bnn_zoo.core.checks import check_choice
+from bnn_zoo.core.scaling import Standardizer
 
 __all__ = ["GradientAverager", "device", "fit_standardizer", "free_port", "global_max",
            "global_size", "init_loopback_group", "init_process_group", "is_initialized",
@@ -77,7 +77,7 @@ def require() -> None:
     if not is_initialized():
         raise ValueError(
             "Expected an initialised torch.distributed process group for distributed=True: "
-            "launch with torchrun and call bnn_zoo.distributed.init_process_group() first."
+            "launch with torchrun and call bnn_zoo.core.distributed.init_process_group() first."
         )
 
 

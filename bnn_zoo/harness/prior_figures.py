@@ -1,4 +1,4 @@
-"""Figures of the prior diagnostics (:mod:`bnn_zoo.priors`), drawn with matplotlib's Agg
+"""Figures of the prior diagnostics (:mod:`bnn_zoo.harness.prior_diagnostics`), drawn with matplotlib's Agg
 backend so they work without a display."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def plot_output_vs_gaussian(samples: dict[int, Tensor], variance: float, path: P
 
 def plot_tail_parameters(rows: Sequence[dict[str, float]], path: Path) -> None:
     """Estimated tail parameter against the layer ``l``, with the theorem's ``l/2``
-    (``rows`` as from :func:`bnn_zoo.priors.tail_table`)."""
+    (``rows`` as from :func:`bnn_zoo.harness.prior_diagnostics.tail_table`)."""
     layers = [r["layer"] for r in rows]
     fig, ax = plt.subplots(figsize=(5, 4))
     ax.plot(layers, [r["theta_moments"] for r in rows], "o-", label="moment norms")
