@@ -18,6 +18,7 @@ from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.core.training import FitResult, fit
 from bnn_zoo.evaluation.metrics import metrics
 from bnn_zoo.evaluation.noise_tuning import holdout, validated_noise_scale, with_noise_scale
+from bnn_zoo.methods.base import Budget
 
 Predictive = GaussianMixturePredictive | CategoricalPredictive
 
@@ -25,28 +26,6 @@ Predictive = GaussianMixturePredictive | CategoricalPredictive
 class UnsupportedProblem(ValueError):
     """An entry cannot handle this problem (task, data size, ...); benchmarks and the
     CLI skip it and report the message as the reason."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    """An entry's training budget, fixed in one place for every data set.
-
-    ``distributed=True`` trains data-parallel on the initialised ``torch.distributed``
-    process group (see :mod:`bnn_zoo.core.distributed`); ``batch_size`` is then per process.
-    ``validation > 0`` (regression, entries with ``tunable_noise``) holds that fraction
-    of the training points out of the fit and sets the predictive's noise scale to the
-    one that maximises their log-likelihood (see :mod:`bnn_zoo.evaluation.noise_tuning`); the
-    default ``0`` fits on every point and keeps the noise learned with the weights.
-    """
-
-    steps: int = 3000
-    lr: float = 1e-2
-    batch_size: int | None = 256
-    num_particles: int = 1
-    kl_weighting: str = "uniform"
-    jit: bool = False
-    distributed: bool = False
-    validation: float = 0.0
 
 
 @dataclass
