@@ -19,7 +19,10 @@ split's statistics, so metrics come out in these units.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import urllib.request
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +133,30 @@ def uci_root() -> Path | None:
     return Path(root) if root else None
 
 
+#: Seconds a download may wait for the server before it fails.
+DOWNLOAD_TIMEOUT = 60.0
+
+
+def _download(url: str, path: Path) -> None:
+    """Fetch ``url`` into ``path`` atomically: a uniquely named partial file in the same
+    folder, renamed on success; on failure nothing is left behind (not even a new, empty
+    cache folder)."""
+    created = not path.parent.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as r:
+            shutil.copyfileobj(r, out)
+        os.replace(tmp, path)
+    except BaseException as error:
+        Path(tmp).unlink(missing_ok=True)
+        if created and not any(path.parent.iterdir()):
+            path.parent.rmdir()
+        if isinstance(error, OSError):
+            raise OSError(f"Could not download {url} into {path}: {error}") from error
+        raise
+
+
 def _uci_file(name: str, file: str) -> Path:
     root = uci_root()
     if root is not None:
@@ -140,24 +167,54 @@ def _uci_file(name: str, file: str) -> Path:
     cache = Path(os.environ.get("BNN_ZOO_CACHE", Path.home() / ".cache" / "bnn_zoo" / "uci"))
     path = cache / name / file
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".part")
-        urllib.request.urlretrieve(UCI_URL.format(name=name, file=file), tmp)
-        tmp.replace(path)
+        _download(UCI_URL.format(name=name, file=file), path)
     return path
+
+
+def _read(name: str, file: str, *, ndim: int, integer: bool = False) -> np.ndarray:
+    """The numbers in UCI file ``file`` of ``name`` as an array of ``ndim`` (0, 1 or 2)
+    dimensions; a garbled, empty or ragged file raises ``ValueError`` naming it."""
+    path = _uci_file(name, file)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy warns, not fails, on an empty file
+            values = np.loadtxt(path, ndmin=ndim)
+    except (ValueError, UserWarning) as error:
+        raise ValueError(f"Could not read {path} as a table of numbers: {error}") from None
+    if values.size == 0 or values.ndim != ndim or not np.isfinite(values).all():
+        raise ValueError(f"Expected {path} to hold a non-empty {ndim}-d array of finite "
+                         f"numbers, but got shape {values.shape}.")
+    if integer:
+        if not (values == np.round(values)).all():
+            raise ValueError(f"Expected {path} to hold integer indices, but found fractions.")
+        values = values.astype(np.int64)
+    return values
+
+
+def _check_indices(path: str, indices: np.ndarray, size: int) -> np.ndarray:
+    if indices.min() < 0 or indices.max() >= size:
+        raise ValueError(f"Expected the indices in {path} in [0, {size}), but found "
+                         f"{int(indices.min())}..{int(indices.max())}.")
+    return indices
 
 
 def _uci(name: str, split: int, dtype: torch.dtype) -> Dataset:
     if name not in UCI_SETS:
         raise ValueError(f"Unknown UCI data set {name!r}; expected one of: {', '.join(UCI_SETS)}.")
-    n_splits = int(np.loadtxt(_uci_file(name, "n_splits.txt")))
+    n_splits = int(_read(name, "n_splits.txt", ndim=0, integer=True))
     if not 0 <= split < n_splits:
         raise ValueError(f"Expected 0 <= split < {n_splits} for uci/{name}, but got {split}.")
-    data = np.loadtxt(_uci_file(name, "data.txt"))
-    features = np.loadtxt(_uci_file(name, "index_features.txt")).astype(int).reshape(-1)
-    target = int(np.loadtxt(_uci_file(name, "index_target.txt")))
-    train = np.loadtxt(_uci_file(name, f"index_train_{split}.txt")).astype(int)
-    test = np.loadtxt(_uci_file(name, f"index_test_{split}.txt")).astype(int)
+    data = _read(name, "data.txt", ndim=2)
+    rows, columns = data.shape
+
+    def indices(file: str, size: int) -> np.ndarray:
+        return _check_indices(str(_uci_file(name, file)), _read(name, file, ndim=1, integer=True),
+                              size)
+
+    features = indices("index_features.txt", columns)
+    target = int(indices("index_target.txt", columns)[0])
+    train = indices(f"index_train_{split}.txt", rows)
+    test = indices(f"index_test_{split}.txt", rows)
     x, y = data[:, features], data[:, target]
     tensors = _tensors([x[train], y[train], x[test], y[test]], dtype, "regression")
     return Dataset(f"uci/{name}", "regression", *tensors)
@@ -166,7 +223,7 @@ def _uci(name: str, split: int, dtype: torch.dtype) -> Dataset:
 def num_splits(name: str) -> int:
     """How many standard splits ``name`` has (20 for UCI, 5 for protein; toy sets: any)."""
     if name.startswith("uci/"):
-        return int(np.loadtxt(_uci_file(name[4:], "n_splits.txt")))
+        return int(_read(name[4:], "n_splits.txt", ndim=0, integer=True))
     return 20
 
 
