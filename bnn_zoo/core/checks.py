@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,12 +43,34 @@ def check_tensor(name: str, value: object, *, ndim: int | Sequence[int] | None =
     return value
 
 
+def as_data_tensor(name: str, value: object) -> object:
+    """``value`` as the data tensor it unambiguously stands for, anything else unchanged.
+
+    A numpy array (what scikit-learn users pass) becomes the tensor with the same values and
+    dtype (float64 stays float64; integer labels become int64); a tensor that requires
+    gradients is detached, since data are constants of the fit.
+    """
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"Expected {name} to hold numbers, but got a numpy array of dtype "
+                            f"{value.dtype}.")
+        array = np.ascontiguousarray(value)
+        return torch.from_numpy(array.astype(np.int64) if array.dtype.kind in "bui" else array)
+    if isinstance(value, Tensor) and value.requires_grad:
+        return value.detach()
+    return value
+
+
 def check_data(x: object, y: object | None = None) -> tuple[Tensor, Tensor | None]:
-    """Check inputs ``x`` of shape (N, D) and, if given, targets ``y`` of length N."""
-    x = check_tensor("x", x, ndim=2, floating=True)
+    """Check inputs ``x`` of shape (N, D) and, if given, targets ``y`` of length N.
+
+    Returns them as tensors: numpy arrays are converted and tensors that require gradients
+    detached (see :func:`as_data_tensor`); nothing else is coerced.
+    """
+    x = check_tensor("x", as_data_tensor("x", x), ndim=2, floating=True)
     if y is None:
         return x, None
-    y = check_tensor("y", y, ndim=(1, 2))
+    y = check_tensor("y", as_data_tensor("y", y), ndim=(1, 2))
     if y.shape[0] != x.shape[0]:
         raise ValueError(
             f"Expected y to have one row per row of x ({x.shape[0]}), but got {y.shape[0]}."
