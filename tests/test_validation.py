@@ -1,4 +1,5 @@
-"""Observation noise tuned on held-out training data (bnn_zoo.evaluation.noise_tuning, Budget.validation)."""
+"""Observation noise tuned on held-out training data (bnn_zoo.evaluation.noise_tuning,
+Budget.validation)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class LaplaceFitPosterior:
         return predict(self.model, self.guide, x, num_samples=num_samples)
 
     def state_dict(self) -> dict:
-        raise ValueError("Saving a Laplace fit is not supported yet.")
+        raise NotImplementedError("Saving a Laplace fit is not supported yet.")
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class LaplaceFit:
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor):
-        raise ValueError("Loading a Laplace fit is not supported yet.")
+        raise NotImplementedError("Loading a Laplace fit is not supported yet.")
 
 
 VARIANTS = {
