@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Entry
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.reference import MAP_BUDGET, fan_in_mlp, map_guide
 
 register(Entry(

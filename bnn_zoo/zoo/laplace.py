@@ -29,8 +29,7 @@ from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.training import FitResult
 from bnn_zoo.guides.laplace import PREDICTIVES, LaplaceGuide, LaplacePosterior, fit_laplace
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Entry
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import mlp
 
 BUDGET = Budget(steps=2000, lr=1e-2, batch_size=256, jit=True)

@@ -12,8 +12,7 @@ from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.priors import GaussianPrior
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Entry
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import mlp
 
 

@@ -9,8 +9,7 @@ from functools import partial
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.gp import ExactGP
 from bnn_zoo.models.nngp import NNGPRegression
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Entry
+from bnn_zoo.zoo import Entry, register
 
 __all__ = ["MAX_TRAINING_POINTS", "nngp"]
 

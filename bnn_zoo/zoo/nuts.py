@@ -11,8 +11,7 @@ from __future__ import annotations
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.nuts import NUTS
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Entry
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.reference import fan_in_mlp, map_guide
 
 register(Entry(

@@ -19,8 +19,7 @@ from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.models.priors import GaussianPrior
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Entry
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import mlp
 
 #: Pyro's AutoNormal samples weights (no local reparameterisation): 8 vectorised particles

@@ -17,8 +17,7 @@ from bnn_zoo.core.checks import check_choice
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.logitnormal import LogitNormalSVI
 from bnn_zoo.models.rff import RandomFeatureRegression
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Entry
+from bnn_zoo.zoo import Entry, register
 
 __all__ = ["rff_model"]
 

@@ -26,8 +26,7 @@ from bnn_zoo.guides.flow import AffineShiftedFlow
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Entry
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import mlp
 
 BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
