@@ -184,3 +184,14 @@ def test_load_errors_name_the_file(tmp_path):
     torch.save({"format": "bnn_zoo.fitted/1", "entry": ScaleMixturePrior()}, pickled)
     with pytest.raises(ValueError, match="pickled.pt"):  # weights_only refuses the object
         zoo.load(pickled)
+
+
+def test_validated_noise_survives_save_and_load(tmp_path):
+    x, y, x_test, _ = tiny_problem("regression")
+    fitted = zoo.get("map").fit(x, y, validation=0.25, **TINY_BUDGET)
+    fitted.save(tmp_path / "map.pt")
+    loaded = zoo.load(tmp_path / "map.pt")
+    assert loaded.diagnostics["validated_noise_scale"] == fitted.diagnostics[
+        "validated_noise_scale"]
+    torch.testing.assert_close(loaded.predict(x_test).scale, fitted.predict(x_test).scale)
+    torch.testing.assert_close(loaded.predict(x_test).mean, fitted.predict(x_test).mean)
