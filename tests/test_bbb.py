@@ -212,7 +212,8 @@ def test_scale_mixture_log_prob_and_moments():
 
 def test_scale_mixture_prior_trains_with_monte_carlo_kl():
     d = data.load("sine")
-    fitted = zoo.get("bbb").fit(d.x_train, d.y_train, steps=300, prior=ScaleMixturePrior())
+    fitted = zoo.get("bbb").fit(d.x_train, d.y_train, steps=300,
+                                model_options={"prior": ScaleMixturePrior()})
     assert math.isfinite(fitted.result.losses[-1])
     assert fitted.result.losses[-1] < fitted.result.losses[0]
 

@@ -59,7 +59,7 @@ def test_fit_rejects_bad_options():
     with pytest.raises(TypeError, match="elbo"):
         bnn_zoo.fit(model, guide, x, y, steps=2, elbo="Trace_ELBO")
     with pytest.raises(ValueError, match="hiden"):
-        zoo.get("bbb").fit(x, y, hiden=(3,))
+        zoo.get("bbb").fit(x, y, model_options={"hiden": (3,)})
 
 
 def test_unknown_names_and_bad_hyperparameters():
@@ -86,7 +86,8 @@ def test_unknown_names_and_bad_hyperparameters():
 
 def test_same_seed_same_result_and_other_seed_differs():
     x, y = small_problem()
-    runs = [zoo.get("bbb").fit(x, y, seed=s, steps=30, hidden=(8,)) for s in (3, 3, 4)]
+    runs = [zoo.get("bbb").fit(x, y, seed=s, steps=30, model_options={"hidden": (8,)})
+            for s in (3, 3, 4)]
     means = []
     for fitted in runs:
         pyro.set_rng_seed(0)

@@ -106,7 +106,7 @@ def test_model_and_data_on_different_devices_is_a_value_error():
 
 def test_fitted_predict_refuses_x_on_another_device():
     x, y = problem("regression", 1, "cpu")
-    fitted = zoo.get("bbb").fit(x, y, steps=2, hidden=(4,), jit=False)
+    fitted = zoo.get("bbb").fit(x, y, steps=2, jit=False, model_options={"hidden": (4,)})
     with pytest.raises(ValueError, match="Expected x on device cpu, but got meta"):
         fitted.predict(x.to("meta"))
 
@@ -128,7 +128,8 @@ def test_check_device():
 @pytest.mark.parametrize("task,out_dim", TASKS)
 def test_entry_fits_and_predicts_in_the_dtype_of_the_data(task, out_dim):
     x, y = problem(task, out_dim, "cpu", torch.float64, n=40)
-    fitted = zoo.get("bbb").fit(x, y, task=task, steps=5, batch_size=16, hidden=(8,))
+    fitted = zoo.get("bbb").fit(x, y, task=task, steps=5, batch_size=16,
+                                model_options={"hidden": (8,)})
     assert {p.dtype for p in fitted.guide.parameters()} == {torch.float64}
     assert fitted.predict(x, num_samples=3).mean.dtype == torch.float64
     assert all(isinstance(v, float) for v in fitted.evaluate(x, y, num_samples=3).values())
@@ -139,7 +140,8 @@ def test_entry_fits_and_predicts_in_the_dtype_of_the_data(task, out_dim):
 @pytest.mark.parametrize("name", GUIDES)
 def test_entry_fits_and_predicts_on_cuda(name, task, out_dim):
     x, y = problem(task, out_dim, "cuda", n=40)
-    fitted = zoo.get(name).fit(x, y, task=task, steps=5, batch_size=16, hidden=(8,))
+    fitted = zoo.get(name).fit(x, y, task=task, steps=5, batch_size=16,
+                               model_options={"hidden": (8,)})
     assert {p.device.type for p in fitted.guide.parameters()} == {"cuda"}
     pred = fitted.predict(x, num_samples=3)
     assert all(v.device.type == "cuda" for v in vars(pred).values())

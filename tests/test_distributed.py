@@ -66,8 +66,8 @@ def worker(rank: int, port: int, out: str) -> None:
         model = BayesianMLP(2, 1, (5,)).double()
         bnn_zoo.fit(model, BayesByBackpropGuide(model), x, y, steps=2, batch_size=4,
                     checkpoint=checkpoint, distributed=True, seed=0)
-        fitted = zoo.get("bbb").fit(x, y, steps=2, hidden=(4,), jit=False, distributed=True,
-                                   validation=0.25)
+        fitted = zoo.get("bbb").fit(x, y, steps=2, jit=False, distributed=True, validation=0.25,
+                                   model_options={"hidden": (4,)})
         torch.save({"params": params, "losses": losses, "x_mean": fitted.x_scaler.mean,
                     "x_std": fitted.x_scaler.std, "y_mean": fitted.y_scaler.mean,
                     "noise": fitted.diagnostics["validated_noise_scale"],

@@ -232,13 +232,14 @@ def test_classification_data_sets_load():
 def test_mean_field_clf_entry():
     entry = zoo.get("mean_field_clf")
     assert entry.tasks == ("classification",) and "mean_field_clf" in zoo.names("classification")
-    assert (ROOT.parent / "shared" / "seeds" / entry.seed).name == "002_94e5f375167402f2.txt"
-    assert entry.elbo is pyro.infer.TraceMeanField_ELBO
+    assert (ROOT.parent / "shared" / "seeds" / entry.source).name == "002_94e5f375167402f2.txt"
+    assert entry.method.elbo is pyro.infer.TraceMeanField_ELBO
     d = data.load("wine")
-    fitted = entry.fit(d.x_train, d.y_train, steps=3, prior_scale=0.5, hidden=(8,))
+    fitted = entry.fit(d.x_train, d.y_train, steps=3,
+                       model_options={"prior_scale": 0.5, "hidden": (8,)})
     assert isinstance(fitted.guide, MeanFieldGuide) and fitted.model.prior.scale == 0.5
     with pytest.raises(ValueError, match="prior_scale"):
-        entry.fit(d.x_train, d.y_train, steps=3, prior_scale=0.0)
+        entry.fit(d.x_train, d.y_train, steps=3, model_options={"prior_scale": 0.0})
     with pytest.raises(ValueError, match="classification"):
         entry.fit(d.x_train, d.y_train.double())
 

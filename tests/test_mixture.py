@@ -309,17 +309,17 @@ def test_bad_input_is_rejected():
 def test_zoo_entry_fits_and_predicts():
     d = data.load("sine")
     entry = zoo.get("mixture")
-    assert entry.seed == "003_b80c1764357a09e5.txt"
-    fitted = entry.fit(d.x_train, d.y_train, steps=60, num_components=3, estimator="pathwise",
-                       hidden=(10,), lr=0.03)
+    assert entry.source == "003_b80c1764357a09e5.txt"
+    fitted = entry.fit(d.x_train, d.y_train, steps=60, lr=0.03, model_options={"hidden": (10,)},
+                       guide_options={"num_components": 3, "estimator": "pathwise"})
     assert fitted.result.losses[-1] < fitted.result.losses[0]
     assert 1.0 <= fitted.guide.effective_components() <= 3.0
     metrics = fitted.evaluate(d.x_test, d.y_test, num_samples=50)
     assert math.isfinite(metrics["ll"]) and metrics["rmse"] < 1.0
     pyro.set_rng_seed(0)
     two_moons = data.load("two_moons")
-    fitted = entry.fit(two_moons.x_train, two_moons.y_train, steps=10, estimator="score",
-                       hidden=(10,))
+    fitted = entry.fit(two_moons.x_train, two_moons.y_train, steps=10,
+                       model_options={"hidden": (10,)}, guide_options={"estimator": "score"})
     assert 0.0 <= fitted.evaluate(two_moons.x_test, two_moons.y_test)["accuracy"] <= 1.0
 
 

@@ -12,8 +12,8 @@ import torch
 
 from bnn_zoo import data, zoo
 from bnn_zoo.core.predictive import GaussianMixturePredictive
-from bnn_zoo.zoo.ensemble import mixture
-from bnn_zoo.zoo.nuts import PosteriorSamples
+from bnn_zoo.methods.ensemble import mixture
+from bnn_zoo.methods.nuts import PosteriorSamples
 
 
 def linear_data(n: int = 20):
@@ -33,8 +33,9 @@ def test_nuts_matches_closed_form_linear_regression_posterior():
     in standardised units. NUTS must match it within 5 Monte Carlo standard errors
     (computed from its own effective sample size), and converge (R-hat < 1.1)."""
     x, y = linear_data()
-    fitted = zoo.get("nuts").fit(x, y, hidden=(), steps=300, warmup=200, samples=300,
-                                 chains=2, max_tree_depth=4)
+    fitted = zoo.get("nuts").fit(x, y, steps=300, model_options={"hidden": ()},
+                                 method_options={"warmup": 200, "samples": 300, "chains": 2,
+                                                 "max_tree_depth": 4})
     diag = fitted.diagnostics
     assert diag["r_hat_max"] < 1.1 and diag["r_hat_f_max"] < 1.1
     assert diag["ess_min"] > 50 and diag["ess_f_min"] > 50
@@ -72,10 +73,14 @@ def test_posterior_samples_spreads_draws_evenly():
 
 def test_nuts_options_are_checked():
     x, y = linear_data()
-    with pytest.raises(ValueError, match="no_such_option"):
+    with pytest.raises(ValueError, match="budget option 'no_such_option'"):
         zoo.get("nuts").fit(x, y, no_such_option=1)
+    with pytest.raises(ValueError, match="method_options 'hidden'.*max_tree_depth"):
+        zoo.get("nuts").fit(x, y, method_options={"hidden": (3,)})
+    with pytest.raises(ValueError, match="warmup"):
+        zoo.get("nuts").fit(x, y, method_options={"warmup": 0})
     with pytest.raises(zoo.UnsupportedProblem, match="max_points"):
-        zoo.get("nuts").fit(x, y, max_points=5)
+        zoo.get("nuts").fit(x, y, method_options={"max_points": 5})
 
 
 def test_ensemble_is_the_equal_mixture_of_its_members():
@@ -89,7 +94,7 @@ def test_ensemble_is_the_equal_mixture_of_its_members():
     assert torch.allclose(both.log_prob(y), expected)
 
     d = data.load("sine")
-    fitted = zoo.get("ensemble").fit(d.x_train, d.y_train, steps=20, members=3)
+    fitted = zoo.get("ensemble").fit(d.x_train, d.y_train, steps=20, method_options={"members": 3})
     pred = fitted.predict(d.x_test, num_samples=50)
     assert pred.loc.shape == (3, d.x_test.shape[0])
     assert not torch.allclose(pred.loc[0], pred.loc[1])  # members differ by their seed

@@ -165,11 +165,12 @@ def test_bad_input_is_rejected():
     entry = zoo.get("rff_logitnormal")
     x, y = torch.randn(20, 2), torch.randn(20)
     with pytest.raises(ValueError, match="objective"):
-        entry.fit(x, y, objective="alg2", steps=1)
+        entry.fit(x, y, method_options={"objective": "alg2"}, steps=1)
     with pytest.raises(ValueError, match="batch_size"):
-        entry.fit(x, y, objective="collapsed", steps=1, batch_size=5)
+        entry.fit(x, y, method_options={"objective": "collapsed"}, steps=1,
+                  batch_size=5)
     with pytest.raises(ValueError, match="inner_steps"):
-        entry.fit(x, y, objective="alg1", inner_steps=0, steps=1)
+        entry.fit(x, y, method_options={"objective": "alg1", "inner_steps": 0}, steps=1)
 
 
 def test_learns_the_relevant_inputs():
@@ -177,8 +178,9 @@ def test_learns_the_relevant_inputs():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(500, 10, generator=gen)
     y = torch.sin(2 * x[:, 0]) + 0.5 * x[:, 1] ** 2 + 0.1 * torch.randn(500, generator=gen)
-    fitted = zoo.get("rff_logitnormal").fit(x, y, objective="collapsed", steps=250,
-                                            num_features=50)
+    fitted = zoo.get("rff_logitnormal").fit(x, y, steps=250,
+                                            method_options={"objective": "collapsed"},
+                                            model_options={"num_features": 50})
     mean, lo, hi = fitted.guide.relevance()
     assert mean[:2].min() > mean[2:].max(), mean
     assert (mean[2:] < 0.2).all(), mean
@@ -193,8 +195,9 @@ def test_objectives_agree_on_sine():
     d = data.load("sine")
     lls = {}
     for objective in ("alg3", "alg1", "collapsed"):
-        fitted = zoo.get("rff_logitnormal").fit(d.x_train, d.y_train, objective=objective,
-                                                steps=250, num_features=50, seed=0)
+        fitted = zoo.get("rff_logitnormal").fit(d.x_train, d.y_train, steps=250, seed=0,
+                                                method_options={"objective": objective},
+                                                model_options={"num_features": 50})
         lls[objective] = fitted.evaluate(d.x_test, d.y_test, num_samples=100)["ll"]
     assert max(lls.values()) - min(lls.values()) < 0.1, lls
     noise_ll = -0.5 * math.log(2 * math.pi * d.noise_scale**2) - 0.5
@@ -216,8 +219,8 @@ def test_svi_step_with_minibatches_for_algorithm_3():
 def test_collapsed_fit_on_yacht(uci_data):
     """A short collapsed fit on UCI yacht beats a Gaussian fitted to the training targets."""
     d = data.load("uci/yacht", 0)
-    fitted = zoo.get("rff_logitnormal").fit(d.x_train, d.y_train, objective="collapsed",
-                                            steps=150)
+    fitted = zoo.get("rff_logitnormal").fit(d.x_train, d.y_train, steps=150,
+                                            method_options={"objective": "collapsed"})
     baseline = torch.distributions.Normal(d.y_train.mean(), d.y_train.std()).log_prob(d.y_test)
     assert fitted.evaluate(d.x_test, d.y_test, num_samples=50)["ll"] > baseline.mean() + 1.0
 

@@ -1,4 +1,5 @@
-"""Observation noise tuned on held-out training data (bnn_zoo.evaluation.noise_tuning, Budget.validation)."""
+"""Observation noise tuned on held-out training data (bnn_zoo.evaluation.noise_tuning,
+Budget.validation)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pyro import poutine
 
 from bnn_zoo import zoo
 from bnn_zoo.evaluation.noise_tuning import holdout, validated_noise_scale, with_noise_scale
@@ -81,6 +83,11 @@ def test_entry_predicts_with_the_validated_noise():
         unbiased=False))))
     learned = zoo.get("map").fit(x, y, steps=300, seed=0, validation=0.0)
     assert "validated_noise_scale" not in learned.diagnostics
+    # the Pyro pair predicts with the same noise: the likelihood at obs has scale sigma
+    xs = fitted.x_scaler.transform(x)
+    guide_trace = poutine.trace(fitted.guide).get_trace(xs)
+    trace = poutine.trace(poutine.replay(fitted.model, guide_trace)).get_trace(xs)
+    torch.testing.assert_close(trace.nodes["obs"]["fn"].scale, torch.full((80,), sigma))
 
 
 def test_classification_ignores_validation():

@@ -13,21 +13,30 @@ after fitting on the rest, :func:`validated_noise_scale` picks the noise scale
 
 of the predictive mixture's means ``mu_s`` on the ``V`` validation points, by a
 search over ``log sigma``, and :func:`with_noise_scale` puts it in place of the
-learned one.
+learned one. :func:`tune_noise` does both for a fitted posterior and returns a
+:class:`NoiseTunedPosterior`, whose model has the tuned noise too, so that
+``pyro.infer.Predictive(model, guide=guide)`` samples the same predictive.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import pyro.distributions as dist
 import torch
-from torch import Tensor
+from pyro.poutine.messenger import Messenger
+from torch import Tensor, nn
 
 from bnn_zoo.core import distributed as distributed_module
 from bnn_zoo.core.checks import check_positive
 from bnn_zoo.core.predictive import GaussianMixturePredictive
+from bnn_zoo.core.training import FitResult
+from bnn_zoo.methods.base import Posterior
 
-__all__ = ["holdout", "validated_noise_scale", "with_noise_scale"]
+__all__ = ["NoiseTunedPosterior", "ObservationScale", "holdout", "tune_noise",
+           "validated_noise_scale", "with_noise_scale"]
 
 
 def holdout(x: Tensor, y: Tensor, fraction: float, *, seed: int
@@ -93,3 +102,71 @@ def validated_noise_scale(loc: Tensor, y: Tensor, *, lower: float = 1e-4, upper:
 def with_noise_scale(pred: GaussianMixturePredictive, sigma: float) -> GaussianMixturePredictive:
     """The same mixture means with every component's scale set to ``sigma``."""
     return GaussianMixturePredictive(pred.loc, torch.full_like(pred.scale, sigma))
+
+
+class _set_obs_scale(Messenger):
+    """Replace the scale of the Normal likelihood at site ``obs`` by ``scale``."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def _pyro_sample(self, msg) -> None:
+        if msg["name"] != "obs":
+            return
+        fn = msg["fn"]
+        if not isinstance(fn, dist.Normal):
+            raise TypeError(f"Expected a Normal likelihood at site 'obs', got {fn!r}.")
+        msg["fn"] = dist.Normal(fn.loc, torch.full_like(fn.loc, self.scale))
+
+
+class ObservationScale(nn.Module):
+    """``model`` with the scale of its Normal likelihood at ``obs`` set to ``scale``."""
+
+    def __init__(self, model: Callable, scale: float) -> None:
+        super().__init__()
+        self.model = model
+        self.scale = check_positive("scale", scale)
+
+    def forward(self, x: Tensor, y: Tensor | None = None):
+        with _set_obs_scale(self.scale):
+            return self.model(x, y)
+
+
+@dataclass
+class NoiseTunedPosterior:
+    """``inner`` with every predictive component's noise scale set to ``noise_scale``
+    (standardised units), in :meth:`predict` and in the Pyro model alike."""
+
+    inner: Posterior
+    noise_scale: float
+
+    def __post_init__(self) -> None:
+        self.model = ObservationScale(self.inner.model, self.noise_scale)
+
+    @property
+    def guide(self) -> Callable | None:
+        return self.inner.guide
+
+    @property
+    def result(self) -> FitResult | None:
+        return self.inner.result
+
+    @property
+    def diagnostics(self) -> dict[str, float]:
+        return {**self.inner.diagnostics, "validated_noise_scale": self.noise_scale}
+
+    def predict(self, x: Tensor, num_samples: int) -> GaussianMixturePredictive:
+        return with_noise_scale(self.inner.predict(x, num_samples), self.noise_scale)
+
+    def state_dict(self) -> dict:
+        return {"inner": self.inner.state_dict(), "noise_scale": self.noise_scale}
+
+
+def tune_noise(posterior: Posterior, x_val: Tensor, y_val: Tensor, *, num_samples: int = 200,
+               distributed: bool = False) -> NoiseTunedPosterior:
+    """``posterior`` with its noise scale tuned on held-out standardised ``x_val``, ``y_val``
+    (with ``distributed=True``, on the held-out rows of every process together)."""
+    sigma = validated_noise_scale(posterior.predict(x_val, num_samples).loc, y_val,
+                                  distributed=distributed)
+    return NoiseTunedPosterior(posterior, sigma)

@@ -11,17 +11,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import pyro
+import torch
 from torch import Tensor
 
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.training import FitResult
 
-__all__ = ["Budget", "Method", "ModelFactory", "Posterior", "Predictive"]
+__all__ = ["Budget", "Method", "ModelFactory", "Posterior", "Predictive", "UnsupportedProblem",
+           "load_module_state"]
 
 Predictive = GaussianMixturePredictive | CategoricalPredictive
 
-#: Builds a fresh Pyro model (on the device and in the dtype of the data) each call.
-ModelFactory = Callable[[], Callable]
+#: Builds a fresh Pyro model (on the device and in the dtype of the data) each call;
+#: keyword arguments replace the entry's model options for that model (NUTS fixes the
+#: noise scale of its MAP start with ``build_model(noise_scale=...)``).
+ModelFactory = Callable[..., Callable]
+
+
+class UnsupportedProblem(ValueError):
+    """A method or entry cannot handle this problem (task, data size, ...); benchmarks and
+    the CLI skip it and report the message as the reason."""
 
 
 @dataclass(frozen=True)
@@ -64,11 +74,56 @@ class Posterior(Protocol):
         """The posterior predictive at standardised inputs ``x`` (N, D)."""
         ...
 
+    def state_dict(self) -> dict:
+        """Everything :meth:`Method.restore` needs, as tensors and plain Python data
+        (loadable with ``torch.load(weights_only=True)``)."""
+        ...
+
 
 class Method(Protocol):
     """An inference method: ``fit`` builds what it needs from ``build_model`` and fits it to
-    standardised ``x`` (N, D), ``y`` (N,) under ``budget``, seeded by ``seed``."""
+    standardised ``x`` (N, D), ``y`` (N,) under ``budget``, seeded by ``seed``;
+    ``restore`` rebuilds the posterior of a ``Posterior.state_dict()`` (``x``, ``y``: a few
+    standardised inputs and targets of the fit's shape, dtype and device, on which lazily
+    built guides are run once to create their parameters).
+    ``with_guide_options`` passes the keyword options of an SVI guide factory down to
+    where the method builds its guides (a ``ValueError`` where it builds none)."""
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> Posterior:
         ...
+
+    def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
+                y: Tensor) -> Posterior:
+        ...
+
+    def with_guide_options(self, options: dict) -> Method:
+        ...
+
+
+def _assign_buffers(module: torch.nn.Module, state: dict[str, Tensor]) -> None:
+    """Set every buffer of ``module`` named in ``state`` to the stored tensor, whatever its
+    current value (``None``, or data of another shape)."""
+    for key, value in state.items():
+        owner_name, _, name = key.rpartition(".")
+        try:
+            owner = module.get_submodule(owner_name)
+        except AttributeError:  # a submodule built lazily, on the first call
+            continue
+        if name in owner._buffers:
+            owner._buffers[name] = value
+
+
+def load_module_state(module: torch.nn.Module, state: dict[str, Tensor], *,
+                      initialise: Callable[[], object] | None = None) -> None:
+    """``module.load_state_dict(state)`` for modules whose state ``load_state_dict`` alone
+    cannot restore: buffers registered as ``None`` or holding data of another size (such
+    as a guide's conditioning data) are set from ``state``, before and after
+    ``initialise`` (called without gradients, in a private Pyro parameter store, so that
+    lazily built parameters exist); then the state is loaded."""
+    _assign_buffers(module, state)
+    if initialise is not None:
+        with torch.no_grad(), pyro.get_param_store().scope():
+            initialise()
+        _assign_buffers(module, state)
+    module.load_state_dict(state)

@@ -1,19 +1,26 @@
 """The zoo: a registry of model/guide pairs that all fit, predict and evaluate alike.
 
-``names()`` lists the entries, ``get(name)`` returns an :class:`Entry`. Entries live
-in the modules of this package (one per method), each calling :func:`register`;
-they are imported on first use. This is the one place in ``bnn_zoo`` that names
+``names()`` lists the entries, ``get(name)`` returns an :class:`Entry`, ``load(path)``
+reads back a :class:`Fitted` written by ``Fitted.save``. Entries live in the modules of
+this package, each a short declaration calling :func:`register`; they are imported on
+first use. This is the one place in ``bnn_zoo`` that names
 models and guides: the CLI and the benchmarks reach them only through it.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import pickle
 import pkgutil
 
-from bnn_zoo.zoo._entry import Budget, Entry, Fitted, UnsupportedProblem
+import torch
 
-__all__ = ["Budget", "Entry", "Fitted", "UnsupportedProblem", "get", "names", "register"]
+from bnn_zoo.methods.base import Budget, UnsupportedProblem
+from bnn_zoo.zoo._entry import FILE_FORMAT, Entry, Fitted
+
+__all__ = ["Budget", "Entry", "Fitted", "UnsupportedProblem", "get", "load", "names",
+           "register"]
 
 _REGISTRY: dict[str, Entry] = {}
 _LOADED = False
@@ -48,3 +55,22 @@ def get(name: str) -> Entry:
     if name not in _REGISTRY:
         raise ValueError(f"Unknown zoo entry {name!r}; expected one of: {', '.join(names())}.")
     return _REGISTRY[name]
+
+
+def load(path: str | os.PathLike, *, map_location: str | torch.device | None = None) -> Fitted:
+    """The :class:`Fitted` saved at ``path`` by ``Fitted.save``, rebuilt through its
+    entry's factories. The file is read with ``torch.load(weights_only=True)``: it runs
+    no pickled code. ``map_location`` as in ``torch.load`` (e.g. ``"cpu"``)."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as error:
+        raise ValueError(f"Cannot read a fitted zoo entry from {os.fspath(path)!r}: "
+                         f"{error}") from error
+    if not isinstance(state, dict) or state.get("format") != FILE_FORMAT:
+        raise ValueError(f"{os.fspath(path)!r} is not a fitted zoo entry (expected format "
+                         f"{FILE_FORMAT!r}).")
+    try:
+        return get(state["entry"]).restore(state, source=repr(os.fspath(path)))
+    except (KeyError, TypeError, RuntimeError) as error:
+        raise ValueError(f"Cannot rebuild the fitted zoo entry in {os.fspath(path)!r}: "
+                         f"{error!r}") from error

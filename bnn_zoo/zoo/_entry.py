@@ -1,76 +1,114 @@
-"""Zoo entries and fitted results (the contract of DESIGN.md)."""
+"""Zoo entries and fitted results (the contract of DESIGN.md).
+
+An :class:`Entry` declares a model factory, an inference method (:mod:`bnn_zoo.methods`)
+and a budget. :meth:`Entry.fit` alone standardises the data with the training
+statistics, fits the method on standardised data and wraps the posterior in a
+:class:`Fitted`, which maps predictions back to the caller's units.
+"""
 
 from __future__ import annotations
 
-import inspect
+import os
+import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
 
 import pyro
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from bnn_zoo.core import distributed
 from bnn_zoo.core.checks import check_data, check_device, check_positive_int
-from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
+from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.core.training import FitResult, fit
+from bnn_zoo.core.training import FitResult
 from bnn_zoo.evaluation.metrics import metrics
-from bnn_zoo.evaluation.noise_tuning import holdout, validated_noise_scale, with_noise_scale
-from bnn_zoo.methods.base import Budget
+from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior, holdout, tune_noise
+from bnn_zoo.methods.base import Budget, Method, ModelFactory, Posterior, UnsupportedProblem
+from bnn_zoo.methods.svi import accepted_keywords, check_keywords
+
+__all__ = ["FILE_FORMAT", "Entry", "Fitted", "Predictive"]
 
 Predictive = GaussianMixturePredictive | CategoricalPredictive
 
+#: The ``format`` field of a saved :class:`Fitted`.
+FILE_FORMAT = "bnn_zoo.fitted/1"
+_PLAIN = (bool, int, float, str, type(None), Tensor)
 
-class UnsupportedProblem(ValueError):
-    """An entry cannot handle this problem (task, data size, ...); benchmarks and the
-    CLI skip it and report the message as the reason."""
+
+def _check_plain(name: str, value: Any) -> None:
+    """A ``ValueError`` naming ``name`` unless ``value`` is tensors and plain data."""
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_plain(f"{name}[{i}]", item)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"Cannot save {name}: expected string keys, got {key!r}.")
+            _check_plain(f"{name}[{key!r}]", item)
+    elif not isinstance(value, _PLAIN):
+        raise ValueError(f"Cannot save {name} = {value!r}: only tensors and plain Python data "
+                         "(numbers, strings, lists, tuples, dicts) can be saved.")
 
 
 @dataclass
 class Fitted:
     """A fitted entry, working in the caller's units.
 
-    ``predict(x)`` standardises ``x`` with the training statistics, predicts, and
-    maps regression predictives back to the units of ``y``; ``x`` must be on the
-    device the entry was fitted on.
+    ``predict(x)`` standardises ``x`` with the training statistics, predicts with the
+    posterior, and maps regression predictives back to the units of ``y``; ``x`` must be
+    on the device the entry was fitted on. ``in_dim``, ``out_dim`` and ``options`` (the
+    ``model_options``, ``guide_options`` and ``method_options`` of the fit) are what
+    :meth:`save` needs to rebuild the model.
     """
 
     entry: str
     task: str
-    model: Callable
-    guide: Callable | None
     x_scaler: Standardizer
     y_scaler: Standardizer | None
+    posterior: Posterior
     fit_seconds: float
-    result: FitResult | None = None
-    predict_standardized: Callable[[Tensor, int], Predictive] | None = field(default=None,
-                                                                           repr=False)
-    diagnostics: dict[str, float] = field(default_factory=dict)
+    in_dim: int
+    out_dim: int
+    options: dict[str, dict[str, Any]]
+
+    @property
+    def model(self) -> Callable:
+        """The Pyro model, in standardised units."""
+        return self.posterior.model
+
+    @property
+    def guide(self) -> Callable | None:
+        """The guide: ``pyro.infer.Predictive(model, guide=guide)`` samples the posterior
+        predictive in standardised units."""
+        return self.posterior.guide
+
+    @property
+    def result(self) -> FitResult | None:
+        return self.posterior.result
+
+    @property
+    def diagnostics(self) -> dict[str, float]:
+        return self.posterior.diagnostics
 
     def predict(self, x: Tensor, num_samples: int = 200) -> Predictive:
         """Posterior predictive at ``x`` (N, D) in original units."""
         x, _ = check_data(x)
         check_device("x", x.device, expected=self.x_scaler.mean.device)
         check_positive_int("num_samples", num_samples)
-        if x.shape[1] != self.x_scaler.mean.shape[0]:
-            raise ValueError(
-                f"Expected x with {self.x_scaler.mean.shape[0]} columns, got {x.shape[1]}."
-            )
-        pred = self.predict_in_fit_units(self.x_scaler.transform(x), num_samples)
+        if x.shape[1] != self.in_dim:
+            raise ValueError(f"Expected x with {self.in_dim} columns, got {x.shape[1]}.")
+        pred = self.posterior.predict(self.x_scaler.transform(x), num_samples)
         if self.y_scaler is not None:
             pred = pred.affine(self.y_scaler.mean, self.y_scaler.std)
         return pred
 
-    def predict_in_fit_units(self, z: Tensor, num_samples: int) -> Predictive:
-        """Posterior predictive at standardised inputs ``z``, in standardised units."""
-        if self.predict_standardized is not None:
-            return self.predict_standardized(z, num_samples)
-        return predict(self.model, self.guide, z, num_samples=num_samples)
-
     def evaluate(self, x: Tensor, y: Tensor, num_samples: int = 200) -> dict[str, float]:
-        """Test metrics in original units (see :mod:`bnn_zoo.evaluation.metrics`) plus ``fit_seconds``."""
+        """Test metrics in original units (see :mod:`bnn_zoo.evaluation.metrics`) plus
+        ``fit_seconds``."""
         x, y = check_data(x, y)
         out = metrics(self.predict(x, num_samples), y)
         out["fit_seconds"] = self.fit_seconds
@@ -78,58 +116,109 @@ class Fitted:
             out["steps_per_second"] = self.result.steps_per_second
         return out
 
-
-def split_options(kwargs: dict, *targets: Callable) -> list[dict]:
-    """Route each keyword to the first of ``targets`` whose signature accepts it."""
-    accepted = [set(inspect.signature(t).parameters) for t in targets]
-    routed: list[dict] = [{} for _ in targets]
-    for key, value in kwargs.items():
-        for names, out in zip(accepted, routed):
-            if key in names:
-                out[key] = value
-                break
-        else:
-            every = sorted(set().union(*accepted) - {"self", "model", "in_dim", "out_dim", "task"})
-            raise ValueError(f"Unknown option {key!r}; expected one of: {', '.join(every)}.")
-    return routed
+    def save(self, path: str | os.PathLike) -> None:
+        """Write this fit to ``path`` as tensors and plain data only (state dicts, scalers,
+        entry name, task, dimensions, options, the method's state), atomically: a
+        temporary file in the same folder renamed over ``path``. Read it back with
+        :func:`bnn_zoo.zoo.load`."""
+        path = Path(path)
+        posterior = self.posterior
+        noise = None
+        if isinstance(posterior, NoiseTunedPosterior):
+            posterior, noise = posterior.inner, posterior.noise_scale
+        _check_plain("options", self.options)
+        state = {
+            "format": FILE_FORMAT, "entry": self.entry, "task": self.task,
+            "in_dim": self.in_dim, "out_dim": self.out_dim,
+            "dtype": str(self.x_scaler.mean.dtype).removeprefix("torch."),
+            "x_scaler": {"mean": self.x_scaler.mean, "std": self.x_scaler.std},
+            "y_scaler": None if self.y_scaler is None else
+            {"mean": self.y_scaler.mean, "std": self.y_scaler.std},
+            "options": self.options, "fit_seconds": self.fit_seconds,
+            "validated_noise_scale": noise, "posterior": posterior.state_dict(),
+        }
+        _check_plain("the posterior's state", state["posterior"])
+        handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as f:
+                torch.save(state, f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A registered model/guide pair.
+    """A registered model and inference method.
 
-    ``model(in_dim, out_dim, *, task, **hyper)`` builds the Pyro model,
-    ``guide(model, **options)`` its guide, ``elbo`` the ELBO class, and
-    ``fit`` runs the whole method on data in the caller's units. An entry whose
-    method is not plain SVI (Laplace, NUTS, ensembles) passes its own ``fitter``
-    with the signature of :func:`svi_fitter`. ``tunable_noise`` marks an entry whose
-    regression predictive is a mixture ``1/S sum_s N(f_s(x), sigma^2)`` with one
-    learned ``sigma``, which ``Budget.validation`` may replace by a held-out optimum
-    (not so where the predictive variance has an epistemic part in closed form, as in
-    Laplace's GLM predictive or a GP).
+    ``model(in_dim, out_dim, *, task, **model_options)`` builds the Pyro model,
+    ``method`` (a dataclass of :mod:`bnn_zoo.methods`) fits it, ``budget`` is the
+    training budget for every data set, ``source`` the seed document it implements.
+    ``tunable_noise`` marks an entry whose regression predictive is a mixture
+    ``1/S sum_s N(f_s(x), sigma^2)`` with one learned ``sigma``, which
+    ``Budget.validation`` may replace by a held-out optimum (not so where the predictive
+    variance has an epistemic part in closed form, as in Laplace's GLM predictive or a GP).
     """
 
     name: str
     description: str
     tasks: tuple[str, ...]
     model: Callable[..., Callable]
-    guide: Callable[..., Callable] | None
-    seed: str | None = None
+    method: Method
     budget: Budget = Budget()
-    elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO
-    fitter: Callable[..., Fitted] | None = None
+    source: str | None = None
     tunable_noise: bool = False
 
-    def fit(self, x: Tensor, y: Tensor, *, task: str | None = None, seed: int = 0,
-            progress: bool | None = False, **overrides) -> Fitted:
-        """Standardise with the training statistics, build model and guide, and fit.
+    @property
+    def guide(self) -> Callable[..., Callable] | None:
+        """The SVI guide factory ``guide(model, **guide_options)`` of the method, or
+        ``None`` where the method trains no guide of its own (NUTS, exact GP)."""
+        return getattr(self.method, "guide", None)
 
-        ``overrides`` may change any :class:`Budget` field (``steps``, ``lr``, ...),
-        any hyperparameter of the model factory (``hidden``, ``prior``, ...) and any
-        option of the guide factory. Everything runs on the device and in the dtype
-        of ``x``. With ``distributed=True`` (see :mod:`bnn_zoo.core.distributed`) ``x`` and
-        ``y`` are this process's shard, and the standardisation statistics and the
-        number of classes are those of all the shards together.
+    def configure(self, model_options: Mapping[str, Any] | None = None,
+                  guide_options: Mapping[str, Any] | None = None,
+                  method_options: Mapping[str, Any] | None = None
+                  ) -> tuple[dict[str, Any], Method]:
+        """The checked model options and the method with ``method_options`` (fields of its
+        dataclass) and ``guide_options`` in place; unknown keys raise a ``ValueError``."""
+        model_options = check_keywords(
+            "model_options", model_options or {},
+            accepted_keywords(self.model, skip=("in_dim", "out_dim", "task")))
+        method_options = check_keywords("method_options", method_options or {},
+                                        {f.name for f in fields(self.method)})
+        method = replace(self.method, **method_options) if method_options else self.method
+        if guide_options:
+            method = method.with_guide_options(guide_options)
+        return model_options, method
+
+    def model_factory(self, in_dim: int, out_dim: int, task: str,
+                      model_options: Mapping[str, Any], like: Tensor) -> ModelFactory:
+        """``build_model(**overrides)``: a fresh model on the device and in the dtype of
+        ``like``, ``overrides`` replacing ``model_options``."""
+
+        def build_model(**overrides: Any) -> Callable:
+            model = self.model(in_dim, out_dim, task=task, **{**model_options, **overrides})
+            if isinstance(model, nn.Module):
+                model = model.to(device=like.device, dtype=like.dtype)
+            return model
+
+        return build_model
+
+    def fit(self, x: Tensor, y: Tensor, *, task: str | None = None, seed: int = 0,
+            progress: bool | None = False, model_options: Mapping[str, Any] | None = None,
+            guide_options: Mapping[str, Any] | None = None,
+            method_options: Mapping[str, Any] | None = None,
+            **budget_overrides: Any) -> Fitted:
+        """Standardise with the training statistics, fit the method, and wrap the result.
+
+        ``model_options`` go to the model factory, ``guide_options`` to the guide factory,
+        ``method_options`` replace fields of the method (e.g. ``members=3``), and
+        ``budget_overrides`` replace :class:`Budget` fields (``steps``, ``lr``, ...).
+        Everything runs on the device and in the dtype of ``x``. With
+        ``distributed=True`` (see :mod:`bnn_zoo.core.distributed`) ``x`` and ``y`` are
+        this process's shard, and the standardisation statistics and the number of
+        classes are those of all the shards together.
         """
         x, y = check_data(x, y)
         task = task or ("classification" if not y.is_floating_point() else "regression")
@@ -142,13 +231,13 @@ class Entry:
         if task == "classification" and (y.dim() != 1 or y.is_floating_point() or y.min() < 0):
             raise ValueError("Expected y to be integer class labels 0..C-1 of shape (N,) for "
                              "classification.")
-        budget_keys = {f.name for f in fields(Budget)}
-        budget = replace(self.budget, **{k: v for k, v in overrides.items() if k in budget_keys})
-        rest = {k: v for k, v in overrides.items() if k not in budget_keys}
-        fitter = self.fitter or svi_fitter
-        if budget.distributed and fitter is not svi_fitter:
-            raise ValueError(f"Entry {self.name!r} has its own fitter, which does not train "
-                             "data-parallel; distributed=True needs an SVI entry.")
+        overrides = check_keywords("budget option", budget_overrides,
+                                   {f.name for f in fields(Budget)})
+        budget = replace(self.budget, **overrides)
+        options = {"model_options": dict(model_options or {}),
+                   "guide_options": dict(guide_options or {}),
+                   "method_options": dict(method_options or {})}
+        model_kw, method = self.configure(**options)
         fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
         x_scaler = fit_scaler(x)
         y_scaler = fit_scaler(y) if task == "regression" else None
@@ -163,44 +252,32 @@ class Entry:
         out_dim = 1 if task == "regression" else int(y.max()) + 1
         if budget.distributed and task == "classification":
             out_dim = distributed.global_max(out_dim, y.device)
+        build_model = self.model_factory(x.shape[1], out_dim, task, model_kw, xs)
         pyro.set_rng_seed(seed)
         started = time.perf_counter()
-        fitted = fitter(self, xs, ys, task=task, out_dim=out_dim, seed=seed, budget=budget,
-                        progress=progress, options=rest)
+        posterior = method.fit(build_model, xs, ys, task=task, seed=seed, budget=budget,
+                               progress=progress)
         if validate_noise:
-            fitted = with_validated_noise(fitted, x_val, y_val, distributed=budget.distributed)
-        return replace(fitted, entry=self.name, task=task, x_scaler=x_scaler, y_scaler=y_scaler,
-                       fit_seconds=time.perf_counter() - started)
+            posterior = tune_noise(posterior, x_val, y_val, distributed=budget.distributed)
+        return Fitted(self.name, task, x_scaler, y_scaler, posterior,
+                      time.perf_counter() - started, x.shape[1], out_dim, options)
 
-
-def with_validated_noise(fitted: Fitted, x_val: Tensor, y_val: Tensor, *,
-                         num_samples: int = 200, distributed: bool = False) -> Fitted:
-    """``fitted`` with its predictive noise scale tuned on held-out standardised data (with
-    ``distributed=True``, on the held-out rows of every process's shard together)."""
-    sigma = validated_noise_scale(fitted.predict_in_fit_units(x_val, num_samples).loc, y_val,
-                                  distributed=distributed)
-
-    def predict_standardized(z: Tensor, n: int) -> Predictive:
-        return with_noise_scale(fitted.predict_in_fit_units(z, n), sigma)
-
-    return replace(fitted, predict_standardized=predict_standardized,
-                   diagnostics={**fitted.diagnostics, "validated_noise_scale": sigma})
-
-
-def svi_fitter(entry: Entry, x: Tensor, y: Tensor, *, task: str, out_dim: int, seed: int,
-               budget: Budget, progress: bool | None, options: dict) -> Fitted:
-    """Build the entry's model and guide on the device and in the dtype of ``x`` and
-    fit them by SVI."""
-    model_kw, guide_kw = split_options(options, entry.model, entry.guide)
-    model = entry.model(x.shape[1], out_dim, task=task, **model_kw)
-    if isinstance(model, torch.nn.Module):
-        model = model.to(device=x.device, dtype=x.dtype)
-    guide = entry.guide(model, **guide_kw)
-    if isinstance(guide, torch.nn.Module):
-        guide = guide.to(device=x.device, dtype=x.dtype)
-    result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
-                 batch_size=budget.batch_size, num_particles=budget.num_particles,
-                 kl_weighting=budget.kl_weighting, elbo=entry.elbo, seed=seed,
-                 progress=progress, jit=budget.jit, distributed=budget.distributed)
-    placeholder = Standardizer.identity(x)
-    return Fitted(entry.name, task, model, guide, placeholder, None, result.seconds, result)
+    def restore(self, state: dict, *, source: str = "<state>") -> Fitted:
+        """The :class:`Fitted` of a saved ``state`` (see :meth:`Fitted.save`), rebuilt
+        through this entry's factories; ``source`` names the file in errors."""
+        if state.get("entry") != self.name:
+            raise ValueError(f"{source} holds entry {state.get('entry')!r}, not {self.name!r}.")
+        options = state["options"]
+        model_kw, method = self.configure(**options)
+        x_scaler = Standardizer(**state["x_scaler"])
+        y_scaler = None if state["y_scaler"] is None else Standardizer(**state["y_scaler"])
+        dtype = getattr(torch, state["dtype"])
+        like = torch.zeros(2, state["in_dim"], dtype=dtype, device=x_scaler.mean.device)
+        y_like = like[:, 0] if state["task"] == "regression" else like[:, 0].long()
+        build_model = self.model_factory(state["in_dim"], state["out_dim"], state["task"],
+                                         model_kw, like)
+        posterior = method.restore(build_model, state["posterior"], x=like, y=y_like)
+        if state["validated_noise_scale"] is not None:
+            posterior = NoiseTunedPosterior(posterior, state["validated_noise_scale"])
+        return Fitted(self.name, state["task"], x_scaler, y_scaler, posterior,
+                      state["fit_seconds"], state["in_dim"], state["out_dim"], options)

@@ -6,10 +6,11 @@ from collections.abc import Sequence
 
 from bnn_zoo.core.elbo import LocalReparameterizationELBO
 from bnn_zoo.guides.bbb import BayesByBackpropGuide
+from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Budget, Entry
+from bnn_zoo.zoo import Entry, register
 
 
 def mlp(in_dim: int, out_dim: int, *, task: str = "regression", hidden: Sequence[int] = (50,),
@@ -25,12 +26,11 @@ register(Entry(
     name="bbb",
     description="Bayes by Backprop: diagonal Gaussian w = mu + softplus(rho) * eps",
     tasks=("regression", "classification"),
-    seed="004_ab4f0efce319fcd8.txt",
+    source="004_ab4f0efce319fcd8.txt",
     model=mlp,
-    guide=BayesByBackpropGuide,
+    method=SVI(BayesByBackpropGuide, elbo=LocalReparameterizationELBO),
     # One particle with the local reparameterisation trick fits sine better in 1500 steps
     # (test LL 0.79) than 8 weight-sampling particles in 3000 (0.68).
     budget=Budget(steps=4000, lr=3e-2, batch_size=256, jit=True),
-    elbo=LocalReparameterizationELBO,
     tunable_noise=True,
 ))

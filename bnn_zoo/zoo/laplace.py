@@ -10,68 +10,111 @@ point mass, refined by full-batch L-BFGS), then builds the Gaussian around it:
   prior and ``beta`` from the MAP's learned noise (no evidence tuning). The exact
   Hessian of ``laplace_full`` is projected onto the PSD cone (``indefinite="clip"``).
 
-Every option of :func:`~bnn_zoo.guides.laplace.fit_laplace` and
-:meth:`~bnn_zoo.guides.laplace.LaplaceGuide.laplace_approximation` can be passed to
-``entry.fit``, e.g. ``evidence="fixed_point"``, ``per_layer_alpha=True``,
-``predictive="mc"``.
+The options of :func:`~bnn_zoo.guides.laplace.fit_laplace` are the fields of
+:class:`LaplaceFit`, passed as ``entry.fit(..., method_options={"evidence":
+"fixed_point", "predictive": "mc"})``. (A stand-in for ``bnn_zoo.methods.laplace``;
+saving a Laplace fit is not supported yet.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice
-from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.guides.laplace import PREDICTIVES, LaplaceGuide, fit_laplace
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Budget, Entry, Fitted, split_options
+from bnn_zoo.core.predictive import predict
+from bnn_zoo.core.training import FitResult
+from bnn_zoo.guides.laplace import PREDICTIVES, LaplaceGuide, LaplacePosterior, fit_laplace
+from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import mlp
 
 BUDGET = Budget(steps=2000, lr=1e-2, batch_size=256, jit=True)
 
 
-def laplace_fitter(**defaults) -> Callable[..., Fitted]:
-    """An :class:`Entry` fitter running :func:`fit_laplace` with ``defaults`` as options."""
+@dataclass
+class LaplaceFitPosterior:
+    """The Laplace posterior; ``predictive="glm"`` predicts with the linearised network."""
 
-    def fitter(entry: Entry, x, y, *, task: str, out_dim: int, seed: int, budget: Budget,
-               progress: bool | None, options: dict) -> Fitted:
-        settings = {"predictive": "glm", **defaults, **options}
-        predictive = check_choice("predictive", settings.pop("predictive"), PREDICTIVES)
-        model_kw, fit_kw, approx_kw = split_options(settings, entry.model, fit_laplace,
-                                                    LaplaceGuide.laplace_approximation)
-        model = entry.model(x.shape[1], out_dim, task=task, **model_kw).to(device=x.device)
-        guide, post, result = fit_laplace(
+    model: Callable
+    guide: LaplaceGuide
+    laplace: LaplacePosterior
+    result: FitResult
+    predictive: str
+    diagnostics: dict[str, float] = field(default_factory=dict)
+
+    def predict(self, x: Tensor, num_samples: int) -> Predictive:
+        if self.predictive == "glm":
+            return self.laplace.glm_predictive(x)
+        return predict(self.model, self.guide, x, num_samples=num_samples)
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError("Saving a Laplace fit is not supported yet.")
+
+
+@dataclass(frozen=True)
+class LaplaceFit:
+    """MAP then the Laplace approximation by :func:`fit_laplace` (fields: its options)."""
+
+    curvature: str = "ggn"
+    evidence: str | None = None
+    predictive: str = "glm"
+    indefinite: str = "raise"
+    per_layer_alpha: bool = False
+    refine: bool = True
+    iterations: int = 30
+    bias_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_choice("predictive", self.predictive, PREDICTIVES)
+
+    def with_guide_options(self, options: Mapping[str, Any]) -> LaplaceFit:
+        raise ValueError("The Laplace entries build their guide themselves: expected no "
+                         f"guide_options, got {sorted(options)}.")
+
+    def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
+            budget: Budget, progress: bool | None) -> LaplaceFitPosterior:
+        if budget.distributed:
+            raise ValueError("Laplace does not run data-parallel: expected distributed=False.")
+        model = build_model()
+        guide, laplace, result = fit_laplace(
             model, x, y, steps=budget.steps, lr=budget.lr, batch_size=budget.batch_size,
-            seed=seed, progress=progress, jit=budget.jit, **fit_kw, **approx_kw)
-        glm = (lambda z, num_samples: post.glm_predictive(z)) if predictive == "glm" else None
-        return Fitted(entry.name, task, model, guide, Standardizer.identity(x), None,
-                      result.seconds, result, glm)
+            seed=seed, progress=progress, jit=budget.jit, bias_scale=self.bias_scale,
+            curvature=self.curvature, evidence=self.evidence, indefinite=self.indefinite,
+            per_layer_alpha=self.per_layer_alpha, refine=self.refine,
+            iterations=self.iterations)
+        return LaplaceFitPosterior(model, guide, laplace, result, self.predictive)
 
-    return fitter
+    def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
+                y: Tensor):
+        raise NotImplementedError("Loading a Laplace fit is not supported yet.")
 
 
 VARIANTS = {
     "laplace": ("GGN Laplace, GLM predictive, alpha and beta by evidence fixed point",
-                dict(curvature="ggn", evidence="fixed_point")),
+                LaplaceFit(curvature="ggn", evidence="fixed_point")),
     "laplace_full": ("Laplace with the exact Hessian (PSD-projected), GLM predictive",
-                     dict(curvature="full", indefinite="clip")),
+                     LaplaceFit(curvature="full", indefinite="clip")),
     "laplace_ggn": ("Laplace with the generalised Gauss-Newton, GLM predictive",
-                    dict(curvature="ggn")),
-    "laplace_diag": ("Laplace with the diagonal GGN, GLM predictive", dict(curvature="diag")),
+                    LaplaceFit(curvature="ggn")),
+    "laplace_diag": ("Laplace with the diagonal GGN, GLM predictive",
+                     LaplaceFit(curvature="diag")),
     "laplace_kron": ("Laplace with a Kronecker-factored GGN per layer (K-FAC), GLM predictive",
-                     dict(curvature="kron")),
+                     LaplaceFit(curvature="kron")),
     "laplace_last_layer": ("Laplace on the last layer's weights (GGN), GLM predictive",
-                           dict(curvature="last_layer")),
+                           LaplaceFit(curvature="last_layer")),
 }
 
-for _name, (_description, _defaults) in VARIANTS.items():
+for _name, (_description, _method) in VARIANTS.items():
     register(Entry(
         name=_name,
         description=_description,
         tasks=("regression", "classification"),
-        seed="001_c55daefe340e50b9.txt",
+        source="001_c55daefe340e50b9.txt",
         model=mlp,
-        guide=LaplaceGuide,
+        method=_method,
         budget=BUDGET,
-        fitter=laplace_fitter(**_defaults),
     ))

@@ -8,10 +8,11 @@ import pyro.infer
 
 from bnn_zoo.core.checks import check_positive
 from bnn_zoo.guides.mean_field import MeanFieldGuide
+from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.priors import GaussianPrior
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Budget, Entry
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import mlp
 
 
@@ -28,10 +29,9 @@ register(Entry(
     name="mean_field_clf",
     description="mean-field Gaussian, closed-form KL (TraceMeanField_ELBO), MC-averaged probs",
     tasks=("classification",),
-    seed="002_94e5f375167402f2.txt",
+    source="002_94e5f375167402f2.txt",
     model=classifier,
-    guide=MeanFieldGuide,
-    budget=Budget(steps=1000, lr=1e-2, batch_size=None, jit=True),
     # TraceMeanField_ELBO: the seed's ELBO with the KL of eq. (1) in closed form
-    elbo=pyro.infer.TraceMeanField_ELBO,
+    method=SVI(MeanFieldGuide, elbo=pyro.infer.TraceMeanField_ELBO),
+    budget=Budget(steps=1000, lr=1e-2, batch_size=None, jit=True),
 ))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from bnn_zoo.guides.mixture import MixtureELBO, MixtureGuide
+from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Budget, Entry
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import mlp
 
 
@@ -23,10 +24,9 @@ register(Entry(
     name="mixture",
     description="mixture of K diagonal Gaussians; score, pathwise or enumerated gradients",
     tasks=("regression", "classification"),
-    seed="003_b80c1764357a09e5.txt",
+    source="003_b80c1764357a09e5.txt",
     model=mlp,
-    guide=mixture_guide,
+    method=SVI(mixture_guide, elbo=MixtureELBO),  # MixtureELBO applies the guide's estimator
     budget=Budget(steps=3000, lr=1e-2, batch_size=256, num_particles=4),
     tunable_noise=True,
-    elbo=MixtureELBO,  # applies the guide's gradient estimator
 ))

@@ -15,10 +15,11 @@ from functools import partial
 from pyro.infer.autoguide import AutoDelta, AutoNormal
 
 from bnn_zoo.core.elbo import MeanFieldELBO
+from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.models.priors import GaussianPrior
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Budget, Entry
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import mlp
 
 #: Pyro's AutoNormal samples weights (no local reparameterisation): 8 vectorised particles
@@ -48,7 +49,7 @@ register(Entry(
     description="MAP point estimate (Pyro AutoDelta)",
     tasks=("regression", "classification"),
     model=fan_in_mlp,
-    guide=map_guide,
+    method=SVI(map_guide),
     budget=MAP_BUDGET,
     tunable_noise=True,
 ))
@@ -58,8 +59,7 @@ register(Entry(
     description="mean-field Gaussian (Pyro AutoNormal)",
     tasks=("regression", "classification"),
     model=fan_in_mlp,
-    guide=auto_normal,
+    method=SVI(auto_normal, elbo=MeanFieldELBO),
     budget=MEAN_FIELD_BUDGET,
-    elbo=MeanFieldELBO,
     tunable_noise=True,
 ))

@@ -23,9 +23,10 @@ from pyro.infer.autoguide import AutoLowRankMultivariateNormal
 
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.guides.flow import AffineShiftedFlow
+from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
-from bnn_zoo.zoo import register
-from bnn_zoo.zoo._entry import Budget, Entry
+from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import mlp
 
 BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
@@ -55,7 +56,7 @@ register(Entry(
     description="low-rank + diagonal Gaussian, rank 10 (Pyro AutoLowRankMultivariateNormal)",
     tasks=("regression", "classification"),
     model=mlp,
-    guide=low_rank,
+    method=SVI(low_rank),
     budget=BUDGET,
     tunable_noise=True,
 ))
@@ -65,7 +66,7 @@ register(Entry(
     description="inverse autoregressive flow, one affine MADE layer (Pyro AutoIAFNormal)",
     tasks=("regression", "classification"),
     model=mlp,
-    guide=iaf,
+    method=SVI(iaf),
     budget=BUDGET,
     tunable_noise=True,
 ))

@@ -1,0 +1,131 @@
+"""Deep ensembles (Lakshminarayanan et al. 2017, without adversarial training) as a method.
+
+``members`` independent SVI fits of ``member`` (seeds ``members * seed + m``); the
+predictive is their equal-weight mixture
+
+    p(y | x) = 1/M sum_m p_m(y | x),  e.g. 1/M sum_m N(y; f_m(x), sigma_m^2)  (regression).
+
+As a Pyro pair, the ensemble's model and guide both sample a site ``"member"``
+``m ~ Categorical(1/M, ..., 1/M)`` and run member ``m``'s model and guide, so
+``pyro.infer.Predictive(model, guide=guide, num_samples=S)`` samples the mixture (one
+member per sample, ``parallel=False``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyro
+import pyro.distributions as dist
+import torch
+from torch import Tensor, nn
+
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
+from bnn_zoo.core.training import FitResult
+from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
+from bnn_zoo.methods.svi import SVI, SVIPosterior, result_from_state, result_state
+
+__all__ = ["Ensemble", "EnsemblePosterior", "MemberChoice", "mixture"]
+
+
+def mixture(preds: list[Predictive]) -> Predictive:
+    """Equal-weight mixture of the members' predictives (their samples stacked)."""
+    if isinstance(preds[0], GaussianMixturePredictive):
+        return GaussianMixturePredictive(torch.cat([p.loc for p in preds]),
+                                         torch.cat([p.scale for p in preds]))
+    return CategoricalPredictive(torch.cat([p.probs for p in preds]))
+
+
+class MemberChoice(nn.Module):
+    """A Pyro model or guide that samples ``m ~ Categorical(1/M, ..., 1/M)`` at the site
+    ``"member"`` and runs ``members[m]``.
+
+    Members of one class have the same Pyro parameter names, so each runs in a parameter
+    store of its own: it uses its own parameters, whatever the global store holds. One
+    member per call: under a vectorised sample plate it raises.
+    """
+
+    def __init__(self, members: list[Callable]) -> None:
+        super().__init__()
+        if not members:
+            raise ValueError("Expected at least one member.")
+        self.members = nn.ModuleList(members)
+
+    def forward(self, x: Tensor, y: Tensor | None = None):
+        logits = torch.zeros(len(self.members), dtype=x.dtype, device=x.device)
+        m = pyro.sample("member", dist.Categorical(logits=logits))
+        if m.numel() != 1:
+            raise ValueError("An ensemble's model and guide run one member per call: use "
+                             "pyro.infer.Predictive(..., parallel=False).")
+        with pyro.get_param_store().scope():
+            return self.members[int(m)](x, y)
+
+
+@dataclass
+class EnsemblePosterior:
+    """The members' posteriors; ``model`` and ``guide`` sample their equal mixture."""
+
+    members: list[SVIPosterior]
+    result: FitResult | None
+    samples_per_member: int = 1
+
+    def __post_init__(self) -> None:
+        self.model = MemberChoice([p.model for p in self.members])
+        self.guide = MemberChoice([p.guide for p in self.members])
+        self.diagnostics: dict[str, float] = {}
+
+    def predict(self, x: Tensor, num_samples: int) -> Predictive:
+        """``samples_per_member`` predictive samples from every member, stacked (the
+        mixture's weights are equal whatever ``num_samples``)."""
+        return mixture([p.predict(x, self.samples_per_member) for p in self.members])
+
+    def state_dict(self) -> dict:
+        return {"members": [p.state_dict() for p in self.members],
+                "result": result_state(self.result)}
+
+
+@dataclass(frozen=True)
+class Ensemble:
+    """``members`` fits of ``member`` from different seeds; see the module doc.
+
+    ``samples_per_member``: predictive samples per member (1 for point-mass members).
+    """
+
+    member: SVI
+    members: int = 5
+    samples_per_member: int = 1
+
+    def __post_init__(self) -> None:
+        check_positive_int("members", self.members)
+        check_positive_int("samples_per_member", self.samples_per_member)
+
+    @property
+    def guide(self) -> Callable[..., Callable]:
+        """The guide factory every member trains."""
+        return self.member.guide
+
+    def with_guide_options(self, options: Mapping[str, Any]) -> Ensemble:
+        return replace(self, member=self.member.with_guide_options(options))
+
+    def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
+            budget: Budget, progress: bool | None) -> EnsemblePosterior:
+        fits = []
+        for m in range(self.members):
+            member_seed = self.members * seed + m
+            pyro.set_rng_seed(member_seed)
+            fits.append(self.member.fit(build_model, x, y, task=task, seed=member_seed,
+                                        budget=budget, progress=progress))
+        losses = torch.tensor([f.result.losses for f in fits]).mean(0).tolist()
+        result = FitResult(losses=losses, seconds=sum(f.result.seconds for f in fits),
+                           steps=sum(f.result.steps for f in fits))
+        return EnsemblePosterior(fits, result, self.samples_per_member)
+
+    def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
+                y: Tensor) -> EnsemblePosterior:
+        """The posterior of :meth:`EnsemblePosterior.state_dict`."""
+        members = [self.member.restore(build_model, s, x=x, y=y) for s in state["members"]]
+        return EnsemblePosterior(members, result_from_state(state["result"]),
+                                 self.samples_per_member)

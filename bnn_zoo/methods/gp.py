@@ -1,0 +1,117 @@
+"""Exact Gaussian-process regression with type-II maximum likelihood, as a method.
+
+The model (e.g. :class:`~bnn_zoo.models.nngp.NNGPRegression`) integrates the function
+out, ``y ~ N(0, K(X, X) + sigma^2 I)``, so its only sample site is ``obs`` and SVI with
+the empty guide maximises the evidence ``log p(y | X, theta)`` over the kernel's
+variances and the noise, by Adam on the full data (Rasmussen & Williams 2006, 5.4).
+The posterior predictive is the GP's closed form (``model.posterior``); as a Pyro pair it
+is :class:`ConditionedGP`, a model whose ``obs`` is that predictive's marginal at each
+input, with the empty guide.
+
+Everything runs in float64: once the learned noise is small (yacht), the float32 kernel
+``K + sigma^2 I`` is no longer positive definite (factorising it alone in float64 does not
+help). Predictions come back in the data's dtype. Exact GP regression costs ``O(N^3)`` per
+step; above ``max_points`` training points the method raises
+:class:`~bnn_zoo.methods.base.UnsupportedProblem`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyro
+import pyro.distributions as dist
+import torch
+from torch import Tensor, nn
+
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.predictive import GaussianMixturePredictive
+from bnn_zoo.core.training import FitResult, fit
+from bnn_zoo.methods.base import Budget, ModelFactory, UnsupportedProblem
+from bnn_zoo.methods.svi import result_from_state, result_state
+
+__all__ = ["ConditionedGP", "ExactGP", "GPPosterior", "no_guide"]
+
+
+def no_guide(x: Tensor, y: Tensor | None = None) -> None:
+    """The empty guide: the model has no latent site."""
+
+
+class ConditionedGP(nn.Module):
+    """The posterior predictive of ``gp`` given its training data as a Pyro model:
+    ``obs_n ~ N(mu(x_n), s^2(x_n))`` independently for each input (see
+    ``gp.posterior``), in the dtype of ``x``."""
+
+    def __init__(self, gp: nn.Module, x_train: Tensor, y_train: Tensor) -> None:
+        super().__init__()
+        self.gp = gp
+        self.register_buffer("x_train", x_train)
+        self.register_buffer("y_train", y_train)
+
+    def predictive(self, x: Tensor) -> GaussianMixturePredictive:
+        """The closed-form predictive at ``x`` (M, D): ``loc``, ``scale`` of shape (1, M)."""
+        pred = self.gp.posterior(self.x_train, self.y_train, x.to(self.x_train.dtype))
+        return GaussianMixturePredictive(pred.loc.to(x.dtype), pred.scale.to(x.dtype))
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        pred = self.predictive(x)
+        with pyro.plate("data", x.shape[0], device=x.device):
+            return pyro.sample("obs", dist.Normal(pred.loc[0], pred.scale[0]), obs=y)
+
+
+@dataclass
+class GPPosterior:
+    """The fitted GP conditioned on its training data."""
+
+    model: ConditionedGP
+    result: FitResult | None
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    guide = staticmethod(no_guide)
+
+    def predict(self, x: Tensor, num_samples: int) -> GaussianMixturePredictive:
+        """The closed-form predictive (one component; ``num_samples`` is not needed)."""
+        return self.model.predictive(x)
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "result": result_state(self.result)}
+
+
+@dataclass(frozen=True)
+class ExactGP:
+    """Type-II maximum likelihood of an exact GP model, in float64 (module doc)."""
+
+    max_points: int = 3000
+
+    def __post_init__(self) -> None:
+        check_positive_int("max_points", self.max_points)
+
+    def with_guide_options(self, options: Mapping[str, Any]) -> ExactGP:
+        raise ValueError(f"ExactGP has no guide, so no guide_options: got {sorted(options)}.")
+
+    def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
+            budget: Budget, progress: bool | None) -> GPPosterior:
+        if x.shape[0] > self.max_points:
+            raise UnsupportedProblem(f"ExactGP is exact GP regression, O(N^3) per step: "
+                                     f"{x.shape[0]} training points exceed "
+                                     f"max_points={self.max_points}.")
+        if budget.batch_size is not None:
+            raise ValueError("Expected batch_size=None for exact GP regression, but got "
+                             f"{budget.batch_size}.")
+        if budget.distributed:
+            raise ValueError("ExactGP does not run data-parallel: expected distributed=False.")
+        x64, y64 = x.double(), y.double()
+        gp = build_model().to(dtype=torch.float64)
+        result = fit(gp, no_guide, x64, y64, steps=budget.steps, lr=budget.lr, seed=seed,
+                     progress=progress)
+        return GPPosterior(ConditionedGP(gp, x64, y64), result)
+
+    def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
+                y: Tensor) -> GPPosterior:
+        """The posterior of :meth:`GPPosterior.state_dict`."""
+        model_state = state["model"]
+        gp = build_model().to(dtype=torch.float64)
+        model = ConditionedGP(gp, model_state["x_train"], model_state["y_train"])
+        model.load_state_dict(model_state)
+        return GPPosterior(model, result_from_state(state["result"]))

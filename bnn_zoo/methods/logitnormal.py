@@ -1,0 +1,67 @@
+"""SVI of the LogitNormal random-feature pair (seed 000) under one of its three objectives.
+
+``objective`` picks the training schedule (see :mod:`bnn_zoo.guides.logitnormal`):
+
+* ``"alg3"`` (default): seed Algorithm 3, a fresh ``beta`` from its full conditional per
+  sample of ``s`` (``MeanFieldELBO``), ``num_particles`` = the seed's ``n_est``;
+* ``"alg1"``: seed Algorithm 1, ``beta`` drawn once and held for ``inner_steps`` (the
+  seed's ``n_grad``, default 10) steps;
+* ``"collapsed"``: ``beta`` integrated out (full batch only).
+
+The random features are drawn from the fit's seed unless ``feature_seed`` is given (the
+model's ``feature_seed`` option is set by the method, so that ``entry.fit(seed=s)`` draws
+new features for each seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyro.infer
+from torch import Tensor
+
+from bnn_zoo.core.checks import check_choice, check_positive_int
+from bnn_zoo.core.elbo import MeanFieldELBO
+from bnn_zoo.guides.logitnormal import Algorithm1ELBO, CollapsedELBO, LogitNormalGuide
+from bnn_zoo.methods.base import Budget, ModelFactory
+from bnn_zoo.methods.svi import SVI, SVIPosterior
+
+__all__ = ["OBJECTIVES", "LogitNormalSVI", "objective_elbo"]
+
+OBJECTIVES = ("alg3", "alg1", "collapsed")
+
+
+def objective_elbo(objective: str = "alg3", inner_steps: int = 10) -> type[pyro.infer.ELBO]:
+    """The ELBO class of ``objective`` (one of :data:`OBJECTIVES`)."""
+    check_choice("objective", objective, OBJECTIVES)
+    if objective == "alg1":
+        return Algorithm1ELBO.with_inner_steps(inner_steps)
+    return CollapsedELBO if objective == "collapsed" else MeanFieldELBO
+
+
+@dataclass(frozen=True)
+class LogitNormalSVI(SVI):
+    """:class:`~bnn_zoo.methods.svi.SVI` of :class:`LogitNormalGuide` with the ELBO of
+    ``objective`` (module doc); ``elbo`` is derived from it, not set."""
+
+    guide: Callable[..., Callable] = LogitNormalGuide
+    objective: str = "alg3"
+    inner_steps: int = 10
+    feature_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("objective", self.objective, OBJECTIVES)
+        check_positive_int("inner_steps", self.inner_steps)
+
+    def _features(self, build_model: ModelFactory, seed: int) -> ModelFactory:
+        feature_seed = seed if self.feature_seed is None else self.feature_seed
+        return lambda **overrides: build_model(**{"feature_seed": feature_seed, **overrides})
+
+    def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
+            budget: Budget, progress: bool | None) -> SVIPosterior:
+        svi = SVI(self.guide, objective_elbo(self.objective, self.inner_steps),
+                  self.guide_options)
+        return svi.fit(self._features(build_model, seed), x, y, task=task, seed=seed,
+                       budget=budget, progress=progress)

@@ -1,0 +1,206 @@
+"""The No-U-Turn sampler (Hoffman & Gelman 2014) as a method, started from an SVI fit.
+
+Steps:
+
+1. ``start`` (an :class:`~bnn_zoo.methods.svi.SVI` whose guide has a ``median()``, by
+   default a MAP point mass) gives the starting point of every chain and, for regression,
+   the observation noise ``sigma``, which is then fixed (type-II maximum likelihood, as
+   the guides learn ``sigma`` as a point estimate);
+2. ``chains`` independent NUTS chains (Pyro, JIT-compiled potential) of ``warmup``
+   adaptation steps and ``samples`` draws each, over every weight tensor of a fresh model
+   with that noise;
+3. the predictive averages the likelihood over ``num_samples`` draws spread evenly over
+   all chains: ``p(y|x) ~ 1/S sum_s p(y | x, w_s)``.
+
+The posterior's diagnostics are the largest split R-hat and the smallest effective sample
+size over all weights and over the network outputs at training inputs (Gelman et al.,
+BDA3 11.4-11.5; see :func:`chain_diagnostics`), the number of divergent transitions, the
+sampling time and the fixed noise. NUTS costs up to ``2^max_tree_depth`` gradients per
+draw, so data sets above ``max_points`` training points raise
+:class:`~bnn_zoo.methods.base.UnsupportedProblem`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyro
+import pyro.distributions as dist
+import pyro.infer
+import torch
+from pyro.infer.autoguide.initialization import init_to_value
+from pyro.ops.stats import effective_sample_size, split_gelman_rubin
+from pyro.poutine.runtime import get_plates
+from torch import Tensor
+
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.predictive import GaussianMixturePredictive, predict
+from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, UnsupportedProblem
+from bnn_zoo.methods.svi import SVI, module_state
+
+__all__ = ["NUTS", "NUTSPosterior", "PosteriorSamples", "chain_diagnostics"]
+
+
+class PosteriorSamples:
+    """A guide that replays stored posterior draws ``samples`` (site -> (T, *event)).
+
+    Called as a guide it picks draws uniformly at random: one per call, or one per
+    element of an enclosing sample plate (as ``pyro.infer.Predictive(...,
+    parallel=True)`` and :func:`~bnn_zoo.core.predictive.predict` set up), so
+    ``pyro.infer.Predictive(model, guide=PosteriorSamples(samples))`` samples the
+    posterior predictive. :meth:`draws` gives the guide that spreads ``S`` draws evenly
+    over the stored ones instead, for a predictive with less Monte Carlo noise.
+    """
+
+    def __init__(self, samples: Mapping[str, Tensor]) -> None:
+        if not samples:
+            raise ValueError("Expected at least one sample site in samples.")
+        self.samples = dict(samples)
+        self.total = next(iter(self.samples.values())).shape[0]
+
+    def _replay(self, index: Tensor, batch_dims: int) -> None:
+        for name, value in self.samples.items():
+            chosen = value[index.to(value.device)]
+            chosen = chosen.reshape(index.shape + (1,) * batch_dims + value.shape[1:])
+            pyro.sample(name, dist.Delta(chosen, event_dim=value.dim() - 1))
+
+    def __call__(self, x: Tensor, y: Tensor | None = None) -> None:
+        outer = [f for f in get_plates() if f.dim is not None and f.dim < -1]
+        if len(outer) > 1:
+            raise ValueError("PosteriorSamples supports at most one sample plate around the "
+                             f"model's plates, got {[f.name for f in outer]}.")
+        if not outer:
+            self._replay(torch.randint(self.total, ()), 0)
+            return
+        self._replay(torch.randint(self.total, (outer[0].size,)), -outer[0].dim - 1)
+
+    def draws(self, num_samples: int) -> Callable:
+        """The guide for ``predict(..., num_samples=num_samples)``: draws spread evenly."""
+        index = torch.linspace(0, self.total - 1, num_samples).round().long()
+
+        def guide(x: Tensor, y: Tensor | None = None) -> None:
+            self._replay(index, 1)
+
+        return guide
+
+
+def _r_hat_ess(stacked: Tensor) -> tuple[float, float]:
+    """Largest split R-hat and smallest ESS of the draws ``stacked`` (C, S, P)."""
+    return (float(split_gelman_rubin(stacked, chain_dim=0, sample_dim=1).max()),
+            float(effective_sample_size(stacked, chain_dim=0, sample_dim=1).min()))
+
+
+def chain_diagnostics(chains: list[dict[str, Tensor]], model: Callable,
+                      x: Tensor) -> dict[str, float]:
+    """Largest split R-hat and smallest effective sample size over every weight, and
+    over the network output ``f`` at (up to 50) training inputs.
+
+    A BNN's posterior is symmetric under permutations of hidden units, so chains in
+    permuted modes give a large R-hat on the weights while agreeing on the function;
+    the ``_f`` diagnostics are the ones that say whether the predictive is sound.
+    """
+    per_site = [_r_hat_ess(torch.stack([c[n] for c in chains]).flatten(2)) for n in chains[0]]
+    outputs = []
+    for chain in chains:
+        draws = next(iter(chain.values())).shape[0]
+        pred = predict(model, PosteriorSamples(chain).draws(draws), x[:50], num_samples=draws)
+        outputs.append(pred.loc if isinstance(pred, GaussianMixturePredictive)
+                       else pred.probs.flatten(1))
+    r_hat_f, ess_f = _r_hat_ess(torch.stack(outputs))
+    return {"r_hat_max": max(r for r, _ in per_site), "ess_min": min(e for _, e in per_site),
+            "r_hat_f_max": r_hat_f, "ess_f_min": ess_f}
+
+
+@dataclass
+class NUTSPosterior:
+    """The model (noise fixed at the start's) and the pooled draws of every chain."""
+
+    model: Callable
+    samples: PosteriorSamples
+    model_options: dict[str, float]
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    result: None = None
+
+    @property
+    def guide(self) -> PosteriorSamples:
+        return self.samples
+
+    def predict(self, x: Tensor, num_samples: int) -> Predictive:
+        """The likelihood averaged over ``num_samples`` draws spread evenly over the chains."""
+        return predict(self.model, self.samples.draws(num_samples), x, num_samples=num_samples)
+
+    def state_dict(self) -> dict:
+        return {"model": module_state(self.model), "samples": self.samples.samples,
+                "model_options": self.model_options, "diagnostics": self.diagnostics}
+
+
+@dataclass(frozen=True)
+class NUTS:
+    """NUTS chains on the entry's model, started from the SVI fit ``start`` (module doc)."""
+
+    start: SVI
+    warmup: int = 300
+    samples: int = 300
+    chains: int = 2
+    max_tree_depth: int = 8
+    max_points: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("warmup", "samples", "chains", "max_tree_depth", "max_points"):
+            check_positive_int(name, getattr(self, name))
+
+    def with_guide_options(self, options: Mapping[str, Any]) -> NUTS:
+        """This method with ``options`` for the guide of its start."""
+        return replace(self, start=self.start.with_guide_options(options))
+
+    def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
+            budget: Budget, progress: bool | None) -> NUTSPosterior:
+        if budget.distributed:
+            raise ValueError("NUTS does not run data-parallel: expected distributed=False.")
+        if x.shape[0] > self.max_points:
+            raise UnsupportedProblem(f"nuts runs on at most max_points={self.max_points} "
+                                     f"training points, got {x.shape[0]}.")
+        start = self.start.fit(build_model, x, y, task=task, seed=seed, budget=budget,
+                               progress=progress)
+        init = {k: v.detach() for k, v in start.guide.median().items()}
+        noise = {}
+        if task == "regression":
+            noise["noise_scale"] = float(start.model.observation_scale().detach())
+        model = build_model(**noise)
+        chains, divergences = [], 0
+        started = time.perf_counter()
+        for chain in range(self.chains):
+            pyro.set_rng_seed(seed * self.chains + chain)
+            kernel = pyro.infer.NUTS(model, jit_compile=True, ignore_jit_warnings=True,
+                                     max_tree_depth=self.max_tree_depth,
+                                     init_strategy=init_to_value(values=init))
+            mcmc = pyro.infer.MCMC(kernel, num_samples=self.samples, warmup_steps=self.warmup,
+                                   disable_progbar=not progress)
+            with warnings.catch_warnings():
+                # Pyro's JIT potential uses torch.jit.trace, deprecated in favour of
+                # torch.compile, which cannot trace through Pyro's effect handlers.
+                warnings.filterwarnings("ignore", ".*torch.jit.trace.* is deprecated",
+                                        DeprecationWarning)
+                mcmc.run(x, y)
+            chains.append({k: v.detach() for k, v in mcmc.get_samples().items()})
+            divergences += len(mcmc.diagnostics()["divergences"]["chain 0"])
+        seconds = time.perf_counter() - started
+        samples = PosteriorSamples({k: torch.cat([c[k] for c in chains]) for k in chains[0]})
+        diagnostics = {**chain_diagnostics(chains, model, x), "divergences": float(divergences),
+                       "sampling_seconds": seconds, **noise}
+        return NUTSPosterior(model, samples, noise, diagnostics)
+
+    def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
+                y: Tensor) -> NUTSPosterior:
+        """The posterior of :meth:`NUTSPosterior.state_dict`."""
+        model = build_model(**state["model_options"])
+        model.load_state_dict(state["model"])
+        samples = {k: v.to(device=x.device) for k, v in state["samples"].items()}
+        return NUTSPosterior(model, PosteriorSamples(samples), state["model_options"],
+                             state["diagnostics"])
+
+

@@ -1,0 +1,147 @@
+"""Stochastic variational inference as a method: one guide, trained by
+:func:`bnn_zoo.core.training.fit` (Hoffman et al. 2013; Ranganath et al. 2014).
+
+``SVI(guide, elbo)`` builds the model, builds ``guide(model, **guide_options)`` on the
+data's device and dtype, and maximises the ELBO under the entry's :class:`Budget`. The
+posterior is the trained pair: ``pyro.infer.Predictive(model, guide=guide)`` samples its
+predictive, and :func:`bnn_zoo.core.predictive.predict` gives it as a distribution.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyro
+import pyro.infer
+from torch import Tensor, nn
+
+from bnn_zoo.core.predictive import predict
+from bnn_zoo.core.training import FitResult, fit
+from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_state
+
+__all__ = ["SVI", "SVIPosterior", "accepted_keywords", "check_keywords", "result_from_state",
+           "result_state"]
+
+
+def accepted_keywords(factory: Callable, *, skip: tuple[str, ...] = ()) -> set[str] | None:
+    """The keyword options ``factory`` accepts (``None``: any, it takes ``**kwargs``),
+    without the positional inputs named in ``skip``. Used to check options, never to
+    route them."""
+    params = inspect.signature(factory).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in skip}
+
+
+def check_keywords(namespace: str, options: Mapping[str, Any], accepted: set[str] | None
+                   ) -> dict[str, Any]:
+    """``options`` as a dict, or a ``ValueError`` naming ``namespace`` and the accepted
+    keys when one is unknown."""
+    if not isinstance(options, Mapping):
+        raise TypeError(f"Expected {namespace} to be a mapping of option names to values, "
+                        f"but got {options!r}.")
+    unknown = sorted(set(options) - accepted) if accepted is not None else []
+    if unknown:
+        raise ValueError(f"Unknown {namespace} {', '.join(map(repr, unknown))}; expected one "
+                         f"of: {', '.join(sorted(accepted)) or '(none)'}.")
+    return dict(options)
+
+
+def result_state(result: FitResult | None) -> dict | None:
+    """A :class:`FitResult` as plain data (its parameter snapshot left out)."""
+    if result is None:
+        return None
+    return {"losses": list(result.losses), "seconds": result.seconds, "steps": result.steps}
+
+
+def result_from_state(state: dict | None) -> FitResult | None:
+    """Inverse of :func:`result_state`."""
+    return None if state is None else FitResult(**state)
+
+
+def module_state(obj: Callable) -> dict[str, Tensor]:
+    """The ``state_dict`` of a model or guide (empty for a plain function)."""
+    return obj.state_dict() if isinstance(obj, nn.Module) else {}
+
+
+@dataclass
+class SVIPosterior:
+    """A model and its trained guide, in standardised units."""
+
+    model: Callable
+    guide: Callable
+    result: FitResult | None
+    diagnostics: dict[str, float] = field(default_factory=dict)
+
+    def predict(self, x: Tensor, num_samples: int) -> Predictive:
+        """:func:`bnn_zoo.core.predictive.predict` of the pair at standardised ``x``."""
+        return predict(self.model, self.guide, x, num_samples=num_samples)
+
+    def state_dict(self) -> dict:
+        return {"model": module_state(self.model), "guide": module_state(self.guide),
+                "result": result_state(self.result)}
+
+
+@dataclass(frozen=True)
+class SVI:
+    """Fit ``guide(model, **guide_options)`` to the model by maximising ``elbo``.
+
+    Parameters
+    ----------
+    guide : the guide factory, called as ``guide(model, **guide_options)``.
+    elbo : a ``pyro.infer.ELBO`` subclass (``Trace_ELBO`` by default).
+    guide_options : keyword options of the guide factory; ``entry.fit(...,
+        guide_options={...})`` adds to them through :meth:`with_guide_options`.
+
+    The budget's ``steps``, ``lr``, ``batch_size``, ``num_particles``, ``kl_weighting``,
+    ``jit`` and ``distributed`` go to :func:`bnn_zoo.core.training.fit`.
+    """
+
+    guide: Callable[..., Callable]
+    elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO
+    guide_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not callable(self.guide):
+            raise TypeError(f"Expected guide to be a guide factory, but got {self.guide!r}.")
+        if not (isinstance(self.elbo, type) and issubclass(self.elbo, pyro.infer.ELBO)):
+            raise TypeError(f"Expected elbo to be a pyro.infer.ELBO subclass, got {self.elbo!r}.")
+        check_keywords("guide_options", self.guide_options,
+                       accepted_keywords(self.guide, skip=("model",)))
+
+    def with_guide_options(self, options: Mapping[str, Any]) -> SVI:
+        """This method with ``options`` added to the guide factory's options."""
+        return replace(self, guide_options={**self.guide_options, **options})
+
+    def build_guide(self, model: Callable, like: Tensor) -> Callable:
+        """The guide of ``model``, on the device and in the dtype of ``like``."""
+        guide = self.guide(model, **self.guide_options)
+        if isinstance(guide, nn.Module):
+            guide = guide.to(device=like.device, dtype=like.dtype)
+        return guide
+
+    def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
+            budget: Budget, progress: bool | None) -> SVIPosterior:
+        """Build model and guide and run :func:`bnn_zoo.core.training.fit` on them."""
+        model = build_model()
+        guide = self.build_guide(model, x)
+        result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
+                     batch_size=budget.batch_size, num_particles=budget.num_particles,
+                     kl_weighting=budget.kl_weighting, elbo=self.elbo, seed=seed,
+                     progress=progress, jit=budget.jit, distributed=budget.distributed)
+        return SVIPosterior(model, guide, result)
+
+    def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
+                y: Tensor) -> SVIPosterior:
+        """The posterior of :meth:`SVIPosterior.state_dict`: a fresh model and guide, the
+        guide run once on ``x`` to create its lazily built parameters, then both loaded."""
+        model = build_model()
+        load_module_state(model, state["model"])
+        guide = self.build_guide(model, x)
+        if isinstance(guide, nn.Module):
+            load_module_state(guide, state["guide"], initialise=lambda: guide(x, y))
+        return SVIPosterior(model, guide, result_from_state(state["result"]))

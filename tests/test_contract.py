@@ -1,0 +1,197 @@
+"""The contract every zoo entry keeps (DESIGN.md), one matrix over ``zoo.names()`` and the
+tasks each entry supports: a tiny fit, predictive shapes, metric keys, determinism under a
+seed, dtype and device of the data, plain Pyro's ``Predictive`` on the fitted pair, and a
+save/load round trip that predicts the same."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pytest
+import torch
+
+from bnn_zoo import data, zoo
+from bnn_zoo.methods.ensemble import Ensemble
+from bnn_zoo.methods.nuts import NUTS
+from bnn_zoo.methods.svi import SVI
+from bnn_zoo.models.priors import ScaleMixturePrior
+from bnn_zoo.zoo.reference import auto_normal
+
+REGRESSION_METRICS = {"rmse", "ll", "coverage_50", "coverage_90", "coverage_95", "fit_seconds"}
+CLASSIFICATION_METRICS = {"accuracy", "nll", "brier", "ece", "fit_seconds"}
+TIMINGS = {"fit_seconds", "steps_per_second", "sampling_seconds"}
+#: A few full-batch steps; the methods' own sizes made tiny where they have them.
+TINY_BUDGET = {"steps": 4, "batch_size": None, "jit": False}
+TINY_METHOD = {"nuts": {"warmup": 4, "samples": 4, "max_tree_depth": 3},
+               "ensemble": {"members": 2},
+               # the L-BFGS refinement of the MAP is most of a tiny Laplace fit's time
+               **{n: {"refine": False} for n in zoo.names() if n.startswith("laplace")}}
+CASES = [(name, task) for name in zoo.names() for task in zoo.get(name).tasks]
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+
+
+def tiny_problem(task: str, dtype: torch.dtype = torch.float64, device: str = "cpu"):
+    """30 training and 10 test points of ``sine`` or ``two_moons`` (both classes present)."""
+    d = data.load("sine" if task == "regression" else "two_moons")
+    x, y = d.x_train[:40].to(device=device, dtype=dtype), d.y_train[:40].to(device)
+    if task == "regression":
+        y = y.to(dtype)
+    return x[:30], y[:30], x[30:], y[30:]
+
+
+def tiny_fit(name: str, task: str, x, y, seed: int = 0) -> zoo.Fitted:
+    return zoo.get(name).fit(x, y, task=task, seed=seed, method_options=TINY_METHOD.get(name),
+                             **TINY_BUDGET)
+
+
+def seeded_metrics(fitted: zoo.Fitted, x, y) -> dict[str, float]:
+    pyro.set_rng_seed(1)
+    return {k: v for k, v in fitted.evaluate(x, y, num_samples=8).items() if k not in TIMINGS}
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{n}-{t}" for n, t in CASES])
+def case(request):
+    """One tiny float64 fit per (entry, task), shared by the tests of this module."""
+    name, task = request.param
+    pyro.set_rng_seed(0)
+    x, y, x_test, y_test = tiny_problem(task)
+    return name, task, tiny_fit(name, task, x, y), x_test, y_test
+
+
+def test_fit_predicts_with_the_promised_shapes_and_metrics(case):
+    name, task, fitted, x_test, y_test = case
+    assert fitted.entry == name and fitted.task == task
+    pred = fitted.predict(x_test, num_samples=8)
+    n = x_test.shape[0]
+    if task == "regression":
+        assert pred.loc.shape == pred.scale.shape and pred.loc.shape[1:] == (n,)
+        assert pred.mean.shape == (n,) and bool((pred.stddev > 0).all())
+    else:
+        assert pred.probs.shape[1:] == (n, fitted.out_dim) == (n, 2)
+        torch.testing.assert_close(pred.mean.sum(-1), torch.ones(n, dtype=pred.mean.dtype))
+    out = fitted.evaluate(x_test, y_test, num_samples=8)
+    assert (REGRESSION_METRICS if task == "regression" else CLASSIFICATION_METRICS) <= set(out)
+    assert all(isinstance(v, float) and math.isfinite(v) for v in out.values()), out
+
+
+def test_same_seed_gives_identical_metrics(case):
+    name, task, fitted, x_test, y_test = case
+    x, y, _, _ = tiny_problem(task)
+    pyro.set_rng_seed(123)  # the fit seeds itself: the global state before it must not matter
+    again = tiny_fit(name, task, x, y)
+    assert seeded_metrics(again, x_test, y_test) == seeded_metrics(fitted, x_test, y_test)
+
+
+def test_dtype_follows_the_data(case):
+    """float64 data in, float64 predictive out."""
+    _, task, fitted, x_test, _ = case
+    pred = fitted.predict(x_test, num_samples=4)
+    assert pred.mean.dtype == torch.float64
+    assert fitted.x_scaler.mean.dtype == torch.float64
+
+
+def test_plain_pyro_predictive_samples_obs(case):
+    _, _, fitted, x_test, _ = case
+    xs = fitted.x_scaler.transform(x_test)
+    samples = pyro.infer.Predictive(fitted.model, guide=fitted.guide, num_samples=3)(xs)
+    assert samples["obs"].shape == (3, x_test.shape[0])
+    assert bool(torch.isfinite(samples["obs"].double()).all())
+
+
+def test_save_and_load_predict_the_same(case, tmp_path):
+    name, task, fitted, x_test, _ = case
+    path = tmp_path / "fitted.pt"
+    try:
+        fitted.save(path)
+    except NotImplementedError as error:
+        pytest.skip(str(error))
+    assert list(tmp_path.iterdir()) == [path]  # the temporary file was renamed, not left
+    loaded = zoo.load(path)
+    assert (loaded.entry, loaded.task, loaded.in_dim, loaded.out_dim) == (
+        name, task, fitted.in_dim, fitted.out_dim)
+    predictions = []
+    for f in (fitted, loaded):
+        pyro.set_rng_seed(5)
+        predictions.append(f.predict(x_test, num_samples=6))
+    before, after = predictions
+    torch.testing.assert_close(after.mean, before.mean)
+    if task == "regression":
+        torch.testing.assert_close(after.stddev, before.stddev)
+
+
+@CUDA
+@pytest.mark.parametrize("name,task", CASES, ids=[f"{n}-{t}" for n, t in CASES])
+def test_device_follows_the_data(name, task):
+    x, y, x_test, _ = tiny_problem(task, torch.float32, "cuda")
+    fitted = tiny_fit(name, task, x, y)
+    pred = fitted.predict(x_test, num_samples=4)
+    assert all(v.device.type == "cuda" for v in vars(pred).values())
+    assert pred.mean.dtype == torch.float32
+
+
+# --- options, files and their errors --------------------------------------------------------
+
+def test_unknown_options_name_their_namespace_and_the_accepted_keys():
+    x, y, _, _ = tiny_problem("regression")
+    entry = zoo.get("mixture")
+    with pytest.raises(ValueError, match="model_options 'hiden'.*hidden"):
+        entry.fit(x, y, model_options={"hiden": (3,)})
+    with pytest.raises(ValueError, match="guide_options 'components'.*num_components"):
+        entry.fit(x, y, guide_options={"components": 3})
+    with pytest.raises(ValueError, match="method_options 'members'"):
+        entry.fit(x, y, method_options={"members": 3})
+    with pytest.raises(ValueError, match="budget option 'hidden'.*steps"):
+        entry.fit(x, y, hidden=(3,))
+    with pytest.raises(ValueError, match="no guide"):
+        zoo.get("nngp").fit(x, y, guide_options={"init_scale": 0.1})
+
+
+def test_guide_options_reach_the_guide_of_composed_methods():
+    x, y, _, _ = tiny_problem("regression")
+    fitted = zoo.get("mixture").fit(x, y, guide_options={"num_components": 3}, **TINY_BUDGET)
+    assert fitted.guide.num_components == 3
+    composed = NUTS(start=SVI(auto_normal)).with_guide_options({"init_scale": 0.5})
+    assert composed.start.guide_options == {"init_scale": 0.5}
+    composed = Ensemble(member=SVI(auto_normal)).with_guide_options({"init_scale": 0.5})
+    assert composed.member.guide_options == {"init_scale": 0.5}
+    with pytest.raises(ValueError, match="guide_options 'init_scale'"):  # map_guide has none
+        zoo.get("ensemble").fit(x, y, guide_options={"init_scale": 0.5})
+
+
+def test_save_refuses_options_that_are_not_plain_data(tmp_path):
+    x, y, _, _ = tiny_problem("regression")
+    fitted = zoo.get("bbb").fit(x, y, model_options={"prior": ScaleMixturePrior()},
+                                **TINY_BUDGET)
+    with pytest.raises(ValueError, match=r"options\['model_options'\]\['prior'\]"):
+        fitted.save(tmp_path / "f.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_errors_name_the_file(tmp_path):
+    missing = tmp_path / "missing.pt"
+    with pytest.raises(ValueError, match="missing.pt"):
+        zoo.load(missing)
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="garbage.pt"):
+        zoo.load(garbage)
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, other)
+    with pytest.raises(ValueError, match="other.pt.*not a fitted zoo entry"):
+        zoo.load(other)
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"format": "bnn_zoo.fitted/1", "entry": ScaleMixturePrior()}, pickled)
+    with pytest.raises(ValueError, match="pickled.pt"):  # weights_only refuses the object
+        zoo.load(pickled)
+
+
+def test_validated_noise_survives_save_and_load(tmp_path):
+    x, y, x_test, _ = tiny_problem("regression")
+    fitted = zoo.get("map").fit(x, y, validation=0.25, **TINY_BUDGET)
+    fitted.save(tmp_path / "map.pt")
+    loaded = zoo.load(tmp_path / "map.pt")
+    assert loaded.diagnostics["validated_noise_scale"] == fitted.diagnostics[
+        "validated_noise_scale"]
+    torch.testing.assert_close(loaded.predict(x_test).scale, fitted.predict(x_test).scale)
+    torch.testing.assert_close(loaded.predict(x_test).mean, fitted.predict(x_test).mean)
