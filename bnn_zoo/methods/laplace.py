@@ -36,12 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import (
-    check_choice,
-    check_data,
-    check_positive,
-    check_positive_int,
-)
+from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
 from bnn_zoo.core.nn import mlp_forward
 from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.training import FitResult, fit
@@ -116,7 +111,7 @@ def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor,
 
 
 def gradient_update(post: LaplacePosterior, per_layer: bool,
-                   max_iter: int = 100) -> tuple[Tensor, Tensor]:
+                    max_iter: int = 100) -> tuple[Tensor, Tensor]:
     """Maximise :meth:`LaplacePosterior.log_evidence` in ``log alpha``, ``log beta`` by L-BFGS."""
     covered = post.covered_layers
     log_alpha = torch.log(post.alpha[covered] if per_layer else post.alpha[covered[:1]])
@@ -148,7 +143,9 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
                       refine: bool = True, iterations: int = 30, tol: float = 1e-4,
                       indefinite: str = "raise",
                       max_bytes: int = MAX_DENSE_BYTES) -> LaplacePosterior:
-    """The Laplace posterior of ``model`` around ``theta`` (P,), optionally evidence-tuned.
+    """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP` with an
+    isotropic Gaussian prior) around ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,),
+    optionally evidence-tuned. ``model`` is read, never written.
 
     ``alpha``, ``beta`` default to the model's prior precision and its noise
     precision. ``evidence`` (``"fixed_point"``, ``"gradient"`` or ``None``) alternates

@@ -21,6 +21,8 @@ or a categorical on the logits ``f``. Paired with a
 
 from __future__ import annotations
 
+import warnings
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -88,7 +90,12 @@ class LinearizedModel(_PosteriorModel):
 
         batch = theta.shape[:-1]
         delta = (theta - post.theta).reshape(-1, theta.shape[-1])
-        change = torch.func.vmap(tangent)(delta)
+        with warnings.catch_warnings():
+            # torch's forward mode scripts its decompositions with the deprecated
+            # torch.jit.script on first use; the warning is torch's, not ours to act on.
+            warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*deprecated",
+                                    category=DeprecationWarning)
+            change = torch.func.vmap(tangent)(delta)
         return output(post.theta) + change.reshape(*batch, *change.shape[1:])
 
 
