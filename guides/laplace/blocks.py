@@ -1,0 +1,206 @@
+"""Structures of the Laplace precision ``A = diag(alpha) + beta H`` (seed 001; Bishop, PRML 5.7).
+
+Each block holds the curvature ``H`` of one slice of the flat weights ``theta`` in one
+structure and answers, for given prior precisions ``alpha`` (one per weight of the slice)
+and noise precision ``beta``, what the posterior needs: ``log |A|``, the diagonal of
+``A^-1``, quadratic forms ``g^T A^-1 g``, draws ``A^-1/2 eps`` and the dense ``A^-1``.
+
+Memory for a slice of ``p`` weights: :class:`DenseBlock` ``p^2`` (``full``, ``ggn``,
+``last_layer``), :class:`DiagBlock` ``p`` (``diag``), :class:`KronBlock`
+``(d_in + 1)^2 + d_out^2`` (``kron``, one per layer).
+
+.. warning:: The exact Hessian at the MAP of a ReLU network is often indefinite
+   (the MAP found by SVI is not an exact mode, and the Hessian has negative
+   directions along the residuals). ``curvature="full"`` then raises
+   :class:`NotPositiveDefiniteError` by default; ``indefinite="clip"`` instead
+   projects ``H`` onto the positive semi-definite cone (negative eigenvalues set
+   to zero, the nearest PSD matrix in Frobenius norm), and counts the clipped ones in
+   the block's ``clipped``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from bnn_zoo.core.checks import check_choice
+from bnn_zoo.guides.curvature import (
+    CURVATURES,
+    MAX_DENSE_BYTES,
+    ParameterLayout,
+    diagonal_ggn,
+    full_hessian,
+    ggn,
+    kron_ggn,
+    last_layer_ggn,
+)
+
+__all__ = ["INDEFINITE", "Block", "DenseBlock", "DiagBlock", "KronBlock",
+           "NotPositiveDefiniteError", "curvature_blocks"]
+
+INDEFINITE = ("raise", "clip")
+
+
+class NotPositiveDefiniteError(ValueError):
+    """The Laplace precision ``alpha I + beta H`` is not positive definite."""
+
+
+class DenseBlock:
+    """Precision ``diag(alpha) + beta H`` on ``theta[index]`` with a dense (p, p) ``H``.
+
+    Factorised in float64 whatever the data's dtype: with a small ``alpha`` the
+    precision of a trained net is too ill-conditioned for a float32 Cholesky.
+    Results come back in the dtype of ``H``.
+    """
+
+    def __init__(self, index: slice, hessian: Tensor, indefinite: str = "raise") -> None:
+        self.index = index
+        self.dtype = hessian.dtype
+        hessian = hessian.double()
+        self.clipped = 0
+        if indefinite == "clip":
+            evals, evecs = torch.linalg.eigh(hessian)
+            self.clipped = int((evals < 0).sum())
+            hessian = (evecs * evals.clamp_min(0)) @ evecs.T
+        self.hessian = hessian
+
+    def cholesky(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        precision = beta.double() * self.hessian + torch.diag_embed(alpha.double())
+        chol, info = torch.linalg.cholesky_ex(precision)
+        if int(info) != 0:
+            smallest = float(torch.linalg.eigvalsh(precision)[0])
+            raise NotPositiveDefiniteError(
+                f"The Laplace precision alpha I + beta H is not positive definite (smallest "
+                f"eigenvalue {smallest:.3g} in float64): the curvature is indefinite, as the "
+                "exact Hessian at a ReLU net's MAP often is. Use curvature='ggn' (always "
+                "positive semi-definite), refine the MAP, or pass indefinite='clip' to project "
+                "H onto the positive semi-definite cone."
+            )
+        return chol
+
+    def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        return (2 * torch.log(torch.diagonal(self.cholesky(alpha, beta))).sum()).to(self.dtype)
+
+    def inverse_diagonal(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        chol = self.cholesky(alpha, beta)
+        eye = torch.eye(chol.shape[0], dtype=chol.dtype, device=chol.device)
+        inv = torch.linalg.solve_triangular(chol, eye, upper=False)
+        return (inv**2).sum(0).to(self.dtype)
+
+    def quadratic(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        """(M,) ``g_m^T A^-1 g_m`` for rows ``g`` (M, p)."""
+        chol = self.cholesky(alpha, beta)
+        v = torch.linalg.solve_triangular(chol, g.T.double(), upper=False)
+        return (v**2).sum(0).to(self.dtype)
+
+    def offset(self, eps: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        """``L^-T eps`` (..., p), distributed as ``N(0, A^-1)`` for standard normal ``eps``."""
+        chol = self.cholesky(alpha, beta)
+        flat = eps.reshape(-1, eps.shape[-1]).T.double()
+        out = torch.linalg.solve_triangular(chol.T, flat, upper=True).T
+        return out.reshape(eps.shape).to(self.dtype)
+
+    def covariance(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        return torch.cholesky_inverse(self.cholesky(alpha, beta)).to(self.dtype)
+
+
+class DiagBlock:
+    """Precision ``alpha + beta h`` elementwise on ``theta[index]``."""
+
+    clipped = 0
+
+    def __init__(self, index: slice, diagonal: Tensor) -> None:
+        self.index = index
+        self.diagonal = diagonal
+
+    def precision(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        return alpha + beta * self.diagonal
+
+    def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        return torch.log(self.precision(alpha, beta)).sum()
+
+    def inverse_diagonal(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        return 1 / self.precision(alpha, beta)
+
+    def quadratic(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        return (g**2 / self.precision(alpha, beta)).sum(-1)
+
+    def offset(self, eps: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        return eps * self.precision(alpha, beta).rsqrt()
+
+    def covariance(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        return torch.diag_embed(self.inverse_diagonal(alpha, beta))
+
+
+class KronBlock:
+    """Precision ``alpha I + beta Q ⊗ G`` on one layer's ``[W; b]`` (row-major, (a, o)).
+
+    With ``Q = U diag(q) U^T`` and ``G = V diag(g) V^T`` the precision is
+    ``(U ⊗ V) diag(alpha + beta q_i g_j) (U ⊗ V)^T``, so every operation is two small
+    matrix products. ``alpha`` must be one number on the layer.
+    """
+
+    clipped = 0
+
+    def __init__(self, index: slice, q: Tensor, g: Tensor) -> None:
+        self.index = index
+        # Both factors are PSD by construction; clamping removes rounding below zero.
+        self.q_evals, self.q_evecs = torch.linalg.eigh(q)
+        self.g_evals, self.g_evecs = torch.linalg.eigh(g)
+        self.q_evals = self.q_evals.clamp_min(0)
+        self.g_evals = self.g_evals.clamp_min(0)
+
+    def eigenvalues(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        """(a, o) eigenvalues of the precision."""
+        return alpha[0] + beta * torch.outer(self.q_evals, self.g_evals)
+
+    def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        return torch.log(self.eigenvalues(alpha, beta)).sum()
+
+    def inverse_diagonal(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        inv = 1 / self.eigenvalues(alpha, beta)
+        return (self.q_evecs**2 @ inv @ (self.g_evecs**2).T).flatten()
+
+    def quadratic(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        rot = self.q_evecs.T @ g.reshape(g.shape[0], *self.shape) @ self.g_evecs
+        return (rot**2 / self.eigenvalues(alpha, beta)).sum((-2, -1))
+
+    def offset(self, eps: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        e = eps.reshape(*eps.shape[:-1], *self.shape) * self.eigenvalues(alpha, beta).rsqrt()
+        return (self.q_evecs @ e @ self.g_evecs.T).reshape(eps.shape)
+
+    def covariance(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        basis = torch.kron(self.q_evecs, self.g_evecs)
+        return (basis / self.eigenvalues(alpha, beta).flatten()) @ basis.T
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q_evals.shape[0], self.g_evals.shape[0]
+
+
+Block = DenseBlock | DiagBlock | KronBlock
+
+
+def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
+                     layout: ParameterLayout, act: Callable[[Tensor], Tensor], likelihood: str,
+                     *, indefinite: str = "raise", max_bytes: int = MAX_DENSE_BYTES) -> list[Block]:
+    """The blocks of ``curvature`` (one of :data:`~bnn_zoo.guides.curvature.CURVATURES`) at
+    ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,)."""
+    check_choice("curvature", curvature, CURVATURES)
+    check_choice("indefinite", indefinite, INDEFINITE)
+    everything = slice(0, layout.num_parameters)
+    args = (theta, x, y, layout, act, likelihood)
+    if curvature == "full":
+        return [DenseBlock(everything, full_hessian(*args, max_bytes=max_bytes), indefinite)]
+    # A GGN is positive semi-definite in exact arithmetic; clipping removes only the
+    # round-off negatives that a float32 GGN times a large beta (e.g. naval) can show.
+    if curvature == "ggn":
+        return [DenseBlock(everything, ggn(*args, max_bytes=max_bytes), "clip")]
+    if curvature == "diag":
+        return [DiagBlock(everything, diagonal_ggn(*args))]
+    if curvature == "kron":
+        return [KronBlock(index, q, g)
+                for index, (q, g) in zip(layout.layer_slices, kron_ggn(*args))]
+    return [DenseBlock(layout.layer_slices[-1], last_layer_ggn(*args), "clip")]

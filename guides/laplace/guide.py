@@ -1,0 +1,74 @@
+"""The Laplace guide: a point mass at the MAP, then the Gaussian ``N(w_MAP, A^-1)`` (seed 001)."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule, PyroParam
+from torch import Tensor, nn
+
+from bnn_zoo.core.checks import check_positive
+from bnn_zoo.guides.curvature import ParameterLayout
+from bnn_zoo.guides.laplace.posterior import LaplacePosterior
+
+__all__ = ["LaplaceGuide"]
+
+
+class LaplaceGuide(PyroModule):
+    """A Pyro guide for a :class:`~bnn_zoo.models.BayesianMLP`: a point mass (MAP) at its
+    locations until :meth:`set_posterior`, then the Gaussian ``N(w_MAP, A^-1)`` of a
+    :class:`~bnn_zoo.guides.laplace.posterior.LaplacePosterior`.
+
+    The locations are ``PyroParam``s named after the model's sample sites (dots replaced
+    by underscores), so the point mass trains with :func:`bnn_zoo.fit` or with Pyro's own
+    ``SVI`` and a ``pyro.optim`` optimiser, with or without ``module_local_params``. With a
+    posterior, the guide samples all weights jointly from an auxiliary standard normal
+    site ``_laplace_eps`` transformed by the posterior's structure.
+
+    Initial means: weight matrices ``N(0, 1/d_in)`` and biases ``N(0, bias_scale^2)``.
+    Random biases spread the kinks of a ReLU net over the inputs (with zero biases every
+    kink starts at ``x = 0``), as the core's ``fan_in_init`` does with ``U(-1, 1)``; here
+    their spread is a parameter, ``bias_scale``.
+    """
+
+    def __init__(self, model: nn.Module, *, bias_scale: float = 1.0,
+                 generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        check_positive("bias_scale", bias_scale)
+        self.layout = ParameterLayout.from_model(model)
+        self.keys = {name: name.replace(".", "_") for name, _ in self.layout.sites}
+        for name, shape in self.layout.sites:
+            scale = 1 / math.sqrt(shape[0]) if len(shape) == 2 else bias_scale
+            setattr(self, self.keys[name], PyroParam(torch.randn(shape, generator=generator)
+                                                     * scale))
+        self.posterior: LaplacePosterior | None = None
+
+    def theta(self) -> Tensor:
+        """(P,) the current means as one flat vector."""
+        return self.layout.flatten({name: getattr(self, key) for name, key in self.keys.items()})
+
+    def set_posterior(self, posterior: LaplacePosterior) -> None:
+        """Sample ``posterior`` from now on; its MAP becomes the guide's locations."""
+        if posterior.layout != self.layout:
+            raise ValueError("Expected a posterior of the guide's network "
+                             f"{self.layout.sizes}, but got one of {posterior.layout.sizes}.")
+        values = self.layout.unflatten(posterior.theta)
+        with torch.no_grad():
+            for name, key in self.keys.items():
+                # The locations are unconstrained (real), so this is the parameter itself.
+                getattr(self, f"{key}_unconstrained").copy_(values[name])
+        self.posterior = posterior
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> dict[str, Tensor]:
+        theta = self.theta()
+        if self.posterior is not None:
+            eps = pyro.sample("_laplace_eps",
+                              dist.Normal(torch.zeros_like(theta), 1.0).to_event(1),
+                              infer={"is_auxiliary": True})
+            theta = theta + self.posterior.offset(eps)
+        values = self.layout.unflatten(theta)
+        return {name: pyro.sample(name, dist.Delta(values[name], event_dim=len(shape)))
+                for name, shape in self.layout.sites}

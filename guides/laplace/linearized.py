@@ -1,0 +1,108 @@
+"""Pyro models of a Laplace posterior's predictive: linearised (GLM) or the network itself
+(seed 001, first half; Bishop, PRML 5.7; Immer et al. 2021 on the GLM view).
+
+Both have the sample sites of the :class:`~bnn_zoo.models.BayesianMLP` they approximate
+(one per weight tensor, prior ``N(0, alpha_l^-1)`` with the posterior's per-layer
+``alpha``), record the network output as ``pyro.deterministic("f")`` and put the likelihood
+``obs`` in ``pyro.plate("data")``, with the posterior's noise ``beta^-1/2`` (regression)
+or a categorical on the logits ``f``. Paired with a
+:class:`~bnn_zoo.guides.laplace.guide.LaplaceGuide` holding the posterior, Pyro's
+``Predictive(model, guide=guide)`` and :func:`bnn_zoo.predict` sample
+
+* :class:`LinearizedModel`: the GLM predictive. Its network is the seed's first-order
+  expansion ``f_lin(x, w) = f(x, w_MAP) + J(x) (w - w_MAP)``, so with
+  ``w ~ N(w_MAP, A^-1)`` the output is exactly ``N(f(x, w_MAP), J A^-1 J^T)`` in
+  distribution: regression gives ``N(f, 1/beta + g^T A^-1 g)`` (PRML 5.173), the closed
+  form of :meth:`~bnn_zoo.guides.laplace.posterior.LaplacePosterior.glm_predictive`;
+  classification gives the Monte Carlo average of ``softmax`` over the Gaussian logits,
+  which the probit approximation of the closed form approximates.
+* :class:`NonlinearModel`: the weight-sampling ("mc") predictive, the network itself.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule
+from torch import Tensor
+
+from bnn_zoo.core.nn import mlp_forward
+from bnn_zoo.guides.laplace.posterior import LaplacePosterior
+from bnn_zoo.models.mlp import drop_plate_dim
+
+__all__ = ["LinearizedModel", "NonlinearModel"]
+
+
+class _PosteriorModel(PyroModule):
+    """The shared model; subclasses define :meth:`network` for weights ``theta`` (*S, P)."""
+
+    def __init__(self, posterior: LaplacePosterior) -> None:
+        super().__init__()
+        self.posterior = posterior
+
+    def network(self, x: Tensor, theta: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        post = self.posterior
+        layout = post.layout
+        if x.dim() != 2 or x.shape[-1] != layout.sizes[0]:
+            raise ValueError(f"Expected x of shape (N, {layout.sizes[0]}), but got "
+                             f"{tuple(x.shape)}.")
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        prior_scale = post.alpha.rsqrt()
+        values = {}
+        for i, (name, shape) in enumerate(layout.sites):
+            prior = dist.Normal(zero, prior_scale[i // 2]).expand(shape).to_event(len(shape))
+            values[name] = drop_plate_dim(pyro.sample(name, prior), len(shape))
+        theta = layout.flatten(values)
+        with pyro.plate("data", x.shape[0], device=x.device) as idx:
+            if idx.shape[0] != x.shape[0]:
+                x = x.index_select(0, idx)
+                y = None if y is None else y.index_select(0, idx)
+            f = pyro.deterministic("f", self.network(x, theta))
+            if post.likelihood == "gaussian":
+                pyro.sample("obs", dist.Normal(f.squeeze(-1), post.beta.rsqrt()), obs=y)
+            else:
+                pyro.sample("obs", dist.Categorical(logits=f), obs=y)
+        return f
+
+
+class LinearizedModel(_PosteriorModel):
+    """The GLM predictive of ``posterior`` as a Pyro model (see the module doc)."""
+
+    def network(self, x: Tensor, theta: Tensor) -> Tensor:
+        """``f(x, w_MAP) + J(x) (theta - w_MAP)`` (*S, N, K) for ``theta`` (*S, P).
+
+        One Jacobian-vector product per weight sample (``torch.func.jvp``), vectorised
+        over the samples by ``torch.func.vmap``; ``J`` itself is never formed.
+        """
+        post = self.posterior
+
+        def output(t: Tensor) -> Tensor:
+            return mlp_forward(x, post.layout.network(t), post.act)
+
+        def tangent(delta: Tensor) -> Tensor:
+            return torch.func.jvp(output, (post.theta,), (delta,))[1]
+
+        batch = theta.shape[:-1]
+        delta = (theta - post.theta).reshape(-1, theta.shape[-1])
+        with warnings.catch_warnings():
+            # torch's forward mode scripts its decompositions with the deprecated
+            # torch.jit.script on first use; the warning is torch's, not ours to act on.
+            warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*deprecated",
+                                    category=DeprecationWarning)
+            change = torch.func.vmap(tangent)(delta)
+        return output(post.theta) + change.reshape(*batch, *change.shape[1:])
+
+
+class NonlinearModel(_PosteriorModel):
+    """The weight-sampling predictive of ``posterior``: the network at the sampled weights,
+    with the posterior's noise."""
+
+    def network(self, x: Tensor, theta: Tensor) -> Tensor:
+        """``f(x, theta)`` (*S, N, K) for ``theta`` (*S, P)."""
+        return mlp_forward(x, self.posterior.layout.network(theta), self.posterior.act)
