@@ -22,7 +22,9 @@ def test_fit_prints_metrics_and_writes_json(tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "rmse" in out and "ll" in out and "fit_seconds" in out
-    assert (tmp_path / "map_sine_split0.json").exists()
+    for suffix in (".md", ".csv", ".json"):
+        assert (tmp_path / f"map_sine_split0{suffix}").exists()
+    assert "| map | sine | 0 | 0 |" in (tmp_path / "map_sine_split0.md").read_text()
 
 
 def test_compare_writes_table_files_and_bands(tmp_path, capsys):
@@ -39,6 +41,7 @@ def test_compare_defaults_are_the_readme_job():
     args = cli.build_parser().parse_args(["compare"])
     assert args.data == ["sine"] and args.entries == list(cli.QUICK_ENTRIES)
     assert args.splits == 1 and args.reference is None and str(args.out) == "results/compare"
+    assert args.seed == 0 and args.threads is None and args.device == "cpu"
     assert set(cli.QUICK_ENTRIES) <= set(zoo.names("regression"))
     assert cli.build_parser().parse_args(["compare", "--entries", "all"]).entries == ["all"]
 
