@@ -102,16 +102,18 @@ def notes(row: dict) -> str:
 
 def write_comparison(records: list[dict], out: str | Path, *, name: str = "compare",
                      reference: str | None = REFERENCE, columns: Sequence[str] | None = None,
-                     markdown_rows: Sequence[dict] = ()) -> tuple[list[dict], str]:
+                     section: str | None = "data", markdown_rows: Sequence[dict] = ()
+                     ) -> tuple[list[dict], str]:
     """Summarise ``records`` and write ``<name>.md``, ``.csv`` and ``.json`` under ``out``
-    (one Markdown table per data set; ``columns`` default to :data:`TABLE_COLUMNS` of the
-    data's task); return the summary rows and the Markdown."""
+    (one Markdown table per data set, or with ``section=None`` one table with a ``data``
+    column; ``columns`` default to :data:`TABLE_COLUMNS` of the data's task); return the
+    summary rows and the Markdown."""
     summary = summarise(records, reference=reference)
     tasks = dict.fromkeys(row["task"] for row in summary)
     chosen = columns or [c for task in tasks for c in TABLE_COLUMNS[task]]
     runs = [{k: r.get(k) for k in ("entry", "data", "split", "seed", "status", "metrics",
                                    "diagnostics", "reason", "settings")} for r in records]
-    table = write_tables(out, name, summary, keys=("data", "entry"), section="data",
+    table = write_tables(out, name, summary, keys=("data", "entry"), section=section,
                          columns=list(dict.fromkeys(chosen)), notes=notes, runs=runs,
                          markdown_rows=markdown_rows)
     return summary, table

@@ -24,7 +24,8 @@ from bnn_zoo.core.checks import check_positive_int, check_tensor
 from bnn_zoo.evaluation.metrics import expected_calibration_error, reliability_bins
 from bnn_zoo.harness.atomic import atomic_path
 
-__all__ = ["draw_reliability", "reliability_diagram", "save_figure", "write_figures"]
+__all__ = ["draw_reliability", "predictive_bands", "reliability_diagram", "save_figure",
+           "write_figures"]
 
 #: Probability mass of the predictive bands (from the records' ``band``).
 BAND_MASS = 0.95
@@ -94,7 +95,9 @@ def reliability_diagram(probs: Tensor, y: Tensor, *, num_bins: int = 15, ax: Axe
     return ax.figure
 
 
-def _bands(records: Sequence[dict], data: str, split: int) -> Figure:
+def predictive_bands(records: Sequence[dict], data: str, split: int) -> Figure:
+    """The predictive mean and central band (the records' ``band``) of every record side by
+    side, over the training points of split ``split`` of ``data``."""
     dataset = data_module.load(data, split)
     fig = Figure(figsize=(3.2 * len(records), 3), layout="constrained")
     axes = fig.subplots(1, len(records), sharey=True, squeeze=False)[0]
@@ -147,7 +150,8 @@ def write_figures(records: Sequence[dict], out: str | Path) -> list[Path]:
         ok = [r for r in ok if r["split"] == first]
         stem = data.replace("/", "_")
         if banded := [r for r in ok if "band" in r]:
-            paths.append(save_figure(_bands(banded, data, first), out / f"bands_{stem}.png"))
+            paths.append(save_figure(predictive_bands(banded, data, first),
+                                     out / f"bands_{stem}.png"))
         if calibrated := [r for r in ok if "reliability" in r]:
             paths.append(save_figure(_reliability_curves(calibrated, data),
                                      out / f"reliability_{stem}.png"))
