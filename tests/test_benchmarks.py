@@ -1,5 +1,7 @@
 """Every script in ``benchmarks/`` runs with tiny flags, without the network; a script
-missing from ``TINY_ARGS`` fails the suite (as Pyro's ``tests/test_examples.py`` does)."""
+missing from ``TINY_ARGS`` fails the suite (as Pyro's ``tests/test_examples.py`` does).
+Every script takes the shared flags and writes its tables through the harness's one
+table writer."""
 
 from __future__ import annotations
 
@@ -39,6 +41,18 @@ def test_every_script_is_listed():
     tests = Path(__file__).resolve().parent
     for script, test_file in TESTED_ELSEWHERE.items():
         assert script.removesuffix(".py") in (tests / test_file).read_text(), (script, test_file)
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")))
+def test_script_uses_the_shared_flags_and_the_table_writer(script):
+    text = (BENCHMARKS / script).read_text()
+    assert "flags.parse(" in text
+    assert "add_shared_flags" in text or "add_comparison_flags" in text
+    assert any(w in text for w in ("write_tables(", "write_table_group(", "write_comparison(",
+                                   "run_from_args("))
+    for own in ("set_num_threads", "argparse.FileType", ".write_text(", "savefig(", "csv.",
+                "json.dump"):
+        assert own not in text, f"{script} uses {own}; the harness does that"
 
 
 @pytest.mark.parametrize("script", sorted(TINY_ARGS))

@@ -53,7 +53,8 @@ def aggregate(rows: Sequence[dict], keys: Sequence[str]) -> list[dict]:
 
     Every other numeric field becomes its mean and ``<field>_se`` over the group's rows
     that have it; a text field keeps its distinct values joined by ``"; "``; ``runs``
-    counts the rows of the group.
+    counts the rows of the group that have no ``reason`` (the runs that finished; a row
+    with a ``reason`` says why a run was skipped or failed).
     """
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -65,7 +66,7 @@ def aggregate(rows: Sequence[dict], keys: Sequence[str]) -> list[dict]:
     summary = []
     for key, group in groups.items():
         out: dict = dict(zip(keys, key))
-        out[RUNS] = len(group)
+        out[RUNS] = sum("reason" not in row for row in group)
         fields = dict.fromkeys(f for row in group for f in row if f not in keys)
         for field in fields:
             values = [row[field] for row in group if row.get(field) is not None]
@@ -116,8 +117,6 @@ def summarise(records: Sequence[dict], *, reference: str | None = None) -> list[
             rows.append({**row, "reason": f"{r['status']}: {r['reason']}"})
     summary = aggregate(rows, ("data", "entry", "task"))
     for row in summary:
-        key = (row["data"], row["entry"])
-        row[RUNS] = sum(r["status"] == "ok" and (r["data"], r["entry"]) == key for r in records)
         for key in [k for k in row if k.startswith("diag_") and k.endswith("_se")]:
             del row[key]
     return summary
