@@ -46,6 +46,13 @@ def test_compare_defaults_are_the_readme_job():
     assert cli.build_parser().parse_args(["compare", "--entries", "all"]).entries == ["all"]
 
 
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys):
+    assert cli.main(["compare", "--entries", "no_such_entry", "--out", str(tmp_path)]) == 2
+    assert cli.main(["fit", "--entry", "map", "--data", "sine", "--threads", "0"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and "no_such_entry" in errors[0] and "threads" in errors[1]
+
+
 def test_bad_command_exits():
     with pytest.raises(SystemExit):
         cli.main(["no_such_command"])

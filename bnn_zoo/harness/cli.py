@@ -18,6 +18,7 @@ Every command takes the shared flags of :mod:`bnn_zoo.harness.flags` that apply 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from bnn_zoo import zoo
@@ -102,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m bnn_zoo`` and the ``bnn-zoo`` script; returns the exit code."""
-    args = flags.parse(build_parser(), argv)
-    return args.run(args)
+    """Entry point of ``python -m bnn_zoo`` and the ``bnn-zoo`` script; returns the exit code:
+    0, 1 when a requested run failed, 2 for bad input (printed in one line)."""
+    try:
+        args = flags.parse(build_parser(), argv)
+        return args.run(args)
+    except (ValueError, TypeError) as error:
+        print(f"python -m bnn_zoo: error: {error}", file=sys.stderr)
+        return 2
