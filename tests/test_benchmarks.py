@@ -56,10 +56,11 @@ def test_script_uses_the_shared_flags_and_the_table_writer(script):
 
 
 @pytest.mark.parametrize("script", sorted(TINY_ARGS))
-def test_script_runs_with_tiny_flags(script, tmp_path, monkeypatch, request):
+def test_script_runs_with_tiny_flags(script, tmp_path, monkeypatch, request, capsys):
     if script in NEEDS_UCI:
         request.getfixturevalue("uci_data")
     argv = [a.replace("{out}", str(tmp_path)) for a in TINY_ARGS[script]]
     monkeypatch.setattr(sys, "argv", [script, *argv])
     runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
-    assert any(tmp_path.iterdir())
+    assert "[failed]" not in capsys.readouterr().out  # a comparison reports a failed fit
+    assert any(p.suffix == ".md" for p in tmp_path.iterdir())
