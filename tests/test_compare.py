@@ -188,6 +188,10 @@ def test_corrupt_cache_file_is_refitted_with_a_warning(tmp_path, capsys):
     capsys.readouterr()
     compare.run_comparison(["sine"], ["map"], **kwargs)
     assert "[cached]" in capsys.readouterr().out
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "seed": 7}))  # another run's record at this path
+    with pytest.warns(runs.CacheWarning, match="another run"):
+        compare.run_comparison(["sine"], ["map"], **kwargs)
 
 
 def test_classification_records_reliability(tmp_path):

@@ -51,7 +51,7 @@ def add_shared_flags(parser: argparse.ArgumentParser, *, out: str | None,
                                  f"{device or 'chosen by the script'})")
     if "seed" not in without:
         parser.add_argument("--seed", type=int, default=seed,
-                            help=f"random seed; split k of a data set uses seed + k "
+                            help=f"random seed; a comparison fits split k with seed + k "
                                  f"(default: {seed})")
     if "splits" not in without:
         parser.add_argument("--splits", type=int, default=splits,

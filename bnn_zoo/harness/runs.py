@@ -109,9 +109,9 @@ def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
     return {**record, "status": "ok"}
 
 
-def _canonical(settings: dict) -> str:
-    """``settings`` as JSON with sorted keys (a tuple and a list of the same items agree)."""
-    return json.dumps(settings, sort_keys=True, default=repr)
+def _canonical(value: object) -> str:
+    """``value`` as JSON with sorted keys (a tuple and a list of the same items agree)."""
+    return json.dumps(value, sort_keys=True, default=repr)
 
 
 def cache_path(out: str | Path, entry: str, data: str, split: int, seed: int,
@@ -123,15 +123,16 @@ def cache_path(out: str | Path, entry: str, data: str, split: int, seed: int,
     return Path(out) / "runs" / entry / name
 
 
-def _read_cached(path: Path, settings: dict) -> dict | None:
+def _read_cached(path: Path, expected: dict) -> dict | None:
     """The record at ``path``, or ``None`` (with a :class:`CacheWarning`) when it is
-    truncated, corrupt or from other settings."""
+    truncated, corrupt, or of another run than ``expected`` (its entry, data, split, seed
+    and settings)."""
     try:
         record = json.loads(path.read_text())
         if not isinstance(record, dict) or any(k not in record for k in RECORD_FIELDS):
             raise ValueError("fields missing")
-        if _canonical(record["settings"]) != _canonical(settings):
-            raise ValueError("settings differ")
+        if _canonical({k: record[k] for k in expected}) != _canonical(expected):
+            raise ValueError("another run's record")
     except (OSError, ValueError) as error:
         warnings.warn(f"Cannot reuse the cached run {path} ({error}); fitting it again.",
                       CacheWarning, stacklevel=3)
@@ -147,7 +148,9 @@ def cached_run(entry: str, dataset: data_module.Dataset, *, split: int, seed: in
     unless it failed, cached."""
     settings = run_settings(dataset, overrides, num_samples)
     path = cache_path(out, entry, dataset.name, split, seed, settings)
-    record = _read_cached(path, settings) if path.exists() else None
+    expected = {"entry": entry, "data": dataset.name, "split": split, "seed": seed,
+                "settings": settings}
+    record = _read_cached(path, expected) if path.exists() else None
     status = "cached"
     if record is None:
         record = run_one(entry, dataset, split=split, seed=seed, overrides=overrides,
