@@ -18,14 +18,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from bnn_zoo.harness import compare
+from bnn_zoo.harness import compare, flags
+from bnn_zoo.harness.summary import REFERENCE
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    compare.add_arguments(parser, data=("sine", "gap"), out="results/compare_guides",
-                          reference=compare.REFERENCE)
-    return compare.main_from_args(parser.parse_args(argv))
+    flags.add_comparison_flags(parser, data=("sine", "gap"), out="results/compare_guides",
+                               reference=REFERENCE)
+    return compare.run_from_args(flags.parse(parser, argv))
 
 
 if __name__ == "__main__":

@@ -11,51 +11,47 @@ Several machines (run on each, ``HOST`` being the first machine's address)::
 
 Each process trains on its shard of the training rows (``--batch-size`` rows per
 process and step) with gradients averaged over the processes; rank 0 alone prints
-and writes ``metrics.json`` under ``--out``. Run with plain ``python`` it is one
-process.
+and writes the test metrics as ``metrics.md``, ``.csv`` and ``.json`` under ``--out``.
+Run with plain ``python`` it is one process.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
+from collections.abc import Sequence
 
-import torch
 import torch.distributed as dist
 
 from bnn_zoo import data, zoo
 from bnn_zoo.core import distributed
-from bnn_zoo.core.checks import check_device
+from bnn_zoo.harness import flags
+from bnn_zoo.harness.tables import write_tables
+
+ENTRY = "bbb"
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="diabetes", choices=data.names())
-    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=128, help="rows per process and step")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default=None,
-                        help="cpu or cuda (default: cuda:LOCAL_RANK when CUDA is available)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--out", type=Path, default=Path("results/distributed_fit"))
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    flags.add_fit_flags(parser, steps=2000)
+    flags.add_shared_flags(parser, out="results/distributed_fit", threads=1, device=None,
+                           without=("splits",))
+    args = flags.parse(parser, argv)
     launched = distributed.init_process_group()
     try:
-        device = distributed.device() if args.device is None else check_device("--device",
-                                                                               args.device)
+        device = distributed.device() if args.device is None else args.device
         d = data.load(args.data)
         x, y = distributed.shard(d.x_train.to(device), d.y_train.to(device))
-        fitted = zoo.get("bbb").fit(x, y, task=d.task, seed=args.seed, steps=args.steps,
-                                         batch_size=args.batch_size,
-                                         distributed=distributed.is_initialized())
-        metrics = fitted.evaluate(d.x_test.to(device), d.y_test.to(device))
+        fitted = zoo.get(ENTRY).fit(x, y, task=d.task, seed=args.seed, steps=args.steps,
+                                    batch_size=args.batch_size,
+                                    distributed=distributed.is_initialized())
+        metrics = fitted.evaluate(d.x_test.to(device), d.y_test.to(device), args.num_samples)
         metrics["processes"] = distributed.world_size()
         if distributed.is_main_process():
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-            print(json.dumps(metrics, indent=2))
+            print(write_tables(args.out, "metrics", [{"data": args.data, "entry": ENTRY,
+                                                      **metrics}],
+                               keys=("data", "entry"), columns=list(metrics)))
         return metrics
     finally:
         if launched:

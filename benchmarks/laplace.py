@@ -12,124 +12,79 @@ the predictive bands of every tuned variant on the first 1-D data set.
     python benchmarks/laplace.py --out results/laplace
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/laplace.py   # adds uci/concrete
 
-Writes ``laplace.md``, ``laplace.csv`` and ``laplace_bands.png`` under ``--out``.
+Fits go through :func:`bnn_zoo.harness.compare.run_comparison` (the evidence setting as
+``method_options``), which caches them under ``--out/runs``. Writes ``laplace.md``,
+``.csv``, ``.json`` (with the fitted ``alpha`` and ``beta`` where the posterior reports
+them in its diagnostics) and ``laplace_bands.png`` under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import os
-import statistics
-from pathlib import Path
+from collections.abc import Sequence
 
-import matplotlib
-import torch
+from bnn_zoo.harness import compare, flags
+from bnn_zoo.harness.figures import predictive_bands, save_figure
+from bnn_zoo.harness.summary import aggregate
+from bnn_zoo.harness.tables import write_tables
 
-from bnn_zoo import data, zoo
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-VARIANTS = ["laplace_full", "laplace_ggn", "laplace_diag", "laplace_kron", "laplace_last_layer"]
-METRICS = ["ll", "rmse", "coverage_90", "fit_seconds"]
+VARIANTS = ("laplace_full", "laplace_ggn", "laplace_diag", "laplace_kron", "laplace_last_layer")
+#: ``None``: alpha from the prior, beta from the MAP's noise; else the evidence tuning.
+EVIDENCE = (None, "fixed_point")
+METRICS = ("ll", "rmse", "coverage_90", "fit_seconds")
+TUNED = "fixed_point"
 
 
 def default_datasets() -> list[str]:
     return ["gap", "sine"] + (["uci/concrete"] if os.environ.get("BNN_ZOO_DATA") else [])
 
 
-def run(args: argparse.Namespace) -> tuple[list[dict], list[tuple]]:
-    """Fit and evaluate every combination; also keep the tuned fits of the first 1-D set."""
-    rows, bands = [], []
-    for name in args.datasets:
-        for split in range(min(args.splits, data.num_splits(name))):
-            d = data.load(name, split)
-            for variant in args.variants:
-                for evidence in (None, "fixed_point"):
-                    overrides = {"steps": args.steps} if args.steps else {}
-                    fitted = zoo.get(variant).fit(d.x_train, d.y_train, seed=split,
-                                                  evidence=evidence, **overrides)
-                    out = fitted.evaluate(d.x_test, d.y_test)
-                    post = fitted.guide.posterior
-                    rows.append({"dataset": name, "split": split, "variant": variant,
-                                 "evidence": evidence or "none", "alpha": float(post.alpha[-1]),
-                                 "beta": float(post.beta),
-                                 **{m: out[m] for m in METRICS}})
-                    print(rows[-1], flush=True)
-                    if d.in_dim == 1 and evidence and (not bands or bands[0][2] is d):
-                        bands.append((variant, fitted, d))
-    return rows, bands
+def run(args: argparse.Namespace) -> dict[str, list[dict]]:
+    """The run records of every variant on every split, per evidence setting."""
+    return {evidence or "none": compare.run_comparison(
+        args.data, args.variants, splits=args.splits, seed=args.seed, out=args.out,
+        device=args.device, num_samples=args.num_samples,
+        overrides={**flags.budget_overrides(args), "method_options": {"evidence": evidence}})
+        for evidence in EVIDENCE}
 
 
-def summarise(rows: list[dict]) -> list[dict]:
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["dataset"], row["variant"], row["evidence"]), []).append(row)
-    out = []
-    for (name, variant, evidence), group in groups.items():
-        entry = {"dataset": name, "variant": variant, "evidence": evidence,
-                 "splits": len(group)}
-        for m in METRICS:
-            values = [r[m] for r in group]
-            entry[m] = statistics.fmean(values)
-            entry[m + "_se"] = (statistics.stdev(values) / math.sqrt(len(values))
-                                if len(values) > 1 else 0.0)
-        out.append(entry)
-    return out
+def rows_of(records: dict[str, list[dict]]) -> list[dict]:
+    """One row per run: data, variant, evidence, the metrics and the diagnostics."""
+    rows = []
+    for evidence, runs in records.items():
+        for r in runs:
+            row = {"data": r["data"], "variant": r["entry"], "evidence": evidence}
+            if r["status"] == "ok":
+                rows.append({**row, **{m: r["metrics"][m] for m in METRICS},
+                             **r["diagnostics"]})
+            else:
+                rows.append({**row, "reason": f"{r['status']}: {r['reason']}"})
+    return rows
 
 
-def write_markdown(summary: list[dict], path: Path) -> None:
-    lines = ["| data | variant | evidence | splits | test LL | RMSE | 90% cover | fit s |",
-             "|---|---|---|---|---|---|---|---|"]
-    for s in summary:
-        lines.append(
-            f"| {s['dataset']} | {s['variant']} | {s['evidence']} | {s['splits']} | "
-            f"{s['ll']:.3f} ± {s['ll_se']:.3f} | {s['rmse']:.3f} ± {s['rmse_se']:.3f} | "
-            f"{s['coverage_90']:.2f} | {s['fit_seconds']:.1f} |")
-    path.write_text("\n".join(lines) + "\n")
-
-
-def plot_bands(bands: list[tuple], path: Path) -> None:
-    """Predictive mean and +-2 standard deviations of each fit in ``bands``."""
-    fig, axes = plt.subplots(1, max(1, len(bands)), figsize=(3.2 * max(1, len(bands)), 3),
-                             sharey=True, squeeze=False)
-    for ax, (variant, fitted, d) in zip(axes[0], bands):
-        grid = torch.linspace(float(d.x_test.min()) - 1, float(d.x_test.max()) + 1, 300,
-                              dtype=d.x_train.dtype).unsqueeze(-1)
-        pred = fitted.predict(grid)
-        mean, std = pred.mean.numpy(), pred.stddev.numpy()
-        ax.scatter(d.x_train[:, 0], d.y_train, s=3, c="k", alpha=0.4)
-        ax.plot(grid[:, 0], mean, c="C0")
-        ax.fill_between(grid[:, 0].numpy(), mean - 2 * std, mean + 2 * std, alpha=0.3)
-        ax.set_title(f"{variant} ({d.name}, tuned)", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def main(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows, bands = run(args)
-    summary = summarise(rows)
-    write_markdown(summary, out / "laplace.md")
-    with open(out / "laplace.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    plot_bands(bands, out / "laplace_bands.png")
-    print((out / "laplace.md").read_text())
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    flags.add_data_flag(parser, default_datasets())
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    flags.add_fit_flags(parser)
+    flags.add_shared_flags(parser, out="results/laplace", threads=1, splits=3)
+    args = flags.parse(parser, argv)
+    records = run(args)
+    rows = rows_of(records)
+    summary = aggregate(rows, ("data", "variant", "evidence"))
+    diagnostics = dict.fromkeys(k for r in rows for k in r
+                                if k not in {"data", "variant", "evidence", "reason", *METRICS})
+    print(write_tables(args.out, "laplace", summary, keys=("data", "variant", "evidence"),
+                       columns=[*METRICS, *diagnostics], notes=lambda row: row.get("reason", ""),
+                       runs=rows))
+    banded = [r for r in records[TUNED] if r["status"] == "ok" and "band" in r]
+    if banded:
+        first = (banded[0]["data"], banded[0]["split"])
+        shown = [r for r in banded if (r["data"], r["split"]) == first]
+        save_figure(predictive_bands(shown, *first), args.out / "laplace_bands.png", dpi=120)
+    return summary
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results/laplace")
-    parser.add_argument("--datasets", nargs="+", default=default_datasets())
-    parser.add_argument("--variants", nargs="+", default=VARIANTS)
-    parser.add_argument("--splits", type=int, default=3, help="splits per data set (at most)")
-    parser.add_argument("--steps", type=int, default=None, help="SVI steps for the MAP")
-    parser.add_argument("--threads", type=int, default=1)
-    main(parser.parse_args())
+    main()

@@ -7,7 +7,9 @@ of ``sine``, ELBO only) and each estimator (``score`` as in the seed, ``score_ba
 standard error), the effective number of components ``exp(H(pi))``, and the wall time.
 Then, at one common state per target (the ``enumerate`` fit with the largest ``K >= 2``),
 the variance of each estimator's gradient per particle (summed over parameters). A
-figure shows the fitted densities over the 2-D targets.
+figure shows the fitted densities over the 2-D targets. Writes ``mixture.md``,
+``.csv``, ``.json``, ``mixture_grad_variance.md``, ``.csv``, ``.json`` and
+``mixture.png`` under ``--out``.
 
     python benchmarks/mixture.py --out results/mixture
 """
@@ -15,22 +17,22 @@ figure shows the fitted densities over the 2-D targets.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import pyro
+import torch
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pyro  # noqa: E402
-import torch  # noqa: E402
-
-from bnn_zoo import data, fit  # noqa: E402
-from bnn_zoo.core.training import TrainingDiverged  # noqa: E402
-from bnn_zoo.guides.mixture import MixtureELBO, MixtureGuide  # noqa: E402
-from bnn_zoo.models.targets import TARGETS, UnnormalisedModel, bnn_posterior, target  # noqa: E402
+from bnn_zoo import data, fit
+from bnn_zoo.core.training import TrainingDiverged
+from bnn_zoo.guides.mixture import MixtureELBO, MixtureGuide
+from bnn_zoo.harness import flags
+from bnn_zoo.harness.figures import save_figure
+from bnn_zoo.harness.tables import write_tables
+from bnn_zoo.models.targets import TARGETS, UnnormalisedModel, bnn_posterior, target
 
 ESTIMATORS = {"score": ("score", False), "score_baseline": ("score", True),
               "pathwise": ("pathwise", False), "enumerate": ("enumerate", False)}
@@ -77,8 +79,8 @@ def plot(guides: dict, names: list[str], estimators: list[str], k: int, path: Pa
     grid = torch.linspace(-4.5, 4.5, 181)
     t1, t2 = torch.meshgrid(grid, grid, indexing="xy")
     theta = torch.stack([t1, t2], -1)
-    fig, axes = plt.subplots(len(names), len(estimators) + 1, squeeze=False,
-                             figsize=(2.6 * (len(estimators) + 1), 2.6 * len(names)))
+    fig = Figure(figsize=(2.6 * (len(estimators) + 1), 2.6 * len(names)), layout="constrained")
+    axes = fig.subplots(len(names), len(estimators) + 1, squeeze=False)
     for row, name in zip(axes, names):
         model = guides[(name, estimators[0], k)][0]
         p = torch.exp(model.log_density(theta) - model.log_normalizer)
@@ -94,12 +96,10 @@ def plot(guides: dict, names: list[str], estimators: list[str], k: int, path: Pa
         for ax in row:
             ax.set_xticks([])
             ax.set_yticks([])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", default=[*TARGETS, "bnn"],
                         choices=[*TARGETS, "bnn"])
@@ -112,12 +112,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--eval-particles", type=int, default=16384)
     parser.add_argument("--grad-repeats", type=int, default=100)
     parser.add_argument("--grad-particles", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path("results/mixture"))
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    args.out.mkdir(parents=True, exist_ok=True)
+    flags.add_shared_flags(parser, out="results/mixture", threads=1,
+                           without=("device", "splits"))
+    args = flags.parse(parser, argv)
 
     rows, guides, variance_rows = [], {}, []
     for name in args.targets:
@@ -152,36 +149,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 variance_rows.append({"target": name, "estimator": est, "K": max(multi),
                                       "grad_variance": var})
 
-    with open(args.out / "mixture.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = [f"Steps {args.steps}, lr {args.lr}, {args.particles} particles; KL = log Z - ELBO "
-             f"({args.eval_particles} particles; ELBO for bnn); n_eff = exp(H(pi)).", "",
-             "| target | estimator | K | KL | ELBO +- se | n_eff | seconds | status |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        kl = "" if r["kl"] is None else f"{r['kl']:.3f}"
-        lines.append(f"| {r['target']} | {r['estimator']} | {r['K']} | {kl} | "
-                     f"{r['elbo']:.3f} +- {r['elbo_se']:.3f} | "
-                     f"{r['effective_components']:.2f} | {r['seconds']:.1f} | {r['status']} |")
+    preamble = (f"Steps {args.steps}, lr {args.lr}, {args.particles} particles; KL = log Z - "
+                f"ELBO ({args.eval_particles} particles; ELBO only for bnn); "
+                "effective_components = exp(H(pi)).")
+    print(write_tables(args.out, "mixture", rows, keys=("target", "estimator", "K"),
+                       columns=("kl", "elbo", "effective_components", "seconds", "status"),
+                       preamble=preamble))
     if variance_rows:
-        lines += ["", "Gradient variance per particle (trace of the covariance, at the "
-                  "enumerate fit):", "", "| target | K | " + " | ".join(args.estimators) + " |",
-                  "|---|---|" + "---|" * len(args.estimators)]
-        for name in args.targets:
-            vals = {r["estimator"]: r for r in variance_rows if r["target"] == name}
-            if vals:
-                k = next(iter(vals.values()))["K"]
-                lines.append(f"| {name} | {k} | " + " | ".join(
-                    f"{vals[e]['grad_variance']:.3g}" for e in args.estimators) + " |")
-        with open(args.out / "mixture_grad_variance.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(variance_rows[0]))
-            writer.writeheader()
-            writer.writerows(variance_rows)
-    table = "\n".join(lines)
-    print(table)
-    (args.out / "mixture.md").write_text(table + "\n")
+        print(write_tables(args.out, "mixture_grad_variance", variance_rows,
+                           keys=("target", "K", "estimator"), columns=("grad_variance",),
+                           preamble="Gradient variance per particle (trace of the covariance, "
+                                    "at the enumerate fit)."))
     two_d = [n for n in args.targets if n != "bnn"]
     if two_d:
         plot(guides, two_d, args.estimators, max(args.components), args.out / "mixture.png")

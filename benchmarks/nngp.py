@@ -9,7 +9,8 @@
    GP limit, type-II ML) and finite-width BNNs (``bbb``, ``map``, ...) on ``sine``,
    ``gap`` and ``uci/concrete``, mean and standard error over splits.
 
-Writes ``nngp.md``, ``nngp.json``, ``covariance.png`` and ``test_ll.png`` into ``--out``.
+Writes ``nngp.md``, ``nngp.json``, ``nngp_width_sweep.csv``, ``nngp_test.csv``,
+``covariance.png`` and ``test_ll.png`` into ``--out``.
 
     python benchmarks/nngp.py --out results/nngp
     python benchmarks/nngp.py --widths 1 16 --samples 200 --datasets sine --entries nngp map \
@@ -19,49 +20,53 @@ Writes ``nngp.md``, ``nngp.json``, ``covariance.png`` and ``test_ll.png`` into `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
-import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import pyro
+import torch
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pyro  # noqa: E402
-import torch  # noqa: E402
+from bnn_zoo import data
+from bnn_zoo.harness import flags
+from bnn_zoo.harness.figures import save_figure
+from bnn_zoo.harness.prior_command import width_sweep
+from bnn_zoo.harness.runs import run_one
+from bnn_zoo.harness.summary import aggregate
+from bnn_zoo.harness.tables import Table, write_table_group
 
-from bnn_zoo import data, zoo  # noqa: E402
-from bnn_zoo.harness.prior_command import width_sweep, write_tables  # noqa: E402
+METRICS = ("ll", "rmse", "coverage_90", "fit_seconds")
 
 
-def evaluate_entries(datasets: list[str], entries: list[str], splits: int, steps: int | None,
-                 train_size: int | None) -> list[dict]:
+def evaluate_entries(args: argparse.Namespace) -> list[dict]:
+    """Per data set and entry: the test metrics' mean and standard error over the splits,
+    each entry fitted on the first ``--train-size`` training points (all by default); an
+    entry that declines or fails has the reason instead."""
     rows = []
-    for name in datasets:
-        for entry in entries:
-            runs = []
-            for split in range(splits):
-                ds = data.load(name, split)
-                n = ds.x_train.shape[0] if train_size is None else train_size
-                overrides = {} if steps is None else {"steps": steps}
-                fitted = zoo.get(entry).fit(ds.x_train[:n], ds.y_train[:n], seed=split,
-                                            **overrides)
-                runs.append(fitted.evaluate(ds.x_test, ds.y_test))
-            row = {"dataset": name, "entry": entry, "splits": splits}
-            for key in ("ll", "rmse", "coverage_90", "fit_seconds"):
-                values = [r[key] for r in runs]
-                row[key] = statistics.fmean(values)
-                row[f"{key}_se"] = (statistics.stdev(values) / math.sqrt(splits)
-                                    if splits > 1 else 0.0)
-            rows.append(row)
-            print(f"{name:14s} {entry:10s} ll {row['ll']:.3f} +- {row['ll_se']:.3f}  "
-                  f"rmse {row['rmse']:.3f}  {row['fit_seconds']:.1f}s", flush=True)
-    return rows
+    for name in args.data:
+        for split in range(min(args.splits, data.num_splits(name))):
+            ds = data.load(name, split).to(args.device)
+            n = ds.x_train.shape[0] if args.train_size is None else args.train_size
+            ds = dataclasses.replace(ds, x_train=ds.x_train[:n], y_train=ds.y_train[:n])
+            for entry in args.entries:
+                record = run_one(entry, ds, split=split, seed=args.seed + split,
+                                 overrides=flags.budget_overrides(args),
+                                 num_samples=args.num_samples)
+                row = {"data": name, "entry": entry}
+                if record["status"] == "ok":
+                    rows.append({**row, **{k: record["metrics"][k] for k in METRICS}})
+                else:
+                    rows.append({**row, "reason": f"{record['status']}: {record['reason']}"})
+                print(rows[-1], flush=True)
+    return aggregate(rows, ("data", "entry"))
 
 
 def plot(sweep: list[dict], rows: list[dict], out: Path) -> None:
     widths = [r["width"] for r in sweep]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
     left.plot(widths, [r["cov_error_in_se"] for r in sweep], "o-")
     left.axhline(4, color="k", ls="--", label="4 standard errors")
     left.set_xscale("log")
@@ -76,53 +81,46 @@ def plot(sweep: list[dict], rows: list[dict], out: Path) -> None:
     right.set_xlabel("width H")
     right.set_title("Distance of f(x) from its Gaussian limit")
     right.legend()
-    fig.tight_layout()
-    fig.savefig(out / "covariance.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "covariance.png", dpi=120)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.add_subplot()
+    datasets = list(dict.fromkeys(r["data"] for r in rows))
     entries = list(dict.fromkeys(r["entry"] for r in rows))
     bar = 0.8 / len(entries)
     for j, entry in enumerate(entries):
-        mine = [next(r for r in rows if r["dataset"] == d and r["entry"] == entry)
-                for d in datasets]
-        ax.bar([i + j * bar for i in range(len(datasets))], [r["ll"] for r in mine], bar,
-               yerr=[r["ll_se"] for r in mine], label=entry)
+        mine = {datasets.index(r["data"]): r for r in rows if r["entry"] == entry and "ll" in r}
+        errors = [0.0 if math.isnan(r["ll_se"]) else r["ll_se"] for r in mine.values()]
+        ax.bar([i + j * bar for i in mine], [r["ll"] for r in mine.values()], bar, yerr=errors,
+               label=entry)
     ax.set_xticks([i + 0.4 - bar / 2 for i in range(len(datasets))], datasets)
     ax.set_ylabel("test log-likelihood per point")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "test_ll.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "test_ll.png", dpi=120)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("results/nngp"))
     parser.add_argument("--widths", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024])
     parser.add_argument("--samples", type=int, default=20000, help="prior samples per width")
     parser.add_argument("--activation", default="relu")
-    parser.add_argument("--datasets", nargs="+", default=["sine", "gap", "uci/concrete"])
-    parser.add_argument("--entries", nargs="+", default=["nngp", "nngp-erf", "bbb", "map"])
-    parser.add_argument("--splits", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=None, help="override every entry's steps")
+    flags.add_data_flag(parser, ("sine", "gap", "uci/concrete"))
+    flags.add_entries_flag(parser, ("nngp", "nngp-erf", "bbb", "map"))
+    flags.add_fit_flags(parser)
     parser.add_argument("--train-size", type=int, default=None, help="use only the first N "
                         "training points (for quick runs)")
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    pyro.set_rng_seed(0)
-    x = torch.tensor([[-1.0], [0.5], [2.0]], dtype=torch.float64)
+    flags.add_shared_flags(parser, out="results/nngp", threads=1)
+    args = flags.parse(parser, argv)
+    pyro.set_rng_seed(args.seed)
+    x = torch.tensor([[-1.0], [0.5], [2.0]], dtype=torch.float64, device=args.device)
     sweep, _ = width_sweep(args.widths, x, args.samples, args.activation)
-    rows = evaluate_entries(args.datasets, args.entries, args.splits, args.steps, args.train_size)
-    brief = [{k: r[k] for k in ("dataset", "entry", "splits", "ll", "ll_se", "rmse",
-                                "coverage_90", "fit_seconds")} for r in rows]
-    write_tables(args.out, "nngp", [
-        ("width_sweep", f"Prior: one hidden {args.activation} layer against the NNGP kernel",
-         sweep),
-        ("test", "Test log-likelihood and RMSE", brief),
-    ])
+    rows = evaluate_entries(args)
+    print(write_table_group(args.out, "nngp", [
+        Table("width_sweep", f"Prior: one hidden {args.activation} layer against the NNGP "
+              "kernel", sweep, keys=("width",), columns=[k for k in sweep[0] if k != "width"]),
+        Table("test", "Test log-likelihood and RMSE", rows, keys=("data", "entry"),
+              columns=[*METRICS, "reason"]),
+    ]))
     plot(sweep, rows, args.out)
     return {"width_sweep": sweep, "test": rows}
 

@@ -13,7 +13,7 @@ Three steps of the same network, timed in the same run, interleaved, medians:
   as the ``bbb`` entry trains.
 
 Ratios to ``torch_map`` and to the hand-written step are printed and written as
-Markdown, JSON and a bar chart under ``--out``.
+``speed.md``, ``.csv``, ``.json`` and a bar chart ``speed.png`` under ``--out``.
 
     python benchmarks/speed.py --out results/speed
 """
@@ -21,19 +21,22 @@ Markdown, JSON and a bar chart under ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyro
 import torch
+from matplotlib.figure import Figure
 
 from bnn_zoo.core.elbo import LocalReparameterizationELBO, MeanFieldELBO
 from bnn_zoo.core.nn import mlp_forward
 from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
+from bnn_zoo.harness import flags
+from bnn_zoo.harness.figures import save_figure
+from bnn_zoo.harness.tables import write_tables
 from bnn_zoo.models import BayesianMLP
 
 STEPS = ("torch_map", "torch_bbb", "zoo_bbb", "zoo_bbb_jit", "zoo_bbb_lrt_jit")
@@ -110,17 +113,15 @@ def time_steps(steps: dict[str, Callable[[], None]], repeats: int, inner: int) -
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--inner", type=int, default=20)
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
-    parser.add_argument("--out", type=Path, default=Path("results/speed"),
-                        help="folder for speed.md, speed.json and speed.png")
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    pyro.set_rng_seed(0)
+    flags.add_shared_flags(parser, out="results/speed", threads=1,
+                           without=("device", "splits"))
+    args = flags.parse(parser, argv)
+    pyro.set_rng_seed(args.seed)
     rows = []
     for net in args.nets:
         sizes, batch = NETS[net]
@@ -143,37 +144,17 @@ def main(argv: list[str] | None = None) -> dict:
                      "zoo_vs_hand": ms["zoo_bbb"] / ms["torch_bbb"],
                      "zoo_jit_vs_hand": ms["zoo_bbb_jit"] / ms["torch_bbb"],
                      "zoo_lrt_jit_vs_hand": ms["zoo_bbb_lrt_jit"] / ms["torch_bbb"]})
-    table = markdown_table(rows)
-    print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "speed.md").write_text(table + "\n")
-    (args.out / "speed.json").write_text(json.dumps(rows, indent=2))
+    columns = [*(f"{k}_ms" for k in STEPS), *(f"{k}_per_map" for k in STEPS[1:]),
+               "zoo_vs_hand", "zoo_jit_vs_hand", "zoo_lrt_jit_vs_hand"]
+    print(write_tables(args.out, "speed", rows, keys=("net", "batch"), columns=columns))
     plot(rows, args.out / "speed.png")
     return {"rows": rows}
 
 
-def markdown_table(rows: list[dict]) -> str:
-    lines = ["| net | batch | " + " | ".join(f"{k} ms" for k in STEPS)
-             + " | " + " | ".join(f"{k}/MAP" for k in STEPS[1:])
-             + " | zoo/hand BBB | zoo JIT/hand BBB | zoo LRT JIT/hand BBB |",
-             "|---" * (2 + 2 * len(STEPS) - 1 + 3) + "|"]
-    for r in rows:
-        cells = [r["net"], str(r["batch"]), *(f"{r[f'{k}_ms']:.3f}" for k in STEPS),
-                 *(f"{r[f'{k}_per_map']:.2f}" for k in STEPS[1:]),
-                 f"{r['zoo_vs_hand']:.2f}", f"{r['zoo_jit_vs_hand']:.2f}",
-                 f"{r['zoo_lrt_jit_vs_hand']:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def plot(rows: list[dict], path: Path) -> None:
     """Bar chart of each step's time as a multiple of the plain-PyTorch MAP step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5), layout="constrained")
+    ax = fig.add_subplot()
     width = 0.8 / len(rows)
     for i, r in enumerate(rows):
         ax.bar([j + i * width for j in range(len(STEPS))],
@@ -182,9 +163,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("time per step / plain-PyTorch MAP step")
     ax.axhline(1.0, color="k", lw=0.5)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 if __name__ == "__main__":

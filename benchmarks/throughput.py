@@ -10,7 +10,7 @@ a plain-PyTorch step, all at the same global batch.
   process without a process group.
 
 Samples per second are ``batch * steps / seconds`` (medians over ``--repeats``), as
-a Markdown table, JSON and a bar chart under ``--out``::
+``throughput.md``, ``.csv``, ``.json`` and a bar chart ``throughput.png`` under ``--out``::
 
     python benchmarks/throughput.py --device cpu --processes 1 2
     python benchmarks/throughput.py --device cuda --processes 1 2   # two GPUs for W = 2
@@ -19,25 +19,22 @@ a Markdown table, JSON and a bar chart under ``--out``::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
-import matplotlib
 import pyro
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from matplotlib.figure import Figure
 
 from bnn_zoo import zoo
 from bnn_zoo.core import distributed
-from bnn_zoo.core.checks import check_device
 from bnn_zoo.core.training import SVIStep
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from bnn_zoo.harness import flags
+from bnn_zoo.harness.figures import save_figure
+from bnn_zoo.harness.tables import write_tables
 
 
 def problem(n: int, in_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,15 +93,15 @@ def bbb_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int], batch: int) ->
     """The ``bbb`` entry's model, guide, ELBO and step, data-parallel when a process
     group is initialised."""
     entry = zoo.get("bbb")
-    model = entry.model(x.shape[1], 1, hidden=tuple(hidden)).to(x.device)
+    model = entry.model(x.shape[1], 1, task="regression", hidden=tuple(hidden)).to(x.device)
     guide = entry.guide(model)
-    return SVIStep(model, guide, x, y, lr=1e-3, batch_size=batch, elbo=entry.elbo,
+    return SVIStep(model, guide, x, y, lr=1e-3, batch_size=batch, elbo=entry.method.elbo,
                    jit=entry.budget.jit, distributed=distributed.is_initialized())
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, results) -> None:
     """One process of a ``world``-process run; rank 0 puts seconds per step on ``results``."""
-    torch.set_num_threads(args.threads)
+    flags.set_threads(args.threads)
     cuda = args.device.type == "cuda"
     distributed.init_loopback_group(rank, world, port, "nccl" if cuda else "gloo")
     try:
@@ -130,29 +127,21 @@ def bbb_seconds(world: int, args: argparse.Namespace) -> float:
 
 
 def write(rows: list[dict], args: argparse.Namespace) -> str:
-    lines = ["| step | device | processes | batch | samples/s | ratio to torch |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['step']} | {r['device']} | {r['processes']} | {r['batch']} | "
-                     f"{r['samples_per_second']:.0f} | {r['ratio_to_torch']:.3f} |")
-    table = "\n".join(lines)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "throughput.md").write_text(table + "\n")
-    (args.out / "throughput.json").write_text(json.dumps(rows, indent=2))
-    fig, ax = plt.subplots(figsize=(5, 3))
-    labels = [f"{r['step']}" for r in rows]
-    ax.bar(labels, [r["samples_per_second"] for r in rows], color="C0")
+    """Write the table (Markdown, CSV, JSON) and the bar chart; return the Markdown."""
+    table = write_tables(args.out, "throughput", rows,
+                         keys=("step", "device", "processes", "batch"),
+                         columns=("samples_per_second", "ratio_to_torch", "seconds_per_step"))
+    fig = Figure(figsize=(5, 3), layout="constrained")
+    ax = fig.add_subplot()
+    ax.bar([r["step"] for r in rows], [r["samples_per_second"] for r in rows], color="C0")
     ax.set_ylabel("samples / s")
     ax.set_title(f"training throughput, batch {args.batch}, {args.device}")
-    fig.tight_layout()
-    fig.savefig(args.out / "throughput.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, args.out / "throughput.png", dpi=120)
     return table
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batch", type=int, default=1024, help="global rows per step")
     parser.add_argument("--n", type=int, default=16384, help="training rows (all processes)")
@@ -161,17 +150,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--steps", type=int, default=50, help="steps per timed repeat")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--out", type=Path, default=Path("results/throughput"))
-    args = parser.parse_args(argv)
-    args.device = check_device("--device", args.device)
+    flags.add_shared_flags(parser, out="results/throughput", threads=1, without=("splits",))
+    args = flags.parse(parser, argv)
     if any(w < 1 for w in args.processes):
         raise ValueError(f"Expected --processes >= 1, but got {args.processes}.")
     if args.device.type == "cuda" and max(args.processes) > torch.cuda.device_count():
         raise ValueError(f"Expected --processes <= {torch.cuda.device_count()} GPUs, but got "
                          f"{max(args.processes)}.")
-    torch.set_num_threads(args.threads)
-    pyro.set_rng_seed(0)
+    pyro.set_rng_seed(args.seed)
     x, y = problem(args.n, args.in_dim, args.device)
     torch_seconds = time_step(torch_step(x[:args.batch], y[:args.batch], args.hidden),
                               args.device, args.steps, args.warmup, args.repeats)

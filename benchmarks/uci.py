@@ -13,9 +13,10 @@ model (Laplace's evidence, the GP's marginal likelihood).
 
 Writes under ``--out``: ``uci.md``/``.csv``/``.json`` (per data set: every entry
 with the published VI, PBP, MC dropout and deep-ensembles rows beside it),
-``uci_summary.md`` (per entry: on how many data sets its test log-likelihood beats
-VI's and PBP's, and its total fit time) and ``uci_ll.png``. Finished (entry, data
-set, split) runs are cached in ``--out/runs`` and skipped on a rerun.
+``uci_summary.md``/``.csv``/``.json`` (per entry: on how many data sets its test
+log-likelihood beats VI's and PBP's, and its total fit time) and ``uci_ll.png``.
+Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped on a
+rerun.
 
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/uci.py --splits 5 --threads 1
 """
@@ -26,16 +27,18 @@ import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
+from matplotlib.figure import Figure
 
 from bnn_zoo import zoo
-from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.data import UCI_SETS
-from bnn_zoo.harness import compare, published
+from bnn_zoo.harness import compare, flags, published
+from bnn_zoo.harness.figures import save_figure
+from bnn_zoo.harness.tables import write_tables
 
 DEFAULT_SETS = tuple(n for n in UCI_SETS if n != "protein-tertiary-structure")
 COLUMNS = ("rmse", "ll", "coverage_90", "fit_seconds")
-HIDDEN = {"protein-tertiary-structure": (100,)}
+#: The protocol's model options per data set (one hidden layer of 50 units elsewhere).
+MODEL_OPTIONS = {"protein-tertiary-structure": {"hidden": (100,)}}
 #: The share of each training split held out to tune the observation noise.
 VALIDATION_FRACTION = 0.1
 
@@ -50,42 +53,43 @@ def protocol_overrides(overrides: dict, validation: float) -> Callable[[str], di
     return for_entry
 
 
-def published_rows() -> dict[str, dict[str, str]]:
-    """``{method: {uci/<name>: "rmse | ll | - | -"}}`` for :func:`compare.markdown_table`."""
-    rows: dict[str, dict[str, str]] = {}
-    for method in published.METHODS:
-        for name in published.PUBLISHED:
-            cells = [f"{m:.2f} ± {se:.2f}" for m, se in
-                     (published.published(name, metric, method) for metric in ("rmse", "ll"))]
-            rows.setdefault(method, {})[f"uci/{name}"] = " | ".join([*cells, "-", "-"])
+def published_rows() -> list[dict]:
+    """The published RMSE and test log-likelihood of every method on every data set, as
+    rows beside the measured ones in ``uci.md``."""
+    rows = []
+    for name in published.PUBLISHED:
+        for method in published.METHODS:
+            row = {"data": f"uci/{name}", "entry": f"{method} (published)"}
+            for metric in ("rmse", "ll"):
+                row[metric], row[f"{metric}_se"] = published.published(name, metric, method)
+            rows.append(row)
     return rows
 
 
-def wins_table(summary: list[dict]) -> str:
+def wins(summary: list[dict]) -> list[dict]:
     """Per entry: data sets where its mean test LL beats VI's / PBP's, and fit time."""
-    lines = ["| entry | data sets | LL > VI | LL > PBP | fit minutes (all runs) | "
-             "mean fit s |", "|---|---|---|---|---|---|"]
+    rows = []
     for entry in dict.fromkeys(row["entry"] for row in summary):
-        rows = [r for r in summary if r["entry"] == entry and "ll" in r]
-        vi = sum(r["ll"] > published.published(r["data"], "ll", "VI")[0] for r in rows)
-        pbp = sum(r["ll"] > published.published(r["data"], "ll", "PBP")[0] for r in rows)
-        total = sum(r["fit_seconds"] * r["splits"] for r in rows)
-        runs = sum(r["splits"] for r in rows)
-        lines.append(f"| {entry} | {len(rows)} | {vi} | {pbp} | {total / 60:.1f} | "
-                     f"{total / max(runs, 1):.1f} |")
-    return "\n".join(lines) + "\n"
+        mine = [r for r in summary if r["entry"] == entry and "ll" in r]
+        total = sum(r["fit_seconds"] * r["runs"] for r in mine)
+        rows.append({
+            "entry": entry, "data_sets": len(mine),
+            "ll_above_vi": sum(r["ll"] > published.published(r["data"], "ll", "VI")[0]
+                               for r in mine),
+            "ll_above_pbp": sum(r["ll"] > published.published(r["data"], "ll", "PBP")[0]
+                                for r in mine),
+            "fit_minutes": total / 60, "mean_fit_seconds": total / max(1, sum(r["runs"]
+                                                                              for r in mine)),
+        })
+    return rows
 
 
-def ll_figure(summary: list[dict], out: Path) -> Path:
+def ll_figure(summary: list[dict], path: Path) -> Path:
     """Test log-likelihood of every entry relative to PBP's, per data set."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sets = list(dict.fromkeys(r["data"] for r in summary))
     entries = list(dict.fromkeys(r["entry"] for r in summary))
-    fig, ax = plt.subplots(figsize=(1.2 * len(sets) + 3, 4))
+    fig = Figure(figsize=(1.2 * len(sets) + 3, 4), layout="constrained")
+    ax = fig.add_subplot()
     for j, method in enumerate(published.METHODS):
         ys = [published.published(s, "ll", method)[0] - published.published(s, "ll", "PBP")[0]
               for s in sets]
@@ -105,43 +109,41 @@ def ll_figure(summary: list[dict], out: Path) -> Path:
     ax.set(ylabel="test LL - PBP's (nats/point)", title="UCI: higher is better")
     ax.set_ylim(-1.5, 2.5)
     ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    path = out / "uci_ll.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    compare.add_arguments(parser, data=DEFAULT_SETS, out="results/uci", splits=20)
+    flags.add_comparison_flags(parser, data=DEFAULT_SETS, out="results/uci", splits=20,
+                               threads=1)
     parser.add_argument("--validation", type=float, default=VALIDATION_FRACTION,
                         help="share of the training split on which entries with a single "
                              "learned noise scale tune it (0: keep the learned noise)")
-    args = parser.parse_args(argv)
+    args = flags.parse(parser, argv)
     if not 0.0 <= args.validation < 1.0:
         parser.error(f"--validation must be in [0, 1), got {args.validation}")
-    torch.set_num_threads(check_positive_int("threads", args.threads or 1))
     records = []
     for name in args.data:
         name = name.removeprefix("uci/")
-        overrides = {"hidden": HIDDEN[name]} if name in HIDDEN else {}
-        if args.steps is not None:
-            overrides["steps"] = check_positive_int("steps", args.steps)
+        overrides = flags.budget_overrides(args)
+        if name in MODEL_OPTIONS:
+            overrides["model_options"] = MODEL_OPTIONS[name]
         records += compare.run_comparison([f"uci/{name}"], args.entries, splits=args.splits,
-                                          out=args.out, device=args.device,
+                                          seed=args.seed, out=args.out, device=args.device,
                                           overrides=protocol_overrides(overrides, args.validation),
                                           num_samples=args.num_samples,
                                           reference=args.reference)
-    table = compare.write_tables(records, args.out, reference=args.reference, name="uci",
-                                 columns=COLUMNS, extra=published_rows())
-    summary = compare.summarise(records, reference=args.reference)
-    wins = wins_table(summary)
-    (args.out / "uci_summary.md").write_text(wins)
-    figure = ll_figure(summary, args.out)
+    measured = {r["data"] for r in records}
+    summary, table = compare.write_comparison(
+        records, args.out, name="uci", reference=args.reference, columns=COLUMNS,
+        markdown_rows=[r for r in published_rows() if r["data"] in measured])
+    won = write_tables(args.out, "uci_summary", wins(summary), keys=("entry",),
+                       columns=("data_sets", "ll_above_vi", "ll_above_pbp", "fit_minutes",
+                                "mean_fit_seconds"))
+    figure = ll_figure(summary, args.out / "uci_ll.png")
     print(table)
-    print(wins)
-    print(f"Wrote {args.out}/uci.md, .csv, .json, uci_summary.md, {figure.name}")
+    print(won)
+    print(f"Wrote {args.out}/uci.md, .csv, .json, uci_summary.md, .csv, .json, {figure.name}")
     return records
 
 

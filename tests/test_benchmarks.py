@@ -1,5 +1,7 @@
 """Every script in ``benchmarks/`` runs with tiny flags, without the network; a script
-missing from ``TINY_ARGS`` fails the suite (as Pyro's ``tests/test_examples.py`` does)."""
+missing from ``TINY_ARGS`` fails the suite (as Pyro's ``tests/test_examples.py`` does).
+Every script takes the shared flags and writes its tables through the harness's one
+table writer."""
 
 from __future__ import annotations
 
@@ -41,11 +43,24 @@ def test_every_script_is_listed():
         assert script.removesuffix(".py") in (tests / test_file).read_text(), (script, test_file)
 
 
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")))
+def test_script_uses_the_shared_flags_and_the_table_writer(script):
+    text = (BENCHMARKS / script).read_text()
+    assert "flags.parse(" in text
+    assert "add_shared_flags" in text or "add_comparison_flags" in text
+    assert any(w in text for w in ("write_tables(", "write_table_group(", "write_comparison(",
+                                   "run_from_args("))
+    for own in ("set_num_threads", "argparse.FileType", ".write_text(", "savefig(", "csv.",
+                "json.dump"):
+        assert own not in text, f"{script} uses {own}; the harness does that"
+
+
 @pytest.mark.parametrize("script", sorted(TINY_ARGS))
-def test_script_runs_with_tiny_flags(script, tmp_path, monkeypatch, request):
+def test_script_runs_with_tiny_flags(script, tmp_path, monkeypatch, request, capsys):
     if script in NEEDS_UCI:
         request.getfixturevalue("uci_data")
     argv = [a.replace("{out}", str(tmp_path)) for a in TINY_ARGS[script]]
     monkeypatch.setattr(sys, "argv", [script, *argv])
     runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
-    assert any(tmp_path.iterdir())
+    assert "[failed]" not in capsys.readouterr().out  # a comparison reports a failed fit
+    assert any(p.suffix == ".md" for p in tmp_path.iterdir())

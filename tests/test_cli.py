@@ -22,7 +22,9 @@ def test_fit_prints_metrics_and_writes_json(tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "rmse" in out and "ll" in out and "fit_seconds" in out
-    assert (tmp_path / "map_sine_split0.json").exists()
+    for suffix in (".md", ".csv", ".json"):
+        assert (tmp_path / f"map_sine_split0{suffix}").exists()
+    assert "| map | sine | 0 | 0 |" in (tmp_path / "map_sine_split0.md").read_text()
 
 
 def test_compare_writes_table_files_and_bands(tmp_path, capsys):
@@ -39,8 +41,16 @@ def test_compare_defaults_are_the_readme_job():
     args = cli.build_parser().parse_args(["compare"])
     assert args.data == ["sine"] and args.entries == list(cli.QUICK_ENTRIES)
     assert args.splits == 1 and args.reference is None and str(args.out) == "results/compare"
+    assert args.seed == 0 and args.threads is None and args.device == "cpu"
     assert set(cli.QUICK_ENTRIES) <= set(zoo.names("regression"))
     assert cli.build_parser().parse_args(["compare", "--entries", "all"]).entries == ["all"]
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys):
+    assert cli.main(["compare", "--entries", "no_such_entry", "--out", str(tmp_path)]) == 2
+    assert cli.main(["fit", "--entry", "map", "--data", "sine", "--threads", "0"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and "no_such_entry" in errors[0] and "threads" in errors[1]
 
 
 def test_bad_command_exits():

@@ -1,18 +1,22 @@
 """The comparison machinery: metrics and distances against hand computations, the
-cached runs, skipping, tables and figures."""
+cached runs and their keys, skipping, the table writer, atomic writes, figures and
+the shared flags."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 
 import pytest
 import torch
+from matplotlib.figure import Figure
 
 from bnn_zoo import data, zoo
 from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.evaluation.metrics import metrics
-from bnn_zoo.harness import compare
+from bnn_zoo.harness import atomic, compare, flags, runs, summary, tables
+from bnn_zoo.harness.figures import save_figure, write_figures
 
 TINY = {"steps": 20}
 
@@ -44,7 +48,7 @@ def test_gaussian_w2_matches_quantile_integral():
     q = std_normal.icdf(u)
     numeric = (((m1 + s1 * q) - (m2 + s2 * q)) ** 2).mean().sqrt()
     t = lambda v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
-    closed = compare.gaussian_w2(t(m1), t(s1), t(m2), t(s2))
+    closed = summary.gaussian_w2(t(m1), t(s1), t(m2), t(s2))
     assert float(closed) == pytest.approx(float(numeric), rel=1e-4)
     assert float(closed) == pytest.approx(math.hypot(0.8, 0.5), abs=1e-12)
 
@@ -61,29 +65,82 @@ def test_summary_mean_and_standard_error_and_reference_distance():
                record("a", 1, -1.0, [0.0, 0.0], [1.0, 1.0]),
                {"entry": "b", "data": "toy", "task": "regression", "split": 0,
                 "status": "skipped", "reason": "too big"}]
-    rows = {r["entry"]: r for r in compare.summarise(records, reference="ref")}
+    rows = {r["entry"]: r for r in summary.summarise(records, reference="ref")}
     a = rows["a"]
-    assert a["splits"] == 2
+    assert a["runs"] == 2
     assert a["ll"] == pytest.approx(-1.25)
     assert a["ll_se"] == pytest.approx(math.sqrt(0.125 / 2))  # sample var 0.125, n = 2
     # split 0: W2 = (3 + 4) / 2 per point; split 1: 0
     assert a["w2_to_ref"] == pytest.approx(1.75)
     assert a["ll_gap"] == pytest.approx((-0.5 + 1.0) / 2)
-    assert rows["b"]["splits"] == 0 and "too big" in rows["b"]["reason"]
-    table = compare.markdown_table(compare.summarise(records, reference="ref"))
-    assert "| a | 2 | " in table and "-1.250 ± 0.250" in table
+    assert rows["b"]["runs"] == 0 and "too big" in rows["b"]["reason"]
+    table = tables.markdown_table(list(rows.values()), keys=("data", "entry"), section="data",
+                                  columns=("ll", "w2_to_ref"), notes=compare.notes)
+    assert "### toy" in table and "| a | 2 | " in table and "-1.250 ± 0.250" in table
+    assert "| b | 0 | - | - | skipped: too big |" in table
+
+
+def test_aggregate_gives_mean_standard_error_and_runs():
+    rows = [{"k": "x", "v": 1.0, "n": 2, "tag": "a"}, {"k": "x", "v": 3.0, "n": 4, "tag": "b"},
+            {"k": "y", "v": 5.0, "n": 1, "tag": "a"}]
+    x, y = summary.aggregate(rows, ("k",))
+    assert x["runs"] == 2 and x["v"] == 2.0 and x["v_se"] == pytest.approx(1.0)  # sqrt(2 / 2)
+    assert x["n"] == 3.0 and x["tag"] == "a; b"
+    assert y["runs"] == 1 and y["v"] == 5.0 and math.isnan(y["v_se"])
+    with pytest.raises(ValueError, match="keys"):
+        summary.aggregate([{"v": 1.0}], ("k",))
+
+
+def test_write_tables_writes_markdown_csv_json(tmp_path):
+    rows = summary.aggregate([{"data": "d", "entry": "e", "ll": -1.0},
+                              {"data": "d", "entry": "e", "ll": -2.0}], ("data", "entry"))
+    published = [{"data": "d", "entry": "VI (published)", "ll": -3.0, "ll_se": 0.1}]
+    text = tables.write_tables(tmp_path, "t", rows, keys=("data", "entry"), columns=("ll",),
+                               markdown_rows=published, runs=[{"ll": -1.0}, {"ll": float("nan")}])
+    assert text == (tmp_path / "t.md").read_text()
+    assert "| d | e | 2 | -1.500 ± 0.500 |" in text
+    assert "| d | VI (published) | - | -3.000 ± 0.100 |" in text
+    assert (tmp_path / "t.csv").read_text().splitlines() == ["data,entry,runs,ll,ll_se",
+                                                             "d,e,2,-1.5,0.5"]
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["summary"] == [{"data": "d", "entry": "e", "runs": 2, "ll": -1.5, "ll_se": 0.5}]
+    assert saved["runs"][1] == {"ll": None}  # nan is not JSON
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.json", "t.md"]
+
+
+def test_format_value():
+    assert tables.format_value(1.23456, 0.01) == "1.235 ± 0.010"
+    assert tables.format_value(123.45, 2.0) == "123.5 ± 2.0"
+    assert tables.format_value(2.5e-5, 1e-6) == "2.5e-05 ± 1e-06"
+    assert tables.format_value(float("nan")) == "-" and tables.format_value(None) == "-"
+    assert tables.format_value(3) == "3" and tables.format_value("ok") == "ok"
+
+
+def test_atomic_writes_leave_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "r.txt"
+    atomic.write_text_atomic(path, "old")
+    with pytest.raises(RuntimeError), atomic.atomic_path(path) as tmp:
+        assert tmp.parent == tmp_path and tmp.suffix == ".txt" and tmp != path
+        tmp.write_text("half")
+        raise RuntimeError("crash")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.txt"]
+    fig = Figure()
+    fig.add_subplot().plot([0, 1])
+    saved = save_figure(fig, tmp_path / "f.png")
+    assert saved.read_bytes()[:4] == b"\x89PNG" and len(list(tmp_path.iterdir())) == 2
 
 
 def test_default_entries_come_from_the_registry():
     names = compare.default_entries("regression")
-    assert compare.REFERENCE not in names
-    assert set(names) == set(zoo.names("regression")) - {compare.REFERENCE}
+    assert summary.REFERENCE not in names
+    assert set(names) == set(zoo.names("regression")) - {summary.REFERENCE}
     assert {"map", "mean_field", "bbb", "lowrank", "iaf", "ensemble"} <= set(names)
 
 
 def test_unsupported_problem_is_skipped_with_its_reason():
     dataset = data.load("sine")
-    record = compare.run_one("nuts", dataset, split=0, seed=0, overrides={"max_points": 10})
+    record = runs.run_one("nuts", dataset, split=0, seed=0,
+                          overrides={"method_options": {"max_points": 10}})
     assert record["status"] == "skipped"
     assert "max_points" in record["reason"]
 
@@ -99,11 +156,42 @@ def test_run_comparison_caches_and_resumes(tmp_path, capsys):
     again = compare.run_comparison(["sine"], ["map"], **kwargs)
     assert capsys.readouterr().out.count("[cached]") == 2
     assert [r["metrics"] for r in again] == [json.loads(f.read_text())["metrics"] for f in files]
-    table = compare.write_tables(again, tmp_path)
+    _, table = compare.write_comparison(again, tmp_path)
     assert "### sine" in table and "| map | 2 |" in table
-    paths = compare.write_figures(again, tmp_path)
+    paths = write_figures(again, tmp_path)
     assert {p.name for p in paths} == {"bands_sine.png", "elbo_sine.png"}
-    assert (tmp_path / "compare.csv").read_text().startswith("data,entry,task,splits")
+    assert (tmp_path / "compare.csv").read_text().startswith("data,entry,task,runs")
+
+
+def test_cache_key_holds_every_setting_that_changes_a_result():
+    dataset = data.load("sine")
+    base = runs.run_settings(dataset, {"steps": 20}, 200)
+    path = runs.cache_path("out", "map", "sine", 0, 0, base)
+    changed = [runs.run_settings(dataset, {"steps": 20, "model_options": {"hidden": (100,)}}, 200),
+               runs.run_settings(dataset, {"steps": 20}, 100),
+               runs.run_settings(dataset.to("meta"), {"steps": 20}, 200),
+               {**base, "dtype": "torch.float64"}]
+    assert len({runs.cache_path("out", "map", "sine", 0, 0, s) for s in changed} | {path}) == 5
+    assert runs.cache_path("out", "map", "sine", 0, 1, base) != path
+    assert runs.cache_path("out", "map", "sine", 0, 0, dict(reversed(base.items()))) == path
+
+
+def test_corrupt_cache_file_is_refitted_with_a_warning(tmp_path, capsys):
+    kwargs = dict(out=tmp_path, overrides=TINY, num_samples=10)
+    (first,) = compare.run_comparison(["sine"], ["map"], **kwargs)
+    (path,) = (tmp_path / "runs" / "map").glob("*.json")
+    path.write_text(path.read_text()[: len(path.read_text()) // 2])  # truncated
+    with pytest.warns(runs.CacheWarning, match="fitting it again"):
+        (again,) = compare.run_comparison(["sine"], ["map"], **kwargs)
+    assert again["status"] == "ok" and again["metrics"]["ll"] == first["metrics"]["ll"]  # same seed
+    assert json.loads(path.read_text())["metrics"] == again["metrics"]
+    capsys.readouterr()
+    compare.run_comparison(["sine"], ["map"], **kwargs)
+    assert "[cached]" in capsys.readouterr().out
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "seed": 7}))  # another run's record at this path
+    with pytest.warns(runs.CacheWarning, match="another run"):
+        compare.run_comparison(["sine"], ["map"], **kwargs)
 
 
 def test_classification_records_reliability(tmp_path):
@@ -111,8 +199,8 @@ def test_classification_records_reliability(tmp_path):
                                      num_samples=10, log=False)
     assert records[0]["status"] == "ok"
     assert sum(records[0]["reliability"]["count"]) == 200
-    assert "ece" in compare.summarise(records)[0]
-    names = {p.name for p in compare.write_figures(records, tmp_path)}
+    assert "ece" in summary.summarise(records)[0]
+    names = {p.name for p in write_figures(records, tmp_path)}
     assert "reliability_two_moons.png" in names
 
 
@@ -120,3 +208,23 @@ def test_unknown_entry_fails_before_fitting(tmp_path):
     with pytest.raises(ValueError, match="Unknown zoo entry"):
         compare.run_comparison(["sine"], ["map", "no_such_entry"], out=tmp_path)
     assert not (tmp_path / "runs").exists()
+
+
+def test_shared_flags_parse_check_and_set_threads():
+    parser = flags.add_shared_flags(argparse.ArgumentParser(), out="results/x", splits=3)
+    before = torch.get_num_threads()
+    try:
+        args = flags.parse(parser, ["--threads", "2", "--seed", "4"])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert str(args.out) == "results/x" and args.splits == 3 and args.seed == 4
+    assert args.device == torch.device("cpu")
+    with pytest.raises(ValueError, match="splits"):
+        flags.parse(parser, ["--splits", "0"])
+    with pytest.raises(ValueError, match="--device"):
+        flags.parse(parser, ["--device", "gpu"])
+    bare = flags.add_shared_flags(argparse.ArgumentParser(), out=None, without=("splits", "seed"))
+    assert vars(bare.parse_args([])) == {"out": None, "threads": None, "device": "cpu"}
+    with pytest.raises(ValueError, match="Unknown shared flags"):
+        flags.add_shared_flags(argparse.ArgumentParser(), out=None, without=("steps",))

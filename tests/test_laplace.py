@@ -507,9 +507,11 @@ def test_uci_concrete(uci_data):
 
 
 def test_benchmark_script_runs_with_tiny_flags(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "laplace.py"), "--out",
-                    str(tmp_path), "--datasets", "sine", "--variants", "laplace_kron",
-                    "--steps", "50", "--splits", "1"], check=True, timeout=300)
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "laplace.py"), "--out",
+                          str(tmp_path), "--datasets", "sine", "--variants", "laplace_kron",
+                          "--steps", "50", "--splits", "1"], check=True, timeout=300,
+                         capture_output=True, text=True)
+    assert "[failed]" not in run.stdout, run.stdout
     table = (tmp_path / "laplace.md").read_text()
     assert "laplace_kron" in table and any(c.isdigit() for c in table)
     assert (tmp_path / "laplace.csv").stat().st_size > 0

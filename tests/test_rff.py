@@ -233,7 +233,9 @@ def test_benchmark_script_runs(tmp_path):
                    check=True, capture_output=True, env={**os.environ, "MPLBACKEND": "Agg"})
     table = (out / "rff.md").read_text()
     assert "alg3" in table and "collapsed" in table
-    rows = (out / "rff.csv").read_text().splitlines()
-    assert len(rows) == 4
-    assert all(math.isfinite(float(v)) for v in rows[1].split(",")[3:])
+    header, *lines = (out / "rff.csv").read_text().splitlines()
+    rows = [dict(zip(header.split(","), line.split(","))) for line in lines]
+    assert [r["objective"] for r in rows] == ["alg3", "alg1", "collapsed"]
+    assert all(math.isfinite(float(r[k])) for r in rows
+               for k in ("ll", "rmse", "fit_seconds", "elbo_var", "grad_var"))
     assert (out / "rff.png").stat().st_size > 0

@@ -27,11 +27,12 @@ def test_throughput_benchmark_writes_table_json_and_figure(monkeypatch, tmp_path
                             "--warmup", "1", "--repeats", "1", "--processes", "1", "2",
                             "--out", str(tmp_path)])
     assert [r["step"] for r in rows] == ["torch", "bbb x1", "bbb x2"]
-    saved = json.loads((tmp_path / "throughput.json").read_text())
+    saved = json.loads((tmp_path / "throughput.json").read_text())["summary"]
     assert all(math.isfinite(r["samples_per_second"]) and r["samples_per_second"] > 0
                for r in saved)
     table = (tmp_path / "throughput.md").read_text()
     assert "| bbb x2 | cpu | 2 | 16 |" in table
+    assert (tmp_path / "throughput.csv").read_text().startswith("step,device,processes,batch")
     assert (tmp_path / "throughput.png").stat().st_size > 0
 
 
@@ -44,7 +45,7 @@ def test_throughput_benchmark_rejects_bad_flags(monkeypatch, tmp_path):
 
 
 def check_metrics(path: Path, processes: int) -> None:
-    metrics = json.loads(path.read_text())
+    (metrics,) = json.loads(path.read_text())["summary"]
     assert metrics["processes"] == processes
     assert all(math.isfinite(metrics[k]) for k in ("rmse", "ll", "coverage_90"))
 

@@ -1,50 +1,53 @@
 """The command line: ``python -m bnn_zoo {list,fit,compare,priors}`` (also ``bnn-zoo``).
 
-* ``list``: the zoo's entries with their tasks, seed documents and descriptions;
-* ``fit --entry NAME --data NAME``: fit one entry on one split and print its test metrics;
+* ``list``: the zoo's entries with their tasks, source documents and descriptions;
+* ``fit --entry NAME --data NAME``: fit one entry on one split, print its test metrics
+  and, with ``--out``, write them as ``<entry>_<data>_split<k>.md/.csv/.json``;
 * ``compare``: fit several entries on a data set and print a Markdown table of the
   metrics with time (mean ± standard error over splits), writing CSV/JSON and
-  figures (predictive bands for 1-D data) under ``--out``; with no flags it runs
+  figures (predictive bands for 1-D data) under ``--out``; it exits with 1 when a run
+  failed (a skipped run, one the entry declines, is no failure); with no flags it runs
   :data:`QUICK_ENTRIES` on ``sine``, with ``--entries all`` every entry of the task
   (see :mod:`bnn_zoo.harness.compare`);
 * ``priors``: prior diagnostics, the Gaussian limit and the unit tails (see
   :mod:`bnn_zoo.harness.prior_command`).
+
+Every command takes the shared flags of :mod:`bnn_zoo.harness.flags` that apply to it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from collections.abc import Sequence
-from pathlib import Path
-
-import torch
 
 from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
-from bnn_zoo.core.checks import check_positive_int
-from bnn_zoo.harness import compare, prior_command
+from bnn_zoo.harness import compare, flags, prior_command
+from bnn_zoo.harness.runs import run_one
+from bnn_zoo.harness.tables import write_tables
 
-__all__ = ["build_parser", "main"]
+__all__ = ["QUICK_ENTRIES", "build_parser", "main"]
+
+#: What ``compare`` runs without ``--entries``: one entry per family that fits ``sine`` in
+#: seconds, so the README's first command finishes in a minute or two on 2 CPU cores.
+QUICK_ENTRIES = ("map", "mean_field", "bbb", "laplace", "nngp")
 
 
 def _list(args: argparse.Namespace) -> int:
     rows = [(name, zoo.get(name)) for name in zoo.names(args.task)]
     width = max((len(n) for n, _ in rows), default=5)
-    print(f"{'entry':<{width}}  {'tasks':<27}  {'seed':<25}  description")
+    print(f"{'entry':<{width}}  {'tasks':<27}  {'source':<25}  description")
     for name, entry in rows:
         tasks = ",".join(entry.tasks)
-        print(f"{name:<{width}}  {tasks:<27}  {entry.seed or '-':<25}  {entry.description}")
+        print(f"{name:<{width}}  {tasks:<27}  {entry.source or '-':<25}  {entry.description}")
     return 0
 
 
 def _fit(args: argparse.Namespace) -> int:
-    if args.threads is not None:
-        torch.set_num_threads(check_positive_int("threads", args.threads))
     dataset = data_module.load(args.data, args.split).to(args.device)
-    overrides = {} if args.steps is None else {"steps": check_positive_int("steps", args.steps)}
-    record = compare.run_one(args.entry, dataset, split=args.split, seed=args.seed,
-                             overrides=overrides, num_samples=args.num_samples)
+    record = run_one(args.entry, dataset, split=args.split, seed=args.seed,
+                     overrides=flags.budget_overrides(args), num_samples=args.num_samples)
     if record["status"] != "ok":
         print(f"{args.entry} on {args.data}: {record['status']}: {record['reason']}")
         return 1
@@ -53,22 +56,17 @@ def _fit(args: argparse.Namespace) -> int:
     for key, value in shown.items():
         print(f"  {key:<18} {value:.4g}")
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"{args.entry}_{args.data.replace('/', '_')}_split{args.split}.json"
-        path.write_text(json.dumps({k: record[k] for k in ("entry", "data", "split", "seed",
-                                                           "metrics", "diagnostics")}, indent=1))
-        print(f"Wrote {path}")
+        name = f"{args.entry}_{args.data.replace('/', '_')}_split{args.split}"
+        keys = ("entry", "data", "split", "seed")
+        write_tables(args.out, name, [{**{k: record[k] for k in keys}, **shown}], keys=keys,
+                     columns=list(shown), runs=[record])
+        print(f"Wrote {args.out / name}.md, .csv, .json")
     return 0
-
-
-#: What ``compare`` runs without ``--entries``: one entry per family that fits ``sine`` in
-#: seconds, so the README's first command finishes in a minute or two on 2 CPU cores.
-QUICK_ENTRIES = ("map", "mean_field", "bbb", "laplace", "nngp")
 
 
 def _compare(args: argparse.Namespace) -> int:
-    compare.main_from_args(args)
-    return 0
+    records = compare.run_from_args(args)
+    return int(any(r["status"] == "failed" for r in records))
 
 
 def _priors(args: argparse.Namespace) -> int:
@@ -92,17 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     fitting.add_argument("--data", required=True,
                          help=f"data set, one of: {', '.join(data_module.names())}")
     fitting.add_argument("--split", type=int, default=0)
-    fitting.add_argument("--seed", type=int, default=0)
-    fitting.add_argument("--steps", type=int, default=None,
-                         help="override the entry's number of training steps")
-    fitting.add_argument("--num-samples", type=int, default=200)
-    fitting.add_argument("--out", type=Path, default=None, help="write the metrics as JSON here")
-    fitting.add_argument("--device", default="cpu", help="cpu or cuda")
-    fitting.add_argument("--threads", type=int, default=None)
+    flags.add_fit_flags(fitting)
+    flags.add_shared_flags(fitting, out=None, without=("splits",))
     fitting.set_defaults(run=_fit)
 
     comparing = commands.add_parser("compare", help="compare entries on a data set")
-    compare.add_arguments(comparing, entries=QUICK_ENTRIES)
+    flags.add_comparison_flags(comparing, entries=QUICK_ENTRIES)
     comparing.set_defaults(run=_compare)
 
     prior_command.add_parser(commands).set_defaults(run=_priors)
@@ -110,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m bnn_zoo`` and the ``bnn-zoo`` script; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return args.run(args)
+    """Entry point of ``python -m bnn_zoo`` and the ``bnn-zoo`` script; returns the exit code:
+    0, 1 when a requested run failed, 2 for bad input (printed in one line)."""
+    try:
+        args = flags.parse(build_parser(), argv)
+        return args.run(args)
+    except (ValueError, TypeError) as error:
+        print(f"python -m bnn_zoo: error: {error}", file=sys.stderr)
+        return 2

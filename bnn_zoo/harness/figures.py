@@ -1,20 +1,64 @@
-"""Figures, drawn with matplotlib's object API (no pyplot state, any backend).
+"""Figures, drawn with matplotlib's object API (no pyplot state, any backend), saved
+atomically by :func:`save_figure`.
 
 * :func:`reliability_diagram`: accuracy against confidence of the top-class
   prediction in equal-width bins (Guo et al. 2017, Fig. 1), with the gap to the
-  diagonal and the expected calibration error in the title.
+  diagonal and the expected calibration error in the title;
+* :func:`write_figures`: from the run records of a comparison
+  (:mod:`bnn_zoo.harness.runs`), the predictive bands of every entry side by side
+  (1-D regression), reliability curves (classification) and ELBO curves.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from bnn_zoo.core import data as data_module
 from bnn_zoo.core.checks import check_positive_int, check_tensor
 from bnn_zoo.evaluation.metrics import expected_calibration_error, reliability_bins
+from bnn_zoo.harness.atomic import atomic_path
 
-__all__ = ["reliability_diagram"]
+__all__ = ["draw_reliability", "predictive_bands", "reliability_diagram", "save_figure",
+           "write_figures"]
+
+#: Probability mass of the predictive bands (from the records' ``band``).
+BAND_MASS = 0.95
+
+
+def save_figure(fig: Figure, path: str | Path, *, dpi: int = 110) -> Path:
+    """Save ``fig`` to ``path`` atomically (the format from the suffix); return the path."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi)
+    return Path(path)
+
+
+def draw_reliability(bins: dict, ece: float, ax: Axes, title: str | None = None) -> None:
+    """Draw reliability bars on ``ax`` from ``bins`` (``edges``, ``count``, ``confidence``,
+    ``accuracy`` per bin, as :func:`~bnn_zoo.evaluation.metrics.reliability_bins` gives, as
+    tensors or lists) and the expected calibration error ``ece``."""
+    bins = {k: np.asarray(v.detach().cpu() if isinstance(v, Tensor) else v, dtype=float)
+            for k, v in bins.items()}
+    num_bins = len(bins["count"])
+    filled = bins["count"] > 0
+    centres = (bins["edges"][:-1] + bins["edges"][1:]) / 2
+    width = 1.0 / num_bins
+    ax.bar(centres[filled], bins["accuracy"][filled], width=width, edgecolor="black",
+           color="tab:blue", label="accuracy")
+    gap = bins["confidence"][filled] - bins["accuracy"][filled]
+    ax.bar(centres[filled], gap, bottom=bins["accuracy"][filled], width=width,
+           color="tab:red", alpha=0.3, hatch="//", edgecolor="tab:red", label="gap")
+    ax.plot([0, 1], [0, 1], "k--", linewidth=1)
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
+    ax.set_aspect("equal")
+    ax.set_title(f"ECE {ece:.3f}" if title is None else f"{title}\nECE {ece:.3f}", fontsize=9)
+    # Top-class confidences below 0.3 are rare, so the lower-left corner is nearly always free.
+    ax.legend(loc="lower left", fontsize="x-small", framealpha=0.9)
 
 
 def reliability_diagram(probs: Tensor, y: Tensor, *, num_bins: int = 15, ax: Axes | None = None,
@@ -46,20 +90,71 @@ def reliability_diagram(probs: Tensor, y: Tensor, *, num_bins: int = 15, ax: Axe
                          f"but got {y.shape[0]}.")
     if ax is None:
         ax = Figure(figsize=(4, 4), layout="constrained").add_subplot()
-    bins = {k: v.detach().cpu().numpy() for k, v in reliability_bins(probs, y, num_bins).items()}
-    filled = bins["count"] > 0
-    centres = (bins["edges"][:-1] + bins["edges"][1:]) / 2
-    width = 1.0 / num_bins
-    ece = expected_calibration_error(probs, y, num_bins)
-    ax.bar(centres[filled], bins["accuracy"][filled], width=width, edgecolor="black",
-           color="tab:blue", label="accuracy")
-    gap = bins["confidence"][filled] - bins["accuracy"][filled]
-    ax.bar(centres[filled], gap, bottom=bins["accuracy"][filled], width=width,
-           color="tab:red", alpha=0.3, hatch="//", edgecolor="tab:red", label="gap")
-    ax.plot([0, 1], [0, 1], "k--", linewidth=1)
-    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
-    ax.set_aspect("equal")
-    ax.set_title(f"ECE {ece:.3f}" if title is None else f"{title}\nECE {ece:.3f}")
-    # Top-class confidences below 0.3 are rare, so the lower-left corner is nearly always free.
-    ax.legend(loc="lower left", fontsize="x-small", framealpha=0.9)
+    draw_reliability(reliability_bins(probs, y, num_bins),
+                     expected_calibration_error(probs, y, num_bins), ax, title)
     return ax.figure
+
+
+def predictive_bands(records: Sequence[dict], data: str, split: int) -> Figure:
+    """The predictive mean and central band (the records' ``band``) of every record side by
+    side, over the training points of split ``split`` of ``data``."""
+    dataset = data_module.load(data, split)
+    fig = Figure(figsize=(3.2 * len(records), 3), layout="constrained")
+    axes = fig.subplots(1, len(records), sharey=True, squeeze=False)[0]
+    for ax, r in zip(axes, records):
+        b = r["band"]
+        ax.scatter(dataset.x_train[:, 0], dataset.y_train, s=3, c="0.6")
+        ax.fill_between(b["x"], b["lo"], b["hi"], alpha=0.3, label=f"{round(100 * BAND_MASS)}%")
+        ax.plot(b["x"], b["mean"], lw=1.5)
+        ax.set_title(f"{r['entry']}\nLL {r['metrics']['ll']:.2f}", fontsize=9)
+    return fig
+
+
+def _reliability_curves(records: Sequence[dict], data: str) -> Figure:
+    fig = Figure(figsize=(4, 4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1], "k:", lw=1)
+    for r in records:
+        rel = r["reliability"]
+        used = [i for i, c in enumerate(rel["count"]) if c > 0]
+        ax.plot([rel["confidence"][i] for i in used], [rel["accuracy"][i] for i in used],
+                "o-", ms=3, label=f"{r['entry']} (ECE {r['metrics']['ece']:.3f})")
+    ax.set(xlabel="confidence", ylabel="accuracy", title=f"reliability: {data}")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _elbo_curves(records: Sequence[dict], data: str) -> Figure:
+    fig = Figure(figsize=(5, 3.5), layout="constrained")
+    ax = fig.add_subplot()
+    for r in records:
+        ax.plot(np.linspace(0, 1, len(r["losses"])), r["losses"], label=r["entry"], lw=1)
+    ax.set(xlabel="fraction of training", ylabel="negative ELBO (smoothed)",
+           title=f"training: {data}")
+    if all(v > 0 for r in records for v in r["losses"]):
+        ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def write_figures(records: Sequence[dict], out: str | Path) -> list[Path]:
+    """``bands_<data>.png`` (1-D regression), ``reliability_<data>.png`` (classification)
+    and ``elbo_<data>.png`` under ``out``, from the first split of each data set."""
+    out = Path(out)
+    paths = []
+    for data in dict.fromkeys(r["data"] for r in records):
+        ok = [r for r in records if r["data"] == data and r["status"] == "ok"]
+        if not ok:
+            continue
+        first = min(r["split"] for r in ok)
+        ok = [r for r in ok if r["split"] == first]
+        stem = data.replace("/", "_")
+        if banded := [r for r in ok if "band" in r]:
+            paths.append(save_figure(predictive_bands(banded, data, first),
+                                     out / f"bands_{stem}.png"))
+        if calibrated := [r for r in ok if "reliability" in r]:
+            paths.append(save_figure(_reliability_curves(calibrated, data),
+                                     out / f"reliability_{stem}.png"))
+        if curves := [r for r in ok if r.get("losses")]:
+            paths.append(save_figure(_elbo_curves(curves, data), out / f"elbo_{stem}.png"))
+    return paths

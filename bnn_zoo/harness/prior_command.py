@@ -3,8 +3,10 @@ tail parameter of the units against depth (seed 001, second half).
 
     python -m bnn_zoo priors --widths 1 10 100 1000 --depth 3 --width 2 --out results/priors
 
-prints two Markdown tables and writes ``priors.md``, ``priors.json``,
-``output_vs_gaussian.png`` and ``tail_parameters.png`` into ``--out``. The nets are the
+prints two Markdown tables and writes ``priors.md``, ``priors.json``, a CSV per table,
+``output_vs_gaussian.png`` and ``tail_parameters.png`` into ``--out``
+(:func:`bnn_zoo.harness.tables.write_table_group`); it takes the shared flags
+``--out``, ``--threads``, ``--device`` and ``--seed``. The nets are the
 zoo's MLP (entry ``bbb``'s model factory) with the fan-in Gaussian prior whose
 infinite-width limit is the kernel of entry ``nngp`` with every variance 1.
 """
@@ -12,22 +14,22 @@ infinite-width limit is the kernel of entry ``nngp`` with every variance 1.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
+import pyro
 import torch
 from torch import Tensor
 
 from bnn_zoo import zoo
 from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.harness import flags
 from bnn_zoo.harness.prior_diagnostics import excess_kurtosis, prior_predictive, tail_table
 from bnn_zoo.harness.prior_figures import plot_output_vs_gaussian, plot_tail_parameters
+from bnn_zoo.harness.tables import Table, write_table_group
 from bnn_zoo.models.priors import GaussianPrior
 
-__all__ = ["add_parser", "fan_in_net", "markdown_table", "run", "width_sweep",
-           "write_tables"]
+__all__ = ["add_parser", "fan_in_net", "run", "width_sweep"]
 
 
 CHUNK = 2000
@@ -81,27 +83,6 @@ def width_sweep(widths: Sequence[int], x: Tensor, num_samples: int, activation: 
     return rows, samples
 
 
-def markdown_table(rows: Sequence[dict], digits: int = 3) -> str:
-    """A Markdown table of the rows' keys and values (floats rounded)."""
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for row in rows:
-        cells = [f"{v:.{digits}f}" if isinstance(v, float) else str(v) for v in row.values()]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def write_tables(out: Path, stem: str, tables: Sequence[tuple[str, str, list[dict]]]) -> None:
-    """Print the ``(key, heading, rows)`` tables as Markdown and write them to
-    ``out/stem.md`` and, keyed by ``key``, to ``out/stem.json``."""
-    text = "\n".join(f"## {heading}\n\n{markdown_table(rows)}\n" for _, heading, rows in tables)
-    print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.md").write_text(text)
-    (out / f"{stem}.json").write_text(json.dumps({key: rows for key, _, rows in tables},
-                                                 indent=2))
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``priors`` subcommand to the CLI's subparsers."""
     parser = subparsers.add_parser("priors", help="prior diagnostics: Gaussian limit and "
@@ -112,24 +93,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--width", type=int, default=2, help="hidden width of the tail study")
     parser.add_argument("--samples", type=int, default=20000, help="prior samples")
     parser.add_argument("--activation", default="relu")
-    parser.add_argument("--out", type=Path, default=Path("results/priors"))
+    flags.add_shared_flags(parser, out="results/priors", without=("splits",))
     parser.set_defaults(run=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Compute both tables, print them, and write tables and figures into ``args.out``."""
+    """Compute both tables, print them, and write tables and figures into ``args.out``
+    (``args`` parsed and applied by :func:`bnn_zoo.harness.flags.parse`)."""
     check_positive_int("depth", args.depth)
     if args.depth < 2:
         raise ValueError(f"Expected depth >= 2 (one hidden layer at least), got {args.depth}.")
-    x = torch.tensor([[1.0]], dtype=torch.float64)
+    pyro.set_rng_seed(args.seed)
+    x = torch.tensor([[1.0]], dtype=torch.float64, device=args.device)
     sweep, samples = width_sweep(args.widths, x, args.samples, args.activation)
     net = fan_in_net(1, [args.width] * (args.depth - 1), args.activation, x)
     tails = tail_table(net, x, args.samples)
-    write_tables(args.out, "priors", [
-        ("width_sweep", f"Gaussian limit of f(x=1), one hidden {args.activation} layer", sweep),
-        ("tails", f"Tail parameter theta of the units, hidden width {args.width}", tails),
-    ])
+    print(write_table_group(args.out, "priors", [
+        Table("width_sweep", f"Gaussian limit of f(x=1), one hidden {args.activation} layer",
+              sweep, keys=("width",), columns=[k for k in sweep[0] if k != "width"]),
+        Table("tails", f"Tail parameter theta of the units, hidden width {args.width}", tails,
+              keys=("layer",), columns=[k for k in tails[0] if k != "layer"]),
+    ]))
     plot_output_vs_gaussian(samples, sweep[0]["kernel_variance"],
                             args.out / "output_vs_gaussian.png")
     plot_tail_parameters(tails, args.out / "tail_parameters.png")

@@ -1,5 +1,6 @@
-"""Figures of the prior diagnostics (:mod:`bnn_zoo.harness.prior_diagnostics`), drawn with matplotlib's Agg
-backend so they work without a display."""
+"""Figures of the prior diagnostics (:mod:`bnn_zoo.harness.prior_diagnostics`), drawn with
+matplotlib's object API (no display needed) and saved atomically by
+:func:`bnn_zoo.harness.figures.save_figure`."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch import Tensor  # noqa: E402
+from bnn_zoo.harness.figures import save_figure
 
 __all__ = ["plot_output_vs_gaussian", "plot_tail_parameters"]
 
@@ -20,7 +20,8 @@ __all__ = ["plot_output_vs_gaussian", "plot_tail_parameters"]
 def plot_output_vs_gaussian(samples: dict[int, Tensor], variance: float, path: Path) -> None:
     """Histogram (log density) of the prior output at one input for each width ``H``
     (``samples[H]`` of shape (S,)) against the Gaussian limit ``N(0, variance)``."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.add_subplot()
     scale = math.sqrt(variance)
     grid = torch.linspace(-6 * scale, 6 * scale, 400, dtype=torch.float64)
     for width, values in samples.items():
@@ -34,16 +35,15 @@ def plot_output_vs_gaussian(samples: dict[int, Tensor], variance: float, path: P
     ax.set_ylabel("density")
     ax.set_title("One hidden layer: the output approaches its Gaussian limit")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def plot_tail_parameters(rows: Sequence[dict[str, float]], path: Path) -> None:
     """Estimated tail parameter against the layer ``l``, with the theorem's ``l/2``
     (``rows`` as from :func:`bnn_zoo.harness.prior_diagnostics.tail_table`)."""
     layers = [r["layer"] for r in rows]
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig = Figure(figsize=(5, 4), layout="constrained")
+    ax = fig.add_subplot()
     ax.plot(layers, [r["theta_moments"] for r in rows], "o-", label="moment norms")
     ax.plot(layers, [r["theta_survival"] for r in rows], "s-", label="log-survival")
     ax.plot(layers, [r["theta_theory"] for r in rows], "k--", label="sub-Weibull l/2")
@@ -52,6 +52,4 @@ def plot_tail_parameters(rows: Sequence[dict[str, float]], path: Path) -> None:
     ax.set_ylabel("tail parameter theta")
     ax.set_title("Units get heavier-tailed with depth")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

@@ -1,0 +1,165 @@
+"""Runs: one entry fitted on one split and evaluated, and the cache of finished runs.
+
+:func:`run_one` fits through the zoo's contract (``entry.fit``, ``Fitted.evaluate``,
+``Fitted.predict``) and returns a JSON-ready record: metrics, diagnostics, the thinned
+loss curve, the predictive's moments at the test inputs (regression; for distances to a
+reference), a predictive band on a grid (1-D inputs) or reliability bins
+(classification). :func:`cached_run` keeps each finished record as JSON under
+``<out>/runs/<entry>/``, named by a digest of every setting that changes the result (the
+entry's options, ``num_samples``, the device and the dtype of the data), so a rerun
+after a crash, or with more entries or splits, fits only what is missing. A cache file
+that cannot be read is refitted with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyro
+import torch
+from torch import Tensor
+
+from bnn_zoo import zoo
+from bnn_zoo.core import data as data_module
+from bnn_zoo.core.predictive import GaussianMixturePredictive
+from bnn_zoo.evaluation.metrics import reliability_bins
+from bnn_zoo.harness.atomic import write_text_atomic
+from bnn_zoo.harness.figures import BAND_MASS
+from bnn_zoo.zoo import UnsupportedProblem
+
+__all__ = ["CacheWarning", "cache_path", "cached_run", "run_one", "run_settings"]
+
+GRID_POINTS = 200
+CURVE_POINTS = 200
+#: The fields a cached record must have to be reused.
+RECORD_FIELDS = ("entry", "data", "task", "split", "seed", "status", "settings")
+
+
+class CacheWarning(RuntimeWarning):
+    """A cached run could not be read and is fitted again."""
+
+
+def _thin(values: Sequence[float], points: int = CURVE_POINTS) -> list[float]:
+    """Chunk means of ``values``: at most ``points`` of them (a smoothed curve)."""
+    if len(values) <= points:
+        return [float(v) for v in values]
+    chunks = torch.tensor_split(torch.tensor(values, dtype=torch.float64), points)
+    return [float(c.mean()) for c in chunks]
+
+
+def _grid(dataset: data_module.Dataset) -> Tensor:
+    x = torch.cat([dataset.x_train, dataset.x_test])
+    lo, hi = float(x.min()), float(x.max())
+    pad = 0.1 * (hi - lo)
+    return torch.linspace(lo - pad, hi + pad, GRID_POINTS, dtype=x.dtype,
+                          device=x.device).unsqueeze(-1)
+
+
+def _tolist(t: Tensor) -> list:
+    return t.detach().to("cpu", torch.float64).tolist()
+
+
+def run_settings(dataset: data_module.Dataset, overrides: dict | None, num_samples: int) -> dict:
+    """Every setting besides entry, data, split and seed that changes a run's result."""
+    return {"overrides": overrides or {}, "num_samples": num_samples,
+            "device": str(dataset.x_train.device), "dtype": str(dataset.x_train.dtype)}
+
+
+def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
+            overrides: dict | None = None, num_samples: int = 200) -> dict:
+    """Fit ``entry`` on ``dataset`` and return its record (metrics and what the figures
+    need). ``overrides`` is passed to ``entry.fit`` as keyword arguments (budget fields,
+    ``model_options``, ``guide_options``, ``method_options``).
+
+    An entry that raises :class:`~bnn_zoo.zoo.UnsupportedProblem` gives a record with
+    ``status="skipped"`` and the reason; any other error ``status="failed"``.
+    """
+    record = {"entry": entry, "data": dataset.name, "task": dataset.task, "split": split,
+              "seed": seed, "settings": run_settings(dataset, overrides, num_samples)}
+    started = time.perf_counter()
+    try:
+        fitted = zoo.get(entry).fit(dataset.x_train, dataset.y_train, task=dataset.task,
+                                    seed=seed, progress=False, **(overrides or {}))
+    except UnsupportedProblem as error:
+        return {**record, "status": "skipped", "reason": str(error)}
+    except Exception as error:  # a benchmark reports a broken entry and goes on
+        return {**record, "status": "failed", "reason": f"{type(error).__name__}: {error}"}
+    pyro.set_rng_seed(seed)
+    record["metrics"] = fitted.evaluate(dataset.x_test, dataset.y_test, num_samples)
+    record["diagnostics"] = dict(fitted.diagnostics)
+    record["losses"] = _thin(fitted.result.losses) if fitted.result is not None else []
+    pred = fitted.predict(dataset.x_test, num_samples)
+    if isinstance(pred, GaussianMixturePredictive):
+        record["moments"] = {"mean": _tolist(pred.mean), "std": _tolist(pred.stddev)}
+        if dataset.in_dim == 1:
+            grid = _grid(dataset)
+            band = fitted.predict(grid, num_samples)
+            lo, hi = band.interval(BAND_MASS)
+            record["band"] = {"x": _tolist(grid[:, 0]), "mean": _tolist(band.mean),
+                              "lo": _tolist(lo), "hi": _tolist(hi)}
+    else:
+        bins = reliability_bins(pred.mean, dataset.y_test)
+        record["reliability"] = {k: _tolist(v) for k, v in bins.items()}
+    record["seconds"] = time.perf_counter() - started
+    return {**record, "status": "ok"}
+
+
+def _canonical(value: object) -> str:
+    """``value`` as JSON with sorted keys (a tuple and a list of the same items agree)."""
+    return json.dumps(value, sort_keys=True, default=repr)
+
+
+def cache_path(out: str | Path, entry: str, data: str, split: int, seed: int,
+               settings: dict) -> Path:
+    """Where the record of this run is cached: ``<out>/runs/<entry>/<data>_split<k>_seed<s>_
+    <digest>.json``, the digest over ``settings`` (see :func:`run_settings`)."""
+    digest = hashlib.sha1(_canonical(settings).encode()).hexdigest()[:12]
+    name = f"{data.replace('/', '_')}_split{split}_seed{seed}_{digest}.json"
+    return Path(out) / "runs" / entry / name
+
+
+def _read_cached(path: Path, expected: dict) -> dict | None:
+    """The record at ``path``, or ``None`` (with a :class:`CacheWarning`) when it is
+    truncated, corrupt, or of another run than ``expected`` (its entry, data, split, seed
+    and settings)."""
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or any(k not in record for k in RECORD_FIELDS):
+            raise ValueError("fields missing")
+        if _canonical({k: record[k] for k in expected}) != _canonical(expected):
+            raise ValueError("another run's record")
+    except (OSError, ValueError) as error:
+        warnings.warn(f"Cannot reuse the cached run {path} ({error}); fitting it again.",
+                      CacheWarning, stacklevel=3)
+        return None
+    return record
+
+
+def cached_run(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
+               overrides: dict | None, num_samples: int, out: str | Path,
+               log: bool = True) -> dict:
+    """The record of ``entry`` on ``dataset``: read from the cache under ``out`` when a
+    readable one with the same settings exists, otherwise fitted (:func:`run_one`) and,
+    unless it failed, cached."""
+    settings = run_settings(dataset, overrides, num_samples)
+    path = cache_path(out, entry, dataset.name, split, seed, settings)
+    expected = {"entry": entry, "data": dataset.name, "split": split, "seed": seed,
+                "settings": settings}
+    record = _read_cached(path, expected) if path.exists() else None
+    status = "cached"
+    if record is None:
+        record = run_one(entry, dataset, split=split, seed=seed, overrides=overrides,
+                         num_samples=num_samples)
+        status = record["status"]
+        if status != "failed":
+            write_text_atomic(path, json.dumps(record, default=repr))
+    if log:
+        detail = (f"{record['seconds']:.1f} s" if record["status"] == "ok"
+                  else record.get("reason", ""))
+        print(f"[{status}] {entry} on {dataset.name} split {split}: {detail}", flush=True)
+    return record
