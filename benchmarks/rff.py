@@ -27,7 +27,7 @@ from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.summary import aggregate
 from bnn_zoo.harness.tables import write_tables
-from bnn_zoo.zoo.rff import OBJECTIVES, objective_elbo
+from bnn_zoo.methods.logitnormal import OBJECTIVES, objective_elbo
 
 METRICS = ("ll", "rmse", "fit_seconds", "elbo_var", "grad_var")
 
