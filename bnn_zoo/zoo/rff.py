@@ -25,8 +25,8 @@ import pyro.infer
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice
-from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.guides.logitnormal import Algorithm1ELBO, CollapsedELBO, LogitNormalGuide
+from bnn_zoo.core.elbo import Algorithm1ELBO, CollapsedELBO, MeanFieldELBO
+from bnn_zoo.guides.logitnormal import LogitNormalGuide
 from bnn_zoo.models.rff import RandomFeatureRegression
 from bnn_zoo.zoo import register
 from bnn_zoo.zoo._entry import Budget, Entry, Fitted, svi_fitter
