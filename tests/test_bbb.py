@@ -6,14 +6,16 @@ from __future__ import annotations
 import math
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
 
 from bnn_zoo import data, fit, zoo
 from bnn_zoo.core.elbo import LocalReparameterizationELBO, MeanFieldELBO
-from bnn_zoo.core.nn import local_reparameterized_affine
-from bnn_zoo.core.training import kl_weights
+from bnn_zoo.core.handlers import local_reparameterization
+from bnn_zoo.core.nn import affine, local_reparameterized_affine
+from bnn_zoo.core.training import SVIStep, kl_weights
 from bnn_zoo.guides import BayesByBackpropGuide, MeanFieldGuide
 from bnn_zoo.guides.bbb import deep_getattr, softplus_inverse
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
@@ -225,8 +227,6 @@ def test_kl_weights_sum_to_one():
 def test_graves_weighting_scales_only_the_kl():
     """With Graves' weights the loss of batch i is M pi_i KL - (N/B) log-lik: check it by
     comparing with the uniform loss on the same weight sample."""
-    from bnn_zoo.core.training import SVIStep
-
     model, x, y, mean, var = blr_problem(n=40)
     guide = BayesByBackpropGuide(model).double()
     uniform = SVIStep(model, guide, x, y, lr=1e-3, batch_size=10, elbo=MeanFieldELBO)
@@ -319,3 +319,51 @@ def test_local_reparameterization_elbo_is_unbiased_and_less_noisy():
     se = (plain.var() / len(plain) + local.var() / len(local)).sqrt()
     assert abs(plain.mean() - local.mean()) < 4 * se
     assert local.std() < plain.std()
+
+
+def test_local_reparameterization_handler_acts_only_on_layers_from_gaussian_sites():
+    """Under the handler, an affine layer whose weight and bias were drawn at Gaussian sites
+    has the trick's moments (the weight draw itself is ignored); any other layer, or any
+    layer outside the handler, is the plain ``h @ W + b``."""
+    h = torch.randn(5, 3, dtype=torch.float64)
+    loc_w, loc_b = torch.randn(3, 2, dtype=torch.float64), torch.randn(2, dtype=torch.float64)
+    scale_w, scale_b = torch.full_like(loc_w, 0.5), torch.full_like(loc_b, 0.5)
+    num = 4000
+
+    def layer(other_weight: torch.Tensor | None = None):
+        with pyro.plate("particles", num, dim=-1):
+            w = pyro.sample("w", dist.Normal(loc_w, scale_w).to_event(2))
+            b = pyro.sample("b", dist.Normal(loc_b, scale_b).to_event(1))
+        return affine(h, w if other_weight is None else other_weight, b), w, b
+
+    moments = {"w": (loc_w, scale_w), "b": (loc_b, scale_b)}
+    with local_reparameterization(moments):
+        out, w, b = layer()
+    mean, var = h @ loc_w + loc_b, h**2 @ scale_w**2 + scale_b**2
+    assert not torch.allclose(out, h @ w + b.unsqueeze(-2))
+    assert ((out.mean(0) - mean).abs() < 4 * (var / num).sqrt()).all()
+    assert ((out.var(0) - var).abs() < 4 * var * math.sqrt(2 / num)).all()
+    # A weight that is not a site's draw, or no handler: the plain affine map.
+    fixed = torch.randn(3, 2, dtype=torch.float64)
+    with local_reparameterization(moments):
+        out, _, b = layer(fixed)
+    torch.testing.assert_close(out, h @ fixed + b.unsqueeze(-2))
+    out, w, b = layer()
+    torch.testing.assert_close(out, h @ w + b.unsqueeze(-2))
+
+
+def test_local_reparameterization_jit_loss_equals_eager_loss():
+    """``SVIStep(..., jit=True)`` traces the model under the handler: the same losses as the
+    eager step under the same seeds."""
+    x = torch.randn(40, 2)
+    y = torch.sin(x.sum(-1))
+    losses = []
+    for jit in (False, True):
+        pyro.set_rng_seed(0)
+        model = BayesianMLP(2, 1, (5,))
+        guide = BayesByBackpropGuide(model, init_scale=0.1)
+        step = SVIStep(model, guide, x, y, lr=0.01, batch_size=16, num_particles=3, seed=0,
+                       elbo=LocalReparameterizationELBO, jit=jit)
+        pyro.set_rng_seed(1)
+        losses.append([step() for _ in range(6)])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
