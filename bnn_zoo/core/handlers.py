@@ -101,6 +101,10 @@ class local_reparameterization(Messenger):
         self._draws = []
         return super().__enter__()
 
+    def __exit__(self, *args):
+        self._draws = []  # the draws of this run only; release them
+        return super().__exit__(*args)
+
     def _pyro_post_sample(self, msg) -> None:
         pair = self.moments.get(msg["name"])
         if pair is not None and not msg["is_observed"]:
