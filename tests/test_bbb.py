@@ -137,7 +137,7 @@ def test_mean_field_optimum_is_stationary_for_linear_regression():
     assert shifted.abs().max() > 10 * se.max()
 
 
-def guide_moments(guide: BayesByBackpropGuide) -> tuple[torch.Tensor, torch.Tensor]:
+def mean_and_sd(guide: BayesByBackpropGuide) -> tuple[torch.Tensor, torch.Tensor]:
     """The guide's means and standard deviations, weights then bias, as in ``blr_problem``."""
     q = guide.distributions()
     w, b = q["layers.0.weight"], q["layers.0.bias"]
@@ -154,7 +154,7 @@ def fit_with_bnn_zoo(model, guide, x, y, rounds: int, steps: int) -> list:
     for r in range(rounds):
         fit(model, guide, x, y, steps=steps, lr=0.002, num_particles=16, elbo=MeanFieldELBO,
             seed=r + 1, jit=True)
-        out.append(guide_moments(guide))
+        out.append(mean_and_sd(guide))
     return out
 
 
@@ -170,7 +170,7 @@ def fit_with_pyro_svi(model, guide, x, y, rounds: int, steps: int) -> list:
     for _ in range(rounds):
         for _ in range(steps):
             svi.step(x, y)
-        out.append(guide_moments(guide))
+        out.append(mean_and_sd(guide))
     return out
 
 

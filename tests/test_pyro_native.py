@@ -73,13 +73,13 @@ def snapshot(*modules) -> dict[str, torch.Tensor]:
 
 
 def run_svi(model, guide, x, y, elbo, steps: int = 3) -> tuple[list[float], dict, dict]:
-    """Pyro's SVI with pyro.optim.Adam: the losses and the guide's parameters before and
-    after (``before`` taken after the first step, which creates lazy parameters)."""
+    """Pyro's SVI with pyro.optim.Adam: the losses and the parameters of model and guide
+    before and after (``before`` taken after the first step, which creates lazy ones)."""
     svi = SVI(model, guide, Adam({"lr": 0.05}), elbo)
     losses = [svi.step(x, y)]
-    before = snapshot(guide)
+    before = snapshot(model, guide)
     losses += [svi.step(x, y) for _ in range(steps)]
-    return losses, before, snapshot(guide)
+    return losses, before, snapshot(model, guide)
 
 
 def assert_trained(losses: list[float], before: dict, after: dict) -> None:
@@ -105,8 +105,6 @@ def test_pyro_svi_trains_every_pair(module_local_params, name, task, out_dim):
         assert_trained(*run_svi(model, guide, x, y, elbo))
 
 
-
-
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("name,task,out_dim", PAIRS)
 def test_pyro_jit_elbo_trains_every_pair(name, task, out_dim):
@@ -114,9 +112,10 @@ def test_pyro_jit_elbo_trains_every_pair(name, task, out_dim):
     Pyro's default mode only (pyro 1.9.2 raises a KeyError under module_local_params)."""
     pyro.clear_param_store()
     x, y = problem(task, out_dim)
-    model, guide = build(name, task, out_dim)
-    elbo = JitTrace_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
-    assert_trained(*run_svi(model, guide, x, y, elbo))
+    with pyro.settings.context(module_local_params=False):
+        model, guide = build(name, task, out_dim)
+        elbo = JitTrace_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
+        assert_trained(*run_svi(model, guide, x, y, elbo))
 
 
 def latent_sites(model, x, y) -> set[str]:
