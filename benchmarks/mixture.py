@@ -27,8 +27,9 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data, fit
+from bnn_zoo.core.elbo import MixtureELBO
 from bnn_zoo.core.training import TrainingDiverged
-from bnn_zoo.guides.mixture import MixtureELBO, MixtureGuide
+from bnn_zoo.guides.mixture import MixtureGuide
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.tables import write_tables

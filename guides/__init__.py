@@ -4,8 +4,8 @@ from bnn_zoo.guides.bbb import BayesByBackpropGuide as BayesByBackpropGuide
 from bnn_zoo.guides.flow import AffineShiftedFlow as AffineShiftedFlow
 from bnn_zoo.guides.laplace import LaplaceGuide as LaplaceGuide
 from bnn_zoo.guides.mean_field import MeanFieldGuide as MeanFieldGuide
-from bnn_zoo.guides.mixture import MixtureELBO as MixtureELBO
 from bnn_zoo.guides.mixture import MixtureGuide as MixtureGuide
+from bnn_zoo.guides.params import LowRankMultivariateNormal as LowRankMultivariateNormal
 
-__all__ = ["AffineShiftedFlow", "BayesByBackpropGuide", "LaplaceGuide", "MeanFieldGuide",
-           "MixtureELBO", "MixtureGuide"]
+__all__ = ["AffineShiftedFlow", "BayesByBackpropGuide", "LaplaceGuide",
+           "LowRankMultivariateNormal", "MeanFieldGuide", "MixtureGuide"]

@@ -19,24 +19,31 @@ so the initial network is a reasonable deterministic net, and let the KL widen i
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule
+from pyro.infer.autoguide.utils import deep_setattr
+from pyro.nn import PyroModule, PyroParam
 from torch import Tensor, nn
 
 from bnn_zoo.core.checks import check_positive
 from bnn_zoo.core.nn import tensor_options
 from bnn_zoo.models.mlp import fan_in_init
 
-__all__ = ["BayesByBackpropGuide", "softplus_inverse"]
+__all__ = ["BayesByBackpropGuide", "deep_getattr", "softplus_inverse"]
 
 
 def softplus_inverse(sigma: float) -> float:
     """``rho`` such that ``softplus(rho) = sigma``."""
     return math.log(math.expm1(sigma))
+
+
+def deep_getattr(obj: object, name: str) -> object:
+    """``obj.a.b.c`` for ``name = "a.b.c"`` (the inverse of Pyro's ``deep_setattr``)."""
+    return functools.reduce(getattr, name.split("."), obj)
 
 
 class BayesByBackpropGuide(PyroModule):
@@ -59,23 +66,25 @@ class BayesByBackpropGuide(PyroModule):
         super().__init__()
         check_positive("init_scale", init_scale)
         self.site_shapes = dict(model.sites)
-        self.keys = {name: name.replace(".", "_") for name in self.site_shapes}
         rho = softplus_inverse(init_scale)
         options = tensor_options(model)
-        self.loc = nn.ParameterDict()
-        self.rho = nn.ParameterDict()
+        # PyroParams in PyroModule containers, named by site as in Pyro's AutoNormal
+        # (``loc.layers.0.weight``), so Pyro's SVI and optimisers see them in either
+        # ``module_local_params`` mode.
+        self.loc = PyroModule()
+        self.rho = PyroModule()
         for name, shape in self.site_shapes.items():
-            key = self.keys[name]
             # Drawn on the CPU (where ``generator`` lives), so the initial means are the
             # same on every device, then moved to the model's device and dtype.
-            self.loc[key] = nn.Parameter(fan_in_init(shape, generator=generator).to(**options))
-            self.rho[key] = nn.Parameter(torch.full(shape, rho, **options))
+            deep_setattr(self.loc, name,
+                         PyroParam(fan_in_init(shape, generator=generator).to(**options)))
+            deep_setattr(self.rho, name, PyroParam(torch.full(shape, rho, **options)))
 
     def distributions(self) -> dict[str, dist.Normal]:
         """The variational Gaussian of every site, keyed by site name (no event dims)."""
-        locs, rhos = self.loc, self.rho  # each attribute access emits Pyro param messages
-        return {name: dist.Normal(locs[key], nn.functional.softplus(rhos[key]))
-                for name, key in self.keys.items()}
+        return {name: dist.Normal(deep_getattr(self.loc, name),
+                                  nn.functional.softplus(deep_getattr(self.rho, name)))
+                for name in self.site_shapes}
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> dict[str, Tensor]:
         return {name: pyro.sample(name, q.to_event(len(q.batch_shape)))

@@ -19,12 +19,13 @@ import math
 from collections.abc import Callable
 
 import torch
-from pyro.distributions import constraints
+from pyro.distributions import TransformedDistribution, constraints
 from pyro.distributions.torch_transform import ComposeTransformModule, TransformModule
 from pyro.infer.autoguide import AutoContinuous, AutoNormalizingFlow
 from torch import Tensor, nn
 
 from bnn_zoo.core.checks import check_positive
+from bnn_zoo.guides.params import to_pyro_params_
 
 __all__ = ["AffineShiftedFlow", "ElementwiseAffine"]
 
@@ -67,7 +68,22 @@ class AffineShiftedFlow(AutoNormalizingFlow):
         # AutoNormalizingFlow fixes init_to_feasible; the shift needs our init_loc_fn.
         AutoContinuous.__init__(self, model, init_loc_fn=init_loc_fn)
         self.init_scale = check_positive("init_scale", init_scale)
-        self._init_transform_fn = lambda dim: ComposeTransformModule(
-            [init_transform_fn(dim), ElementwiseAffine(self._init_loc(), self.init_scale)])
+        # PyroParams throughout (the flow's own included), so Pyro's SVI trains it in
+        # either module_local_params mode (see :mod:`bnn_zoo.guides.params`).
+        self._init_transform_fn = lambda dim: to_pyro_params_(ComposeTransformModule(
+            [init_transform_fn(dim), ElementwiseAffine(self._init_loc(), self.init_scale)]))
         self.transform = None
         self._prototype_tensor = torch.tensor(0.0)
+
+    def get_posterior(self, *args, **kwargs) -> TransformedDistribution:
+        """``T`` (built on the first call) applied to ``N(0, I)``.
+
+        Pyro's ``AutoNormalizingFlow.get_posterior`` keeps the flow's first ``PyroParam``
+        itself as its prototype tensor, which registers that parameter a second time under
+        another name (and breaks ``JitTrace_ELBO``); the prototype only carries the device
+        and dtype of the base distribution, so a zero of them is kept instead.
+        """
+        if self.transform is None:
+            self.transform = self._init_transform_fn(self.latent_dim)
+            self._prototype_tensor = next(self.transform.parameters()).new_zeros(())
+        return AutoContinuous.get_posterior(self, *args, **kwargs)

@@ -15,11 +15,11 @@ objectives, all maximising a lower bound of ``log p(y | X)`` over ``phi``:
   guide, ``n_est`` vectorised particles ``s_k ~ q(s)``, a fresh
   ``beta_k ~ p(beta | X, y, s_k)`` for each, and ``KL(q(s) || p(s))`` in closed
   form. Train with :class:`~bnn_zoo.core.elbo.MeanFieldELBO`.
-* **Algorithm 1** (:class:`Algorithm1ELBO`): ``beta_i ~ p(beta | X, y, s_i)`` with
-  ``s_i ~ q(s)`` drawn once per outer iteration and held (no gradient) for
-  ``inner_steps`` (the seed's ``n_grad``) optimiser steps on
+* **Algorithm 1** (:class:`~bnn_zoo.core.elbo.Algorithm1ELBO`):
+  ``beta_i ~ p(beta | X, y, s_i)`` with ``s_i ~ q(s)`` drawn once per outer iteration
+  and held (no gradient) for ``inner_steps`` (the seed's ``n_grad``) optimiser steps on
   ``E_q(s)[log p(y | X, beta_i, s)] - KL(q(s) || p(s))``.
-* **Collapsed** (:class:`CollapsedELBO`): ``beta`` integrated out,
+* **Collapsed** (:class:`~bnn_zoo.core.elbo.CollapsedELBO`): ``beta`` integrated out,
   ``E_q(s)[log N(y; 0, sigma_beta^2 Phi Phi^T + sigma^2 I)] - KL(q(s) || p(s))``,
   by the K x K Woodbury form.
 
@@ -48,19 +48,14 @@ import math
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro import poutine
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
-from pyro.poutine.runtime import _PYRO_STACK
 from torch import Tensor
-from torch.distributions import kl_divergence
 
-from bnn_zoo.core.checks import check_data, check_positive, check_positive_int
-from bnn_zoo.core.elbo import DifferentiableLossELBO, MeanFieldELBO
-from bnn_zoo.core.training import subsample_data
+from bnn_zoo.core.checks import check_data, check_positive
 from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression
 
-__all__ = ["Algorithm1ELBO", "CollapsedELBO", "LogitNormalGuide", "plot_relevance"]
+__all__ = ["LogitNormalGuide", "plot_relevance"]
 
 
 class LogitNormalGuide(PyroModule):
@@ -152,84 +147,3 @@ def plot_relevance(guide: LogitNormalGuide, names: list[str] | None = None, *, m
     ax.set_ylabel(f"E_q[s_d] ({round(mass * 100)}% interval)")
     ax.set_title("learned input relevance")
     return ax.figure
-
-
-def _check_pair(model: object, guide: object) -> None:
-    if not isinstance(model, RandomFeatureRegression):
-        raise TypeError(f"Expected model to be a RandomFeatureRegression, got {model!r}.")
-    if not isinstance(guide, LogitNormalGuide):
-        raise TypeError(f"Expected guide to be a LogitNormalGuide, got {guide!r}.")
-
-
-class CollapsedELBO(DifferentiableLossELBO):
-    """The ELBO with ``beta`` integrated out (seed 000's model, collapsed):
-
-    .. math::
-
-        \\mathcal{L}(\\phi) = \\frac{1}{P}\\sum_{p=1}^{P}
-            \\log \\mathcal{N}(y; 0, \\sigma_\\beta^2 \\Phi_p \\Phi_p^T + \\sigma^2 I)
-            - \\mathrm{KL}(q_\\phi(s) \\| p(s)), \\qquad s_p \\sim q_\\phi(s),
-
-    ``P = num_particles`` reparameterised samples, always vectorised, the evidence
-    by the K x K form of :func:`~bnn_zoo.models.rff.feature_posterior`. It is the
-    Algorithm-3 ELBO with ``beta``'s exact conditional, evaluated without sampling
-    ``beta``. It also conditions the guide on ``(x, y)``, so the guide predicts.
-
-    .. warning:: The evidence does not split over data points, so the objective
-       needs the full batch: under a minibatch (``batch_size``) it raises.
-    """
-
-    def _get_trace(self, model, guide, args, kwargs):
-        raise NotImplementedError("CollapsedELBO integrates beta out; it traces no model.")
-
-    def differentiable_loss(self, model, guide, x: Tensor, y: Tensor) -> Tensor:
-        _check_pair(model, guide)
-        if any(isinstance(h, subsample_data) for h in _PYRO_STACK):
-            raise ValueError("CollapsedELBO needs the full data: use batch_size=None.")
-        guide.condition_on(x, y)
-        q = guide.scale_distribution()
-        s = q.rsample((self.num_particles,))
-        log_evidence = model.conditional(x, y, s).log_evidence.mean()
-        return kl_divergence(q, model.scale_prior()) - log_evidence
-
-
-class Algorithm1ELBO(MeanFieldELBO):
-    """Seed 000's Algorithm 1 with log-likelihoods (see the module docstring).
-
-    Every ``inner_steps`` calls (the seed's ``n_grad``; one call per optimiser
-    step) it draws ``s_i ~ q(s)`` and ``beta_i ~ p(beta | X, y, s_i)`` without
-    gradient; in between, the loss is minus
-
-    .. math::
-
-        \\frac{1}{P}\\sum_{p} \\log p(y \\mid X, \\beta_i, s_p) + \\log p(\\beta_i)
-            - \\mathrm{KL}(q_\\phi(s) \\| p(s)), \\qquad s_p \\sim q_\\phi(s),
-
-    the ELBO of ``p(y, beta_i, s)`` with ``beta`` observed at ``beta_i`` (``log p(beta_i)``
-    is a constant in ``phi``). Use :meth:`with_inner_steps` to set ``n_grad``:
-    ``bnn_zoo.fit`` takes an ELBO class.
-    """
-
-    inner_steps: int = 10
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.calls = 0
-        self.beta: Tensor | None = None
-
-    @classmethod
-    def with_inner_steps(cls, inner_steps: int) -> type[Algorithm1ELBO]:
-        """This class with ``n_grad = inner_steps``."""
-        check_positive_int("inner_steps", inner_steps)
-        return type(f"{cls.__name__}_{inner_steps}", (cls,), {"inner_steps": inner_steps})
-
-    def differentiable_loss(self, model, guide, x: Tensor, y: Tensor) -> Tensor:
-        _check_pair(model, guide)
-        if self.calls % self.inner_steps == 0:
-            guide.condition_on(x, y)
-            with torch.no_grad():
-                s = guide.scale_distribution().sample()
-                self.beta = model.conditional(x, y, s).distribution().sample()
-        self.calls += 1
-        conditioned = poutine.condition(model, data={"beta": self.beta})
-        return super().differentiable_loss(conditioned, guide.sample_scales, x, y)

@@ -39,7 +39,7 @@ Where this differs from the seed, on purpose:
   2\delta_{ik}/a_k - 2 a_k / \sum_l a_l^2`.
 
 Gradient estimators of the ELBO (``estimator=``), all unbiased, computed by
-:class:`MixtureELBO`:
+:class:`~bnn_zoo.core.elbo.MixtureELBO`:
 
 * ``"score"``: the seed's section 4,
   :math:`\nabla \mathrm{ELBO} \approx \frac1n\sum_s \nabla\log q(\theta^{(s)})
@@ -72,27 +72,21 @@ fits with it leave the weights near their initial values.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 
-import pyro
 import pyro.distributions as dist
 import torch
-from pyro import poutine
 from pyro.distributions import constraints
 from pyro.distributions.torch_distribution import TorchDistribution
-from pyro.distributions.util import is_identically_zero
 from pyro.infer.autoguide import AutoContinuous
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.nn import PyroParam
-from pyro.poutine.messenger import Messenger
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_positive, check_positive_int
 
-__all__ = ["ESTIMATORS", "DiagonalNormalMixture", "MixtureELBO", "MixtureGuide",
-           "component_log_densities"]
+__all__ = ["ESTIMATORS", "DiagonalNormalMixture", "MixtureGuide", "component_log_densities"]
 
 ESTIMATORS = ("score", "pathwise", "enumerate")
 BASELINE_DECAY = 0.9
@@ -196,6 +190,11 @@ class DiagonalNormalMixture(TorchDistribution):
         noise = torch.randn(shape + self.event_shape, dtype=self.w.dtype, device=self.w.device)
         return self.locs[which] + self.scales[which] * noise
 
+    def with_fixed_components(self) -> DiagonalNormalMixture:
+        """The same mixture with ``w`` and ``b`` detached: its ``log_prob`` has gradients
+        for the weights ``a`` alone (the score term of the pathwise estimator)."""
+        return DiagonalNormalMixture(self.a, self.w.detach(), self.b.detach())
+
     def componentwise(self, extra_dims: int) -> ComponentDraws:
         """One reparameterised draw per component: batch shape ``(K,) + (1,) * extra_dims``."""
         return ComponentDraws(self, extra_dims)
@@ -204,7 +203,8 @@ class DiagonalNormalMixture(TorchDistribution):
 class ComponentDraws(TorchDistribution):
     r"""Draws :math:`\theta_i \sim N_i` for every component ``i`` at once, scored by the
     whole mixture: ``log_prob`` is the mixture's :math:`\log q(\theta_i)`, not
-    :math:`\log N_i(\theta_i)`. Used by :class:`MixtureELBO` to enumerate the component."""
+    :math:`\log N_i(\theta_i)`. Used by :class:`~bnn_zoo.core.elbo.MixtureELBO` to enumerate
+    the component."""
 
     support = constraints.real_vector
     has_rsample = True
@@ -223,26 +223,6 @@ class ComponentDraws(TorchDistribution):
 
     def log_prob(self, value: Tensor) -> Tensor:
         return self.mixture.log_prob(value)
-
-
-def _per_lead(log_prob: Tensor, nesting: int, lead: int) -> Tensor:
-    """Sum a site's log density over the model's ``nesting`` plate dims, keeping the
-    ``lead`` particle (and component) dims to their left."""
-    while log_prob.dim() < nesting + lead:
-        log_prob = log_prob.unsqueeze(0)
-    return log_prob.sum(tuple(range(-nesting, 0))) if nesting else log_prob
-
-
-class _draw_every_component(Messenger):
-    """Replace the mixture at ``site`` by :class:`ComponentDraws` (batch dim at ``dim``)."""
-
-    def __init__(self, site: str, dim: int) -> None:
-        super().__init__()
-        self.site, self.dim = site, dim
-
-    def _pyro_sample(self, msg) -> None:
-        if msg["name"] == self.site:
-            msg["fn"] = msg["fn"].componentwise(-self.dim - 1)
 
 
 class MixtureGuide(AutoContinuous):
@@ -265,7 +245,7 @@ class MixtureGuide(AutoContinuous):
 
     The parameters are the seed's ``a`` (K,), ``w`` (K, D) and ``b`` (K, D); note
     the (component, coordinate) layout, the transpose of the seed's :math:`w_{ji}`.
-    Train with :class:`MixtureELBO`.
+    Train with :class:`~bnn_zoo.core.elbo.MixtureELBO`.
     """
 
     def __init__(self, model: Callable, num_components: int = 2, *,
@@ -343,79 +323,3 @@ class MixtureGuide(AutoContinuous):
         if steps == 0:
             return self.baseline_value
         return self.baseline_value / (1 - BASELINE_DECAY**steps)
-
-
-class MixtureELBO(pyro.infer.ELBO):
-    """The ELBO of a :class:`MixtureGuide`, with the guide's gradient estimator.
-
-    ``differentiable_loss`` returns ``-ELBO`` estimated from ``num_particles``
-    vectorised particles (always vectorised: a plate at ``-max_plate_nesting - 1``);
-    its value is the plain Monte Carlo estimate, its gradient the chosen
-    estimator's (score terms enter as ``s - s.detach()``, which is zero in value).
-    """
-
-    def _per_particle(self, model, guide: MixtureGuide, args, kwargs) -> tuple[Tensor, Tensor]:
-        """``log p(theta) - log q(theta)`` per particle ((P,), or (K, P) when enumerating)
-        and the latent draws."""
-        if self.max_plate_nesting == math.inf:
-            self._guess_max_plate_nesting(model, guide, args, kwargs)
-        nesting = int(self.max_plate_nesting)
-        enumerate_ = guide.estimator == "enumerate"
-        lead = 2 if enumerate_ else 1
-        with contextlib.ExitStack() as stack:
-            if enumerate_:
-                if guide.prototype_trace is None:
-                    guide._setup_prototype(*args, **kwargs)
-                stack.enter_context(pyro.plate("_mixture_components", guide.num_components,
-                                               dim=-nesting - 2))
-            stack.enter_context(pyro.plate("_num_particles_vectorized", self.num_particles,
-                                           dim=-nesting - 1))
-            guided = (_draw_every_component(guide.latent_site, -nesting - 2)(guide)
-                      if enumerate_ else guide)
-            guide_trace = poutine.trace(guided).get_trace(*args, **kwargs)
-            model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
-                *args, **kwargs)
-        elbo = 0.0
-        for sign, trace in ((1.0, model_trace), (-1.0, guide_trace)):
-            trace.compute_log_prob()
-            for site in trace.nodes.values():
-                if site["type"] != "sample" or is_identically_zero(site["log_prob"]) or (
-                        sign < 0 and site["is_observed"]):
-                    continue
-                elbo = elbo + sign * _per_lead(site["log_prob"], nesting, lead)
-        return elbo, guide_trace.nodes[guide.latent_site]["value"]
-
-    def differentiable_loss(self, model, guide, *args, **kwargs) -> Tensor:
-        if not isinstance(guide, MixtureGuide):
-            raise TypeError(f"MixtureELBO needs a MixtureGuide, but got {type(guide).__name__}.")
-        elbo, latent = self._per_particle(model, guide, args, kwargs)
-        q = guide.mixture()
-        if guide.estimator == "enumerate":
-            return -(q.weights * elbo.mean(-1)).sum()
-        # ``elbo`` already carries the direct gradients (for the score estimator the seed's
-        # "-1" term, -grad log q) and, for pathwise, the gradients through the sample. Add
-        # grad log q(theta) * (elbo - c) with theta fixed: for every parameter (score) or
-        # only for the weights, the means and scales held fixed (pathwise).
-        if guide.estimator == "pathwise":
-            q = DiagonalNormalMixture(q.a, q.w.detach(), q.b.detach())
-        nesting = int(self.max_plate_nesting)
-        log_q = _per_lead(q.log_prob(latent.detach()), nesting, 1)
-        # With the direct term, the multiplier of grad log q is the seed's elbo - 1 - c; the
-        # baseline c = mean(elbo) - 1 centres it (c = 0 is the seed's estimator).
-        c = guide.current_baseline() - 1.0 if guide.baseline else 0.0
-        score = log_q * (elbo.detach() - c)
-        if guide.baseline and torch.is_grad_enabled():
-            guide.update_baseline(elbo.detach().mean())
-        return -(elbo + score - score.detach()).mean()
-
-    def _get_trace(self, model, guide, args, kwargs):
-        raise NotImplementedError("MixtureELBO computes its particles in one vectorised pass.")
-
-    def loss(self, model, guide, *args, **kwargs) -> float:
-        with torch.no_grad():
-            return self.differentiable_loss(model, guide, *args, **kwargs).item()
-
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        loss = self.differentiable_loss(model, guide, *args, **kwargs)
-        loss.backward()
-        return loss.item()

@@ -12,7 +12,7 @@ deterministic site ``f``, and the likelihood at site ``obs`` inside
 
 Minibatches come from the data plate: ``bnn_zoo.fit`` sets the plate's
 subsample indices, so the likelihood is rescaled by ``N / B`` and the ELBO stays
-unbiased (see :func:`bnn_zoo.core.training.subsample_data`).
+unbiased (see :class:`bnn_zoo.core.handlers.subsample_data`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from pyro.nn import PyroModule
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice
-from bnn_zoo.core.elbo import guide_moments
 from bnn_zoo.core.nn import activation as activation_fn
-from bnn_zoo.core.nn import layer_names, layer_sizes, local_reparameterized_affine, mlp_forward
+from bnn_zoo.core.nn import layer_names, layer_sizes, mlp_forward
 from bnn_zoo.models.noise import ObservationNoise
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 
@@ -94,7 +93,6 @@ class BayesianMLP(ObservationNoise, PyroModule):
             out += [(w_name, (d_in, d_out)), (b_name, (d_out,))]
         return out
 
-
     def sample_weights(self, like: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Sample every weight tensor from the prior (or the guide, under replay)."""
         values = [drop_plate_dim(pyro.sample(name, self.prior.distribution(shape, like)),
@@ -104,17 +102,11 @@ class BayesianMLP(ObservationNoise, PyroModule):
     def network(self, x: Tensor, params: list[tuple[Tensor, Tensor]]) -> Tensor:
         """The network output ``f(x)`` (*S, N, out_dim) under the weight samples ``params``.
 
-        Under :class:`~bnn_zoo.core.elbo.LocalReparameterizationELBO` the guide's Gaussian
-        moments are known and each pre-activation is sampled from them instead (the
-        local reparameterisation trick); the weight samples then serve the KL only.
+        Its layers are :func:`bnn_zoo.core.nn.affine`, so an objective may evaluate them
+        differently through an effect handler (local reparameterisation:
+        :class:`bnn_zoo.core.handlers.local_reparameterization`); the model does not know.
         """
-        moments = guide_moments()
-        if moments is None or any(name not in moments for name, _ in self.sites):
-            return mlp_forward(x, params, self.act)
-        pairs = [tuple(drop_plate_dim(t, len(shape)) for t in moments[name])
-                 for name, shape in self.sites]
-        return mlp_forward(x, list(zip(pairs[::2], pairs[1::2])), self.act,
-                           local_reparameterized_affine)
+        return mlp_forward(x, params, self.act)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         if x.dim() != 2 or x.shape[-1] != self.sizes[0]:

@@ -16,7 +16,7 @@ from pyro import poutine
 from pyro.distributions import ExpandedDistribution, Independent
 
 import bnn_zoo
-import bnn_zoo.core.elbo
+import bnn_zoo.core.elbo.mean_field
 from bnn_zoo import zoo
 from bnn_zoo.core.checks import check_device
 from bnn_zoo.core.elbo import MeanFieldELBO
@@ -58,7 +58,7 @@ def tensors_of(trace) -> list[tuple[str, torch.Tensor]]:
 def meta_without_value_reads(monkeypatch):
     """Meta tensors have no values: turn off the checks that read them (validation,
     the ELBO's NaN warning)."""
-    monkeypatch.setattr(bnn_zoo.core.elbo, "warn_if_nan", lambda value, msg="": value)
+    monkeypatch.setattr(bnn_zoo.core.elbo.mean_field, "warn_if_nan", lambda value, msg="": value)
     with pyro.validation_enabled(False):
         yield torch.device("meta")
 

@@ -25,6 +25,7 @@ from bnn_zoo.evaluation.metrics import (
     reliability_bins,
 )
 from bnn_zoo.guides import MeanFieldGuide
+from bnn_zoo.guides.bbb import deep_getattr
 from bnn_zoo.guides.mean_field import diagonal_gaussian_kl
 from bnn_zoo.harness.figures import reliability_diagram
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
@@ -89,9 +90,8 @@ def small_problem(prior=None, scale=0.3):
                         prior=prior or GaussianPrior(0.7)).double()
     guide = MeanFieldGuide(model, init_scale=scale, generator=gen).double()
     with torch.no_grad():
-        for key in guide.loc:
-            guide.loc[key].add_(0.3 * torch.randn(guide.loc[key].shape, generator=gen,
-                                                  dtype=F64))
+        for loc in guide.loc.parameters():
+            loc.add_(0.3 * torch.randn(loc.shape, generator=gen, dtype=F64))
     x = torch.randn(20, 2, generator=gen, dtype=F64)
     y = torch.randint(3, (20,), generator=gen)
     return model, guide, x, y
@@ -151,8 +151,8 @@ def test_predictive_averages_probabilities_over_samples():
     model = BayesianMLP(1, 2, (), task="classification").double()
     guide = MeanFieldGuide(model, init_scale=0.8).double()
     with torch.no_grad():
-        guide.loc["layers_0_weight"].copy_(torch.tensor([[-0.5, 1.5]]))
-        guide.loc["layers_0_bias"].copy_(torch.tensor([0.2, -0.3]))
+        deep_getattr(guide.loc, "layers.0.weight").copy_(torch.tensor([[-0.5, 1.5]]))
+        deep_getattr(guide.loc, "layers.0.bias").copy_(torch.tensor([0.2, -0.3]))
     x = torch.tensor([[-2.0], [0.0], [0.5], [3.0]], dtype=F64)
     pred = predict(model, guide, x, num_samples=20_000)
     assert isinstance(pred, CategoricalPredictive) and pred.probs.shape == (20_000, 4, 2)

@@ -16,12 +16,8 @@ import torch
 from pyro.infer.autoguide import AutoDiagonalNormal
 
 from bnn_zoo import data, fit, zoo
-from bnn_zoo.guides.mixture import (
-    DiagonalNormalMixture,
-    MixtureELBO,
-    MixtureGuide,
-    component_log_densities,
-)
+from bnn_zoo.core.elbo import MixtureELBO
+from bnn_zoo.guides.mixture import DiagonalNormalMixture, MixtureGuide, component_log_densities
 from bnn_zoo.models.targets import UnnormalisedModel, banana, bnn_posterior, ring, target
 from bnn_zoo.models.targets import two_component as two_component_target
 

@@ -16,14 +16,9 @@ import torch
 from pyro import poutine
 
 from bnn_zoo import data, predict, zoo
-from bnn_zoo.core.elbo import MeanFieldELBO
+from bnn_zoo.core.elbo import Algorithm1ELBO, CollapsedELBO, MeanFieldELBO
 from bnn_zoo.core.training import SVIStep
-from bnn_zoo.guides.logitnormal import (
-    Algorithm1ELBO,
-    CollapsedELBO,
-    LogitNormalGuide,
-    plot_relevance,
-)
+from bnn_zoo.guides.logitnormal import LogitNormalGuide, plot_relevance
 from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression, feature_posterior
 
 matplotlib.use("Agg")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from pyro.poutine.runtime import effectful
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_positive_int
@@ -49,9 +50,20 @@ def layer_names(num_layers: int) -> list[tuple[str, str]]:
     return [(f"layers.{i}.weight", f"layers.{i}.bias") for i in range(num_layers)]
 
 
-def affine(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """``h @ W + b`` for weights with any leading sample dims."""
+def _affine(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return torch.matmul(h, weight) + bias.unsqueeze(-2)
+
+
+@effectful(type="affine")
+def affine(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``h @ W + b`` for weights with any leading sample dims.
+
+    An effectful operation (message type ``"affine"``): an effect handler may compute
+    it differently, e.g. :class:`~bnn_zoo.core.handlers.local_reparameterization`
+    samples the pre-activations from the guide's Gaussian moments of ``W`` and ``b``.
+    Without a handler it is the plain affine map.
+    """
+    return _affine(h, weight, bias)
 
 
 def local_reparameterized_affine(h: Tensor, weight: tuple[Tensor, Tensor],
@@ -66,32 +78,31 @@ def local_reparameterized_affine(h: Tensor, weight: tuple[Tensor, Tensor],
     variance. ``weight`` and ``bias`` are ``(loc, scale)`` pairs.
     """
     (w_loc, w_scale), (b_loc, b_scale) = weight, bias
-    mean = affine(h, w_loc, b_loc)
-    var = affine(h**2, w_scale**2, b_scale**2)
+    mean = _affine(h, w_loc, b_loc)
+    var = _affine(h**2, w_scale**2, b_scale**2)
     return mean + var.sqrt() * torch.randn_like(mean)
 
 
-def mlp_forward(x: Tensor, params: Sequence[tuple], act: Callable[[Tensor], Tensor] = torch.relu,
-                linear: Callable[..., Tensor] = affine) -> Tensor:
+def mlp_forward(x: Tensor, params: Sequence[tuple[Tensor, Tensor]],
+                act: Callable[[Tensor], Tensor] = torch.relu) -> Tensor:
     """Evaluate the MLP for every leading sample of its weights.
 
     Parameters
     ----------
     x : (N, d_0) or (*S, N, d_0) inputs.
-    params : list of ``(W, b)`` with ``W`` of shape (*S, d_in, d_out) and ``b`` (*S, d_out)
-        (for ``linear=local_reparameterized_affine``, ``W`` and ``b`` are ``(loc, scale)``
-        pairs of such tensors).
+    params : list of ``(W, b)`` with ``W`` of shape (*S, d_in, d_out) and ``b`` (*S, d_out).
     act : hidden-layer activation.
-    linear : the layer map, :func:`affine` or :func:`local_reparameterized_affine`.
 
     Returns
     -------
-    (*S, N, d_L) network outputs.
+    (*S, N, d_L) network outputs. Each layer is the effectful :func:`affine`, so an
+    effect handler such as :class:`~bnn_zoo.core.handlers.local_reparameterization`
+    can change how it is evaluated.
     """
     h = x
     last = len(params) - 1
     for i, (weight, bias) in enumerate(params):
-        h = linear(h, weight, bias)
+        h = affine(h, weight, bias)
         if i < last:
             h = act(h)
     return h

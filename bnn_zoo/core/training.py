@@ -1,18 +1,18 @@
 """SVI for any model/guide pair: minibatches, vectorised particles, a NaN guard,
 progress, seeding and checkpoints.
 
-Minibatching goes through the model's ``pyro.plate("data", N)``:
-:class:`subsample_data` sets the plate's subsample indices, so Pyro rescales the
-likelihood by ``N / B`` and the minibatch ELBO is an unbiased estimate of the
-full-batch ELBO. Each epoch visits every point once (a fresh permutation split
-into ``M = ceil(N / B)`` minibatches).
+Minibatching goes through the model's ``pyro.plate("data", N)``: the effect handler
+:class:`~bnn_zoo.core.handlers.subsample_data` sets the plate's subsample indices, so
+Pyro rescales the likelihood by ``N / B`` and the minibatch ELBO is an unbiased
+estimate of the full-batch ELBO. Each epoch visits every point once (a fresh
+permutation split into ``M = ceil(N / B)`` minibatches).
 
 The KL part of the objective can be reweighted per minibatch as in Blundell et
 al. (2015, section 3.4): the loss of minibatch ``i`` is
 ``pi_i KL(q || p) - E_q[log p(D_i | w)]`` with ``sum_i pi_i = 1``. Relative to the
 standard ``N / B`` scaling (uniform ``pi_i = 1/M``) that multiplies the KL by
-``M pi_i``; :class:`scale_global_sites` applies that factor to every site outside
-the data plate.
+``M pi_i``; the handler :class:`~bnn_zoo.core.handlers.scale_global_sites` applies that
+factor to every site outside the data plate.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import pyro
 import pyro.infer
 import pyro.util
 import torch
-from pyro.poutine.messenger import Messenger
-from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -44,9 +42,9 @@ from bnn_zoo.core.checks import (
     check_positive_int,
 )
 from bnn_zoo.core.distributed import GradientAverager, global_size, is_main_process
+from bnn_zoo.core.handlers import scale_global_sites, subsample_data
 
-__all__ = ["FitResult", "SVIStep", "TrainingDiverged", "fit", "kl_weights",
-           "scale_global_sites", "subsample_data"]
+__all__ = ["FitResult", "SVIStep", "TrainingDiverged", "fit", "kl_weights"]
 
 KL_WEIGHTINGS = ("uniform", "graves")
 
@@ -54,48 +52,6 @@ KL_WEIGHTINGS = ("uniform", "graves")
 class TrainingDiverged(FloatingPointError):
     """The loss or a gradient became NaN/inf; the parameters are restored to the last
     values whose loss and gradient were finite."""
-
-
-def _in_plate(msg: dict, name: str) -> bool:
-    return any(frame.name == name for frame in msg["cond_indep_stack"])
-
-
-class subsample_data(Messenger):
-    """Effect handler that sets the subsample indices of ``pyro.plate(name, N)``.
-
-    Applied to model and guide alike, so both see the same minibatch. ``scale``
-    multiplies the log density of every site inside the plate: in data-parallel
-    training the plate holds this process's shard of ``n`` rows while the ELBO is
-    that of all ``N`` rows, so ``scale = N / n`` (see :mod:`bnn_zoo.core.distributed`).
-    """
-
-    def __init__(self, indices: Tensor, name: str = "data", scale: float = 1.0) -> None:
-        super().__init__()
-        self.indices = indices
-        self.name = name
-        self.scale = scale
-
-    def _pyro_sample(self, msg) -> None:
-        if msg["name"] == self.name and isinstance(msg["fn"], _Subsample):
-            msg["value"] = self.indices
-            msg["done"] = True
-        elif self.scale != 1.0 and _in_plate(msg, self.name):
-            msg["scale"] = msg["scale"] * self.scale
-
-
-class scale_global_sites(Messenger):
-    """Multiply the log density of every sample site outside the data plate by ``weight``."""
-
-    def __init__(self, weight: float, data_plate: str = "data") -> None:
-        super().__init__()
-        self.weight = weight
-        self.data_plate = data_plate
-
-    def _pyro_sample(self, msg) -> None:
-        if isinstance(msg["fn"], _Subsample):
-            return
-        if not _in_plate(msg, self.data_plate):
-            msg["scale"] = msg["scale"] * self.weight
 
 
 def kl_weights(num_batches: int, scheme: str = "uniform") -> list[float]:

@@ -22,8 +22,8 @@ import pyro.infer
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_positive_int
-from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.guides.logitnormal import Algorithm1ELBO, CollapsedELBO, LogitNormalGuide
+from bnn_zoo.core.elbo import Algorithm1ELBO, CollapsedELBO, MeanFieldELBO
+from bnn_zoo.guides.logitnormal import LogitNormalGuide
 from bnn_zoo.methods.base import Budget, ModelFactory
 from bnn_zoo.methods.svi import SVI, SVIPosterior
 

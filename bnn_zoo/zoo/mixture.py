@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bnn_zoo.guides.mixture import MixtureELBO, MixtureGuide
+from bnn_zoo.core.elbo import MixtureELBO
+from bnn_zoo.guides.mixture import MixtureGuide
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in

@@ -1,6 +1,7 @@
 """Reference entries with correlated Gaussian and flow posteriors: ``lowrank`` and ``iaf``.
 
-* ``lowrank``: Pyro's ``AutoLowRankMultivariateNormal``, ``q(w) = N(mu, D + W W^T)``
+* ``lowrank``: Pyro's ``AutoLowRankMultivariateNormal`` with its parameters as ``PyroParam``s
+  (:class:`~bnn_zoo.guides.params.LowRankMultivariateNormal`), ``q(w) = N(mu, D + W W^T)``
   with ``W`` of rank ``r`` (default 10) over all the weights at once.
 * ``iaf``: one affine inverse autoregressive flow (Kingma et al. 2016) on a standard
   normal base, ``u = mu(z) + sigma(z) * z`` with a MADE network (Pyro's stable form,
@@ -19,10 +20,10 @@ against 276, test LL -0.41 against 0.69).
 from __future__ import annotations
 
 from pyro.distributions.transforms import affine_autoregressive
-from pyro.infer.autoguide import AutoLowRankMultivariateNormal
 
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.guides.flow import AffineShiftedFlow
+from bnn_zoo.guides.params import LowRankMultivariateNormal
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
@@ -33,9 +34,9 @@ BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 
 
 def low_rank(model: BayesianMLP, *, rank: int = 10,
-             init_scale: float = 0.01) -> AutoLowRankMultivariateNormal:
+             init_scale: float = 0.01) -> LowRankMultivariateNormal:
     """Low-rank-plus-diagonal Gaussian over all weights, started narrow at a fan-in init."""
-    return AutoLowRankMultivariateNormal(model, init_loc_fn=init_to_fan_in,
+    return LowRankMultivariateNormal(model, init_loc_fn=init_to_fan_in,
                                          rank=check_positive_int("rank", rank),
                                          init_scale=init_scale)
 

@@ -22,8 +22,6 @@ sites inside data plates with dependencies between them).
 
 from __future__ import annotations
 
-from contextvars import ContextVar
-
 import pyro
 import pyro.distributions as dist
 from pyro import poutine
@@ -34,23 +32,9 @@ from pyro.util import check_model_guide_match, warn_if_nan
 from torch import Tensor
 from torch.distributions import kl_divergence
 
-__all__ = ["DifferentiableLossELBO", "LocalReparameterizationELBO", "MeanFieldELBO",
-           "guide_moments"]
+from bnn_zoo.core.handlers import local_reparameterization
 
-_GUIDE_MOMENTS: ContextVar[dict[str, tuple[Tensor, Tensor]] | None] = ContextVar(
-    "guide_moments", default=None)
-
-
-def guide_moments() -> dict[str, tuple[Tensor, Tensor]] | None:
-    """``{site: (loc, scale)}`` of the guide's Gaussian sites while
-    :class:`LocalReparameterizationELBO` runs the model, ``None`` otherwise.
-
-    A model that supports the local reparameterisation trick (e.g.
-    :class:`~bnn_zoo.models.mlp.BayesianMLP`) reads it to sample pre-activations
-    instead of computing them from its weight samples.
-    """
-    return _GUIDE_MOMENTS.get()
-
+__all__ = ["DifferentiableLossELBO", "LocalReparameterizationELBO", "MeanFieldELBO"]
 
 def _normal_moments(fn) -> tuple[Tensor, Tensor] | None:
     while isinstance(fn, dist.Independent):
@@ -127,14 +111,15 @@ class MeanFieldELBO(DifferentiableLossELBO):
 class LocalReparameterizationELBO(MeanFieldELBO):
     """:class:`MeanFieldELBO` with the local reparameterisation trick (Kingma et al. 2015).
 
-    The model runs with :func:`guide_moments` set to the loc and scale of every
-    Gaussian guide site, so a model that supports it draws each pre-activation
-    from its Gaussian given the layer input (see
-    :func:`bnn_zoo.core.nn.local_reparameterized_affine`) rather than pushing one weight
-    sample through the minibatch. The KL terms are unchanged (closed form, or
-    Monte Carlo at the guide's weight sample); the expected log-likelihood is the
-    same in expectation, with lower-variance gradients. A model that ignores
-    :func:`guide_moments` gets the plain :class:`MeanFieldELBO`.
+    The model runs under the effect handler
+    :class:`~bnn_zoo.core.handlers.local_reparameterization`, given the loc and scale of
+    every Gaussian guide site: each affine layer (:func:`bnn_zoo.core.nn.affine`) whose
+    weight and bias come from such sites draws its pre-activations from their Gaussian
+    given the layer input, rather than pushing one weight sample through the minibatch.
+    The KL terms are unchanged (closed form, or Monte Carlo at the guide's weight
+    sample); the expected log-likelihood is the same in expectation, with
+    lower-variance gradients. The model and the guide know nothing of it: a model
+    without such layers gets the plain :class:`MeanFieldELBO`.
     """
 
     def _model_trace(self, model, guide_trace, args, kwargs):
@@ -144,8 +129,5 @@ class LocalReparameterizationELBO(MeanFieldELBO):
                 pair = _normal_moments(site["fn"])
                 if pair is not None:
                     moments[name] = pair
-        token = _GUIDE_MOMENTS.set(moments)
-        try:
+        with local_reparameterization(moments):
             return super()._model_trace(model, guide_trace, args, kwargs)
-        finally:
-            _GUIDE_MOMENTS.reset(token)

@@ -1,0 +1,22 @@
+"""The zoo's objectives, in one place: each an ELBO class that ``bnn_zoo.fit`` and Pyro's
+``SVI`` accept.
+
+* :mod:`~bnn_zoo.core.elbo.mean_field`: :class:`MeanFieldELBO` (closed-form KL, lazily
+  evaluated) and :class:`LocalReparameterizationELBO` (it, under the local
+  reparameterisation handler);
+* :mod:`~bnn_zoo.core.elbo.conditional`: seed 000's :class:`CollapsedELBO` and
+  :class:`Algorithm1ELBO`;
+* :mod:`~bnn_zoo.core.elbo.mixture`: seed 003's :class:`MixtureELBO`.
+"""
+
+from bnn_zoo.core.elbo.conditional import Algorithm1ELBO as Algorithm1ELBO
+from bnn_zoo.core.elbo.conditional import CollapsedELBO as CollapsedELBO
+from bnn_zoo.core.elbo.mean_field import DifferentiableLossELBO as DifferentiableLossELBO
+from bnn_zoo.core.elbo.mean_field import (
+    LocalReparameterizationELBO as LocalReparameterizationELBO,
+)
+from bnn_zoo.core.elbo.mean_field import MeanFieldELBO as MeanFieldELBO
+from bnn_zoo.core.elbo.mixture import MixtureELBO as MixtureELBO
+
+__all__ = ["Algorithm1ELBO", "CollapsedELBO", "DifferentiableLossELBO",
+           "LocalReparameterizationELBO", "MeanFieldELBO", "MixtureELBO"]

@@ -1,0 +1,51 @@
+"""Guide parameters as ``PyroParam`` s, so that Pyro's ``SVI`` with ``pyro.optim`` trains
+them in either ``module_local_params`` mode.
+
+In pyro 1.9.2 a plain ``nn.Parameter`` of a ``PyroModule`` (or of an ``nn.Module`` inside
+one) reaches ``SVI.step`` under ``module_local_params=True`` as a param site whose value
+lacks the ``unconstrained`` handle that ``SVI.step`` asks every param site for, so the
+step fails (``'Parameter' object has no attribute 'unconstrained'``); a ``PyroParam``
+works in both modes. Pyro's own ``AutoLowRankMultivariateNormal`` and
+``AutoMultivariateNormal`` and its flows hold such ``nn.Parameter`` s.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pyro.infer.autoguide import AutoLowRankMultivariateNormal
+from pyro.nn import PyroParam
+from pyro.nn.module import to_pyro_module_
+from torch import nn
+
+__all__ = ["LowRankMultivariateNormal", "to_pyro_params_"]
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def to_pyro_params_(module: ModuleT) -> ModuleT:
+    """Make every ``nn.Parameter`` of ``module`` and its submodules an unconstrained
+    ``PyroParam`` with the same initial value, in place, and the modules holding them (and
+    their ancestors) ``PyroModule`` s; return ``module``.
+
+    Submodules without parameters stay as they are: they may be shared (a default
+    ``nonlinearity=nn.ReLU()`` argument is one instance for every network built with it).
+    """
+    to_pyro_module_(module, recurse=False)
+    for name, child in list(module.named_children()):
+        if any(True for _ in child.parameters()):
+            setattr(module, name, to_pyro_params_(child))
+    for name, value in list(module.named_parameters(recurse=False)):
+        if not name.endswith("_unconstrained"):  # not already a PyroParam
+            delattr(module, name)
+            setattr(module, name, PyroParam(value.detach()))
+    return module
+
+
+class LowRankMultivariateNormal(AutoLowRankMultivariateNormal):
+    """Pyro's ``AutoLowRankMultivariateNormal``, its ``loc`` and ``cov_factor`` made
+    ``PyroParam`` s (see the module docstring); the same distribution and initialisation."""
+
+    def _setup_prototype(self, *args, **kwargs) -> None:
+        super()._setup_prototype(*args, **kwargs)
+        to_pyro_params_(self)
