@@ -37,8 +37,7 @@ def low_rank(model: BayesianMLP, *, rank: int = 10,
              init_scale: float = 0.01) -> LowRankMultivariateNormal:
     """Low-rank-plus-diagonal Gaussian over all weights, started narrow at a fan-in init."""
     return LowRankMultivariateNormal(model, init_loc_fn=init_to_fan_in,
-                                         rank=check_positive_int("rank", rank),
-                                         init_scale=init_scale)
+                                     rank=check_positive_int("rank", rank), init_scale=init_scale)
 
 
 def iaf(model: BayesianMLP, *, init_scale: float = 0.01) -> AffineShiftedFlow:
