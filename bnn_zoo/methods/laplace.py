@@ -251,7 +251,8 @@ class Laplace:
     refine : refit the MAP by full-batch L-BFGS before each curvature (default ``True``).
     iterations, tol : at most ``iterations`` evidence updates (default 30), stopping when
         ``alpha`` and ``beta`` change by less than ``tol`` relatively (default ``1e-4``).
-    bias_scale : standard deviation of the guide's initial biases (default 1).
+    bias_scale : standard deviation of the guide's initial biases (default 1); the method
+        builds its own guide and takes no ``guide_options``.
     max_bytes : the largest dense ``P x P`` matrix allowed (default 2 GiB).
     """
 
@@ -319,7 +320,8 @@ class Laplace:
                           result_from_state(state["result"]))
 
     def with_guide_options(self, options: Mapping[str, Any]) -> Laplace:
-        """``self`` for no options; the method builds its own guide, so any raise."""
+        """``self`` for no options, else a ``ValueError``: the method builds its own
+        :class:`~bnn_zoo.guides.laplace.LaplaceGuide`, whose one option is ``bias_scale``."""
         if options:
             raise ValueError("The Laplace method builds its own LaplaceGuide and takes no "
                              f"guide_options: got {sorted(options)}; its bias_scale is a "
