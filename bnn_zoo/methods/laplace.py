@@ -21,6 +21,9 @@ into the model that ``build_model`` returned. The posterior's Pyro pair is the
 :class:`~bnn_zoo.guides.laplace.LinearizedModel` (``predictive="glm"``) or the
 :class:`~bnn_zoo.guides.laplace.NonlinearModel` (``"mc"``), each with the posterior's
 ``alpha`` and noise ``beta^-1/2``, and the guide sampling ``N(w_MAP, A^-1)``.
+:meth:`LaplaceFit.state_dict` holds the posterior (MAP, ``alpha``, ``beta``, the blocks'
+tensors, the evidence history) and :meth:`Laplace.restore` rebuilds the fit from it and a
+fresh model (for the network's layout and activation), without the training data.
 
 Memory, ``P`` weights: ``full`` and ``ggn`` hold a dense ``P x P`` precision and its
 Cholesky factor (refused above ``max_bytes``), ``kron`` two factors per layer,
@@ -30,8 +33,9 @@ squared.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -55,11 +59,13 @@ from bnn_zoo.guides.laplace import (
     NonlinearModel,
     curvature_blocks,
 )
-from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
+from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_state
+from bnn_zoo.methods.svi import module_state, result_from_state, result_state
 from bnn_zoo.models.priors import GaussianPrior
 
 __all__ = ["EVIDENCE_METHODS", "PREDICTIVES", "Laplace", "LaplaceFit", "fixed_point_update",
-           "gradient_update", "laplace_posterior", "model_alpha", "refine_map"]
+           "gradient_update", "laplace_posterior", "model_alpha", "predictive_model",
+           "refine_map"]
 
 PREDICTIVES = ("glm", "mc")
 EVIDENCE_METHODS = ("fixed_point", "gradient")
@@ -245,7 +251,8 @@ class Laplace:
     refine : refit the MAP by full-batch L-BFGS before each curvature (default ``True``).
     iterations, tol : at most ``iterations`` evidence updates (default 30), stopping when
         ``alpha`` and ``beta`` change by less than ``tol`` relatively (default ``1e-4``).
-    bias_scale : standard deviation of the guide's initial biases (default 1).
+    bias_scale : standard deviation of the guide's initial biases (default 1); the method
+        builds its own guide and takes no ``guide_options``.
     max_bytes : the largest dense ``P x P`` matrix allowed (default 2 GiB).
     """
 
@@ -282,9 +289,7 @@ class Laplace:
         if model.task != task:
             raise ValueError(f"Expected a {task} model from build_model, but got a "
                              f"{model.task} one.")
-        generator = torch.Generator().manual_seed(seed)
-        guide = LaplaceGuide(model, bias_scale=self.bias_scale, generator=generator)
-        guide = guide.to(device=x.device, dtype=x.dtype)
+        guide = self.build_guide(model, x, generator=torch.Generator().manual_seed(seed))
         result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
                      batch_size=budget.batch_size, seed=seed, progress=progress, jit=budget.jit)
         with torch.no_grad():
@@ -294,8 +299,47 @@ class Laplace:
                                  refine=self.refine, iterations=self.iterations, tol=self.tol,
                                  indefinite=self.indefinite, max_bytes=self.max_bytes)
         guide.set_posterior(post)
-        network = LinearizedModel if self.predictive == "glm" else NonlinearModel
-        return LaplaceFit(post, network(post), guide, self.predictive, result)
+        return LaplaceFit(post, predictive_model(post, self.predictive), guide,
+                          self.predictive, result)
+
+    def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
+                y: Tensor) -> LaplaceFit:
+        """The fit of :meth:`LaplaceFit.state_dict`: a fresh model gives the network's
+        layout and activation, the posterior is rebuilt from the saved blocks (nothing is
+        recomputed), the guide is loaded and holds it, and the Pyro model of the saved
+        ``predictive`` is built on it."""
+        model = build_model()
+        post = LaplacePosterior.from_state(state["laplace"], ParameterLayout.from_model(model),
+                                           model.act)
+        guide = self.build_guide(model, x)
+        load_module_state(guide, state["guide"])
+        guide.set_posterior(post)
+        network = predictive_model(post, state["predictive"])
+        load_module_state(network, state["model"])
+        return LaplaceFit(post, network, guide, state["predictive"],
+                          result_from_state(state["result"]))
+
+    def with_guide_options(self, options: Mapping[str, Any]) -> Laplace:
+        """``self`` for no options, else a ``ValueError``: the method builds its own
+        :class:`~bnn_zoo.guides.laplace.LaplaceGuide`, whose one option is ``bias_scale``."""
+        if options:
+            raise ValueError("The Laplace method builds its own LaplaceGuide and takes no "
+                             f"guide_options: got {sorted(options)}; its bias_scale is a "
+                             "field of the method, set through method_options.")
+        return self
+
+    def build_guide(self, model, like: Tensor, *,
+                    generator: torch.Generator | None = None) -> LaplaceGuide:
+        """The point-mass guide of ``model`` on the device and in the dtype of ``like``,
+        its initial means drawn from ``generator``."""
+        guide = LaplaceGuide(model, bias_scale=self.bias_scale, generator=generator)
+        return guide.to(device=like.device, dtype=like.dtype)
+
+
+def predictive_model(post: LaplacePosterior, predictive: str) -> LinearizedModel | NonlinearModel:
+    """The Pyro model of ``predictive`` (``"glm"`` or ``"mc"``) on ``post``."""
+    check_choice("predictive", predictive, PREDICTIVES)
+    return (LinearizedModel if predictive == "glm" else NonlinearModel)(post)
 
 
 @dataclass
@@ -329,3 +373,10 @@ class LaplaceFit:
         if self.predictive == "glm":
             return self.laplace.glm_predictive(x)
         return predict(self.model, self.guide, x, num_samples=num_samples)
+
+    def state_dict(self) -> dict:
+        """The posterior (:meth:`LaplacePosterior.state_dict`), the predictive's name, the
+        MAP fit's result and the state dicts of the Pyro pair, for :meth:`Laplace.restore`."""
+        return {"laplace": self.laplace.state_dict(), "predictive": self.predictive,
+                "result": result_state(self.result), "guide": module_state(self.guide),
+                "model": module_state(self.model)}

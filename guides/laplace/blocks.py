@@ -5,6 +5,11 @@ structure and answers, for given prior precisions ``alpha`` (one per weight of t
 and noise precision ``beta``, what the posterior needs: ``log |A|``, the diagonal of
 ``A^-1``, quadratic forms ``g^T A^-1 g``, draws ``A^-1/2 eps`` and the dense ``A^-1``.
 
+A block is built from a curvature (``DenseBlock.from_hessian``, ``KronBlock.from_factors``)
+once, at fit time. ``block.state_dict()`` gives what it holds as tensors and plain data
+(its ``kind``, its slice as ``start``, ``stop``, and the tensors its constructor takes);
+:func:`block_from_state` rebuilds exactly that block, without any data.
+
 Memory for a slice of ``p`` weights: :class:`DenseBlock` ``p^2`` (``full``, ``ggn``,
 ``last_layer``), :class:`DiagBlock` ``p`` (``diag``), :class:`KronBlock`
 ``(d_in + 1)^2 + d_out^2`` (``kron``, one per layer).
@@ -38,13 +43,21 @@ from bnn_zoo.guides.curvature import (
 )
 
 __all__ = ["INDEFINITE", "Block", "DenseBlock", "DiagBlock", "KronBlock",
-           "NotPositiveDefiniteError", "curvature_blocks"]
+           "NotPositiveDefiniteError", "block_from_state", "curvature_blocks"]
 
 INDEFINITE = ("raise", "clip")
 
 
 class NotPositiveDefiniteError(ValueError):
     """The Laplace precision ``alpha I + beta H`` is not positive definite."""
+
+
+def _index_state(block: Block) -> dict:
+    return {"kind": block.kind, "start": block.index.start, "stop": block.index.stop}
+
+
+def _index_from(state: dict) -> slice:
+    return slice(state["start"], state["stop"])
 
 
 class DenseBlock:
@@ -55,16 +68,40 @@ class DenseBlock:
     Results come back in the dtype of ``H``.
     """
 
-    def __init__(self, index: slice, hessian: Tensor, indefinite: str = "raise") -> None:
+    kind = "dense"
+
+    def __init__(self, index: slice, hessian: Tensor, dtype: torch.dtype,
+                 clipped: int = 0) -> None:
+        """``hessian`` (p, p) the float64 curvature as used (already projected, if it was),
+        ``dtype`` the dtype of results, ``clipped`` the eigenvalues the projection removed."""
         self.index = index
-        self.dtype = hessian.dtype
+        self.hessian = hessian
+        self.dtype = dtype
+        self.clipped = clipped
+
+    @classmethod
+    def from_hessian(cls, index: slice, hessian: Tensor, indefinite: str = "raise"
+                     ) -> DenseBlock:
+        """The block of a curvature ``hessian`` (p, p); ``indefinite="clip"`` projects it
+        onto the positive semi-definite cone (negative eigenvalues set to zero)."""
+        check_choice("indefinite", indefinite, INDEFINITE)
+        dtype = hessian.dtype
         hessian = hessian.double()
-        self.clipped = 0
+        clipped = 0
         if indefinite == "clip":
             evals, evecs = torch.linalg.eigh(hessian)
-            self.clipped = int((evals < 0).sum())
+            clipped = int((evals < 0).sum())
             hessian = (evecs * evals.clamp_min(0)) @ evecs.T
-        self.hessian = hessian
+        return cls(index, hessian, dtype, clipped)
+
+    def state_dict(self) -> dict:
+        return {**_index_state(self), "hessian": self.hessian,
+                "dtype": str(self.dtype).removeprefix("torch."), "clipped": self.clipped}
+
+    @classmethod
+    def from_state(cls, state: dict) -> DenseBlock:
+        return cls(_index_from(state), state["hessian"], getattr(torch, state["dtype"]),
+                   state["clipped"])
 
     def cholesky(self, alpha: Tensor, beta: Tensor) -> Tensor:
         precision = beta.double() * self.hessian + torch.diag_embed(alpha.double())
@@ -109,11 +146,19 @@ class DenseBlock:
 class DiagBlock:
     """Precision ``alpha + beta h`` elementwise on ``theta[index]``."""
 
+    kind = "diag"
     clipped = 0
 
     def __init__(self, index: slice, diagonal: Tensor) -> None:
         self.index = index
         self.diagonal = diagonal
+
+    def state_dict(self) -> dict:
+        return {**_index_state(self), "diagonal": self.diagonal}
+
+    @classmethod
+    def from_state(cls, state: dict) -> DiagBlock:
+        return cls(_index_from(state), state["diagonal"])
 
     def precision(self, alpha: Tensor, beta: Tensor) -> Tensor:
         return alpha + beta * self.diagonal
@@ -142,15 +187,33 @@ class KronBlock:
     matrix products. ``alpha`` must be one number on the layer.
     """
 
+    kind = "kron"
     clipped = 0
 
-    def __init__(self, index: slice, q: Tensor, g: Tensor) -> None:
+    def __init__(self, index: slice, q_evals: Tensor, q_evecs: Tensor, g_evals: Tensor,
+                 g_evecs: Tensor) -> None:
+        """The eigen-decompositions ``Q = U diag(q) U^T`` (a,), (a, a) and
+        ``G = V diag(g) V^T`` (o,), (o, o), eigenvalues non-negative."""
         self.index = index
+        self.q_evals, self.q_evecs = q_evals, q_evecs
+        self.g_evals, self.g_evecs = g_evals, g_evecs
+
+    @classmethod
+    def from_factors(cls, index: slice, q: Tensor, g: Tensor) -> KronBlock:
+        """The block of the Kronecker factors ``Q`` (a, a) and ``G`` (o, o)."""
+        q_evals, q_evecs = torch.linalg.eigh(q)
+        g_evals, g_evecs = torch.linalg.eigh(g)
         # Both factors are PSD by construction; clamping removes rounding below zero.
-        self.q_evals, self.q_evecs = torch.linalg.eigh(q)
-        self.g_evals, self.g_evecs = torch.linalg.eigh(g)
-        self.q_evals = self.q_evals.clamp_min(0)
-        self.g_evals = self.g_evals.clamp_min(0)
+        return cls(index, q_evals.clamp_min(0), q_evecs, g_evals.clamp_min(0), g_evecs)
+
+    def state_dict(self) -> dict:
+        return {**_index_state(self), "q_evals": self.q_evals, "q_evecs": self.q_evecs,
+                "g_evals": self.g_evals, "g_evecs": self.g_evecs}
+
+    @classmethod
+    def from_state(cls, state: dict) -> KronBlock:
+        return cls(_index_from(state), state["q_evals"], state["q_evecs"], state["g_evals"],
+                   state["g_evecs"])
 
     def eigenvalues(self, alpha: Tensor, beta: Tensor) -> Tensor:
         """(a, o) eigenvalues of the precision."""
@@ -181,6 +244,16 @@ class KronBlock:
 
 
 Block = DenseBlock | DiagBlock | KronBlock
+_KINDS = {cls.kind: cls for cls in (DenseBlock, DiagBlock, KronBlock)}
+
+
+def block_from_state(state: dict) -> Block:
+    """The block whose ``state_dict()`` is ``state``, dispatched on its ``kind``."""
+    kind = state.get("kind")
+    if kind not in _KINDS:
+        raise ValueError(f"Expected a block state of kind {', '.join(_KINDS)}, "
+                         f"but got {kind!r}.")
+    return _KINDS[kind].from_state(state)
 
 
 def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
@@ -193,14 +266,15 @@ def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
     everything = slice(0, layout.num_parameters)
     args = (theta, x, y, layout, act, likelihood)
     if curvature == "full":
-        return [DenseBlock(everything, full_hessian(*args, max_bytes=max_bytes), indefinite)]
+        return [DenseBlock.from_hessian(everything, full_hessian(*args, max_bytes=max_bytes),
+                                        indefinite)]
     # A GGN is positive semi-definite in exact arithmetic; clipping removes only the
     # round-off negatives that a float32 GGN times a large beta (e.g. naval) can show.
     if curvature == "ggn":
-        return [DenseBlock(everything, ggn(*args, max_bytes=max_bytes), "clip")]
+        return [DenseBlock.from_hessian(everything, ggn(*args, max_bytes=max_bytes), "clip")]
     if curvature == "diag":
         return [DiagBlock(everything, diagonal_ggn(*args))]
     if curvature == "kron":
-        return [KronBlock(index, q, g)
+        return [KronBlock.from_factors(index, q, g)
                 for index, (q, g) in zip(layout.layer_slices, kron_ggn(*args))]
-    return [DenseBlock(layout.layer_slices[-1], last_layer_ggn(*args), "clip")]
+    return [DenseBlock.from_hessian(layout.layer_slices[-1], last_layer_ggn(*args), "clip")]

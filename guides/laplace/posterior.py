@@ -42,7 +42,7 @@ from torch import Tensor
 from bnn_zoo.core.checks import check_data
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.guides.curvature import ParameterLayout, check_dense_fits, jacobian
-from bnn_zoo.guides.laplace.blocks import Block
+from bnn_zoo.guides.laplace.blocks import Block, block_from_state
 
 __all__ = ["LaplacePosterior"]
 
@@ -75,6 +75,29 @@ class LaplacePosterior:
     num_outputs: int
     act: Callable[[Tensor], Tensor] = field(repr=False)
     history: list[tuple[list[float], float, float]] = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        """Everything but ``layout`` and ``act`` (the model's), as tensors and plain data:
+        :meth:`from_state` rebuilds this posterior from it without the training data."""
+        return {"theta": self.theta, "alpha": self.alpha, "beta": self.beta,
+                "likelihood": self.likelihood, "energy": self.energy,
+                "num_outputs": self.num_outputs,
+                "blocks": [block.state_dict() for block in self.blocks],
+                "history": [(list(a), b, e) for a, b, e in self.history]}
+
+    @classmethod
+    def from_state(cls, state: dict, layout: ParameterLayout,
+                   act: Callable[[Tensor], Tensor]) -> LaplacePosterior:
+        """The posterior of :meth:`state_dict` on the network ``layout`` with activation
+        ``act`` (both from the model the posterior was fitted to)."""
+        theta = state["theta"]
+        if theta.shape != (layout.num_parameters,):
+            raise ValueError(f"Expected a saved MAP of shape ({layout.num_parameters},) for "
+                             f"the network {layout.sizes}, but got {tuple(theta.shape)}.")
+        blocks = [block_from_state(block) for block in state["blocks"]]
+        history = [(list(a), b, e) for a, b, e in state["history"]]
+        return cls(layout, theta, blocks, state["alpha"], state["beta"], state["likelihood"],
+                   state["energy"], state["num_outputs"], act, history)
 
     @property
     def clipped(self) -> int:
