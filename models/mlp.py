@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyro
-import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 from torch import Tensor
@@ -28,6 +27,7 @@ from torch import Tensor
 from bnn_zoo.core.checks import check_choice
 from bnn_zoo.core.nn import activation as activation_fn
 from bnn_zoo.core.nn import layer_names, layer_sizes, mlp_forward
+from bnn_zoo.models.likelihood import observe
 from bnn_zoo.models.noise import ObservationNoise
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 
@@ -114,17 +114,8 @@ class BayesianMLP(ObservationNoise, PyroModule):
                 f"Expected x of shape (N, {self.sizes[0]}), but got {tuple(x.shape)}."
             )
         params = self.sample_weights(x)
-        with pyro.plate("data", x.shape[0], device=x.device) as idx:
-            if idx.shape[0] != x.shape[0]:
-                x = x.index_select(0, idx)
-                y = None if y is None else y.index_select(0, idx)
-            f = pyro.deterministic("f", self.network(x, params))
-            if self.task == "regression":
-                sigma = self.observation_scale().to(f.dtype)
-                pyro.sample("obs", dist.Normal(f.squeeze(-1), sigma), obs=y)
-            else:
-                pyro.sample("obs", dist.Categorical(logits=f), obs=y)
-        return f
+        return observe(x, y, lambda inputs: self.network(inputs, params),
+                       regression=self.task == "regression", noise_scale=self.observation_scale)
 
 
 def fan_in_init(shape: tuple[int, ...], *, dtype: torch.dtype | None = None,

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from bnn_zoo.core.nn import mlp_forward
 from bnn_zoo.guides.laplace.posterior import LaplacePosterior
+from bnn_zoo.models.likelihood import observe
 from bnn_zoo.models.mlp import drop_plate_dim
 
 __all__ = ["LinearizedModel", "NonlinearModel"]
@@ -59,16 +60,8 @@ class _PosteriorModel(PyroModule):
             prior = dist.Normal(zero, prior_scale[i // 2]).expand(shape).to_event(len(shape))
             values[name] = drop_plate_dim(pyro.sample(name, prior), len(shape))
         theta = layout.flatten(values)
-        with pyro.plate("data", x.shape[0], device=x.device) as idx:
-            if idx.shape[0] != x.shape[0]:
-                x = x.index_select(0, idx)
-                y = None if y is None else y.index_select(0, idx)
-            f = pyro.deterministic("f", self.network(x, theta))
-            if post.likelihood == "gaussian":
-                pyro.sample("obs", dist.Normal(f.squeeze(-1), post.beta.rsqrt()), obs=y)
-            else:
-                pyro.sample("obs", dist.Categorical(logits=f), obs=y)
-        return f
+        return observe(x, y, lambda inputs: self.network(inputs, theta),
+                       regression=post.likelihood == "gaussian", noise_scale=post.beta.rsqrt)
 
 
 class LinearizedModel(_PosteriorModel):
