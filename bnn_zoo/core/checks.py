@@ -107,14 +107,15 @@ def check_positive_int(name: str, value: object, *, allow_none: bool = False) ->
 
 
 def check_seed(name: str, value: object, *, allow_none: bool = False) -> int | None:
-    """Return ``value`` if it is an int >= 0 (not a bool, not a float)."""
+    """Return ``value`` as an int if it is an integer >= 0 (a Python or numpy integer; not
+    a bool, not a float)."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"Expected {name} to be an integer >= 0, but got {value!r}.")
     if value < 0:
         raise ValueError(f"Expected {name} >= 0, but got {value!r}.")
-    return value
+    return int(value)
 
 
 def check_bool(name: str, value: object, *, allow_none: bool = False) -> bool | None:
@@ -136,8 +137,8 @@ def check_fraction(name: str, value: object) -> float:
     return float(value)
 
 
-def check_class_labels(name: str, y: Tensor, num_classes: int) -> Tensor:
-    """``y`` as int64 class labels in ``0..num_classes-1``.
+def check_class_labels(name: str, y: Tensor, num_classes: int | None = None) -> Tensor:
+    """``y`` as int64 class labels in ``0..num_classes-1`` (``None``: any labels >= 0).
 
     Float labels are accepted only when every value is an integer (``1.0``, as numpy and
     scikit-learn users often hold labels) and then cast; any fractional label is refused
@@ -151,7 +152,9 @@ def check_class_labels(name: str, y: Tensor, num_classes: int) -> Tensor:
                             f"but got {y.dtype} values with a fractional part.")
     y = y.long()
     low, high = int(y.min()), int(y.max())
-    if low < 0 or high >= num_classes:
+    if low < 0 and num_classes is None:
+        raise ValueError(f"Expected {name} to hold class labels 0..C-1, but got the label {low}.")
+    if num_classes is not None and (low < 0 or high >= num_classes):
         raise ValueError(f"Expected {name} to hold class labels 0..{num_classes - 1} of the "
                          f"{num_classes} classes, but got labels from {low} to {high}.")
     return y

@@ -23,6 +23,9 @@ __all__ = ["load_plain", "save_atomic"]
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)`` through a unique temporary file in ``path``'s folder."""
     path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"Cannot write {str(path)!r}: the folder {str(path.parent)!r} "
+                                "does not exist.")
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as f:

@@ -134,7 +134,8 @@ class local_reparameterization(Messenger):
 
 class check_observed_shapes(Messenger):
     """Effect handler that raises a ``ValueError`` when the value observed at a sample
-    site does not have the shape of the site's distribution (batch + event shape).
+    site does not have the shape of the site's distribution (batch + event shape), or lies
+    outside its support (class labels beyond the classes of a ``Categorical``).
 
     The distribution may have leading batch dimensions of its own that the value lacks:
     those of plates other than ``pyro.plate("data")`` (Pyro's vectorised particles, mixture
@@ -149,6 +150,7 @@ class check_observed_shapes(Messenger):
         fn = msg["fn"]
         full = (*fn.batch_shape, *fn.event_shape)
         shape = tuple(msg["value"].shape)
+        what = "y" if msg["name"] == "obs" else f"the value observed at {msg['name']!r}"
         event_dim = len(fn.event_shape)
         plate_dims = {frame.dim for frame in msg["cond_indep_stack"]
                       if frame.dim is not None and frame.name != "data"}
@@ -162,8 +164,10 @@ class check_observed_shapes(Messenger):
         expected = full[len(full) - k:]
         if len(shape) > len(full) or full[len(full) - len(shape):] != shape \
                 or any(p not in extra for p in range(-len(full), -len(shape))):
-            what = "y" if msg["name"] == "obs" else f"the value observed at {msg['name']!r}"
             raise ValueError(
                 f"Expected {what} to have the shape {expected} of the likelihood at site "
                 f"{msg['name']!r}, but got {shape}; Pyro would broadcast it silently. "
                 "Pass targets of shape (N,) (reshape with y.reshape(-1)).")
+        if not bool(fn.support.check(msg["value"]).all()):
+            raise ValueError(f"Expected {what} within the support {fn.support} of the likelihood "
+                             f"at site {msg['name']!r}, but some values lie outside it.")

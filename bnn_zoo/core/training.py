@@ -146,7 +146,7 @@ class SVIStep:
                  max_plate_nesting: int = 1, jit: bool = False,
                  distributed: bool = False) -> None:
         x, y = check_data(x, y)
-        check_seed("seed", seed, allow_none=True)
+        seed = check_seed("seed", seed, allow_none=True)
         check_positive_int("max_plate_nesting", max_plate_nesting)
         check_bool("jit", jit)
         check_bool("distributed", distributed)
@@ -344,7 +344,7 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
     """
     check_positive_int("steps", steps)
     check_positive_int("checkpoint_every", checkpoint_every)
-    check_seed("seed", seed, allow_none=True)
+    seed = check_seed("seed", seed, allow_none=True)
     check_bool("progress", progress, allow_none=True)
     check_bool("validate", validate, allow_none=True)
     path = _checkpoint_path(checkpoint)

@@ -236,7 +236,7 @@ class Entry:
         ``None``; every budget override is checked by :class:`Budget`.
         """
         x, y = check_data(x, y)
-        check_seed("seed", seed)
+        seed = check_seed("seed", seed)
         check_bool("progress", progress, allow_none=True)
         if task is not None:
             check_choice("task", task, TASKS)
@@ -251,13 +251,13 @@ class Entry:
             if y.dim() != 1:
                 raise ValueError("Expected y to be class labels 0..C-1 of shape (N,) for "
                                  f"classification, got shape {tuple(y.shape)}.")
-            y = check_class_labels("y", y, int(y.max()) + 1)
+            y = check_class_labels("y", y)
         overrides = check_keywords("budget option", budget_overrides,
                                    {f.name for f in fields(Budget)})
         budget = replace(self.budget, **overrides)
-        options = {"model_options": dict(model_options or {}),
-                   "guide_options": dict(guide_options or {}),
-                   "method_options": dict(method_options or {})}
+        options = {name: check_keywords(name, value or {}, None) for name, value in
+                   (("model_options", model_options), ("guide_options", guide_options),
+                    ("method_options", method_options))}
         model_kw, method = self.configure(**options)
         fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
         x_scaler = fit_scaler(x)
