@@ -470,6 +470,8 @@ CORRUPT_CHECKPOINT_CASES = {
     "empty": (lambda p: p.write_bytes(b""), ["fit.pt"]),
     "a tensor file of another kind": (lambda p: torch.save({"weights": torch.zeros(3)}, p),
                                       ["fit.pt", "not a checkpoint"]),
+    "incomplete": (lambda p: torch.save({"format": "bnn_zoo.checkpoint/1", "step": 2}, p),
+                   ["fit.pt", "incomplete", "optimizer"]),
 }
 
 

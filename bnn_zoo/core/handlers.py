@@ -139,8 +139,8 @@ class check_observed_shapes(Messenger):
 
     The distribution may have leading batch dimensions of its own that the value lacks:
     those of plates other than ``pyro.plate("data")`` (Pyro's vectorised particles, mixture
-    components), or of size one; the value must match all the rest. The value observed at ``obs`` is
-    called ``y`` in the message, the name users give it.
+    components), or of size one; the value must match all the rest. The value observed at
+    ``obs`` is called ``y`` in the message, the name users give it.
     """
 
     def _pyro_sample(self, msg) -> None:

@@ -375,6 +375,10 @@ def _checkpoint_path(checkpoint: object) -> Path | None:
     return path
 
 
+_CHECKPOINT_KEYS = {"run", "modules", "optimizer", "step", "position", "perm", "order", "rng",
+                    "losses"}
+
+
 def _resume(step: SVIStep, path: Path, steps: int) -> list[float]:
     """Load the checkpoint ``path`` into ``step`` after checking that it belongs to this
     run; return its loss history."""
@@ -382,6 +386,10 @@ def _resume(step: SVIStep, path: Path, steps: int) -> list[float]:
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{str(path)!r} is not a checkpoint of bnn_zoo.fit (expected format "
                          f"{CHECKPOINT_FORMAT!r}); delete it or pass another checkpoint.")
+    missing = sorted(_CHECKPOINT_KEYS - state.keys())
+    if missing or not isinstance(state["run"], dict):
+        raise ValueError(f"The checkpoint {str(path)!r} is incomplete (missing "
+                         f"{', '.join(missing) or 'run'}); delete it to start afresh.")
     saved, here = state["run"], step.run_description()
     lr = here.pop("lr")
     saved_lr = saved.pop("lr")
