@@ -212,6 +212,13 @@ def test_checkpoint_that_is_a_folder_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_model_or_guide_that_is_not_callable():
+    model = BayesianMLP(2, 1, (4,))
+    expect(lambda: bnn_zoo.fit(model, None, X, Y, steps=2), TypeError, ["guide", "None"])
+    expect(lambda: bnn_zoo.fit("mlp", AutoNormal(model), X, Y, steps=2), TypeError,
+           ["model", "'mlp'"])
+
+
 # --- data at the edge ---------------------------------------------------------------------
 
 META = torch.device("meta")  # a second device on any machine (no values: shapes only)
@@ -505,6 +512,16 @@ def test_checkpoint_of_another_run_is_named_and_kept(tmp_path, case):
     before = folder_state(tmp_path)
     options, words = MISMATCHED_CHECKPOINT_CASES[case]
     expect(lambda: checkpoint_fit(path, **{"batch_size": 15, **options}), ValueError, words)
+    assert folder_state(tmp_path) == before
+
+
+def test_checkpoint_and_saved_fit_are_not_confused(fitted, tmp_path):
+    checkpoint, saved = tmp_path / "fit.pt", tmp_path / "saved.pt"
+    checkpoint_fit(checkpoint)
+    fitted["regression"].save(saved)
+    before = folder_state(tmp_path)
+    expect(lambda: zoo.load(checkpoint), ValueError, ["fit.pt", "not a fitted zoo entry"])
+    expect(lambda: checkpoint_fit(saved), ValueError, ["saved.pt", "not a checkpoint"])
     assert folder_state(tmp_path) == before
 
 

@@ -145,6 +145,10 @@ class SVIStep:
                  kl_weighting: str = "uniform", seed: int | None = None,
                  max_plate_nesting: int = 1, jit: bool = False,
                  distributed: bool = False) -> None:
+        for name, obj in (("model", model), ("guide", guide)):
+            if not callable(obj):
+                raise TypeError(f"Expected {name} to be a Pyro {name} (a callable taking x and "
+                                f"y), but got {obj!r}.")
         x, y = check_data(x, y)
         seed = check_seed("seed", seed, allow_none=True)
         check_positive_int("max_plate_nesting", max_plate_nesting)
