@@ -14,6 +14,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+__all__ = ["as_data_tensor", "check_bool", "check_choice", "check_class_labels", "check_data",
+           "check_device", "check_fraction", "check_module_device", "check_positive",
+           "check_positive_int", "check_seed", "check_tensor", "same_device"]
+
 
 def check_tensor(name: str, value: object, *, ndim: int | Sequence[int] | None = None,
                  floating: bool | None = None) -> Tensor:
@@ -100,6 +104,60 @@ def check_positive_int(name: str, value: object, *, allow_none: bool = False) ->
     if value < 1:
         raise ValueError(f"Expected {name} >= 1, but got {value!r}.")
     return value
+
+
+def check_seed(name: str, value: object, *, allow_none: bool = False) -> int | None:
+    """Return ``value`` as an int if it is an integer >= 0 (a Python or numpy integer; not
+    a bool, not a float)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"Expected {name} to be an integer >= 0, but got {value!r}.")
+    if value < 0:
+        raise ValueError(f"Expected {name} >= 0, but got {value!r}.")
+    return int(value)
+
+
+def check_bool(name: str, value: object, *, allow_none: bool = False) -> bool | None:
+    """Return ``value`` if it is ``True`` or ``False`` (not 0/1, not a string)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, bool):
+        expected = "True, False or None" if allow_none else "True or False"
+        raise TypeError(f"Expected {name} to be {expected}, but got {value!r}.")
+    return value
+
+
+def check_fraction(name: str, value: object) -> float:
+    """Return ``value`` as a float if it is a number in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"Expected {name} to be a number in [0, 1), but got {value!r}.")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"Expected {name} in [0, 1), but got {value!r}.")
+    return float(value)
+
+
+def check_class_labels(name: str, y: Tensor, num_classes: int | None = None) -> Tensor:
+    """``y`` as int64 class labels in ``0..num_classes-1`` (``None``: any labels >= 0).
+
+    Float labels are accepted only when every value is an integer (``1.0``, as numpy and
+    scikit-learn users often hold labels) and then cast; any fractional label is refused
+    rather than cut to a class.
+    """
+    if y.dtype == torch.bool or y.is_complex():
+        raise TypeError(f"Expected {name} to hold integer class labels, but got {y.dtype}.")
+    if y.is_floating_point():
+        if not bool((y == y.round()).all()):
+            raise TypeError(f"Expected {name} to hold integer class labels (classification), "
+                            f"but got {y.dtype} values with a fractional part.")
+    y = y.long()
+    low, high = int(y.min()), int(y.max())
+    if low < 0 and num_classes is None:
+        raise ValueError(f"Expected {name} to hold class labels 0..C-1, but got the label {low}.")
+    if num_classes is not None and (low < 0 or high >= num_classes):
+        raise ValueError(f"Expected {name} to hold class labels 0..{num_classes - 1} of the "
+                         f"{num_classes} classes, but got labels from {low} to {high}.")
+    return y
 
 
 def check_choice(name: str, value: object, choices: Sequence[str]) -> str:

@@ -13,6 +13,9 @@ them.
   (:func:`bnn_zoo.core.nn.affine`) whose weight and bias were drawn from Gaussian
   guide sites by sampling the pre-activations from their Gaussian (Kingma, Salimans
   & Welling 2015), the idea of TyXe's local reparameterisation messenger.
+* :class:`check_observed_shapes` refuses an observed value whose shape differs from
+  its distribution's, which Pyro would broadcast silently (``y`` of shape (N, 1)
+  against a likelihood of shape (N,) gives an N x N log-likelihood).
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ from torch import Tensor
 
 from bnn_zoo.core.nn import local_reparameterized_affine
 
-__all__ = ["local_reparameterization", "scale_global_sites", "subsample_data"]
+__all__ = ["check_observed_shapes", "local_reparameterization", "scale_global_sites",
+           "subsample_data"]
+
+#: The plate Pyro's ELBOs add for vectorised particles: its dimension is not part of the data.
+_PARTICLE_PLATE = "num_particles_vectorized"
 
 
 def _in_plate(msg: dict, name: str) -> bool:
@@ -123,3 +130,45 @@ class local_reparameterization(Messenger):
         if weight_moments is not None and bias_moments is not None:
             msg["value"] = local_reparameterized_affine(h, weight_moments, bias_moments)
             msg["done"] = True
+
+
+class check_observed_shapes(Messenger):
+    """Effect handler that raises a ``ValueError`` when the value observed at a sample
+    site does not have the shape of the site's distribution (batch + event shape), or lies
+    outside its support (class labels beyond the classes of a ``Categorical``).
+
+    The distribution may have leading batch dimensions of its own that the value lacks:
+    those of plates other than ``pyro.plate("data")`` (Pyro's vectorised particles, mixture
+    components), or of size one; the value must match all the rest. The value observed at
+    ``obs`` is called ``y`` in the message, the name users give it.
+    """
+
+    def _pyro_sample(self, msg) -> None:
+        if (not msg["is_observed"] or msg["value"] is None
+                or msg["infer"].get("_deterministic")):  # pyro.deterministic records a value
+            return
+        fn = msg["fn"]
+        full = (*fn.batch_shape, *fn.event_shape)
+        shape = tuple(msg["value"].shape)
+        what = "y" if msg["name"] == "obs" else f"the value observed at {msg['name']!r}"
+        event_dim = len(fn.event_shape)
+        plate_dims = {frame.dim for frame in msg["cond_indep_stack"]
+                      if frame.dim is not None and frame.name != "data"}
+        # Leading dimensions the value may lack: size one, or those of a plate other than the
+        # data plate (plate dimensions count from the right of the batch shape).
+        extra = [p for p in range(-len(full), 0)
+                 if full[p] == 1 or (p + event_dim < 0 and p + event_dim in plate_dims)]
+        k = len(full)
+        while k > 0 and -k in extra:
+            k -= 1
+        expected = full[len(full) - k:]
+        if len(shape) > len(full) or full[len(full) - len(shape):] != shape \
+                or any(p not in extra for p in range(-len(full), -len(shape))):
+            raise ValueError(
+                f"Expected {what} to have the shape {expected} of the likelihood at site "
+                f"{msg['name']!r}, but got {shape}; Pyro would broadcast it silently. "
+                "Pass targets of shape (N,) (reshape with y.reshape(-1)).")
+        # A meta tensor has no values to check (it stands in for a device in tests).
+        if not msg["value"].is_meta and not bool(fn.support.check(msg["value"]).all()):
+            raise ValueError(f"Expected {what} within the support {fn.support} of the likelihood "
+                             f"at site {msg['name']!r}, but some values lie outside it.")

@@ -24,7 +24,7 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_module_device, check_positive_int, check_tensor
+from bnn_zoo.core.checks import check_data, check_module_device, check_positive_int
 
 __all__ = ["CategoricalPredictive", "GaussianMixturePredictive", "predict"]
 
@@ -124,17 +124,34 @@ def predictive_from_likelihood(fn: dist.Distribution) -> Predictive:
                     f"got {type(fn).__name__}.")
 
 
+def _parameter_dtype(*objects: Callable) -> torch.dtype | None:
+    """The floating dtype of the first floating parameter or buffer of ``objects`` that
+    are modules (``None`` for plain functions and modules without one)."""
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            for tensor in (*obj.parameters(), *obj.buffers()):
+                if tensor.is_floating_point():
+                    return tensor.dtype
+    return None
+
+
 @torch.no_grad()
 def predict(model: Callable, guide: Callable, x: Tensor, *, num_samples: int = 100,
             max_plate_nesting: int = 1) -> Predictive:
     """Posterior predictive of ``model`` under ``guide`` at inputs ``x`` (N, D).
 
-    All ``num_samples`` weight samples go through the network in one pass.
+    All ``num_samples`` weight samples go through the network in one pass. ``x`` may be
+    a tensor or a numpy array; inputs of another floating dtype than the parameters of
+    ``model``/``guide`` (float64 inputs of a float32 fit) are cast to the parameters'
+    dtype, as numpy and scikit-learn users expect.
     """
-    check_tensor("x", x, ndim=2, floating=True)
+    x, _ = check_data(x)
     check_module_device("model", model, x.device)
     check_module_device("guide", guide, x.device)
     check_positive_int("num_samples", num_samples)
+    dtype = _parameter_dtype(model, guide)
+    if dtype is not None:
+        x = x.to(dtype)
     # A private parameter store: the modules' own parameters, whatever the caller's store
     # holds (see :func:`bnn_zoo.core.training.private_param_store`).
     with pyro.get_param_store().scope(), pyro.plate(

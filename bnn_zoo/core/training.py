@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyro
 import pyro.infer
 import pyro.util
@@ -35,18 +36,31 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from bnn_zoo.core.checks import (
+    check_bool,
     check_choice,
     check_data,
     check_module_device,
     check_positive,
     check_positive_int,
+    check_seed,
 )
 from bnn_zoo.core.distributed import GradientAverager, global_size, is_main_process
-from bnn_zoo.core.handlers import scale_global_sites, subsample_data
+from bnn_zoo.core.files import load_plain, save_atomic
+from bnn_zoo.core.handlers import check_observed_shapes, scale_global_sites, subsample_data
 
-__all__ = ["FitResult", "SVIStep", "TrainingDiverged", "fit", "kl_weights"]
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointWarning", "FitResult", "SVIStep", "TrainingDiverged",
+           "fit", "kl_weights"]
 
 KL_WEIGHTINGS = ("uniform", "graves")
+
+
+#: The ``format`` field of a checkpoint of :func:`fit`.
+CHECKPOINT_FORMAT = "bnn_zoo.checkpoint/1"
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was resumed with a setting that differs from the one it was saved
+    with and that the resumed run applies (the learning rate)."""
 
 
 class TrainingDiverged(FloatingPointError):
@@ -96,10 +110,20 @@ def _named_parameters(modules: list[nn.Module]) -> dict[str, Tensor]:
     return {f"{i}.{name}": p for i, m in enumerate(modules) for name, p in m.named_parameters()}
 
 
-def _save(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+def _rng_state() -> dict:
+    """Pyro's RNG state (torch, Python, numpy) as tensors and plain data."""
+    state = pyro.util.get_rng_state()
+    kind, keys, pos, has_gauss, cached = state["numpy"][:5]
+    return {"torch": state["torch"], "random": state["random"],
+            "numpy": (str(kind), torch.from_numpy(keys.astype(np.int64)), int(pos),
+                      int(has_gauss), float(cached))}
+
+
+def _set_rng_state(state: dict) -> None:
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    pyro.util.set_rng_state({"torch": state["torch"].cpu(), "random": state["random"],
+                             "numpy": (kind, keys.cpu().numpy().astype(np.uint32), pos,
+                                       has_gauss, cached)})
 
 
 class SVIStep:
@@ -121,7 +145,15 @@ class SVIStep:
                  kl_weighting: str = "uniform", seed: int | None = None,
                  max_plate_nesting: int = 1, jit: bool = False,
                  distributed: bool = False) -> None:
+        for name, obj in (("model", model), ("guide", guide)):
+            if not callable(obj):
+                raise TypeError(f"Expected {name} to be a Pyro {name} (a callable taking x and "
+                                f"y), but got {obj!r}.")
         x, y = check_data(x, y)
+        seed = check_seed("seed", seed, allow_none=True)
+        check_positive_int("max_plate_nesting", max_plate_nesting)
+        check_bool("jit", jit)
+        check_bool("distributed", distributed)
         check_module_device("model", model, x.device)
         check_module_device("guide", guide, x.device)
         check_positive("lr", lr)
@@ -148,7 +180,7 @@ class SVIStep:
         # always trains the modules' own parameters, in either mode, and leaves the caller's
         # store as it was.
         self.param_state: dict = {"params": {}, "constraints": {}}
-        with pyro.get_param_store().scope(self.param_state):
+        with pyro.get_param_store().scope(self.param_state), check_observed_shapes():
             self.loss(0, self.perm[: self.batch])  # creates lazily initialised parameters
         self.modules = _modules(model, guide)
         self.params = [p for m in self.modules for p in m.parameters() if p.requires_grad]
@@ -236,7 +268,7 @@ class SVIStep:
         return {"modules": [m.state_dict() for m in self.modules],
                 "optimizer": self.optimizer.state_dict(), "step": self.step_count,
                 "position": self.position, "perm": self.perm.cpu(),
-                "order": self.order.get_state(), "rng": pyro.util.get_rng_state()}
+                "order": self.order.get_state(), "rng": _rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
         for m, s in zip(self.modules, state["modules"]):
@@ -245,7 +277,18 @@ class SVIStep:
         self.step_count, self.position = state["step"], state["position"]
         self.perm = state["perm"].to(self.x.device)
         self.order.set_state(state["order"])
-        pyro.util.set_rng_state(state["rng"])
+        _set_rng_state(state["rng"])
+
+    def run_description(self) -> dict:
+        """What a checkpoint must share with the run that resumes it: the shapes of every
+        module tensor, the data size, the minibatching, the ELBO and the learning rate."""
+        return {
+            "tensors": {f"{i}.{name}": list(t.shape) for i, m in enumerate(self.modules)
+                        for name, t in m.state_dict().items()},
+            "data size N": self.n, "batch size": self.batch,
+            "number of batches": self.num_batches, "ELBO": type(self.loss_fn).__name__,
+            "KL weighting": self.kl_weighting, "lr": self.optimizer.param_groups[0]["lr"],
+        }
 
 
 def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
@@ -271,9 +314,15 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
     kl_weighting : ``"uniform"`` or ``"graves"`` (see :func:`kl_weights`).
     seed : seeds Pyro, torch and the minibatch order.
     progress : show a tqdm bar (default: only when stderr is a terminal).
-    checkpoint : file holding the parameters, optimiser and data-order state,
-        written every ``checkpoint_every`` steps and at the end; if it exists,
-        training resumes from it and runs up to ``steps`` in total.
+    checkpoint : file holding the parameters, optimiser and data-order state as tensors
+        and plain data, written atomically (a unique temporary file in the same folder,
+        renamed over it) every ``checkpoint_every`` steps and at the end. If it exists,
+        training resumes from it and runs up to ``steps`` in total: it is read with
+        ``torch.load(weights_only=True)`` (no pickled code runs) and must come from the
+        same run, i.e. the same model and guide tensors and shapes, data size, batch size,
+        number of batches, ELBO class and KL weighting (a ``ValueError`` naming the file and
+        what differs otherwise, as for a truncated or corrupt file). A different ``lr`` is
+        applied to the resumed optimiser with a :class:`CheckpointWarning`.
     max_plate_nesting : plates nested in the model (1: the data plate).
     jit : trace the loss once with ``torch.jit.trace`` (see :meth:`SVIStep.compiled_loss`);
         for models without data-dependent Python control flow. On small nets this
@@ -292,9 +341,17 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
     ------
     TrainingDiverged : if the loss or a gradient turns NaN/inf; the parameters
         are restored to the last values whose loss and gradient were finite.
+    ValueError : if ``y`` (or any observed value) does not have the shape of its
+        likelihood (e.g. (N, 1) targets for an (N,) likelihood, which Pyro would
+        broadcast), checked on the first trace; if ``checkpoint`` does not belong to this
+        run, cannot be read, or has done more than ``steps`` steps.
     """
     check_positive_int("steps", steps)
     check_positive_int("checkpoint_every", checkpoint_every)
+    seed = check_seed("seed", seed, allow_none=True)
+    check_bool("progress", progress, allow_none=True)
+    check_bool("validate", validate, allow_none=True)
+    path = _checkpoint_path(checkpoint)
     if seed is not None:
         pyro.set_rng_seed(seed)
     if validate is None:
@@ -304,21 +361,83 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
                             num_particles=num_particles, elbo=elbo, kl_weighting=kl_weighting,
                             seed=seed, max_plate_nesting=max_plate_nesting, jit=jit,
                             distributed=distributed),
-                    steps, progress, checkpoint, checkpoint_every)
+                    steps, progress, path, checkpoint_every)
 
 
-def _fit(step: SVIStep, steps: int, progress: bool | None, checkpoint: str | Path | None,
+def _checkpoint_path(checkpoint: object) -> Path | None:
+    """``checkpoint`` as a path whose folder exists, checked before any training."""
+    if checkpoint is None:
+        return None
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        raise TypeError(f"Expected checkpoint to be a file path, but got {checkpoint!r}.")
+    path = Path(checkpoint)
+    if path.is_dir():
+        raise ValueError(f"Expected checkpoint to be a file, but {str(path)!r} is a folder.")
+    if not path.parent.is_dir():
+        raise ValueError(f"Expected checkpoint in an existing folder, but {str(path.parent)!r} "
+                         "does not exist.")
+    return path
+
+
+_CHECKPOINT_KEYS = {"run", "modules", "optimizer", "step", "position", "perm", "order", "rng",
+                    "losses"}
+
+
+def _resume(step: SVIStep, path: Path, steps: int) -> list[float]:
+    """Load the checkpoint ``path`` into ``step`` after checking that it belongs to this
+    run; return its loss history."""
+    state = load_plain(path, what="the checkpoint", map_location=step.x.device)
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{str(path)!r} is not a checkpoint of bnn_zoo.fit (expected format "
+                         f"{CHECKPOINT_FORMAT!r}); delete it or pass another checkpoint.")
+    missing = sorted(_CHECKPOINT_KEYS - state.keys())
+    if missing or not isinstance(state["run"], dict):
+        raise ValueError(f"The checkpoint {str(path)!r} is incomplete (missing "
+                         f"{', '.join(missing) or 'run'}); delete it to start afresh.")
+    saved, here = state["run"], step.run_description()
+    lr = here.pop("lr")
+    saved_lr = saved.pop("lr")
+    differences = [f"{key} is {saved.get(key)!r} in the file but {value!r} in this run"
+                   for key, value in here.items() if key != "tensors" and saved.get(key) != value]
+    names = saved.get("tensors", {})
+    if names.keys() != here["tensors"].keys():
+        missing = sorted(here["tensors"].keys() - names.keys())
+        extra = sorted(names.keys() - here["tensors"].keys())
+        differences.append(f"the model and guide tensors differ (missing from the file: "
+                           f"{missing[:5]}, not in this run: {extra[:5]})")
+    else:
+        differences += [f"tensor {name!r} has shape {names[name]} in the file but {shape} in "
+                        "this run" for name, shape in here["tensors"].items()
+                        if names[name] != shape]
+    if differences:
+        raise ValueError(f"The checkpoint {str(path)!r} belongs to another run: "
+                         + "; ".join(differences) + ".")
+    if state["step"] > steps:
+        raise ValueError(f"Expected steps >= the {state['step']} steps already done in the "
+                         f"checkpoint {str(path)!r}, but got steps={steps}.")
+    step.load_state_dict(state)
+    if saved_lr != lr:
+        warnings.warn(f"The checkpoint {str(path)!r} was trained with lr={saved_lr!r}; the "
+                      f"resumed run goes on with lr={lr!r}.", CheckpointWarning, stacklevel=3)
+        for group in step.optimizer.param_groups:
+            group["lr"] = lr
+    return [float(value) for value in state["losses"]]
+
+
+def _fit(step: SVIStep, steps: int, progress: bool | None, path: Path | None,
          checkpoint_every: int) -> FitResult:
     losses: list[float] = []
-    path = Path(checkpoint) if checkpoint is not None else None
     if path is not None and path.exists():
-        state = torch.load(path, map_location=step.x.device, weights_only=False)
-        step.load_state_dict(state)
-        losses = list(state["losses"])
+        losses = _resume(step, path, steps)
     start_step = step.step_count
     show = (sys.stderr.isatty() if progress is None else progress) and is_main_process()
     if not is_main_process():
         path = None  # every process resumes from the checkpoint; rank 0 alone writes it
+
+    def save() -> None:
+        save_atomic({"format": CHECKPOINT_FORMAT, "run": step.run_description(),
+                     **step.state_dict(), "losses": losses}, path)
+
     started = time.perf_counter()
     with tqdm(total=steps, initial=start_step, disable=not show, desc="SVI", leave=False) as bar:
         while step.step_count < steps:
@@ -327,9 +446,9 @@ def _fit(step: SVIStep, steps: int, progress: bool | None, checkpoint: str | Pat
             if show and step.step_count % 50 == 0:
                 bar.set_postfix(loss=f"{losses[-1]:.4g}")
             if path is not None and step.step_count % checkpoint_every == 0:
-                _save(path, {**step.state_dict(), "losses": losses})
+                save()
     seconds = time.perf_counter() - started
     if path is not None:
-        _save(path, {**step.state_dict(), "losses": losses})
+        save()
     return FitResult(losses=losses, seconds=seconds, steps=steps - start_step,
                      parameters=_named_parameters(step.modules))

@@ -13,26 +13,62 @@ Classification (from a :class:`~bnn_zoo.core.predictive.CategoricalPredictive`):
 * ``ece``: expected calibration error with 15 equal-width confidence bins
   (Guo et al. 2017), ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|``;
 * ``entropy``: mean predictive entropy in nats.
+
+Targets are checked first: regression targets must have the predictive's shape (N,)
+(integer targets are cast to its dtype); classification labels must be integers in
+``0..C-1`` for the predictive's ``C`` classes (float labels only when exactly integral,
+then cast). A metric that comes out NaN or infinite (a log-likelihood of a target the
+predictive gives zero density) is returned with a :class:`NonFiniteMetricWarning`
+naming it, never silently.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from bnn_zoo.core.checks import (
+    as_data_tensor,
+    check_class_labels,
+    check_data,
+    check_positive_int,
+    check_tensor,
+)
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
 
-__all__ = ["classification_metrics", "evaluate", "expected_calibration_error", "metrics",
-           "regression_metrics", "reliability_bins"]
+__all__ = ["NonFiniteMetricWarning", "classification_metrics", "evaluate",
+           "expected_calibration_error", "metrics", "regression_metrics", "reliability_bins"]
+
+
+class NonFiniteMetricWarning(RuntimeWarning):
+    """A metric came out NaN or infinite; the warning names it."""
 
 COVERAGE_MASSES = (0.5, 0.9, 0.95)
 
 
+def _check_targets(y: object, like: Tensor) -> Tensor:
+    """``y`` as a finite tensor of ``like``'s length and device."""
+    y = check_tensor("y", as_data_tensor("y", y))
+    if y.shape[:1] != like.shape[:1]:
+        raise ValueError(f"Expected y to have one entry per predicted point ({like.shape[0]}), "
+                         f"but got shape {tuple(y.shape)}.")
+    if y.device != like.device:
+        raise ValueError(f"Expected y on the device of the predictive ({like.device}), but got "
+                         f"{y.device}.")
+    return y
+
+
 def regression_metrics(pred: GaussianMixturePredictive, y: Tensor) -> dict[str, float]:
+    y = _check_targets(y, pred.mean)
     if y.shape != pred.mean.shape:
         raise ValueError(f"Expected y of shape {tuple(pred.mean.shape)}, got {tuple(y.shape)}.")
+    if y.dtype == torch.bool:
+        raise TypeError(f"Expected y to hold real-valued regression targets, got {y.dtype}.")
+    y = y.to(pred.mean.dtype)
     out = {
         "rmse": float(((pred.mean - y) ** 2).mean().sqrt()),
         "ll": float(pred.log_prob(y).mean()),
@@ -67,9 +103,10 @@ def expected_calibration_error(probs: Tensor, y: Tensor, num_bins: int = 15) -> 
 
 def classification_metrics(pred: CategoricalPredictive, y: Tensor) -> dict[str, float]:
     probs = pred.mean
+    y = _check_targets(y, probs)
     if y.shape != probs.shape[:1]:
         raise ValueError(f"Expected y of shape ({probs.shape[0]},), got {tuple(y.shape)}.")
-    y = y.long()
+    y = check_class_labels("y", y, probs.shape[-1])
     onehot = torch.nn.functional.one_hot(y, probs.shape[-1]).to(probs.dtype)
     return {
         "accuracy": float((probs.argmax(-1) == y).float().mean()),
@@ -81,14 +118,28 @@ def classification_metrics(pred: CategoricalPredictive, y: Tensor) -> dict[str, 
 
 
 def metrics(pred: GaussianMixturePredictive | CategoricalPredictive, y: Tensor) -> dict[str, float]:
-    """The metrics of the predictive's task."""
+    """The metrics of the predictive's task, with a :class:`NonFiniteMetricWarning` for
+    each that is NaN or infinite."""
     if isinstance(pred, GaussianMixturePredictive):
-        return regression_metrics(pred, y)
-    return classification_metrics(pred, y)
+        out = regression_metrics(pred, y)
+    elif isinstance(pred, CategoricalPredictive):
+        out = classification_metrics(pred, y)
+    else:
+        raise TypeError("Expected pred to be a GaussianMixturePredictive or a "
+                        f"CategoricalPredictive, but got {type(pred).__name__}.")
+    for name, value in out.items():
+        if not math.isfinite(value):
+            warnings.warn(f"The metric {name!r} is {value}: the predictive gives some test "
+                          "targets (numerically) zero probability.", NonFiniteMetricWarning,
+                          stacklevel=2)
+    return out
 
 
 def evaluate(model: Callable, guide: Callable, x: Tensor, y: Tensor, *,
              num_samples: int = 200) -> dict[str, float]:
     """Metrics of the posterior predictive of ``model`` under ``guide`` at ``(x, y)``
-    (see :func:`bnn_zoo.predict` and :func:`metrics`)."""
+    (see :func:`bnn_zoo.predict` and :func:`metrics`); ``x`` and ``y`` may be numpy
+    arrays."""
+    x, y = check_data(x, y)
+    check_positive_int("num_samples", num_samples)
     return metrics(predict(model, guide, x, num_samples=num_samples), y)

@@ -15,8 +15,15 @@ import pyro
 import torch
 from torch import Tensor
 
+from bnn_zoo.core.checks import (
+    check_bool,
+    check_choice,
+    check_fraction,
+    check_positive,
+    check_positive_int,
+)
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.core.training import FitResult
+from bnn_zoo.core.training import KL_WEIGHTINGS, FitResult
 
 __all__ = ["Budget", "Method", "ModelFactory", "Posterior", "Predictive", "UnsupportedProblem",
            "load_module_state"]
@@ -53,6 +60,22 @@ class Budget:
     jit: bool = False
     distributed: bool = False
     validation: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Check every field (``dataclasses.replace`` runs this again), so a wrong type or
+        range is refused here, naming the field, instead of being coerced or failing deep
+        inside a method: ``steps``, ``num_particles`` ints >= 1, ``lr`` a finite number
+        > 0, ``batch_size`` ``None`` or an int >= 1, ``kl_weighting`` one of
+        :data:`~bnn_zoo.core.training.KL_WEIGHTINGS`, ``jit`` and ``distributed`` bools
+        (not 0/1), ``validation`` a number in [0, 1)."""
+        check_positive_int("steps", self.steps)
+        check_positive("lr", self.lr)
+        check_positive_int("batch_size", self.batch_size, allow_none=True)
+        check_positive_int("num_particles", self.num_particles)
+        check_choice("kl_weighting", self.kl_weighting, KL_WEIGHTINGS)
+        check_bool("jit", self.jit)
+        check_bool("distributed", self.distributed)
+        check_fraction("validation", self.validation)
 
 
 @runtime_checkable

@@ -9,7 +9,6 @@ statistics, fits the method on standardised data and wraps the posterior in a
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
@@ -21,7 +20,16 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo.core import distributed
-from bnn_zoo.core.checks import check_data, check_device, check_positive_int
+from bnn_zoo.core.checks import (
+    check_bool,
+    check_choice,
+    check_class_labels,
+    check_data,
+    check_device,
+    check_positive_int,
+    check_seed,
+)
+from bnn_zoo.core.files import save_atomic
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.core.training import FitResult
@@ -37,6 +45,8 @@ Predictive = GaussianMixturePredictive | CategoricalPredictive
 #: The ``format`` field of a saved :class:`Fitted`.
 FILE_FORMAT = "bnn_zoo.fitted/1"
 _PLAIN = (bool, int, float, str, type(None), Tensor)
+#: The tasks an entry may support.
+TASKS = ("regression", "classification")
 
 
 def _check_plain(name: str, value: Any) -> None:
@@ -95,12 +105,17 @@ class Fitted:
         return self.posterior.diagnostics
 
     def predict(self, x: Tensor, num_samples: int = 200) -> Predictive:
-        """Posterior predictive at ``x`` (N, D) in original units."""
+        """Posterior predictive at ``x`` (N, D) in original units.
+
+        ``x`` may be a tensor or a numpy array; inputs of another floating dtype than the
+        fit's (float64 inputs of a float32 fit) are cast to the fit's dtype.
+        """
         x, _ = check_data(x)
         check_device("x", x.device, expected=self.x_scaler.mean.device)
         check_positive_int("num_samples", num_samples)
         if x.shape[1] != self.in_dim:
             raise ValueError(f"Expected x with {self.in_dim} columns, got {x.shape[1]}.")
+        x = x.to(self.x_scaler.mean.dtype)
         pred = self.posterior.predict(self.x_scaler.transform(x), num_samples)
         if self.y_scaler is not None:
             pred = pred.affine(self.y_scaler.mean, self.y_scaler.std)
@@ -108,7 +123,9 @@ class Fitted:
 
     def evaluate(self, x: Tensor, y: Tensor, num_samples: int = 200) -> dict[str, float]:
         """Test metrics in original units (see :mod:`bnn_zoo.evaluation.metrics`) plus
-        ``fit_seconds``."""
+        ``fit_seconds``. ``x``, ``y`` may be numpy arrays; regression targets must have
+        shape (N,); class labels must be integers in ``0..out_dim-1`` (float labels only
+        when exactly integral, then cast)."""
         x, y = check_data(x, y)
         out = metrics(self.predict(x, num_samples), y)
         out["fit_seconds"] = self.fit_seconds
@@ -138,14 +155,7 @@ class Fitted:
             "validated_noise_scale": noise, "posterior": posterior.state_dict(),
         }
         _check_plain("the posterior's state", state["posterior"])
-        handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "wb") as f:
-                torch.save(state, f)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        save_atomic(state, path)
 
 
 @dataclass(frozen=True)
@@ -219,8 +229,17 @@ class Entry:
         ``distributed=True`` (see :mod:`bnn_zoo.core.distributed`) ``x`` and ``y`` are
         this process's shard, and the standardisation statistics and the number of
         classes are those of all the shards together.
+
+        ``x`` and ``y`` may be numpy arrays. Regression targets must be floats of shape
+        (N,); classification labels integers 0..C-1 of shape (N,) (float labels only when
+        exactly integral, then cast). ``seed`` is an int >= 0, ``progress`` a bool or
+        ``None``; every budget override is checked by :class:`Budget`.
         """
         x, y = check_data(x, y)
+        seed = check_seed("seed", seed)
+        check_bool("progress", progress, allow_none=True)
+        if task is not None:
+            check_choice("task", task, TASKS)
         task = task or ("classification" if not y.is_floating_point() else "regression")
         if task not in self.tasks:
             raise UnsupportedProblem(
@@ -228,15 +247,17 @@ class Entry:
         if task == "regression" and (y.dim() != 1 or not y.is_floating_point()):
             raise ValueError(f"Expected y to be a float vector (N,) for regression, got "
                              f"{y.dtype} of shape {tuple(y.shape)}.")
-        if task == "classification" and (y.dim() != 1 or y.is_floating_point() or y.min() < 0):
-            raise ValueError("Expected y to be integer class labels 0..C-1 of shape (N,) for "
-                             "classification.")
+        if task == "classification":
+            if y.dim() != 1:
+                raise ValueError("Expected y to be class labels 0..C-1 of shape (N,) for "
+                                 f"classification, got shape {tuple(y.shape)}.")
+            y = check_class_labels("y", y)
         overrides = check_keywords("budget option", budget_overrides,
                                    {f.name for f in fields(Budget)})
         budget = replace(self.budget, **overrides)
-        options = {"model_options": dict(model_options or {}),
-                   "guide_options": dict(guide_options or {}),
-                   "method_options": dict(method_options or {})}
+        options = {name: check_keywords(name, value or {}, None) for name, value in
+                   (("model_options", model_options), ("guide_options", guide_options),
+                    ("method_options", method_options))}
         model_kw, method = self.configure(**options)
         fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
         x_scaler = fit_scaler(x)
