@@ -23,6 +23,7 @@ from torch import Tensor
 
 from bnn_zoo import zoo
 from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.nn import ACTIVATIONS
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.prior_diagnostics import excess_kurtosis, prior_predictive, tail_table
 from bnn_zoo.harness.prior_figures import plot_output_vs_gaussian, plot_tail_parameters
@@ -87,12 +88,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Add the ``priors`` subcommand to the CLI's subparsers."""
     parser = subparsers.add_parser("priors", help="prior diagnostics: Gaussian limit and "
                                    "sub-Weibull tails of the units", description=__doc__)
-    parser.add_argument("--widths", type=int, nargs="+", default=[1, 10, 100, 1000],
+    parser.add_argument("--widths", type=flags.positive_int, nargs="+",
+                        default=[1, 10, 100, 1000],
                         help="hidden widths H of the one-hidden-layer sweep")
-    parser.add_argument("--depth", type=int, default=3, help="layers L of the tail study")
-    parser.add_argument("--width", type=int, default=2, help="hidden width of the tail study")
-    parser.add_argument("--samples", type=int, default=20000, help="prior samples")
-    parser.add_argument("--activation", default="relu")
+    parser.add_argument("--depth", type=flags.int_at_least(2), default=3,
+                        help="layers L of the tail study (one hidden layer at least)")
+    parser.add_argument("--width", type=flags.positive_int, default=2,
+                        help="hidden width of the tail study")
+    parser.add_argument("--samples", type=flags.int_at_least(2), default=20000,
+                        help="prior samples")
+    parser.add_argument("--activation", default="relu", choices=sorted(ACTIVATIONS))
     flags.add_shared_flags(parser, out="results/priors", without=("splits",))
     parser.set_defaults(run=run)
     return parser
