@@ -79,9 +79,14 @@ def positive_float(text: str) -> float:
 def torch_device(text: str) -> torch.device:
     """An argparse type: a ``torch.device`` this machine has (``cpu``, ``cuda``, ``cuda:N``)."""
     try:
-        return check_device("--device", text)
+        device = check_device("--device", text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and device.index is not None and device.index >= count:
+        raise argparse.ArgumentTypeError(f"expected a CUDA device index below {count} (the "
+                                         f"GPUs of this machine), got {text!r}")
+    return device
 
 
 def dataset_name(text: str) -> str:
