@@ -128,6 +128,10 @@ CLI_ERRORS = {
     "entry's cache folder is a file": ([*COMPARE, "--out", "{out}"],
                                        ["runs/map", "is a file"],
                                        lambda out, mp: _file(out / "runs" / "map")),
+    "priors figure is a folder": (["priors", "--widths", "2", "--samples", "10", "--out",
+                                   "{out}"], ["--out", "tail_parameters.png", "is a folder"],
+                                  lambda out, mp: (out / "tail_parameters.png").mkdir(
+                                      parents=True)),
     "priors depth below 2": (["priors", "--depth", "1", "--out", "{out}"], ["--depth", "'1'"],
                              None),
     "priors width zero": (["priors", "--widths", "10", "0", "--out", "{out}"], ["--widths"],

@@ -25,6 +25,7 @@ from bnn_zoo import zoo
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.nn import ACTIVATIONS
 from bnn_zoo.harness import flags
+from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.prior_diagnostics import excess_kurtosis, prior_predictive, tail_table
 from bnn_zoo.harness.prior_figures import plot_output_vs_gaussian, plot_tail_parameters
 from bnn_zoo.harness.tables import Table, write_table_group
@@ -34,6 +35,9 @@ __all__ = ["add_parser", "fan_in_net", "run", "width_sweep"]
 
 
 CHUNK = 2000
+#: What ``run`` writes under ``--out``.
+OUTPUT_FILES = ("priors.md", "priors.json", "priors_width_sweep.csv", "priors_tails.csv",
+                "output_vs_gaussian.png", "tail_parameters.png")
 
 
 def fan_in_net(in_dim: int, hidden: Sequence[int], activation: str, like: Tensor):
@@ -109,6 +113,7 @@ def run(args: argparse.Namespace) -> dict:
     check_positive_int("depth", args.depth)
     if args.depth < 2:
         raise ValueError(f"Expected depth >= 2 (one hidden layer at least), got {args.depth}.")
+    check_writable("--out", args.out, files=OUTPUT_FILES)
     pyro.set_rng_seed(args.seed)
     x = torch.tensor([[1.0]], dtype=torch.float64, device=args.device)
     sweep, samples = width_sweep(args.widths, x, args.samples, args.activation)
