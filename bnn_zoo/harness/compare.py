@@ -51,11 +51,14 @@ def _split_indices(name: str, splits: int | Sequence[int]) -> list[int]:
     if isinstance(splits, int):
         check_positive_int("splits", splits)
         return list(range(min(splits, available)))
+    # A toy set has a split for every index; a UCI set has its own number of them.
+    upper = available if name.startswith("uci/") else None
     chosen = list(splits)
     for s in chosen:
-        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < available:
-            raise ValueError(f"Expected splits of {name} to be integers in [0, {available}), "
-                             f"but got {s!r}.")
+        if (isinstance(s, bool) or not isinstance(s, int) or s < 0
+                or (upper is not None and s >= upper)):
+            raise ValueError(f"Expected splits of {name} to be integers >= 0"
+                             + ("" if upper is None else f" and < {upper}") + f", but got {s!r}.")
     return chosen
 
 
