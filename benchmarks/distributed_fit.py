@@ -33,7 +33,8 @@ ENTRY = "bbb"
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="diabetes", choices=data.names())
-    parser.add_argument("--batch-size", type=int, default=128, help="rows per process and step")
+    parser.add_argument("--batch-size", type=flags.positive_int, default=128,
+                        help="rows per process and step")
     flags.add_fit_flags(parser, steps=2000)
     flags.add_shared_flags(parser, out="results/distributed_fit", threads=1, device=None,
                            without=("splits",))

@@ -101,14 +101,16 @@ def plot(sweep: list[dict], rows: list[dict], out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--widths", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024])
-    parser.add_argument("--samples", type=int, default=20000, help="prior samples per width")
+    parser.add_argument("--widths", type=flags.positive_int, nargs="+",
+                        default=[1, 4, 16, 64, 256, 1024])
+    parser.add_argument("--samples", type=flags.positive_int, default=20000,
+                        help="prior samples per width")
     parser.add_argument("--activation", default="relu")
     flags.add_data_flag(parser, ("sine", "gap", "uci/concrete"))
     flags.add_entries_flag(parser, ("nngp", "nngp-erf", "bbb", "map"))
     flags.add_fit_flags(parser)
-    parser.add_argument("--train-size", type=int, default=None, help="use only the first N "
-                        "training points (for quick runs)")
+    parser.add_argument("--train-size", type=flags.positive_int, default=None,
+                        help="use only the first N training points (for quick runs)")
     flags.add_shared_flags(parser, out="results/nngp", threads=1)
     args = flags.parse(parser, argv)
     pyro.set_rng_seed(args.seed)

@@ -115,8 +115,8 @@ def time_steps(steps: dict[str, Callable[[], None]], repeats: int, inner: int) -
 
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--inner", type=int, default=20)
+    parser.add_argument("--repeats", type=flags.positive_int, default=15)
+    parser.add_argument("--inner", type=flags.positive_int, default=20)
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     flags.add_shared_flags(parser, out="results/speed", threads=1,
                            without=("device", "splits"))

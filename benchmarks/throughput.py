@@ -142,21 +142,22 @@ def write(rows: list[dict], args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--batch", type=int, default=1024, help="global rows per step")
-    parser.add_argument("--n", type=int, default=16384, help="training rows (all processes)")
-    parser.add_argument("--in-dim", type=int, default=16)
-    parser.add_argument("--hidden", type=int, nargs="+", default=[50])
-    parser.add_argument("--steps", type=int, default=50, help="steps per timed repeat")
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--processes", type=flags.positive_int, nargs="+", default=[1, 2])
+    parser.add_argument("--batch", type=flags.positive_int, default=1024,
+                        help="global rows per step")
+    parser.add_argument("--n", type=flags.positive_int, default=16384,
+                        help="training rows (all processes)")
+    parser.add_argument("--in-dim", type=flags.positive_int, default=16)
+    parser.add_argument("--hidden", type=flags.positive_int, nargs="+", default=[50])
+    parser.add_argument("--steps", type=flags.positive_int, default=50,
+                        help="steps per timed repeat")
+    parser.add_argument("--warmup", type=flags.int_at_least(0), default=10)
+    parser.add_argument("--repeats", type=flags.positive_int, default=5)
     flags.add_shared_flags(parser, out="results/throughput", threads=1, without=("splits",))
     args = flags.parse(parser, argv)
-    if any(w < 1 for w in args.processes):
-        raise ValueError(f"Expected --processes >= 1, but got {args.processes}.")
     if args.device.type == "cuda" and max(args.processes) > torch.cuda.device_count():
-        raise ValueError(f"Expected --processes <= {torch.cuda.device_count()} GPUs, but got "
-                         f"{max(args.processes)}.")
+        parser.error(f"argument --processes: expected at most {torch.cuda.device_count()} "
+                     f"(one GPU per process), got {max(args.processes)}")
     pyro.set_rng_seed(args.seed)
     x, y = problem(args.n, args.in_dim, args.device)
     torch_seconds = time_step(torch_step(x[:args.batch], y[:args.batch], args.hidden),

@@ -169,7 +169,7 @@ def test_cache_key_holds_every_setting_that_changes_a_result():
     path = runs.cache_path("out", "map", "sine", 0, 0, base)
     changed = [runs.run_settings(dataset, {"steps": 20, "model_options": {"hidden": (100,)}}, 200),
                runs.run_settings(dataset, {"steps": 20}, 100),
-               runs.run_settings(dataset.to("meta"), {"steps": 20}, 200),
+               {**base, "device": "cuda:0"},
                {**base, "dtype": "torch.float64"}]
     assert len({runs.cache_path("out", "map", "sine", 0, 0, s) for s in changed} | {path}) == 5
     assert runs.cache_path("out", "map", "sine", 0, 1, base) != path
@@ -220,11 +220,12 @@ def test_shared_flags_parse_check_and_set_threads():
         torch.set_num_threads(before)
     assert str(args.out) == "results/x" and args.splits == 3 and args.seed == 4
     assert args.device == torch.device("cpu")
-    with pytest.raises(ValueError, match="splits"):
+    with pytest.raises(SystemExit):
         flags.parse(parser, ["--splits", "0"])
-    with pytest.raises(ValueError, match="--device"):
+    with pytest.raises(SystemExit):
         flags.parse(parser, ["--device", "gpu"])
     bare = flags.add_shared_flags(argparse.ArgumentParser(), out=None, without=("splits", "seed"))
-    assert vars(bare.parse_args([])) == {"out": None, "threads": None, "device": "cpu"}
+    assert vars(bare.parse_args([])) == {"out": None, "threads": None,
+                                         "device": torch.device("cpu")}
     with pytest.raises(ValueError, match="Unknown shared flags"):
         flags.add_shared_flags(argparse.ArgumentParser(), out=None, without=("steps",))

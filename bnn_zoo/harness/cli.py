@@ -5,25 +5,36 @@
   and, with ``--out``, write them as ``<entry>_<data>_split<k>.md/.csv/.json``;
 * ``compare``: fit several entries on a data set and print a Markdown table of the
   metrics with time (mean ± standard error over splits), writing CSV/JSON and
-  figures (predictive bands for 1-D data) under ``--out``; it exits with 1 when a run
-  failed (a skipped run, one the entry declines, is no failure); with no flags it runs
+  figures (predictive bands for 1-D data) under ``--out``; with no flags it runs
   :data:`QUICK_ENTRIES` on ``sine``, with ``--entries all`` every entry of the task
   (see :mod:`bnn_zoo.harness.compare`);
 * ``priors``: prior diagnostics, the Gaussian limit and the unit tails (see
   :mod:`bnn_zoo.harness.prior_command`).
 
-Every command takes the shared flags of :mod:`bnn_zoo.harness.flags` that apply to it.
+Every command takes the shared flags of :mod:`bnn_zoo.harness.flags` that apply to it;
+every value and every output path is checked before any work starts. Exit codes:
+
+* 0: everything asked for ran;
+* 1: a run failed, or an entry asked for by name (``fit --entry``, ``compare --entries``,
+  ``--reference``) declined the problem (a run that an entry of ``--entries all`` or of
+  the default list declines is no failure); the tables are written all the same;
+* 2: bad input (a bad flag, an unknown entry or data set, a results path that cannot be
+  written, missing data files): argparse's usage and one line naming the culprit, or one
+  line ``python -m bnn_zoo: error: ...`` without a traceback (``--debug`` shows it);
+* 130: interrupted (Ctrl-C); finished runs of a comparison stay cached.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 
 from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
 from bnn_zoo.harness import compare, flags, prior_command
+from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.runs import run_one
 from bnn_zoo.harness.tables import write_tables
 
@@ -32,6 +43,9 @@ __all__ = ["QUICK_ENTRIES", "build_parser", "main"]
 #: What ``compare`` runs without ``--entries``: one entry per family that fits ``sine`` in
 #: seconds, so the README's first command finishes in a minute or two on 2 CPU cores.
 QUICK_ENTRIES = ("map", "mean_field", "bbb", "laplace", "nngp")
+PROG = "python -m bnn_zoo"
+#: Errors that are the user's (bad values, paths, data files): one line, exit code 2.
+USER_ERRORS = (ValueError, TypeError, OSError)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -45,18 +59,21 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
+    name = f"{args.entry}_{args.data.replace('/', '_')}_split{args.split}"
+    if args.out is not None:
+        check_writable("--out", args.out, files=[f"{name}{s}" for s in (".md", ".csv", ".json")])
     dataset = data_module.load(args.data, args.split).to(args.device)
     record = run_one(args.entry, dataset, split=args.split, seed=args.seed,
                      overrides=flags.budget_overrides(args), num_samples=args.num_samples)
     if record["status"] != "ok":
-        print(f"{args.entry} on {args.data}: {record['status']}: {record['reason']}")
+        print(f"{PROG}: {args.entry} on {args.data}: {record['status']}: {record['reason']}",
+              file=sys.stderr)
         return 1
     shown = {**record["metrics"], **record["diagnostics"]}
     print(f"{args.entry} on {args.data} (split {args.split}, seed {args.seed}):")
     for key, value in shown.items():
         print(f"  {key:<18} {value:.4g}")
     if args.out is not None:
-        name = f"{args.entry}_{args.data.replace('/', '_')}_split{args.split}"
         keys = ("entry", "data", "split", "seed")
         write_tables(args.out, name, [{**{k: record[k] for k in keys}, **shown}], keys=keys,
                      columns=list(shown), runs=[record])
@@ -66,7 +83,11 @@ def _fit(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     records = compare.run_from_args(args)
-    return int(any(r["status"] == "failed" for r in records))
+    failed = compare.failures(records, args.requested)
+    for r in failed:
+        print(f"{PROG}: {r['entry']} on {r['data']} split {r['split']}: {r['status']}: "
+              f"{r['reason']}", file=sys.stderr)
+    return int(bool(failed))
 
 
 def _priors(args: argparse.Namespace) -> int:
@@ -77,19 +98,20 @@ def _priors(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``bnn_zoo`` argument parser with its ``list``, ``fit``, ``compare`` and ``priors``
     commands."""
-    parser = argparse.ArgumentParser(prog="python -m bnn_zoo",
+    parser = argparse.ArgumentParser(prog=PROG,
                                      description="A Pyro model zoo for Bayesian neural networks.")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
-
     listing = commands.add_parser("list", help="list the zoo's entries")
     listing.add_argument("--task", choices=("regression", "classification"), default=None)
     listing.set_defaults(run=_list)
 
     fitting = commands.add_parser("fit", help="fit one entry on one data split, print metrics")
-    fitting.add_argument("--entry", required=True, help="zoo entry (see `list`)")
-    fitting.add_argument("--data", required=True,
+    fitting.add_argument("--entry", required=True, type=flags.entry_name,
+                         help="zoo entry (see `list`)")
+    fitting.add_argument("--data", required=True, type=flags.dataset_name,
                          help=f"data set, one of: {', '.join(data_module.names())}")
-    fitting.add_argument("--split", type=int, default=0)
+    fitting.add_argument("--split", type=flags.int_at_least(0), default=0)
     flags.add_fit_flags(fitting)
     flags.add_shared_flags(fitting, out=None, without=("splits",))
     fitting.set_defaults(run=_fit)
@@ -99,15 +121,27 @@ def build_parser() -> argparse.ArgumentParser:
     comparing.set_defaults(run=_compare)
 
     prior_command.add_parser(commands).set_defaults(run=_priors)
+    for command in commands.choices.values():
+        # SUPPRESS: without --debug after the command, the one before it holds.
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the traceback of an error")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m bnn_zoo`` and the ``bnn-zoo`` script; returns the exit code:
-    0, 1 when a requested run failed, 2 for bad input (printed in one line)."""
+    """Entry point of ``python -m bnn_zoo`` and the ``bnn-zoo`` script; returns the exit
+    code (see the module's docstring)."""
     try:
         args = flags.parse(build_parser(), argv)
+    except SystemExit as stop:  # argparse's answer to bad flags (2) or --help (0)
+        return stop.code if isinstance(stop.code, int) else 2
+    try:
         return args.run(args)
-    except (ValueError, TypeError) as error:
-        print(f"python -m bnn_zoo: error: {error}", file=sys.stderr)
+    except USER_ERRORS as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130

@@ -14,7 +14,7 @@ caches them under ``<out>/runs``); :func:`run_from_args` runs what the compariso
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -23,13 +23,14 @@ from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.harness import flags
-from bnn_zoo.harness.figures import write_figures
+from bnn_zoo.harness.figures import FIGURE_KINDS, figure_path, write_figures
+from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.runs import cached_run
 from bnn_zoo.harness.summary import REFERENCE, summarise
 from bnn_zoo.harness.tables import write_tables
 
-__all__ = ["TABLE_COLUMNS", "default_entries", "notes", "run_comparison", "run_from_args",
-           "write_comparison"]
+__all__ = ["TABLE_COLUMNS", "default_entries", "failures", "notes", "output_files",
+           "run_comparison", "run_from_args", "write_comparison"]
 
 TABLE_COLUMNS = {
     "regression": ("rmse", "ll", "coverage_90", "w2_to_ref", "ll_gap", "fit_seconds",
@@ -44,10 +45,32 @@ def default_entries(task: str, *, reference: str | None = REFERENCE) -> list[str
 
 
 def _split_indices(name: str, splits: int | Sequence[int]) -> list[int]:
+    """The split indices of ``name`` to run (reading a UCI set's number of splits, so that
+    a missing or damaged data folder fails before any fit)."""
+    available = data_module.num_splits(name)
     if isinstance(splits, int):
         check_positive_int("splits", splits)
-        return list(range(min(splits, data_module.num_splits(name))))
-    return [int(s) for s in splits]
+        return list(range(min(splits, available)))
+    # A toy set has a split for every index; a UCI set has its own number of them.
+    upper = available if name.startswith("uci/") else None
+    chosen = list(splits)
+    for s in chosen:
+        if (isinstance(s, bool) or not isinstance(s, int) or s < 0
+                or (upper is not None and s >= upper)):
+            raise ValueError(f"Expected splits of {name} to be integers >= 0"
+                             + ("" if upper is None else f" and < {upper}") + f", but got {s!r}.")
+    return chosen
+
+
+def _check_names(data: Sequence[str], entries: Sequence[str] | None,
+                 reference: str | None) -> None:
+    """Unknown data sets and entries fail before any fit."""
+    for name in data:
+        if name not in data_module.names():
+            raise ValueError(f"Unknown data set {name!r}; expected one of: "
+                             f"{', '.join(data_module.names())}.")
+    for name in [*(entries or ()), *([reference] if reference is not None else [])]:
+        zoo.get(name)
 
 
 def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
@@ -74,12 +97,14 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         predictive to it.
     """
     check_positive_int("num_samples", num_samples)
-    if entries is not None:
-        for name in entries:
-            zoo.get(name)  # unknown names fail before any fit
+    data = list(data)
+    _check_names(data, entries, reference)
+    plan = {name: _split_indices(name, splits) for name in data}
+    cached = [*(entries if entries is not None else zoo.names()), *filter(None, [reference])]
+    check_writable("out", out, folders=["runs", *(f"runs/{e}" for e in cached)])
     records = []
-    for name in data:
-        for split in _split_indices(name, splits):
+    for name, indices in plan.items():
+        for split in indices:
             dataset = data_module.load(name, split).to(device)
             chosen = list(entries) if entries is not None else default_entries(dataset.task)
             if reference is not None and reference not in chosen:
@@ -90,6 +115,20 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
                                           overrides=own or {}, num_samples=num_samples,
                                           out=out, log=log))
     return records
+
+
+def failures(records: Sequence[dict], requested: Collection[str] = ()) -> list[dict]:
+    """The records that make a comparison fail: every failed run, and the skipped runs
+    (declined by their entry) of the entries in ``requested`` (those asked for by name)."""
+    return [r for r in records if r["status"] == "failed"
+            or (r["status"] == "skipped" and r["entry"] in requested)]
+
+
+def output_files(data: Sequence[str], name: str = "compare") -> list[str]:
+    """The files a comparison on ``data`` writes under its results folder (tables and
+    figures), relative to it."""
+    return [*(f"{name}{suffix}" for suffix in (".md", ".csv", ".json")),
+            *(figure_path("", kind, d).name for d in data for kind in FIGURE_KINDS)]
 
 
 def notes(row: dict) -> str:
@@ -123,6 +162,7 @@ def run_from_args(args: argparse.Namespace) -> list[dict]:
     """Run the comparison that the parsed comparison flags ask for, print the table and
     write the files and figures under ``args.out``."""
     entries = None if args.entries == ["all"] else args.entries
+    check_writable("--out", args.out, files=output_files(args.data), folders=["runs"])
     records = run_comparison(args.data, entries, splits=args.splits, seed=args.seed,
                              out=args.out, device=args.device,
                              overrides=flags.budget_overrides(args),

@@ -24,11 +24,19 @@ from bnn_zoo.core.checks import check_positive_int, check_tensor
 from bnn_zoo.evaluation.metrics import expected_calibration_error, reliability_bins
 from bnn_zoo.harness.atomic import atomic_path
 
-__all__ = ["draw_reliability", "predictive_bands", "reliability_diagram", "save_figure",
-           "write_figures"]
+__all__ = ["FIGURE_KINDS", "draw_reliability", "figure_path", "predictive_bands",
+           "reliability_diagram", "save_figure", "write_figures"]
 
 #: Probability mass of the predictive bands (from the records' ``band``).
 BAND_MASS = 0.95
+#: The figures :func:`write_figures` may draw per data set.
+FIGURE_KINDS = ("bands", "reliability", "elbo")
+
+
+def figure_path(out: str | Path, kind: str, data: str) -> Path:
+    """Where :func:`write_figures` saves figure ``kind`` (of :data:`FIGURE_KINDS`) of the
+    data set ``data``: ``<out>/<kind>_<data>.png``."""
+    return Path(out) / f"{kind}_{data.replace('/', '_')}.png"
 
 
 def save_figure(fig: Figure, path: str | Path, *, dpi: int = 110) -> Path:
@@ -140,7 +148,6 @@ def _elbo_curves(records: Sequence[dict], data: str) -> Figure:
 def write_figures(records: Sequence[dict], out: str | Path) -> list[Path]:
     """``bands_<data>.png`` (1-D regression), ``reliability_<data>.png`` (classification)
     and ``elbo_<data>.png`` under ``out``, from the first split of each data set."""
-    out = Path(out)
     paths = []
     for data in dict.fromkeys(r["data"] for r in records):
         ok = [r for r in records if r["data"] == data and r["status"] == "ok"]
@@ -148,13 +155,12 @@ def write_figures(records: Sequence[dict], out: str | Path) -> list[Path]:
             continue
         first = min(r["split"] for r in ok)
         ok = [r for r in ok if r["split"] == first]
-        stem = data.replace("/", "_")
         if banded := [r for r in ok if "band" in r]:
             paths.append(save_figure(predictive_bands(banded, data, first),
-                                     out / f"bands_{stem}.png"))
+                                     figure_path(out, "bands", data)))
         if calibrated := [r for r in ok if "reliability" in r]:
             paths.append(save_figure(_reliability_curves(calibrated, data),
-                                     out / f"reliability_{stem}.png"))
+                                     figure_path(out, "reliability", data)))
         if curves := [r for r in ok if r.get("losses")]:
-            paths.append(save_figure(_elbo_curves(curves, data), out / f"elbo_{stem}.png"))
+            paths.append(save_figure(_elbo_curves(curves, data), figure_path(out, "elbo", data)))
     return paths

@@ -6,24 +6,125 @@ torch's CPU thread count. :func:`add_data_flag`, :func:`add_entries_flag`,
 :func:`add_fit_flags` and :func:`add_comparison_flags` add the flags of scripts that fit
 zoo entries on data sets; :func:`budget_overrides` turns ``--steps`` into the keyword
 arguments of ``entry.fit``.
+
+Every value is checked while parsing, before any work starts: numbers by the argparse
+types :func:`int_at_least`, :func:`positive_int`, :func:`random_seed` and
+:func:`positive_float`, ``--device`` by :func:`torch_device` (a device this machine has),
+data sets and zoo entries by name (:func:`dataset_name`, :func:`entry_name`), and
+``--out`` by :func:`~bnn_zoo.harness.outputs.check_writable`. A bad value is answered
+as argparse answers one: the usage, a line naming the flag, exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import torch
 
+from bnn_zoo import zoo
+from bnn_zoo.core import data as data_module
 from bnn_zoo.core.checks import check_device, check_positive_int
+from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.summary import REFERENCE
 
 __all__ = ["SHARED_FLAGS", "add_comparison_flags", "add_data_flag", "add_entries_flag",
-           "add_fit_flags", "add_shared_flags", "apply", "budget_overrides", "parse",
-           "set_threads"]
+           "add_fit_flags", "add_shared_flags", "apply", "budget_overrides", "dataset_name",
+           "entry_name", "int_at_least", "parse", "positive_float", "positive_int", "random_seed",
+           "set_threads", "torch_device"]
 
 SHARED_FLAGS = ("out", "threads", "device", "seed", "splits")
+#: The largest seed + 1 (``pyro.set_rng_seed`` seeds numpy, which takes 32 bits).
+SEED_LIMIT = 2**32
+
+
+def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer ``low <= n`` (``< high`` when given)."""
+    expected = f"an integer >= {low}" + ("" if high is None else f" and < {high}")
+
+    def integer(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < low or (high is not None and value >= high):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return integer
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return int_at_least(1)(text)
+
+
+def random_seed(text: str) -> int:
+    """An argparse type: a random seed, an integer in ``[0, 2**32)``."""
+    return int_at_least(0, SEED_LIMIT)(text)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def torch_device(text: str) -> torch.device:
+    """An argparse type: a ``torch.device`` this machine has (``cpu``, ``cuda``, ``cuda:N``)."""
+    try:
+        device = check_device("--device", text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and device.index is not None and device.index >= count:
+        raise argparse.ArgumentTypeError(f"expected a CUDA device index below {count} (the "
+                                         f"GPUs of this machine), got {text!r}")
+    return device
+
+
+def dataset_name(text: str) -> str:
+    """An argparse type: a name :func:`bnn_zoo.core.data.load` accepts; a bare UCI name
+    (``yacht``) becomes ``uci/yacht``."""
+    name = f"uci/{text}" if text in data_module.UCI_SETS else text
+    if name not in data_module.names():
+        raise argparse.ArgumentTypeError(f"unknown data set {text!r}; expected one of: "
+                                         f"{', '.join(data_module.names())}")
+    return name
+
+
+def entry_name(text: str) -> str:
+    """An argparse type: the name of a zoo entry (see ``python -m bnn_zoo list``)."""
+    try:
+        zoo.get(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _entry_or_all(text: str) -> str:
+    return "all" if text.lower() == "all" else entry_name(text)
+
+
+def _entry_or_none(text: str) -> str | None:
+    return None if text.lower() == "none" else entry_name(text)
+
+
+class _Requested(argparse.Action):
+    """Store the values and add the zoo entries among them to ``args.requested``: the
+    entries asked for by name, whose skipped runs count as failures."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        names = values if isinstance(values, list) else [values]
+        asked = [n for n in names if n not in (None, "all")]
+        namespace.requested = list(dict.fromkeys([*getattr(namespace, "requested", []), *asked]))
 
 
 def add_shared_flags(parser: argparse.ArgumentParser, *, out: str | None,
@@ -43,18 +144,18 @@ def add_shared_flags(parser: argparse.ArgumentParser, *, out: str | None,
         parser.add_argument("--out", type=Path, default=None if out is None else Path(out),
                             help=f"results folder (default: {out})")
     if "threads" not in without:
-        parser.add_argument("--threads", type=int, default=threads,
+        parser.add_argument("--threads", type=positive_int, default=threads,
                             help=f"torch CPU threads (default: {threads or 'chosen by torch'})")
     if "device" not in without:
-        parser.add_argument("--device", default=device,
+        parser.add_argument("--device", type=torch_device, default=device,
                             help=f"cpu, cuda or cuda:N (default: "
                                  f"{device or 'chosen by the script'})")
     if "seed" not in without:
-        parser.add_argument("--seed", type=int, default=seed,
+        parser.add_argument("--seed", type=random_seed, default=seed,
                             help=f"random seed; a comparison fits split k with seed + k "
                                  f"(default: {seed})")
     if "splits" not in without:
-        parser.add_argument("--splits", type=int, default=splits,
+        parser.add_argument("--splits", type=positive_int, default=splits,
                             help=f"train/test splits 0..N-1 of each data set, capped at the "
                                  f"data set's number of splits (default: {splits})")
     return parser
@@ -69,39 +170,43 @@ def set_threads(threads: int | None) -> None:
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
           ) -> argparse.Namespace:
-    """Parse ``argv``, check the shared flags (``--device`` becomes a ``torch.device``) and
-    apply ``--threads``."""
+    """Parse ``argv`` (the types check every value; ``--device`` becomes a
+    ``torch.device``), check that ``--out`` can be written and apply ``--threads``; a bad
+    value exits through ``parser.error`` (usage, one line naming the flag, exit code 2)."""
     args = parser.parse_args(argv)
-    return apply(args)
+    try:
+        return apply(args)
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
 
 
 def apply(args: argparse.Namespace) -> argparse.Namespace:
-    """Check and apply the shared flags of already parsed ``args``."""
-    if getattr(args, "device", None) is not None:
-        args.device = check_device("--device", args.device)
-    if hasattr(args, "splits"):
-        check_positive_int("splits", args.splits)
-    for name in ("steps", "num_samples"):
-        if getattr(args, name, None) is not None:
-            check_positive_int(name, getattr(args, name))
+    """Check that ``args.out`` (if any) can be written, creating nothing, and apply
+    ``args.threads``; ``ValueError`` naming ``--out`` otherwise."""
+    if getattr(args, "out", None) is not None:
+        check_writable("--out", args.out)
     set_threads(getattr(args, "threads", None))
     return args
 
 
 def add_data_flag(parser: argparse.ArgumentParser, default: Sequence[str],
                   choices: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """``--data`` (also ``--datasets``): the data sets to run on."""
+    """``--data`` (also ``--datasets``): the data sets to run on (see :func:`dataset_name`)."""
     parser.add_argument("--data", "--datasets", nargs="+", default=list(default), dest="data",
-                        choices=choices, help=f"data sets (default: {' '.join(default)})")
+                        type=dataset_name, choices=choices,
+                        help=f"data sets (default: {' '.join(default)})")
     return parser
 
 
 def add_entries_flag(parser: argparse.ArgumentParser, default: Sequence[str] | None
                      ) -> argparse.ArgumentParser:
     """``--entries``: zoo entries; ``None`` (or ``--entries all``) means every entry that
-    supports the data's task."""
+    supports the data's task. The entries named on the command line are also kept in
+    ``args.requested``."""
     every = "every entry supporting the task"
+    parser.set_defaults(requested=[])
     parser.add_argument("--entries", nargs="+", default=None if default is None else list(default),
+                        type=_entry_or_all, action=_Requested,
                         help=f"zoo entries, or 'all' for {every} (default: "
                              f"{every if default is None else ' '.join(default)})")
     return parser
@@ -111,16 +216,12 @@ def add_fit_flags(parser: argparse.ArgumentParser, *, steps: int | None = None,
                   num_samples: int = 200) -> argparse.ArgumentParser:
     """``--steps`` (every entry's training steps; default the entry's own budget) and
     ``--num-samples`` (posterior samples per prediction)."""
-    parser.add_argument("--steps", type=int, default=steps,
+    parser.add_argument("--steps", type=positive_int, default=steps,
                         help=f"training steps of every fit (default: "
                              f"{steps or 'the budget of each entry'})")
-    parser.add_argument("--num-samples", type=int, default=num_samples,
+    parser.add_argument("--num-samples", type=positive_int, default=num_samples,
                         help=f"posterior samples per prediction (default: {num_samples})")
     return parser
-
-
-def _entry_or_none(text: str) -> str | None:
-    return None if text.lower() == "none" else text
 
 
 def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str] = ("sine",),
@@ -134,6 +235,7 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
     add_entries_flag(parser, entries)
     add_fit_flags(parser)
     parser.add_argument("--reference", default=reference, type=_entry_or_none,
+                        action=_Requested,
                         help=f"reference entry to measure distances to, e.g. {REFERENCE}, "
                              f"or none (default: {reference})")
     return add_shared_flags(parser, out=out, splits=splits, threads=threads)

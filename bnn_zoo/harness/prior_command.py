@@ -23,7 +23,9 @@ from torch import Tensor
 
 from bnn_zoo import zoo
 from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.nn import ACTIVATIONS
 from bnn_zoo.harness import flags
+from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.prior_diagnostics import excess_kurtosis, prior_predictive, tail_table
 from bnn_zoo.harness.prior_figures import plot_output_vs_gaussian, plot_tail_parameters
 from bnn_zoo.harness.tables import Table, write_table_group
@@ -33,6 +35,9 @@ __all__ = ["add_parser", "fan_in_net", "run", "width_sweep"]
 
 
 CHUNK = 2000
+#: What ``run`` writes under ``--out``.
+OUTPUT_FILES = ("priors.md", "priors.json", "priors_width_sweep.csv", "priors_tails.csv",
+                "output_vs_gaussian.png", "tail_parameters.png")
 
 
 def fan_in_net(in_dim: int, hidden: Sequence[int], activation: str, like: Tensor):
@@ -87,12 +92,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Add the ``priors`` subcommand to the CLI's subparsers."""
     parser = subparsers.add_parser("priors", help="prior diagnostics: Gaussian limit and "
                                    "sub-Weibull tails of the units", description=__doc__)
-    parser.add_argument("--widths", type=int, nargs="+", default=[1, 10, 100, 1000],
+    parser.add_argument("--widths", type=flags.positive_int, nargs="+",
+                        default=[1, 10, 100, 1000],
                         help="hidden widths H of the one-hidden-layer sweep")
-    parser.add_argument("--depth", type=int, default=3, help="layers L of the tail study")
-    parser.add_argument("--width", type=int, default=2, help="hidden width of the tail study")
-    parser.add_argument("--samples", type=int, default=20000, help="prior samples")
-    parser.add_argument("--activation", default="relu")
+    parser.add_argument("--depth", type=flags.int_at_least(2), default=3,
+                        help="layers L of the tail study (one hidden layer at least)")
+    parser.add_argument("--width", type=flags.positive_int, default=2,
+                        help="hidden width of the tail study")
+    parser.add_argument("--samples", type=flags.int_at_least(2), default=20000,
+                        help="prior samples")
+    parser.add_argument("--activation", default="relu", choices=sorted(ACTIVATIONS))
     flags.add_shared_flags(parser, out="results/priors", without=("splits",))
     parser.set_defaults(run=run)
     return parser
@@ -104,6 +113,7 @@ def run(args: argparse.Namespace) -> dict:
     check_positive_int("depth", args.depth)
     if args.depth < 2:
         raise ValueError(f"Expected depth >= 2 (one hidden layer at least), got {args.depth}.")
+    check_writable("--out", args.out, files=OUTPUT_FILES)
     pyro.set_rng_seed(args.seed)
     x = torch.tensor([[1.0]], dtype=torch.float64, device=args.device)
     sweep, samples = width_sweep(args.widths, x, args.samples, args.activation)

@@ -5,10 +5,13 @@
 loss curve, the predictive's moments at the test inputs (regression; for distances to a
 reference), a predictive band on a grid (1-D inputs) or reliability bins
 (classification). :func:`cached_run` keeps each finished record as JSON under
-``<out>/runs/<entry>/``, named by a digest of every setting that changes the result (the
-entry's options, ``num_samples``, the device and the dtype of the data), so a rerun
-after a crash, or with more entries or splits, fits only what is missing. A cache file
-that cannot be read is refitted with a warning.
+``<out>/runs/<entry>/``, named by the entry, data set, split, seed and a digest of every
+other setting that changes the result (the entry's options, ``num_samples``, the device,
+the dtype and a digest of the data's values), so a rerun after a crash, or with more
+entries or splits, fits only what is missing. Each file is written atomically (a run
+interrupted, even by Ctrl-C, leaves no half-written file); a cache file that cannot be
+read is refitted, and one that cannot be written is skipped, with a
+:class:`CacheWarning`.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from bnn_zoo.harness.atomic import write_text_atomic
 from bnn_zoo.harness.figures import BAND_MASS
 from bnn_zoo.zoo import UnsupportedProblem
 
-__all__ = ["CacheWarning", "cache_path", "cached_run", "run_one", "run_settings"]
+__all__ = ["CacheWarning", "cache_path", "cached_run", "data_digest", "run_one",
+           "run_settings"]
 
 GRID_POINTS = 200
 CURVE_POINTS = 200
-#: The fields a cached record must have to be reused.
+#: The fields a cached record must have to be reused, and those of a finished (``ok``) one.
 RECORD_FIELDS = ("entry", "data", "task", "split", "seed", "status", "settings")
+OK_FIELDS = ("metrics", "diagnostics", "losses", "seconds")
 
 
 class CacheWarning(RuntimeWarning):
@@ -64,10 +69,21 @@ def _tolist(t: Tensor) -> list:
     return t.detach().to("cpu", torch.float64).tolist()
 
 
+def data_digest(dataset: data_module.Dataset) -> str:
+    """A digest of the values of the split (training and test), so that another version of
+    a data file under the same name is a different run."""
+    digest = hashlib.sha1()
+    for t in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test):
+        digest.update(str((t.dtype, tuple(t.shape))).encode())
+        digest.update(t.detach().to("cpu").contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def run_settings(dataset: data_module.Dataset, overrides: dict | None, num_samples: int) -> dict:
     """Every setting besides entry, data, split and seed that changes a run's result."""
     return {"overrides": overrides or {}, "num_samples": num_samples,
-            "device": str(dataset.x_train.device), "dtype": str(dataset.x_train.dtype)}
+            "device": str(dataset.x_train.device), "dtype": str(dataset.x_train.dtype),
+            "data_digest": data_digest(dataset)}
 
 
 def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
@@ -131,6 +147,8 @@ def _read_cached(path: Path, expected: dict) -> dict | None:
         record = json.loads(path.read_text())
         if not isinstance(record, dict) or any(k not in record for k in RECORD_FIELDS):
             raise ValueError("fields missing")
+        if record["status"] == "ok" and any(k not in record for k in OK_FIELDS):
+            raise ValueError("results missing")
         if _canonical({k: record[k] for k in expected}) != _canonical(expected):
             raise ValueError("another run's record")
     except (OSError, ValueError) as error:
@@ -138,6 +156,16 @@ def _read_cached(path: Path, expected: dict) -> dict | None:
                       CacheWarning, stacklevel=3)
         return None
     return record
+
+
+def _write_cached(path: Path, record: dict) -> None:
+    """Cache ``record`` at ``path``; a cache that cannot be written costs a refit on the
+    next run, not this run's result, so it is a :class:`CacheWarning`."""
+    try:
+        write_text_atomic(path, json.dumps(record, default=repr))
+    except OSError as error:
+        warnings.warn(f"Cannot cache the run at {path} ({error}); it will be fitted again "
+                      "next time.", CacheWarning, stacklevel=3)
 
 
 def cached_run(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
@@ -157,7 +185,7 @@ def cached_run(entry: str, dataset: data_module.Dataset, *, split: int, seed: in
                          num_samples=num_samples)
         status = record["status"]
         if status != "failed":
-            write_text_atomic(path, json.dumps(record, default=repr))
+            _write_cached(path, record)
     if log:
         detail = (f"{record['seconds']:.1f} s" if record["status"] == "ok"
                   else record.get("reason", ""))
