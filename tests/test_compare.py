@@ -13,9 +13,10 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data, zoo
+from bnn_zoo.core import files
 from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.evaluation.metrics import metrics
-from bnn_zoo.harness import atomic, compare, flags, runs, summary, tables
+from bnn_zoo.harness import compare, flags, runs, summary, tables
 from bnn_zoo.harness.figures import save_figure, write_figures
 
 TINY = {"steps": 20}
@@ -118,8 +119,8 @@ def test_format_value():
 
 def test_atomic_writes_leave_old_file_when_writing_fails(tmp_path):
     path = tmp_path / "r.txt"
-    atomic.write_text_atomic(path, "old")
-    with pytest.raises(RuntimeError), atomic.atomic_path(path) as tmp:
+    files.write_text_atomic(path, "old")
+    with pytest.raises(RuntimeError), files.atomic_path(path) as tmp:
         assert tmp.parent == tmp_path and tmp.suffix == ".txt" and tmp != path
         tmp.write_text("half")
         raise RuntimeError("crash")

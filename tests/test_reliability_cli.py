@@ -21,7 +21,8 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data
-from bnn_zoo.harness import atomic, cli, compare, flags, runs, tables
+from bnn_zoo.core import files
+from bnn_zoo.harness import cli, compare, flags, runs, tables
 from bnn_zoo.harness.figures import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -453,12 +454,12 @@ def test_failing_write_keeps_the_previous_file(case, tmp_path, monkeypatch):
 def test_atomic_write_keeps_permissions(tmp_path):
     """``mkstemp`` makes owner-only files; a result file gets the usual permissions, or
     keeps those of the file it replaces."""
-    new = atomic.write_text_atomic(tmp_path / "new.txt", "x")
-    assert stat.S_IMODE(new.stat().st_mode) == atomic.NEW_FILE_MODE
+    new = files.write_text_atomic(tmp_path / "new.txt", "x")
+    assert stat.S_IMODE(new.stat().st_mode) == files.NEW_FILE_MODE
     private = tmp_path / "private.txt"
     private.write_text("old")
     private.chmod(0o600)
-    atomic.write_text_atomic(private, "new")
+    files.write_text_atomic(private, "new")
     assert stat.S_IMODE(private.stat().st_mode) == 0o600 and private.read_text() == "new"
 
 
@@ -468,12 +469,12 @@ def test_atomic_write_keeps_permissions(tmp_path):
 
 def _writer(path: str, tag: int, times: int) -> None:
     for i in range(times):
-        atomic.write_text_atomic(path, json.dumps({"writer": tag, "i": i, "pad": "x" * 4000}))
+        files.write_text_atomic(path, json.dumps({"writer": tag, "i": i, "pad": "x" * 4000}))
 
 
 def test_two_writers_and_a_reader_of_one_file_never_collide(tmp_path):
     path = tmp_path / "runs" / "record.json"
-    atomic.write_text_atomic(path, json.dumps({"writer": -1}))
+    files.write_text_atomic(path, json.dumps({"writer": -1}))
     context = multiprocessing.get_context("fork")
     writers = [context.Process(target=_writer, args=(str(path), tag, 300)) for tag in (0, 1)]
     for w in writers:

@@ -5,7 +5,6 @@
 * :mod:`~bnn_zoo.harness.summary`: mean, standard error, distances to a reference;
 * :mod:`~bnn_zoo.harness.tables`: the one table writer (Markdown, CSV, JSON);
 * :mod:`~bnn_zoo.harness.figures`: predictive bands, reliability diagrams, ELBO curves;
-* :mod:`~bnn_zoo.harness.atomic`: atomic writes of result files;
 * :mod:`~bnn_zoo.harness.flags`: the command-line flags shared by the CLI and the
   benchmarks, and the one place that sets torch's thread count;
 * :mod:`~bnn_zoo.harness.cli`, :mod:`~bnn_zoo.harness.prior_command`: the command line;

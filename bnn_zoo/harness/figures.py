@@ -21,8 +21,8 @@ from torch import Tensor
 
 from bnn_zoo.core import data as data_module
 from bnn_zoo.core.checks import check_positive_int, check_tensor
+from bnn_zoo.core.files import atomic_path
 from bnn_zoo.evaluation.metrics import expected_calibration_error, reliability_bins
-from bnn_zoo.harness.atomic import atomic_path
 
 __all__ = ["FIGURE_KINDS", "draw_reliability", "figure_path", "predictive_bands",
            "reliability_diagram", "save_figure", "write_figures"]

@@ -29,9 +29,9 @@ from torch import Tensor
 
 from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
+from bnn_zoo.core.files import write_text_atomic
 from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.evaluation.metrics import reliability_bins
-from bnn_zoo.harness.atomic import write_text_atomic
 from bnn_zoo.harness.figures import BAND_MASS
 from bnn_zoo.zoo import UnsupportedProblem
 

@@ -4,7 +4,7 @@ A summary row (as from :func:`bnn_zoo.harness.summary.aggregate`) holds its key
 fields (e.g. ``data`` and ``entry``), the number of runs ``runs``, and per metric
 ``<metric>`` (the mean) with ``<metric>_se`` (its standard error); the Markdown shows
 them as ``mean ± se``. Every file is written atomically
-(:mod:`bnn_zoo.harness.atomic`). The comparison, the command line and every script in
+(:mod:`bnn_zoo.core.files`). The comparison, the command line and every script in
 ``benchmarks/`` write their results through :func:`write_tables`.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bnn_zoo.harness.atomic import write_text_atomic
+from bnn_zoo.core.files import write_text_atomic
 from bnn_zoo.harness.summary import RUNS
 
 __all__ = ["Table", "format_value", "markdown_table", "write_table_group", "write_tables"]
