@@ -187,7 +187,9 @@ class NNGPKernel(gp.kernels.Kernel):
                             ("output_bias_variance", output_bias_variance)]:
             if not low < check_positive(name, value) < high:
                 raise ValueError(f"Expected {low:g} < {name} < {high:g}, but got {value!r}.")
-            setattr(self, name, PyroParam(torch.tensor(float(value)),
+            # Created in float64: the sigmoid of the interval transform loses ~1e-6 of the
+            # value when its unconstrained parameter is rounded to float32.
+            setattr(self, name, PyroParam(torch.tensor(float(value), dtype=torch.float64),
                                           constraint=constraints.interval(low, high)))
 
     @property
