@@ -307,8 +307,9 @@ class NNGPRegression(ObservationNoise, PyroModule):
     def hyperparameters(self) -> dict[str, float]:
         """The kernel variances and the noise scale, as floats (for messages and reports)."""
         names = ("weight_variance", "bias_variance", "output_variance", "output_bias_variance")
-        values = {name: getattr(self.kernel, name).item() for name in names}
-        return {**values, "noise_scale": self.observation_scale().item()}
+        with pyro.get_param_store().scope():  # this module's values, not the global store's
+            values = {name: getattr(self.kernel, name).item() for name in names}
+            return {**values, "noise_scale": self.observation_scale().item()}
 
     def factorise(self, x: Tensor) -> tuple[Tensor, Tensor]:
         r"""The Cholesky factor ``L`` of :math:`K(x, x) + s^2 I` and the noise variance

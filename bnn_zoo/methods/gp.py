@@ -64,7 +64,10 @@ class ConditionedGP(nn.Module):
 
     def predictive(self, x: Tensor) -> GaussianMixturePredictive:
         """The closed-form predictive at ``x`` (M, D): ``loc``, ``scale`` of shape (1, M)."""
-        pred = self.gp.posterior(self.x_train, self.y_train, x.to(self.x_train.dtype))
+        # A private parameter store: in Pyro's default mode the GP's PyroParams would
+        # otherwise read values of the same names left in the global store by another fit.
+        with pyro.get_param_store().scope():
+            pred = self.gp.posterior(self.x_train, self.y_train, x.to(self.x_train.dtype))
         return GaussianMixturePredictive(pred.loc.to(x.dtype), pred.scale.to(x.dtype))
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
@@ -81,7 +84,7 @@ def _restore_last_finite(step: SVIStep) -> None:
 
 def _check_final_evidence(gp: nn.Module, x: Tensor, y: Tensor) -> None:
     """The optimiser's last update is not checked by a step of its own: check it here."""
-    with torch.no_grad():
+    with torch.no_grad(), pyro.get_param_store().scope():
         value = float(gp.log_evidence(x, y))
     if not math.isfinite(value):
         raise TrainingDiverged(f"The log evidence became {value}.")
