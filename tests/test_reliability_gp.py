@@ -106,5 +106,5 @@ def test_kernel_variances_are_bounded():
     with torch.no_grad():
         for p in kernel.parameters():
             p.fill_(1e4)  # far beyond the upper bound in the unconstrained space
-    assert float(kernel.weight_variance) <= 1e8
+    assert kernel.weight_variance.item() <= 1e8
     assert torch.isfinite(kernel(torch.ones(2, 1, dtype=torch.float64))).all()
