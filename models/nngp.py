@@ -1,4 +1,5 @@
-r"""The infinite-width limit of a one-hidden-layer Bayesian network (seed 001, second half).
+r"""The infinite-width limit of a Bayesian network with one or more hidden layers (seed 001,
+second half).
 
 Neal (1996), as in the seed: the network
 
@@ -50,9 +51,10 @@ diagonal (hence the relative jitter of :class:`NNGPRegression`) positive.
 **Deeper networks** (``depth`` = ``L`` hidden layers, each with the same
 :math:`\sigma_w^2, \sigma_b^2`, hidden-to-hidden weights of variance
 :math:`\sigma_w^2 / H`): taking the widths to infinity one layer after the other
-(Neal 1996, ch. 2; Lee et al. 2018, "Deep neural networks as Gaussian processes";
-Matthews et al. 2018 for all widths at once), the pre-activations of every layer
-are Gaussian processes, with covariances given by the recursion
+(the seed notes that the limit extends to deeper networks; Lee et al. 2018, "Deep neural
+networks as Gaussian processes"; Matthews et al. 2018 for all widths at once), the
+pre-activations of every layer are Gaussian processes, with covariances given by the
+recursion
 
 .. math::
 
@@ -63,7 +65,7 @@ are Gaussian processes, with covariances given by the recursion
     K(x, x') = \sigma_c^2 + \sigma_v^2 \, E_{(u, u') \sim N(0, \Sigma^{(L)})}[\phi(u)\phi(u')],
 
 each expectation over the bivariate Gaussian with the covariance of the layer before
-at :math:`(x, x)`, :math:`(x, x')`, :math:`(x', x')` (the closed forms below apply at
+at :math:`(x, x)`, :math:`(x, x')`, :math:`(x', x')` (the closed forms above apply at
 every layer: for ReLU this is the iterated arc-cosine kernel of Cho & Saul 2009,
 section 2.3, for erf Williams 1997 iterated). ``depth = 1`` is the kernel above.
 Unlike the one-layer case, the covariance of a finite deep net differs from the

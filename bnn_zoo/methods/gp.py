@@ -26,6 +26,7 @@ step are checked too, so a fit that returns has a finite evidence and finite pre
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -93,7 +94,8 @@ def _check_final_evidence(gp: nn.Module, x: Tensor, y: Tensor) -> None:
 def fit_evidence(gp: nn.Module, x: Tensor, y: Tensor, *, steps: int, lr: float, seed: int,
                  progress: bool | None = False) -> FitResult:
     """Maximise ``gp``'s log evidence (its ``obs`` site; the empty guide) by full-batch Adam,
-    one :class:`~bnn_zoo.core.training.SVIStep` per step. ``gp`` is a GP model like
+    one :class:`~bnn_zoo.core.training.SVIStep` per step (``progress``: a tqdm bar; ``None``:
+    only when stderr is a terminal). ``gp`` is a GP model like
     :class:`~bnn_zoo.models.nngp.NNGPRegression`: ``log_evidence(x, y)``, ``posterior``,
     ``hyperparameters()`` and ``largest_jitter``.
 
@@ -108,7 +110,8 @@ def fit_evidence(gp: nn.Module, x: Tensor, y: Tensor, *, steps: int, lr: float, 
     losses: list[float] = []
     started = time.perf_counter()
     try:
-        for _ in tqdm(range(steps), disable=not progress, desc="ExactGP", leave=False):
+        show = sys.stderr.isatty() if progress is None else progress
+        for _ in tqdm(range(steps), disable=not show, desc="ExactGP", leave=False):
             losses.append(step())
         _check_final_evidence(gp, x, y)
     except (NotPositiveDefinite, TrainingDiverged) as error:
