@@ -1,4 +1,5 @@
-r"""The infinite-width limit of a one-hidden-layer Bayesian network (seed 001, second half).
+r"""The infinite-width limit of a Bayesian network with one or more hidden layers (seed 001,
+second half).
 
 Neal (1996), as in the seed: the network
 
@@ -37,9 +38,38 @@ the entries of the covariance above):
 * ``identity``: :math:`k_{12}` (Bayesian linear regression).
 
 Any other activation of :data:`bnn_zoo.core.nn.ACTIVATIONS` uses a Monte Carlo
-kernel: the covariance of a random-feature network of ``num_features`` units
-drawn once from the prior with a fixed seed (positive semi-definite by
-construction, and differentiable in the hyperparameters).
+kernel: the covariance of a random-feature network of ``num_features`` units per
+hidden layer drawn once from the prior with a fixed seed (positive semi-definite by
+construction, and differentiable in the hyperparameters). For ``depth > 1`` its
+error is that of one finite net of width ``num_features``: a fluctuation of order
+:math:`1/\sqrt{S}` and a bias of order :math:`1/S`.
+
+The kernel variances are bounded to :data:`VARIANCE_BOUNDS`: outside them, on
+standardised data, the fit has diverged, and the bounds keep :math:`K` finite and its
+diagonal (hence the relative jitter of :class:`NNGPRegression`) positive.
+
+**Deeper networks** (``depth`` = ``L`` hidden layers, each with the same
+:math:`\sigma_w^2, \sigma_b^2`, hidden-to-hidden weights of variance
+:math:`\sigma_w^2 / H`): taking the widths to infinity one layer after the other
+(the seed notes that the limit extends to deeper networks; Lee et al. 2018, "Deep neural
+networks as Gaussian processes"; Matthews et al. 2018 for all widths at once), the
+pre-activations of every layer are Gaussian processes, with covariances given by the
+recursion
+
+.. math::
+
+    \Sigma^{(1)}(x, x') = \sigma_b^2 + \sigma_w^2 \, x \cdot x' / D, \qquad
+    \Sigma^{(l+1)}(x, x') = \sigma_b^2 + \sigma_w^2 \, E_{(u, u') \sim N(0, \Sigma^{(l)})}
+    [\phi(u)\phi(u')], \quad l = 1, \dots, L - 1,
+
+    K(x, x') = \sigma_c^2 + \sigma_v^2 \, E_{(u, u') \sim N(0, \Sigma^{(L)})}[\phi(u)\phi(u')],
+
+each expectation over the bivariate Gaussian with the covariance of the layer before
+at :math:`(x, x)`, :math:`(x, x')`, :math:`(x', x')` (the closed forms above apply at
+every layer: for ReLU this is the iterated arc-cosine kernel of Cho & Saul 2009,
+section 2.3, for erf Williams 1997 iterated). ``depth = 1`` is the kernel above.
+Unlike the one-layer case, the covariance of a finite deep net differs from the
+limit by :math:`O(1/H)`.
 
 The seed's :math:`\sigma_H^2` is the variance of each output weight; it must
 scale as :math:`1/H` for the limit :math:`N(0, H \sigma_H^2 c^2)` to exist, which
@@ -66,7 +96,15 @@ from bnn_zoo.core.nn import ACTIVATIONS, activation
 from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.models.noise import ObservationNoise
 
-__all__ = ["CLOSED_FORMS", "NNGPKernel", "NNGPRegression", "expected_product"]
+__all__ = ["CLOSED_FORMS", "JITTER_GROWTH", "JITTER_TRIES", "NNGPKernel", "NNGPRegression",
+           "NotPositiveDefinite", "VARIANCE_BOUNDS", "expected_product"]
+
+#: Open interval of every kernel variance (see the module doc).
+VARIANCE_BOUNDS = (1e-8, 1e8)
+#: Cholesky attempts of :meth:`NNGPRegression.cholesky`, each with the relative jitter
+#: of the one before times ``JITTER_GROWTH``.
+JITTER_TRIES = 5
+JITTER_GROWTH = 10.0
 
 
 def _relu_product(k11: Tensor, k12: Tensor, k22: Tensor) -> Tensor:
@@ -102,23 +140,27 @@ def expected_product(name: str, k11: Tensor, k12: Tensor, k22: Tensor) -> Tensor
 
 
 class NNGPKernel(gp.kernels.Kernel):
-    r"""The NNGP kernel :math:`K(x, x')` of a one-hidden-layer network (see the module).
+    r"""The NNGP kernel :math:`K(x, x')` of a network with ``depth`` hidden layers (see the
+    module: the one-layer kernel and the layer recursion).
 
     A :class:`pyro.contrib.gp.kernels.Kernel`, so it also plugs into Pyro's GP
-    models. Its hyperparameters are ``PyroParam`` s (positive); like any Pyro
-    ``Parameterized`` they can be given priors with ``PyroSample``.
+    models. Its hyperparameters are ``PyroParam`` s in :data:`VARIANCE_BOUNDS`; like
+    any Pyro ``Parameterized`` they can be given priors with ``PyroSample``.
 
     Parameters
     ----------
     input_dim : number of input features ``D``.
     activation : a name of :data:`bnn_zoo.core.nn.ACTIVATIONS`; closed form for
         ``relu``, ``erf`` and ``identity``, Monte Carlo otherwise.
+    depth : number of hidden layers ``L`` (default 1, Neal's network).
     weight_variance, bias_variance : :math:`\sigma_w^2` (input weights have
-        variance :math:`\sigma_w^2 / D`) and :math:`\sigma_b^2` of the hidden layer.
+        variance :math:`\sigma_w^2 / D`, hidden-to-hidden weights
+        :math:`\sigma_w^2 / H`) and :math:`\sigma_b^2` of every hidden layer.
     output_variance, output_bias_variance : :math:`\sigma_v^2` (output weights have
         variance :math:`\sigma_v^2 / H`) and :math:`\sigma_c^2`.
-    num_features : use a Monte Carlo kernel with this many random hidden units even
-        for a closed-form activation (default: 4096 where there is no closed form).
+    num_features : use a Monte Carlo kernel with this many random hidden units per
+        layer even for a closed-form activation (default: 4096 where there is no
+        closed form).
     seed : seed of the Monte Carlo features (fixed, so the kernel is a deterministic
         function of its hyperparameters).
 
@@ -126,7 +168,7 @@ class NNGPKernel(gp.kernels.Kernel):
     (N,) diagonal.
     """
 
-    def __init__(self, input_dim: int, activation: str = "relu", *,
+    def __init__(self, input_dim: int, activation: str = "relu", *, depth: int = 1,
                  weight_variance: float = 1.0, bias_variance: float = 1.0,
                  output_variance: float = 1.0, output_bias_variance: float = 1.0,
                  num_features: int | None = None, seed: int = 0,
@@ -135,16 +177,22 @@ class NNGPKernel(gp.kernels.Kernel):
         super().__init__(input_dim, active_dims)
         self.all_dims = active_dims is None
         self.activation = check_choice("activation", activation, sorted(ACTIVATIONS))
+        self.depth = check_positive_int("depth", depth)
         if num_features is None and activation not in CLOSED_FORMS:
             num_features = 4096
         self.num_features = check_positive_int("num_features", num_features, allow_none=True)
         self.seed = seed
+        low, high = VARIANCE_BOUNDS
         for name, value in [("weight_variance", weight_variance),
                             ("bias_variance", bias_variance),
                             ("output_variance", output_variance),
                             ("output_bias_variance", output_bias_variance)]:
-            setattr(self, name, PyroParam(torch.tensor(check_positive(name, value)),
-                                          constraint=constraints.positive))
+            if not low < check_positive(name, value) < high:
+                raise ValueError(f"Expected {low:g} < {name} < {high:g}, but got {value!r}.")
+            # Created in float64: the sigmoid of the interval transform loses ~1e-6 of the
+            # value when its unconstrained parameter is rounded to float32.
+            setattr(self, name, PyroParam(torch.tensor(float(value), dtype=torch.float64),
+                                          constraint=constraints.interval(low, high)))
 
     @property
     def closed_form(self) -> bool:
@@ -152,33 +200,55 @@ class NNGPKernel(gp.kernels.Kernel):
         return self.num_features is None
 
     def preactivation_covariance(self, X: Tensor, Z: Tensor) -> Tensor:
-        r""":math:`\Sigma(x, z) = \sigma_b^2 + \sigma_w^2 x \cdot z / D`, shape (N, M)."""
+        r"""First layer :math:`\Sigma^{(1)}(x, z) = \sigma_b^2 + \sigma_w^2 x \cdot z / D`,
+        shape (N, M)."""
         return self.bias_variance + self.weight_variance * (X @ Z.T) / self.input_dim
 
+    def preactivation_variance(self, X: Tensor) -> Tensor:
+        r"""(N,) :math:`\Sigma^{(1)}(x, x)`."""
+        return self.bias_variance + self.weight_variance * (X**2).sum(-1) / self.input_dim
+
+    def _next_layer(self, product: Tensor) -> Tensor:
+        r""":math:`\Sigma^{(l+1)} = \sigma_b^2 + \sigma_w^2 E[\phi(u)\phi(u')]`."""
+        return self.bias_variance + self.weight_variance * product
+
+    def _last_products(self, kxx: Tensor, kxz: Tensor, kzz: Tensor) -> Tensor:
+        r""":math:`E[\phi(u)\phi(u')]` under the last hidden layer's :math:`\Sigma^{(L)}`,
+        from the first layer's variances ``kxx``, ``kzz`` and covariances ``kxz``
+        (broadcast against each other), by the closed-form recursion."""
+        for _ in range(self.depth - 1):
+            kxz = self._next_layer(expected_product(self.activation, kxx, kxz, kzz))
+            kxx = self._next_layer(expected_product(self.activation, kxx, kxx, kxx))
+            kzz = self._next_layer(expected_product(self.activation, kzz, kzz, kzz))
+        return expected_product(self.activation, kxx, kxz, kzz)
+
     def features(self, X: Tensor) -> Tensor:
-        r"""(N, S) hidden units :math:`\phi(g_s(x)) / \sqrt{S}` of the Monte Carlo kernel."""
+        r"""(N, S) units :math:`\phi(g^{(L)}_s(x)) / \sqrt{S}` of the last hidden layer of the
+        Monte Carlo kernel's random network (``S = num_features`` units per layer)."""
         gen = torch.Generator(device=X.device).manual_seed(self.seed)
-        shape = (self.input_dim + 1, self.num_features)
-        noise = torch.randn(shape, generator=gen, dtype=X.dtype, device=X.device)
-        g = (self.weight_variance / self.input_dim).sqrt() * (X @ noise[:-1])
-        g = g + self.bias_variance.sqrt() * noise[-1]
-        return activation(self.activation)(g) / math.sqrt(self.num_features)
+        phi = activation(self.activation)
+        units, fan_in = X, self.input_dim
+        for _ in range(self.depth):
+            shape = (fan_in + 1, self.num_features)
+            noise = torch.randn(shape, generator=gen, dtype=X.dtype, device=X.device)
+            g = (self.weight_variance / fan_in).sqrt() * (units @ noise[:-1])
+            units, fan_in = phi(g + self.bias_variance.sqrt() * noise[-1]), self.num_features
+        return units / math.sqrt(self.num_features)
 
     def forward(self, X: Tensor, Z: Tensor | None = None, diag: bool = False) -> Tensor:
         X = self._checked_input("X", X)
         if diag:
             if self.closed_form:
                 k = self.preactivation_variance(X)
-                product = expected_product(self.activation, k, k, k)
+                product = self._last_products(k, k, k)
             else:
                 product = (self.features(X) ** 2).sum(-1)
             return self.output_bias_variance + self.output_variance * product
         Z = X if Z is None else self._checked_input("Z", Z)
         if self.closed_form:
-            kxx = self.preactivation_variance(X).unsqueeze(-1)
-            kzz = self.preactivation_variance(Z).unsqueeze(-2)
-            product = expected_product(self.activation, kxx, self.preactivation_covariance(X, Z),
-                                       kzz)
+            product = self._last_products(self.preactivation_variance(X).unsqueeze(-1),
+                                          self.preactivation_covariance(X, Z),
+                                          self.preactivation_variance(Z).unsqueeze(-2))
         else:
             product = self.features(X) @ self.features(Z).T
         return self.output_bias_variance + self.output_variance * product
@@ -191,13 +261,14 @@ class NNGPKernel(gp.kernels.Kernel):
             raise ValueError(f"Expected {name} with {needed} columns, but got {columns}.")
         return self._slice_input(X)
 
-    def preactivation_variance(self, X: Tensor) -> Tensor:
-        r"""(N,) :math:`\Sigma(x, x)`."""
-        return self.bias_variance + self.weight_variance * (X**2).sum(-1) / self.input_dim
+
+class NotPositiveDefinite(ValueError):
+    r""":math:`K + \sigma^2 I` could not be factorised, even with the largest jitter of
+    :meth:`NNGPRegression.factorise` (or the kernel matrix is not finite)."""
 
 
 class NNGPRegression(ObservationNoise, PyroModule):
-    r"""Exact GP regression with the NNGP kernel: the infinite-width one-hidden-layer BNN.
+    r"""Exact GP regression with the NNGP kernel: the infinite-width BNN.
 
     .. math:: y \sim N(0, K(X, X) + \sigma^2 I)
 
@@ -208,28 +279,65 @@ class NNGPRegression(ObservationNoise, PyroModule):
     BNNs, ``"obs"`` is one multivariate normal over the N points (they are
     dependent), so there is no ``"data"`` plate and no minibatching.
 
+    The Cholesky factorisation adds a jitter :math:`\epsilon \bar k` to the noise
+    variance, :math:`\bar k` the mean prior variance: :math:`\epsilon` = ``jitter``
+    first, then up to :data:`JITTER_TRIES` - 1 times more, each ``JITTER_GROWTH``
+    times larger, where the factorisation fails (duplicate inputs with a small
+    noise, say). The largest :math:`\epsilon` used so far is :attr:`largest_jitter`;
+    the jitter is part of the noise of the posterior predictive too, so the two agree.
+
     Parameters
     ----------
     in_dim : number of input features.
-    activation, num_features, **kernel_options : passed to :class:`NNGPKernel`.
+    activation, depth, num_features, **kernel_options : passed to :class:`NNGPKernel`.
     noise_scale : fixed noise standard deviation :math:`\sigma`; ``None`` learns it,
         starting at ``init_noise_scale``.
-    jitter : added to the diagonal (times the mean prior variance) before the Cholesky.
+    jitter : the first relative jitter :math:`\epsilon`.
     """
 
-    def __init__(self, in_dim: int, *, activation: str = "relu", noise_scale: float | None = None,
-                 init_noise_scale: float = 0.3, jitter: float = 1e-6,
-                 num_features: int | None = None, **kernel_options: float) -> None:
+    def __init__(self, in_dim: int, *, activation: str = "relu", depth: int = 1,
+                 noise_scale: float | None = None, init_noise_scale: float = 0.3,
+                 jitter: float = 1e-6, num_features: int | None = None,
+                 **kernel_options: float) -> None:
         super().__init__()
-        self.kernel = NNGPKernel(in_dim, activation, num_features=num_features, **kernel_options)
+        self.kernel = NNGPKernel(in_dim, activation, depth=depth, num_features=num_features,
+                                 **kernel_options)
         self.jitter = check_positive("jitter", jitter)
+        self.largest_jitter = 0.0
         self.init_noise(noise_scale, init_noise_scale)
 
-    def _train_cholesky(self, x: Tensor) -> Tensor:
+    def hyperparameters(self) -> dict[str, float]:
+        """The kernel variances and the noise scale, as floats (for messages and reports)."""
+        names = ("weight_variance", "bias_variance", "output_variance", "output_bias_variance")
+        with pyro.get_param_store().scope():  # this module's values, not the global store's
+            values = {name: getattr(self.kernel, name).item() for name in names}
+            return {**values, "noise_scale": self.observation_scale().item()}
+
+    def factorise(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        r"""The Cholesky factor ``L`` of :math:`K(x, x) + s^2 I` and the noise variance
+        :math:`s^2 = \sigma^2 + \epsilon \bar k` it was factorised with (class doc).
+
+        Raises :class:`NotPositiveDefinite`, naming the hyperparameters, where ``K`` is
+        not finite or every jitter fails.
+        """
         k = self.kernel(x)
-        diag = self.observation_scale() ** 2 + self.jitter * k.diagonal().mean().detach()
-        return torch.linalg.cholesky(k + diag * torch.eye(x.shape[0], dtype=x.dtype,
-                                                          device=x.device))
+        if not bool(torch.isfinite(k).all()):
+            raise NotPositiveDefinite(f"The NNGP kernel matrix is not finite at the "
+                                      f"hyperparameters {self.hyperparameters()}.")
+        mean_variance = k.diagonal().mean().detach()
+        eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
+        jitter = self.jitter
+        for _ in range(JITTER_TRIES):
+            noise_variance = self.observation_scale() ** 2 + jitter * mean_variance
+            chol, info = torch.linalg.cholesky_ex(k + noise_variance * eye)
+            if int(info) == 0:
+                self.largest_jitter = max(self.largest_jitter, jitter)
+                return chol, noise_variance
+            jitter *= JITTER_GROWTH
+        raise NotPositiveDefinite(
+            f"K + sigma^2 I ({x.shape[0]} points) is not positive definite even with a "
+            f"relative jitter of {jitter / JITTER_GROWTH:g} (tried {JITTER_TRIES}, from "
+            f"{self.jitter:g}) at the hyperparameters {self.hyperparameters()}.")
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         check_tensor("x", x, ndim=2, floating=True)
@@ -237,7 +345,7 @@ class NNGPRegression(ObservationNoise, PyroModule):
             check_tensor("y", y, ndim=1, floating=True)
             if y.shape[0] != x.shape[0]:
                 raise ValueError(f"Expected y of shape ({x.shape[0]},), got {tuple(y.shape)}.")
-        scale_tril = self._train_cholesky(x)
+        scale_tril, _ = self.factorise(x)
         return pyro.sample("obs", dist.MultivariateNormal(x.new_zeros(x.shape[0]),
                                                           scale_tril=scale_tril), obs=y)
 
@@ -252,19 +360,20 @@ class NNGPRegression(ObservationNoise, PyroModule):
 
         .. math::
 
-            \mu = K_{*}^T (K + \sigma^2 I)^{-1} y, \qquad
-            s^2 = \mathrm{diag}(K_{**}) - \mathrm{diag}(K_*^T (K + \sigma^2 I)^{-1} K_*)
-            + \sigma^2
+            \mu = K_{*}^T (K + s^2 I)^{-1} y, \qquad
+            v^2 = \mathrm{diag}(K_{**}) - \mathrm{diag}(K_*^T (K + s^2 I)^{-1} K_*)
+            + s^2
 
-        returned as a one-component :class:`GaussianMixturePredictive` (``loc`` and
-        ``scale`` of shape (1, M)), so the zoo's metrics apply unchanged.
+        with :math:`s^2` the noise variance of :meth:`factorise` (:math:`\sigma^2` plus
+        the jitter), returned as a one-component :class:`GaussianMixturePredictive`
+        (``loc`` and ``scale`` of shape (1, M)), so the zoo's metrics apply unchanged.
         """
         check_tensor("x", x, ndim=2, floating=True)
-        chol = self._train_cholesky(x_train)
+        chol, noise_variance = self.factorise(x_train)
         cross = self.kernel(x_train, x)
         v = torch.linalg.solve_triangular(chol, cross, upper=False)
         alpha = torch.cholesky_solve(y_train.unsqueeze(-1), chol).squeeze(-1)
         mean = cross.T @ alpha
         var_f = (self.kernel(x, diag=True) - (v**2).sum(0)).clamp_min(0)
-        scale = (var_f + self.observation_scale() ** 2).sqrt()
+        scale = (var_f + noise_variance).sqrt()
         return GaussianMixturePredictive(mean.unsqueeze(0), scale.unsqueeze(0))

@@ -15,6 +15,7 @@ import torch
 from bnn_zoo import data, zoo
 from bnn_zoo.harness.prior_diagnostics import (
     excess_kurtosis,
+    fan_in_prior_outputs,
     log_moment_norms,
     preactivations,
     prior_predictive,
@@ -24,7 +25,7 @@ from bnn_zoo.harness.prior_diagnostics import (
     tail_table,
 )
 from bnn_zoo.models import BayesianMLP, GaussianPrior
-from bnn_zoo.models.nngp import NNGPKernel, NNGPRegression
+from bnn_zoo.models.nngp import NNGPKernel, NNGPRegression, expected_product
 
 ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64
@@ -81,13 +82,16 @@ def test_kernel_is_positive_semidefinite_and_diag_consistent(activation):
 
 def test_relu_kernel_special_values():
     """K(x, x) = s_c + s_v Sigma(x, x) / 2; orthogonal inputs without bias give s_v k / (2 pi)."""
-    kernel = NNGPKernel(2, "relu", weight_variance=2.0, bias_variance=1e-12,
+    kernel = NNGPKernel(2, "relu", weight_variance=2.0, bias_variance=1e-8 * 1.5,
                         output_variance=3.0, output_bias_variance=0.5).double()
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=F64)
     with torch.no_grad():
         k = kernel(x)
-    torch.testing.assert_close(k.diagonal(), torch.full((2,), 0.5 + 3.0 * 1.0 / 2, dtype=F64))
-    torch.testing.assert_close(k[0, 1], torch.tensor(0.5 + 3.0 * 1.0 / (2 * math.pi), dtype=F64))
+    # The bias variance (the smallest allowed) moves K by about 1e-8.
+    torch.testing.assert_close(k.diagonal(), torch.full((2,), 0.5 + 3.0 * 1.0 / 2, dtype=F64),
+                               rtol=0, atol=1e-7)
+    torch.testing.assert_close(k[0, 1], torch.tensor(0.5 + 3.0 * 1.0 / (2 * math.pi), dtype=F64),
+                               rtol=0, atol=1e-7)
 
 
 def test_posterior_and_evidence_match_hand_solve():
@@ -275,3 +279,116 @@ def test_entry_declines_data_too_large_for_an_exact_gp():
     x = torch.linspace(-1, 1, n).unsqueeze(-1)
     with pytest.raises(UnsupportedProblem, match="O\\(N\\^3\\)"):
         zoo.get("nngp").fit(x, x.squeeze(-1), steps=1)
+
+
+X3 = torch.tensor([[0.5, -1.0], [1.5, 0.3], [-2.0, -0.4]], dtype=F64)
+
+
+def product_moments(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empirical E[f(x) f(x')] (the prior mean is 0) and its Monte Carlo standard error,
+    from (S, N) samples."""
+    products = f.unsqueeze(-1) * f.unsqueeze(-2)
+    return products.mean(0), products.std(0) / math.sqrt(f.shape[0])
+
+
+@pytest.mark.parametrize("activation", ["relu", "erf", "identity", "tanh"])
+def test_depth_one_is_the_one_layer_kernel(activation):
+    """depth=1 (the default) is today's one-layer kernel exactly: the closed form
+    s_c + s_v E[phi(u) phi(u')] under Sigma^(1), or the one-layer random features."""
+    options = dict(weight_variance=2.0, bias_variance=0.5, output_variance=1.5,
+                   output_bias_variance=0.2)
+    kernel = NNGPKernel(2, activation, depth=1, **options).double()
+    assert torch.equal(kernel(X3).detach(), NNGPKernel(2, activation, **options).double()(X3)
+                       .detach())
+    with torch.no_grad():
+        s_w, s_b = kernel.weight_variance, kernel.bias_variance
+        s_v, s_c = kernel.output_variance, kernel.output_bias_variance
+        if kernel.closed_form:
+            k = s_b + s_w * (X3**2).sum(-1) / 2
+            product = expected_product(activation, k.unsqueeze(-1), s_b + s_w * (X3 @ X3.T) / 2,
+                                       k.unsqueeze(-2))
+        else:
+            gen = torch.Generator().manual_seed(kernel.seed)
+            noise = torch.randn(3, kernel.num_features, generator=gen, dtype=F64)
+            h = torch.tanh((s_w / 2).sqrt() * (X3 @ noise[:-1]) + s_b.sqrt() * noise[-1])
+            product = h @ h.T / kernel.num_features
+        assert torch.equal(kernel(X3), s_c + s_v * product)
+
+
+def test_layerwise_sampler_matches_the_zoo_net_at_finite_width():
+    """fan_in_prior_outputs draws what the zoo's MLP draws, also where the width (3) is far
+    from the limit: second and fourth moments within 4 combined standard errors."""
+    x = X3[:2]
+    net = BayesianMLP(2, 1, (3, 3), noise_scale=1.0, prior=GaussianPrior(1.0, fan_in=True))
+    zoo_f = prior_predictive(net.double(), x, 40_000).squeeze(-1)
+    ours = fan_in_prior_outputs(x, 3, 2, "relu", 40_000)
+    for moment in (lambda f: f.unsqueeze(-1) * f.unsqueeze(-2), lambda f: f**4):
+        a, b = moment(zoo_f), moment(ours)
+        stderr = (a.var(0) / a.shape[0] + b.var(0) / b.shape[0]).sqrt()
+        assert ((a.mean(0) - b.mean(0)).abs() < 4 * stderr).all()
+    assert float(excess_kurtosis(ours[:, 0])) > 0.5  # far from Gaussian: the test has power
+
+
+@pytest.mark.parametrize("activation", ["relu", "erf"])
+@pytest.mark.parametrize("depth", [2, 3])
+def test_deep_kernel_matches_covariance_of_wide_deep_nets(activation, depth):
+    """Empirical E[f(x) f(x')] of 10 000 nets with ``depth`` hidden layers of width 1000
+    against the deep kernel, within 4 Monte Carlo standard errors for every pair (the
+    finite-width bias, O(1/H), is far below); the kernel of one layer less is rejected."""
+    f = fan_in_prior_outputs(X3, 1000, depth, activation, 10_000)
+    empirical, stderr = product_moments(f)
+    with torch.no_grad():
+        kernel = NNGPKernel(2, activation, depth=depth).double()(X3)
+        shallower = NNGPKernel(2, activation, depth=depth - 1).double()(X3)
+        torch.testing.assert_close(NNGPKernel(2, activation, depth=depth).double()(X3, diag=True),
+                                   kernel.diagonal())
+    assert ((empirical - kernel).abs() < 4 * stderr).all(), (empirical, kernel, stderr)
+    assert ((empirical - shallower).abs() > 4 * stderr).any()
+
+
+def test_deep_monte_carlo_kernel_matches_wide_deep_nets():
+    """The random-feature kernel extended by layer, for tanh (no closed form) at depth 2:
+    its mean over 8 feature seeds against the wide nets' covariance, and for relu against
+    the closed form, within 4 standard errors (the seeds' spread and the nets' error)."""
+    def seed_mean(activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            ks = torch.stack([NNGPKernel(2, activation, depth=2, num_features=2048,
+                                         seed=seed).double()(X3) for seed in range(8)])
+        return ks.mean(0), ks.std(0) / math.sqrt(8)
+
+    mc, mc_stderr = seed_mean("tanh")
+    empirical, stderr = product_moments(fan_in_prior_outputs(X3, 1000, 2, "tanh", 10_000))
+    assert ((mc - empirical).abs() < 4 * (mc_stderr**2 + stderr**2).sqrt()).all()
+    mc, mc_stderr = seed_mean("relu")
+    with torch.no_grad():
+        exact = NNGPKernel(2, "relu", depth=2).double()(X3)
+    assert ((mc - exact).abs() < 4 * mc_stderr).all()
+
+
+def test_deep_kernel_is_positive_semidefinite_and_differentiable():
+    x = torch.randn(30, 2, dtype=F64)
+    for activation in ("relu", "erf", "tanh"):
+        kernel = NNGPKernel(2, activation, depth=3, num_features=None if activation != "tanh"
+                            else 512).double()
+        k = kernel(x)
+        eig = torch.linalg.eigvalsh(k.detach())
+        assert eig.min() > -1e-10 * eig.max()
+        grads = torch.autograd.grad(k.sum(), list(kernel.parameters()))
+        assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def test_nngp_entry_takes_the_depth():
+    ds = data.load("sine")
+    fitted = zoo.get("nngp").fit(ds.x_train[:60], ds.y_train[:60], steps=20, lr=0.1,
+                                 model_options={"depth": 3})
+    assert fitted.model.gp.kernel.depth == 3
+    out = fitted.evaluate(ds.x_test[:100], ds.y_test[:100])
+    assert out["rmse"] < 0.5 and math.isfinite(out["ll"])
+
+
+def test_priors_command_takes_the_nngp_depth(tmp_path):
+    from bnn_zoo.harness.cli import main
+
+    main(["priors", "--widths", "50", "--nngp-depth", "2", "--depth", "2", "--samples", "2000",
+          "--out", str(tmp_path)])
+    assert "2 hidden relu layer" in (tmp_path / "priors.md").read_text()

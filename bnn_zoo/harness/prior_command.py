@@ -2,13 +2,18 @@
 tail parameter of the units against depth (seed 001, second half).
 
     python -m bnn_zoo priors --widths 1 10 100 1000 --depth 3 --width 2 --out results/priors
+    python -m bnn_zoo priors --nngp-depth 3      # the width sweep with 3 hidden layers
 
 prints two Markdown tables and writes ``priors.md``, ``priors.json``, a CSV per table,
 ``output_vs_gaussian.png`` and ``tail_parameters.png`` into ``--out``
 (:func:`bnn_zoo.harness.tables.write_table_group`); it takes the shared flags
 ``--out``, ``--threads``, ``--device`` and ``--seed``. The nets are the
 zoo's MLP (entry ``bbb``'s model factory) with the fan-in Gaussian prior whose
-infinite-width limit is the kernel of entry ``nngp`` with every variance 1.
+infinite-width limit is the kernel of entry ``nngp`` with every variance 1; the width
+sweep (``--nngp-depth`` hidden layers of each width) samples their outputs layer by
+layer (:func:`~bnn_zoo.harness.prior_diagnostics.fan_in_prior_outputs`), so wide deep
+nets cost ``O(S N H)`` per layer. With more than one hidden layer the covariance is
+exact only in the limit: its error falls as ``1/H``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.nn import ACTIVATIONS
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.outputs import check_writable
-from bnn_zoo.harness.prior_diagnostics import excess_kurtosis, prior_predictive, tail_table
+from bnn_zoo.harness.prior_diagnostics import excess_kurtosis, fan_in_prior_outputs, tail_table
 from bnn_zoo.harness.prior_figures import plot_output_vs_gaussian, plot_tail_parameters
 from bnn_zoo.harness.tables import Table, write_table_group
 from bnn_zoo.models.priors import GaussianPrior
@@ -57,22 +62,22 @@ def _ks_to_gaussian(values: Tensor, variance: Tensor) -> float:
 
 
 def width_sweep(widths: Sequence[int], x: Tensor, num_samples: int, activation: str = "relu",
-                ) -> tuple[list[dict[str, float]], dict[int, Tensor]]:
-    """For each width ``H``: prior samples of ``f(x)`` of the one-hidden-layer net at the
-    inputs ``x`` (N, D), and per ``H`` the largest error of the empirical covariance
-    against the NNGP kernel in Monte Carlo standard errors, the variance at ``x[0]``
-    against ``K(x_0, x_0)``, the excess kurtosis and the KS distance to the GP marginal.
-    Returns the rows and the samples at ``x[0]`` per width."""
-    kernel = zoo.get("nngp").model(x.shape[1], 1, activation=activation).kernel
+                depth: int = 1) -> tuple[list[dict[str, float]], dict[int, Tensor]]:
+    """For each width ``H``: prior samples of ``f(x)`` of the net with ``depth`` hidden
+    layers of width ``H`` at the inputs ``x`` (N, D), and per ``H`` the largest error of
+    the empirical covariance against the NNGP kernel in Monte Carlo standard errors, the
+    variance at ``x[0]`` against ``K(x_0, x_0)``, the excess kurtosis and the KS distance
+    to the GP marginal. Returns the rows and the samples at ``x[0]`` per width."""
+    kernel = zoo.get("nngp").model(x.shape[1], 1, activation=activation, depth=depth).kernel
     kernel = kernel.to(device=x.device, dtype=x.dtype)
     with torch.no_grad():
         k = kernel(x)
     rows, samples = [], {}
     for width in widths:
         check_positive_int("width", width)
-        net = fan_in_net(x.shape[1], (width,), activation, x)
         # Chunks of at most CHUNK samples keep the (S, N, H) hidden units small.
-        f = torch.cat([prior_predictive(net, x, min(CHUNK, num_samples - start)).squeeze(-1)
+        f = torch.cat([fan_in_prior_outputs(x, width, depth, activation,
+                                            min(CHUNK, num_samples - start))
                        for start in range(0, num_samples, CHUNK)])  # (S, N)
         products = f.unsqueeze(-1) * f.unsqueeze(-2)
         stderr = products.std(0) / math.sqrt(num_samples)
@@ -95,6 +100,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--widths", type=flags.positive_int, nargs="+",
                         default=[1, 10, 100, 1000],
                         help="hidden widths H of the one-hidden-layer sweep")
+    parser.add_argument("--nngp-depth", type=flags.positive_int, default=1,
+                        help="hidden layers of the width sweep's nets and their NNGP kernel")
     parser.add_argument("--depth", type=flags.int_at_least(2), default=3,
                         help="layers L of the tail study (one hidden layer at least)")
     parser.add_argument("--width", type=flags.positive_int, default=2,
@@ -111,16 +118,19 @@ def run(args: argparse.Namespace) -> dict:
     """Compute both tables, print them, and write tables and figures into ``args.out``
     (``args`` parsed and applied by :func:`bnn_zoo.harness.flags.parse`)."""
     check_positive_int("depth", args.depth)
+    check_positive_int("nngp_depth", args.nngp_depth)
     if args.depth < 2:
         raise ValueError(f"Expected depth >= 2 (one hidden layer at least), got {args.depth}.")
     check_writable("--out", args.out, files=OUTPUT_FILES)
     pyro.set_rng_seed(args.seed)
     x = torch.tensor([[1.0]], dtype=torch.float64, device=args.device)
-    sweep, samples = width_sweep(args.widths, x, args.samples, args.activation)
+    sweep, samples = width_sweep(args.widths, x, args.samples, args.activation,
+                                 args.nngp_depth)
     net = fan_in_net(1, [args.width] * (args.depth - 1), args.activation, x)
     tails = tail_table(net, x, args.samples)
     print(write_table_group(args.out, "priors", [
-        Table("width_sweep", f"Gaussian limit of f(x=1), one hidden {args.activation} layer",
+        Table("width_sweep", f"Gaussian limit of f(x=1), {args.nngp_depth} hidden "
+              f"{args.activation} layer(s)",
               sweep, keys=("width",), columns=[k for k in sweep[0] if k != "width"]),
         Table("tails", f"Tail parameter theta of the units, hidden width {args.width}", tails,
               keys=("layer",), columns=[k for k in tails[0] if k != "layer"]),

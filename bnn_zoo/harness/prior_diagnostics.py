@@ -26,7 +26,9 @@ Both converge slowly (the moment slope at order ``k`` approaches ``l/2`` only as
 ``k`` grows: :func:`relu_chain_log_norms` gives it exactly for width-1 nets), so
 they are compared across depths, not read as exact values.
 
-Also: the vectorised prior predictive of a zoo model (:func:`prior_predictive`),
+Also: the vectorised prior predictive of a zoo model (:func:`prior_predictive`), the
+outputs of wide deep fan-in nets under their prior sampled layer by layer
+(:func:`fan_in_prior_outputs`),
 the units of every layer under the prior (:func:`prior_preactivations`), and the
 excess kurtosis that measures the distance of the output from its Gaussian
 (infinite-width) limit.
@@ -43,9 +45,10 @@ from pyro import poutine
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_positive_int, check_tensor
-from bnn_zoo.core.nn import mlp_forward
+from bnn_zoo.core.nn import activation, mlp_forward
 
-__all__ = ["excess_kurtosis", "log_moment_norms", "prior_predictive", "prior_preactivations",
+__all__ = ["excess_kurtosis", "fan_in_prior_outputs", "log_moment_norms", "prior_predictive",
+           "prior_preactivations",
            "preactivations", "relu_chain_log_norms", "tail_parameter_from_moments",
            "tail_parameter_from_survival", "tail_table"]
 
@@ -68,6 +71,42 @@ def prior_predictive(model: Callable, x: Tensor, num_samples: int, site: str = "
         raise ValueError(f"Unknown site {site!r}; the model has: "
                          f"{', '.join(n for n in trace.nodes if not n.startswith('_'))}.")
     return trace.nodes[site]["value"]
+
+
+def _gaussian_columns(cov: Tensor, columns: int) -> Tensor:
+    """``columns`` i.i.d. draws of ``N(0, cov)`` for each (..., N, N) ``cov``, as the columns
+    of a (..., N, columns) tensor; by the symmetric square root, so a singular ``cov``
+    (duplicate inputs, dead units) is fine."""
+    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    root = eigenvectors * eigenvalues.clamp_min(0).sqrt().unsqueeze(-2)
+    noise = torch.randn(*cov.shape[:-1], columns, dtype=cov.dtype, device=cov.device)
+    return root @ noise
+
+
+def fan_in_prior_outputs(x: Tensor, width: int, depth: int, activation_name: str,
+                         num_samples: int) -> Tensor:
+    r"""(S, N) draws of the output :math:`f(x)` at the inputs ``x`` (N, D) of MLPs with
+    ``depth`` hidden layers of ``width`` units under the fan-in prior (weights
+    :math:`N(0, 1/d_{in})`, biases :math:`N(0, 1)`: the zoo's MLP with
+    ``GaussianPrior(1, fan_in=True)``, whose NNGP kernel has every variance 1).
+
+    Sampled layer by layer, exactly in distribution: given the units :math:`h` (N, H) of
+    a layer, the pre-activations :math:`g = h W + b` of the next have i.i.d. columns
+    :math:`N(0, 1 1^T + h h^T / H)`, so only those (N, N) covariances are needed, not the
+    (H, H) weights: :math:`O(S N H)` per layer instead of :math:`O(S H^2)`. The first layer
+    has covariance :math:`1 1^T + x x^T / D` and the output one column.
+    """
+    check_tensor("x", x, ndim=2, floating=True)
+    check_positive_int("width", width)
+    check_positive_int("depth", depth)
+    check_positive_int("num_samples", num_samples)
+    phi = activation(activation_name)
+    units = x.expand(num_samples, *x.shape)
+    for columns in [width] * depth + [1]:
+        cov = 1 + units @ units.transpose(-1, -2) / units.shape[-1]
+        g = _gaussian_columns(cov, columns)
+        units = phi(g)
+    return g.squeeze(-1)
 
 
 def preactivations(x: Tensor, params: Sequence[tuple[Tensor, Tensor]],

@@ -13,10 +13,21 @@ Everything runs in float64: once the learned noise is small (yacht), the float32
 help). Predictions come back in the data's dtype. Exact GP regression costs ``O(N^3)`` per
 step; above ``max_points`` training points the method raises
 :class:`~bnn_zoo.methods.base.UnsupportedProblem`.
+
+Numerical guards: the model escalates its Cholesky jitter where ``K + sigma^2 I`` is not
+numerically positive definite (the largest relative jitter used is the posterior's
+diagnostic ``jitter``). Where the factorisation still fails, or the evidence or its
+gradient is not finite (an extreme learning rate), the fit stops with
+:class:`~bnn_zoo.core.training.TrainingDiverged` naming the learning rate, the step and the
+last finite hyperparameters, which the model keeps. The hyperparameters after the last
+step are checked too, so a fit that returns has a finite evidence and finite predictions.
 """
 
 from __future__ import annotations
 
+import math
+import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,14 +36,16 @@ import pyro
 import pyro.distributions as dist
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.predictive import GaussianMixturePredictive
-from bnn_zoo.core.training import FitResult, fit
+from bnn_zoo.core.training import FitResult, SVIStep, TrainingDiverged
 from bnn_zoo.methods.base import Budget, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods.svi import result_from_state, result_state
+from bnn_zoo.models.nngp import NotPositiveDefinite
 
-__all__ = ["ConditionedGP", "ExactGP", "GPPosterior", "no_guide"]
+__all__ = ["ConditionedGP", "ExactGP", "GPPosterior", "fit_evidence", "no_guide"]
 
 
 def no_guide(x: Tensor, y: Tensor | None = None) -> None:
@@ -52,13 +65,65 @@ class ConditionedGP(nn.Module):
 
     def predictive(self, x: Tensor) -> GaussianMixturePredictive:
         """The closed-form predictive at ``x`` (M, D): ``loc``, ``scale`` of shape (1, M)."""
-        pred = self.gp.posterior(self.x_train, self.y_train, x.to(self.x_train.dtype))
+        # A private parameter store: in Pyro's default mode the GP's PyroParams would
+        # otherwise read values of the same names left in the global store by another fit.
+        with pyro.get_param_store().scope():
+            pred = self.gp.posterior(self.x_train, self.y_train, x.to(self.x_train.dtype))
         return GaussianMixturePredictive(pred.loc.to(x.dtype), pred.scale.to(x.dtype))
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         pred = self.predictive(x)
         with pyro.plate("data", x.shape[0], device=x.device):
             return pyro.sample("obs", dist.Normal(pred.loc[0], pred.scale[0]), obs=y)
+
+
+def _restore_last_finite(step: SVIStep) -> None:
+    with torch.no_grad():
+        for param, good in zip(step.params, step.last_good):
+            param.copy_(good)
+
+
+def _check_final_evidence(gp: nn.Module, x: Tensor, y: Tensor) -> None:
+    """The optimiser's last update is not checked by a step of its own: check it here."""
+    with torch.no_grad(), pyro.get_param_store().scope():
+        value = float(gp.log_evidence(x, y))
+    if not math.isfinite(value):
+        raise TrainingDiverged(f"The log evidence became {value}.")
+
+
+def fit_evidence(gp: nn.Module, x: Tensor, y: Tensor, *, steps: int, lr: float, seed: int,
+                 progress: bool | None = False) -> FitResult:
+    """Maximise ``gp``'s log evidence (its ``obs`` site; the empty guide) by full-batch Adam,
+    one :class:`~bnn_zoo.core.training.SVIStep` per step (``progress``: a tqdm bar; ``None``:
+    only when stderr is a terminal). ``gp`` is a GP model like
+    :class:`~bnn_zoo.models.nngp.NNGPRegression`: ``log_evidence(x, y)``, ``posterior``,
+    ``hyperparameters()`` and ``largest_jitter``.
+
+    Raises :class:`~bnn_zoo.core.training.TrainingDiverged`, naming ``lr``, the step and
+    the hyperparameters, where the evidence, its gradient or the final evidence is not
+    finite or ``K + sigma^2 I`` cannot be factorised (``NotPositiveDefinite`` from the
+    model); ``gp`` then holds the last hyperparameters whose evidence was finite.
+    """
+    check_positive_int("steps", steps)
+    pyro.set_rng_seed(seed)
+    step = SVIStep(gp, no_guide, x, y, lr=lr, seed=seed)
+    losses: list[float] = []
+    started = time.perf_counter()
+    try:
+        show = sys.stderr.isatty() if progress is None else progress
+        for _ in tqdm(range(steps), disable=not show, desc="ExactGP", leave=False):
+            losses.append(step())
+        _check_final_evidence(gp, x, y)
+    except (NotPositiveDefinite, TrainingDiverged) as error:
+        _restore_last_finite(step)
+        # Pyro appends the trace's shapes to errors raised inside the model: keep line one.
+        reason = str(error).splitlines()[0]
+        raise TrainingDiverged(
+            f"Type-II maximum likelihood diverged with lr={lr} at step {step.step_count} of "
+            f"{steps}: {reason} The model keeps the last finite hyperparameters "
+            f"{gp.hyperparameters()}; try a smaller lr.") from error
+    return FitResult(losses=losses, seconds=time.perf_counter() - started, steps=steps,
+                     parameters={f"0.{name}": p for name, p in gp.named_parameters()})
 
 
 @dataclass
@@ -103,9 +168,10 @@ class ExactGP:
             raise ValueError("ExactGP does not run data-parallel: expected distributed=False.")
         x64, y64 = x.double(), y.double()
         gp = build_model().to(dtype=torch.float64)
-        result = fit(gp, no_guide, x64, y64, steps=budget.steps, lr=budget.lr, seed=seed,
-                     progress=progress)
-        return GPPosterior(ConditionedGP(gp, x64, y64), result)
+        result = fit_evidence(gp, x64, y64, steps=budget.steps, lr=budget.lr, seed=seed,
+                              progress=progress)
+        return GPPosterior(ConditionedGP(gp, x64, y64), result,
+                           {"jitter": gp.largest_jitter})
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> GPPosterior:

@@ -1,6 +1,7 @@
-"""Zoo entries ``nngp`` and ``nngp-erf``: the infinite-width limit of the one-hidden-layer
-BNN as exact GP regression (seed 001, second half; Neal 1996), hyperparameters by type-II
-maximum likelihood (:class:`~bnn_zoo.methods.gp.ExactGP`)."""
+"""Zoo entries ``nngp`` and ``nngp-erf``: the infinite-width limit of the BNN with ``depth``
+hidden layers (one by default) as exact GP regression (seed 001, second half; Neal 1996;
+Lee et al. 2018 for depth), hyperparameters by type-II maximum likelihood
+(:class:`~bnn_zoo.methods.gp.ExactGP`); e.g. ``fit(x, y, model_options={"depth": 3})``."""
 
 from __future__ import annotations
 
@@ -19,21 +20,22 @@ MAX_TRAINING_POINTS = 3000
 
 
 def nngp(in_dim: int, out_dim: int, *, task: str = "regression", activation: str = "relu",
-         noise_scale: float | None = None, num_features: int | None = None,
+         depth: int = 1, noise_scale: float | None = None, num_features: int | None = None,
          **kernel_options: float) -> NNGPRegression:
-    """The NNGP regression model; ``kernel_options`` are the initial kernel variances
-    (``weight_variance``, ``bias_variance``, ``output_variance``, ``output_bias_variance``)."""
+    """The NNGP regression model of a net with ``depth`` hidden layers; ``kernel_options``
+    are the initial kernel variances (``weight_variance``, ``bias_variance``,
+    ``output_variance``, ``output_bias_variance``)."""
     if task != "regression" or out_dim != 1:
         raise ValueError(f"Expected task 'regression' with out_dim 1, got {task!r}, {out_dim}.")
-    return NNGPRegression(in_dim, activation=activation, noise_scale=noise_scale,
+    return NNGPRegression(in_dim, activation=activation, depth=depth, noise_scale=noise_scale,
                           num_features=num_features, **kernel_options)
 
 
 for _name, _activation in [("nngp", "relu"), ("nngp-erf", "erf")]:
     register(Entry(
         name=_name,
-        description=f"infinite-width 1-hidden-layer {_activation} BNN: exact GP with the NNGP "
-                    "kernel, hyperparameters by type-II maximum likelihood",
+        description=f"infinite-width {_activation} BNN (1 hidden layer, option depth): exact GP "
+                    "with the NNGP kernel, hyperparameters by type-II maximum likelihood",
         tasks=("regression",),
         source="001_c55daefe340e50b9.txt",
         model=partial(nngp, activation=_activation),
