@@ -108,7 +108,7 @@ def model_nll(model, layout, theta, x, y):
 
 
 # --------------------------------------------------------------------------- closed forms
-@pytest.mark.parametrize("curvature", ["full", "ggn", "kron", "last_layer"])
+@pytest.mark.parametrize("curvature", ["hessian", "ggn", "kron", "last_layer"])
 def test_linear_regression_posterior_and_evidence_are_exact(curvature):
     model, x, y = linear_problem()
     alpha, beta = 0.8**-2, 0.4**-2
@@ -240,7 +240,7 @@ def test_kron_posterior_precision_is_alpha_plus_beta_q_kron_g():
     torch.testing.assert_close(post.covariance() @ precision, torch.eye(len(theta), dtype=D))
 
 
-@pytest.mark.parametrize("curvature", ["full", "ggn", "diag", "kron", "last_layer"])
+@pytest.mark.parametrize("curvature", ["hessian", "ggn", "diag", "kron", "last_layer"])
 def test_sample_offsets_have_the_posterior_covariance(curvature):
     """The guide's draws are ``theta + M eps``; ``M M^T`` must be ``A^-1`` exactly."""
     model, layout, theta, x, y = tiny_net("classification")
@@ -414,7 +414,7 @@ def test_guide_is_a_point_mass_under_pyro_svi(local):
 
 
 # --------------------------------------------------------------------------- save and load
-@pytest.mark.parametrize("curvature", ["full", "ggn", "diag", "kron", "last_layer"])
+@pytest.mark.parametrize("curvature", ["hessian", "ggn", "diag", "kron", "last_layer"])
 @pytest.mark.parametrize("task", ["regression", "classification"])
 def test_posterior_state_rebuilds_the_same_posterior_without_data(curvature, task):
     """Every block kind round-trips through its ``state_dict``: the rebuilt posterior (from
@@ -441,7 +441,7 @@ def test_posterior_state_rebuilds_the_same_posterior_without_data(curvature, tas
         block_from_state({**state["blocks"][0], "kind": "banded"})
 
 
-ENTRY_OF = {"full": "laplace_full", "ggn": "laplace_ggn", "diag": "laplace_diag",
+ENTRY_OF = {"hessian": "laplace_full", "ggn": "laplace_ggn", "diag": "laplace_diag",
             "kron": "laplace_kron", "last_layer": "laplace_last_layer"}
 
 
@@ -546,15 +546,15 @@ def test_entries_use_the_method():
     assert fitted.evaluate(d.x_test, d.y_test)["accuracy"] > 0.8
     with pytest.raises(ValueError, match="predictive"):
         zoo.get("laplace").fit(x, y, steps=1, method_options={"predictive": "exact"})
-    with pytest.raises(ValueError, match="full, ggn, diag, kron, last_layer"):
+    with pytest.raises(ValueError, match="hessian, ggn, diag, kron, kron_separate, last_layer"):
         zoo.get("laplace").fit(x, y, steps=1, method_options={"curvature": "block"})
 
 
 def test_indefinite_hessian_raises_or_is_clipped():
     model, layout, theta, x, y = tiny_net("regression", n=20)
     with pytest.raises(NotPositiveDefiniteError, match="indefinite='clip'"):
-        laplace_posterior(model, theta, x, y, curvature="full", alpha=1e-6, refine=False)
-    post = laplace_posterior(model, theta, x, y, curvature="full", alpha=1e-6, refine=False,
+        laplace_posterior(model, theta, x, y, curvature="hessian", alpha=1e-6, refine=False)
+    post = laplace_posterior(model, theta, x, y, curvature="hessian", alpha=1e-6, refine=False,
                              indefinite="clip")
     assert post.clipped > 0
     assert bool(torch.isfinite(post.log_evidence()))
@@ -563,7 +563,7 @@ def test_indefinite_hessian_raises_or_is_clipped():
 def test_bad_arguments():
     model, layout, theta, x, y = tiny_net("regression")
     with pytest.raises(ValueError, match="GiB"):
-        laplace_posterior(model, theta, x, y, curvature="full", max_bytes=1000)
+        laplace_posterior(model, theta, x, y, curvature="hessian", max_bytes=1000)
     with pytest.raises(ValueError, match="theta"):
         laplace_posterior(model, theta[:-1], x, y)
     with pytest.raises(ValueError, match="alpha"):
@@ -581,7 +581,7 @@ def test_bad_arguments():
                       progress=False)
     with pytest.raises(ValueError, match="predictive"):
         Laplace(predictive="exact")
-    with pytest.raises(ValueError, match="full, ggn, diag, kron, last_layer"):
+    with pytest.raises(ValueError, match="hessian, ggn, diag, kron, kron_separate, last_layer"):
         Laplace(curvature="block")
     with pytest.raises(ValueError, match="indefinite"):
         Laplace(indefinite="ignore")
