@@ -33,7 +33,7 @@ numbers, ``last_layer`` the last layer's size squared.
 The evidence loop (issues 15 and 17) ends on a consistent (MAP, ``alpha``, ``beta``): it
 stops when the evidence-optimal hyperparameters for the current, refitted MAP are within
 ``tol`` of the current ones, so its last step is that test after the refit. Each update is
-a bounded step in log space (:func:`bounded_step`): at most ``max_log_step`` and inside
+a damped, bounded step in log space (:func:`bounded_step`): at most ``max_log_step`` and inside
 ``bounds``, with a target that is not positive, infinite or NaN mapped to the upper bound
 or to no move, so ``alpha`` and ``beta`` stay finite even on three data points, where the
 fixed point sends ``alpha`` to infinity. The posterior records ``converged`` and
@@ -75,7 +75,7 @@ from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_s
 from bnn_zoo.methods.svi import module_state, result_from_state, result_state
 from bnn_zoo.models.priors import GaussianPrior
 
-__all__ = ["EVIDENCE_METHODS", "HYPER_BOUNDS", "MAX_LOG_STEP", "PREDICTIVES", "Laplace",
+__all__ = ["DAMPING", "EVIDENCE_METHODS", "HYPER_BOUNDS", "MAX_LOG_STEP", "PREDICTIVES", "Laplace",
            "LaplaceFit", "bounded_step", "fixed_point_update", "gradient_update",
            "laplace_posterior", "model_alpha", "predictive_model", "refine_map"]
 
@@ -83,6 +83,7 @@ PREDICTIVES = ("glm", "mc")
 EVIDENCE_METHODS = ("fixed_point", "gradient")
 HYPER_BOUNDS = (1e-6, 1e6)
 MAX_LOG_STEP = math.log(10)
+DAMPING = 0.5
 
 
 def _likelihood(model) -> str:
@@ -163,13 +164,17 @@ def gradient_update(post: LaplacePosterior, per_layer: bool,
 
 
 def bounded_step(current: Tensor, target: Tensor, bounds: tuple[float, float],
-                 max_log_step: float) -> tuple[Tensor, Tensor]:
-    """A checked step of positive hyperparameters ``current`` towards ``target``, in log space.
+                 max_log_step: float, damping: float = 1.0) -> tuple[Tensor, Tensor]:
+    """A checked, damped step of positive hyperparameters ``current`` towards ``target``, in
+    log space: ``log new = log current + damping (log target - log current)``.
 
     A target that is not positive (``N - gamma <= 0``, ``gamma_l <= 0``: the data pin
     nothing, so the evidence grows without bound) or is infinite is read as the upper
     bound; a NaN target as no move. The target is clipped to ``bounds`` and the step
-    ``log new - log current`` to ``[-max_log_step, max_log_step]``. Returns the new values
+    ``log new - log current`` to ``[-max_log_step, max_log_step]``. A damping below 1
+    turns the period-two oscillation of a fixed point whose map has slope near -1 (the
+    noise update on a handful of points, ``beta = (N - gamma) / (2 E_D)`` with both
+    nearly zero) into convergence. Returns the new values
     and the distances ``|log target - log current|`` (the clipped target), elementwise.
     """
     low, high = (math.log(b) for b in bounds)
@@ -178,7 +183,7 @@ def bounded_step(current: Tensor, target: Tensor, bounds: tuple[float, float],
         target.dtype).tiny)), torch.full_like(target, high))
     log_target = torch.where(torch.isnan(target), log_current, log_target).clamp(low, high)
     distance = (log_target - log_current).abs()
-    step = (log_target - log_current).clamp(-max_log_step, max_log_step)
+    step = (damping * (log_target - log_current)).clamp(-max_log_step, max_log_step)
     return torch.exp((log_current + step).clamp(low, high)), distance
 
 
@@ -188,7 +193,8 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
                       per_layer_alpha: bool = False, refine: bool = True,
                       iterations: int = 30, tol: float = 1e-4,
                       bounds: tuple[float, float] = HYPER_BOUNDS,
-                      max_log_step: float = MAX_LOG_STEP, indefinite: str = "raise",
+                      max_log_step: float = MAX_LOG_STEP, damping: float = DAMPING,
+                      indefinite: str = "raise",
                       max_bytes: int = MAX_DENSE_BYTES) -> LaplacePosterior:
     """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP`) around
     ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,), optionally evidence-tuned. ``model`` is
@@ -201,8 +207,9 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
     ``evidence`` (``"fixed_point"``, ``"gradient"`` or ``None``): each iteration computes
     the evidence-optimal ``alpha``, ``beta`` for the current MAP; if they are within
     ``tol`` (in log space) of the current ones, the loop has converged and stops on that
-    consistent (MAP, ``alpha``, ``beta``); otherwise it steps towards them (bounded, see
-    :func:`bounded_step`: log steps at most ``max_log_step``, values in ``bounds``) and
+    consistent (MAP, ``alpha``, ``beta``); otherwise it steps towards them (damped and
+    bounded, see :func:`bounded_step`: ``damping`` times the log distance, at most
+    ``max_log_step``, values in ``bounds``) and
     refits the MAP (``refine``, full-batch L-BFGS) and the curvature, at most
     ``iterations`` times. The result's ``converged`` and ``iterations`` say how it ended;
     its ``history`` holds ``(alpha, beta, log evidence)`` of every (MAP, ``alpha``,
@@ -219,6 +226,8 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
     check_positive_int("iterations", iterations)
     check_positive("tol", tol)
     check_positive("max_log_step", max_log_step)
+    if not 0 < damping <= 1:
+        raise ValueError(f"Expected 0 < damping <= 1, but got {damping}.")
     if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < math.inf:
         raise ValueError(f"Expected bounds (low, high) with 0 < low < high < inf, but got "
                          f"{bounds}.")
@@ -280,8 +289,10 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
                 target_alpha, target_beta = fixed_point_update(post, per_layer_alpha)
         else:
             target_alpha, target_beta = gradient_update(post, per_layer_alpha)
-        new_alpha, alpha_distance = bounded_step(post.alpha, target_alpha, bounds, max_log_step)
-        new_beta, beta_distance = bounded_step(post.beta, target_beta, bounds, max_log_step)
+        new_alpha, alpha_distance = bounded_step(post.alpha, target_alpha, bounds, max_log_step,
+                                                 damping)
+        new_beta, beta_distance = bounded_step(post.beta, target_beta, bounds, max_log_step,
+                                               damping)
         distance = float(alpha_distance.max())
         if regression:
             distance = max(distance, float(beta_distance))
@@ -332,9 +343,10 @@ class Laplace:
     iterations, tol : at most ``iterations`` evidence updates (default 30); converged when
         the evidence-optimal ``alpha`` and ``beta`` for the current MAP are within ``tol``
         of the current ones in log space (default ``1e-4``).
-    bounds, max_log_step : the evidence updates keep ``alpha`` and ``beta`` in ``bounds``
-        (default ``(1e-6, 1e6)``) and change their logs by at most ``max_log_step``
-        (default ``log 10``) per iteration.
+    bounds, max_log_step, damping : each evidence update moves ``log alpha`` and
+        ``log beta`` by ``damping`` (default 0.5) times their distance to the target, at
+        most ``max_log_step`` (default ``log 10``), and keeps them in ``bounds`` (default
+        ``(1e-6, 1e6)``).
     bias_scale : standard deviation of the guide's initial biases (default 1); the method
         builds its own guide and takes no ``guide_options``.
     max_bytes : the largest dense ``P x P`` matrix allowed (default 2 GiB).
@@ -353,6 +365,7 @@ class Laplace:
     tol: float = 1e-4
     bounds: tuple[float, float] = HYPER_BOUNDS
     max_log_step: float = MAX_LOG_STEP
+    damping: float = DAMPING
     bias_scale: float = 1.0
     max_bytes: int = MAX_DENSE_BYTES
 
@@ -363,6 +376,8 @@ class Laplace:
         check_choice("predictive", self.predictive, PREDICTIVES)
         check_choice("link", self.link, LINKS)
         check_positive("max_log_step", self.max_log_step)
+        if not 0 < self.damping <= 1:
+            raise ValueError(f"Expected 0 < damping <= 1, but got {self.damping}.")
         check_choice("indefinite", self.indefinite, INDEFINITE)
         check_positive_int("iterations", self.iterations)
         check_positive("tol", self.tol)
@@ -390,6 +405,7 @@ class Laplace:
                                  evidence=self.evidence, per_layer_alpha=self.per_layer_alpha,
                                  refine=self.refine, iterations=self.iterations, tol=self.tol,
                                  bounds=self.bounds, max_log_step=self.max_log_step,
+                                 damping=self.damping,
                                  indefinite=self.indefinite, max_bytes=self.max_bytes)
         guide.set_posterior(post)
         return LaplaceFit(post, predictive_model(post, self.predictive), guide,
