@@ -34,6 +34,9 @@ Structures (``P`` weights; ``L`` layers of ``p_l`` weights each):
                    on ``W`` and the exact ``sum_n G_n`` on ``b``, no
                    weight-bias cross terms (laplace-torch's ``kron``)
 ``last_layer``     the GGN of the last layer's weights only             p_L^2 memory
+``low_rank``       the top ``rank`` eigenpairs of the GGN               P rank (P^2 to build)
+``subnetwork``     the GGN of a chosen index set of weights, the       p_S^2 memory
+                   rest fixed at the MAP
 =================  ==============================================  ==================
 
 laplace-torch users: its ``full`` is the GGN here (``ggn``), and its ``kron`` is
@@ -61,9 +64,11 @@ from bnn_zoo.core.nn import mlp_forward
 
 __all__ = ["CURVATURES", "LIKELIHOODS", "MAX_DENSE_BYTES", "ParameterLayout", "check_curvature",
            "check_dense_fits", "diagonal_ggn", "full_hessian", "ggn", "jacobian", "kron_ggn",
-           "last_layer_ggn", "layer_jacobians", "loss_whitening", "negative_log_likelihood"]
+           "last_layer_ggn", "layer_jacobians", "loss_whitening", "negative_log_likelihood",
+           "subnetwork_ggn", "subnetwork_indices"]
 
-CURVATURES = ("hessian", "ggn", "diag", "kron", "kron_separate", "last_layer")
+CURVATURES = ("hessian", "ggn", "diag", "kron", "kron_separate", "last_layer", "low_rank",
+              "subnetwork")
 LIKELIHOODS = ("gaussian", "categorical")
 MAX_DENSE_BYTES = 2 * 1024**3
 CHUNK = 256
@@ -277,6 +282,35 @@ def _dense_ggn(theta, x, layout, act, likelihood, layers, chunk) -> Tensor:
         rows = torch.cat([(a[:, None, :, None] * rj[:, :, None, :]).flatten(2)
                           for a, rj in _whitened(theta, xc, layout, act, likelihood, layers)], -1)
         rows = rows.flatten(0, 1)
+        out += rows.T @ rows
+    return out
+
+
+def subnetwork_indices(indices, num_parameters: int) -> Tensor:
+    """``indices`` as a sorted int64 tensor of distinct positions in ``theta`` (P,)."""
+    out = torch.as_tensor(indices)
+    if out.dim() != 1 or out.numel() == 0 or out.dtype.is_floating_point or out.dtype == \
+            torch.bool:
+        raise ValueError(f"Expected subnetwork indices as a non-empty 1-d sequence of integers, "
+                         f"but got {tuple(out.shape)} of {out.dtype}.")
+    out = out.long().sort().values
+    if int(out[0]) < 0 or int(out[-1]) >= num_parameters or bool((out[1:] == out[:-1]).any()):
+        raise ValueError(f"Expected distinct subnetwork indices in [0, {num_parameters}), but "
+                         f"got {out.tolist()}.")
+    return out
+
+
+def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
+                   act: Callable[[Tensor], Tensor], likelihood: str = "gaussian", *,
+                   indices: Tensor, chunk: int = CHUNK) -> Tensor:
+    """(p_S, p_S) the GGN block ``sum_n J_{n,S}^T Lambda_n J_{n,S}`` of the weights
+    ``theta[indices]`` (Daxberger et al. 2021, subnetwork Laplace), in chunks of data points."""
+    x, y = _checked(theta, x, y, layout, likelihood)
+    indices = subnetwork_indices(indices, layout.num_parameters).to(theta.device)
+    out = theta.new_zeros(indices.numel(), indices.numel())
+    for xc in x.split(chunk):  # memory grows with the chunk, not N
+        f, g = jacobian(theta, xc, layout, act)
+        rows = (loss_whitening(f, likelihood) @ g[..., indices]).flatten(0, 1)
         out += rows.T @ rows
     return out
 

@@ -371,6 +371,60 @@ def test_kron_separate_is_the_exact_weight_and_bias_blocks_for_one_data_point(ta
     assert len(post.blocks) == 2 * layout.num_layers
 
 
+SUBNETWORK = (0, 5, 17, 30, 34)
+
+
+@pytest.mark.parametrize("rank", [4, 35])
+def test_low_rank_is_the_top_eigenpairs_of_the_ggn_plus_the_prior(rank):
+    """Against a dense reference: ``diag(alpha) + beta U_k diag(lambda_k) U_k^T`` from the
+    naive GGN's ``k`` largest eigenpairs, with a prior precision per weight; at full rank
+    (P = 35) the posterior is the GGN one."""
+    model, layout, theta, x, y = tiny_net("regression")
+    alpha = torch.rand(len(theta), generator=torch.Generator().manual_seed(5), dtype=D) + 0.5
+    post = laplace_posterior(model, theta, x, y, curvature="low_rank", rank=rank, alpha=alpha,
+                             beta=3.0, refine=False)
+    evals, evecs = torch.linalg.eigh(naive_ggn(model, layout, theta, x))
+    u, lam = evecs[:, -rank:], evals[-rank:].clamp_min(0)
+    precision = torch.diag(alpha) + 3.0 * (u * lam) @ u.T
+    torch.testing.assert_close(post.covariance(), torch.linalg.inv(precision))
+    torch.testing.assert_close(post.log_det(), torch.linalg.slogdet(precision)[1])
+    g = naive_jacobian(model, layout, theta, x)[:, 0]
+    torch.testing.assert_close(post.function_variance(x)[1][:, 0],
+                               torch.einsum("np,pq,nq->n", g, torch.linalg.inv(precision), g))
+    if rank == len(theta):
+        full = laplace_posterior(model, theta, x, y, curvature="ggn", alpha=alpha, beta=3.0,
+                                 refine=False)
+        torch.testing.assert_close(post.log_evidence(), full.log_evidence())
+
+
+def test_subnetwork_is_the_ggn_of_the_chosen_weights_the_rest_at_the_map():
+    model, layout, theta, x, y = tiny_net("classification")
+    post = laplace_posterior(model, theta, x, y, curvature="subnetwork", subnetwork=SUBNETWORK,
+                             alpha=2.0, refine=False)
+    idx = torch.tensor(SUBNETWORK)
+    dense = naive_ggn(model, layout, theta, x)
+    precision = 2.0 * torch.eye(len(idx), dtype=D) + dense[idx][:, idx]
+    cov = post.covariance()
+    torch.testing.assert_close(cov[idx][:, idx], torch.linalg.inv(precision))
+    rest = torch.ones(len(theta), dtype=torch.bool)
+    rest[idx] = False
+    assert bool((cov[rest] == 0).all()) and bool((cov[:, rest] == 0).all())
+    assert bool((post.offset(torch.randn(3, len(theta), dtype=D))[:, rest] == 0).all())
+    # the evidence counts the chosen weights only, like the last layer's
+    last = range(layout.layer_slices[-1].start, layout.layer_slices[-1].stop)
+    for subset, curvature in ((last, "last_layer"), (range(len(theta)), "ggn")):
+        sub = laplace_posterior(model, theta, x, y, curvature="subnetwork", subnetwork=subset,
+                                alpha=2.0, refine=False)
+        ref = laplace_posterior(model, theta, x, y, curvature=curvature, alpha=2.0,
+                                refine=False)
+        torch.testing.assert_close(sub.log_evidence(), ref.log_evidence())
+        torch.testing.assert_close(sub.covariance(), ref.covariance())
+    with pytest.raises(ValueError, match="subnetwork"):
+        laplace_posterior(model, theta, x, y, curvature="subnetwork")
+    with pytest.raises(ValueError, match="distinct"):
+        laplace_posterior(model, theta, x, y, curvature="subnetwork", subnetwork=(1, 1))
+
+
 def test_dense_cholesky_escalates_jitter_before_clipping():
     """A precision a little below positive definite factorises with a recorded jitter and
     no eigendecomposition; one far below it raises, or is clipped with ``"clip"``."""
@@ -403,11 +457,12 @@ def test_kron_posterior_precision_is_alpha_plus_beta_q_kron_g():
 
 
 @pytest.mark.parametrize("curvature", ["hessian", "ggn", "diag", "kron", "kron_separate",
-                                       "last_layer"])
+                                       "last_layer", "low_rank", "subnetwork"])
 def test_sample_offsets_have_the_posterior_covariance(curvature):
     """The guide's draws are ``theta + M eps``; ``M M^T`` must be ``A^-1`` exactly."""
     model, layout, theta, x, y = tiny_net("classification")
-    post = laplace_posterior(model, theta, x, y, curvature=curvature, indefinite="clip")
+    post = laplace_posterior(model, theta, x, y, curvature=curvature, indefinite="clip",
+                             subnetwork=SUBNETWORK)
     m = post.offset(torch.eye(len(theta), dtype=D))  # row i is M e_i
     torch.testing.assert_close(m.T @ m, post.covariance())
 
@@ -604,7 +659,7 @@ def test_guide_is_a_point_mass_under_pyro_svi(local):
 
 # --------------------------------------------------------------------------- save and load
 @pytest.mark.parametrize("curvature", ["hessian", "ggn", "diag", "kron", "kron_separate",
-                                       "last_layer"])
+                                       "last_layer", "low_rank", "subnetwork"])
 @pytest.mark.parametrize("task", ["regression", "classification"])
 def test_posterior_state_rebuilds_the_same_posterior_without_data(curvature, task):
     """Every block kind round-trips through its ``state_dict``: the rebuilt posterior (from
@@ -612,7 +667,8 @@ def test_posterior_state_rebuilds_the_same_posterior_without_data(curvature, tas
     draws, to the bit."""
     model, layout, theta, x, y = tiny_net(task)
     post = laplace_posterior(model, theta, x, y, curvature=curvature, indefinite="clip",
-                             evidence="fixed_point", iterations=2, refine=False)
+                             evidence="fixed_point", iterations=2, refine=False,
+                             subnetwork=SUBNETWORK)
     state = post.state_dict()
     assert [b["kind"] for b in state["blocks"]] == [b.kind for b in post.blocks]
     again = LaplacePosterior.from_state(state, layout, model.act)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,10 +121,11 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
 def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor, Tensor]:
     """MacKay's updates (PRML 5.178-5.180) of ``alpha`` (per layer or shared) and ``beta``:
     ``alpha_l = gamma_l / ||w_l - m_l||^2``, ``beta = (N - gamma) / (2 E_D)``. Unbounded:
-    the targets may be infinite or not positive (see :func:`bounded_step`)."""
+    the targets may be infinite or not positive (see :func:`bounded_step`). Sums run over
+    the covered weights of each layer."""
     covered = post.covered_layers
     gamma = post.effective_parameters()
-    sq = post.layer_sums((post.theta - post.prior_mean) ** 2)
+    sq = post.layer_sums(post.covered * (post.theta - post.prior_mean) ** 2)
     alpha = post.alpha.clone()
     if per_layer:
         alpha[covered] = gamma[covered] / sq[covered]
@@ -194,6 +195,7 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
                       iterations: int = 30, tol: float = 1e-4,
                       bounds: tuple[float, float] = HYPER_BOUNDS,
                       max_log_step: float = MAX_LOG_STEP, damping: float = DAMPING,
+                      rank: int = 10, subnetwork: Tensor | Sequence[int] | None = None,
                       indefinite: str = "raise",
                       max_bytes: int = MAX_DENSE_BYTES) -> LaplacePosterior:
     """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP`) around
@@ -202,7 +204,9 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
 
     ``alpha`` defaults to the precision of the model's isotropic Gaussian prior; it may be
     one number, one per layer (L,) or one per weight (P,). ``prior_mean`` is a number or
-    (P,). ``beta`` defaults to the model's noise precision.
+    (P,). ``beta`` defaults to the model's noise precision. ``rank`` is the number of GGN
+    eigenpairs ``curvature="low_rank"`` keeps, ``subnetwork`` the positions in ``theta``
+    that ``curvature="subnetwork"`` covers (the others stay at the MAP).
 
     ``evidence`` (``"fixed_point"``, ``"gradient"`` or ``None``): each iteration computes
     the evidence-optimal ``alpha``, ``beta`` for the current MAP; if they are within
@@ -266,7 +270,8 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
                                beta, prior_mean=mean)
         if refine or blocks is None:  # without refits the MAP, hence H, stays put
             blocks = curvature_blocks(curvature, theta, x, y, layout, act, likelihood,
-                                      indefinite=indefinite, max_bytes=max_bytes)
+                                      indefinite=indefinite, max_bytes=max_bytes, rank=rank,
+                                      subnetwork=subnetwork)
         with torch.no_grad():
             energy = _energy(theta, x, y, layout, act, likelihood)
         post = LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
@@ -323,8 +328,12 @@ class Laplace:
     ----------
     curvature : ``"hessian"`` (exact), ``"ggn"`` (full GGN, default), ``"diag"``,
         ``"kron"`` (joint weight-and-bias factors), ``"kron_separate"`` (laplace-torch's
-        separate weight and bias factors) or ``"last_layer"`` (see
-        :mod:`bnn_zoo.guides.curvature`); ``"full"`` is refused with its new name.
+        separate weight and bias factors), ``"last_layer"``, ``"low_rank"`` (the top
+        ``rank`` GGN eigenpairs plus the prior) or ``"subnetwork"`` (the GGN of the weights
+        ``subnetwork``, the rest at the MAP); see :mod:`bnn_zoo.guides.curvature`.
+        ``"full"`` is refused with its new name.
+    rank : the eigenpairs ``low_rank`` keeps (default 10).
+    subnetwork : the positions in the flat weights that ``subnetwork`` covers.
     evidence : ``None`` (default: ``alpha`` from the model's prior, ``beta`` from its
         noise at the MAP), ``"fixed_point"`` (MacKay) or ``"gradient"`` (L-BFGS).
     per_layer_alpha : one prior precision per layer instead of one shared.
@@ -366,6 +375,8 @@ class Laplace:
     bounds: tuple[float, float] = HYPER_BOUNDS
     max_log_step: float = MAX_LOG_STEP
     damping: float = DAMPING
+    rank: int = 10
+    subnetwork: tuple[int, ...] | None = None
     bias_scale: float = 1.0
     max_bytes: int = MAX_DENSE_BYTES
 
@@ -375,6 +386,10 @@ class Laplace:
             check_choice("evidence", self.evidence, EVIDENCE_METHODS)
         check_choice("predictive", self.predictive, PREDICTIVES)
         check_choice("link", self.link, LINKS)
+        check_positive_int("rank", self.rank)
+        if self.curvature == "subnetwork" and self.subnetwork is None:
+            raise ValueError("curvature='subnetwork' needs the subnetwork's weight indices; "
+                             "expected subnetwork=(...), but got None.")
         check_positive("max_log_step", self.max_log_step)
         if not 0 < self.damping <= 1:
             raise ValueError(f"Expected 0 < damping <= 1, but got {self.damping}.")
@@ -405,7 +420,8 @@ class Laplace:
                                  evidence=self.evidence, per_layer_alpha=self.per_layer_alpha,
                                  refine=self.refine, iterations=self.iterations, tol=self.tol,
                                  bounds=self.bounds, max_log_step=self.max_log_step,
-                                 damping=self.damping,
+                                 damping=self.damping, rank=self.rank,
+                                 subnetwork=self.subnetwork,
                                  indefinite=self.indefinite, max_bytes=self.max_bytes)
         guide.set_posterior(post)
         return LaplaceFit(post, predictive_model(post, self.predictive), guide,

@@ -8,6 +8,7 @@ from bnn_zoo.guides.laplace.blocks import Block as Block
 from bnn_zoo.guides.laplace.blocks import DenseBlock as DenseBlock
 from bnn_zoo.guides.laplace.blocks import DiagBlock as DiagBlock
 from bnn_zoo.guides.laplace.blocks import KronBlock as KronBlock
+from bnn_zoo.guides.laplace.blocks import LowRankBlock as LowRankBlock
 from bnn_zoo.guides.laplace.blocks import NotPositiveDefiniteError as NotPositiveDefiniteError
 from bnn_zoo.guides.laplace.blocks import curvature_blocks as curvature_blocks
 from bnn_zoo.guides.laplace.guide import LaplaceGuide as LaplaceGuide
@@ -17,5 +18,5 @@ from bnn_zoo.guides.laplace.posterior import LINKS as LINKS
 from bnn_zoo.guides.laplace.posterior import LaplacePosterior as LaplacePosterior
 
 __all__ = ["INDEFINITE", "LINKS", "Block", "DenseBlock", "DiagBlock", "KronBlock", "LaplaceGuide",
-           "LaplacePosterior", "LinearizedModel", "NonlinearModel", "NotPositiveDefiniteError",
-           "curvature_blocks"]
+           "LaplacePosterior", "LinearizedModel", "LowRankBlock", "NonlinearModel",
+           "NotPositiveDefiniteError", "curvature_blocks"]

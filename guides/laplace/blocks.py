@@ -10,8 +10,10 @@ once, at fit time. ``block.state_dict()`` gives what it holds as tensors and pla
 (its ``kind``, its slice as ``start``, ``stop``, and the tensors its constructor takes);
 :func:`block_from_state` rebuilds exactly that block, without any data.
 
-Memory for a slice of ``p`` weights: :class:`DenseBlock` ``p^2`` (``hessian``, ``ggn``,
-``last_layer``; ``kron_separate``'s bias blocks), :class:`DiagBlock` ``p`` (``diag``),
+A block's ``index`` is a slice of ``theta``, or for ``subnetwork`` an int64 tensor of
+positions. Memory for ``p`` weights: :class:`DenseBlock` ``p^2`` (``hessian``, ``ggn``,
+``last_layer``, ``subnetwork``; ``kron_separate``'s bias blocks), :class:`LowRankBlock`
+``p k`` (``low_rank``), :class:`DiagBlock` ``p`` (``diag``),
 :class:`KronBlock` ``(d_in + 1)^2 + d_out^2`` (``kron``, one per layer; ``kron_separate``
 one of ``d_in^2 + d_out^2`` per layer's weight matrix).
 
@@ -31,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_choice
+from bnn_zoo.core.checks import check_choice, check_positive_int
 from bnn_zoo.guides.curvature import (
     MAX_DENSE_BYTES,
     ParameterLayout,
@@ -41,10 +43,12 @@ from bnn_zoo.guides.curvature import (
     ggn,
     kron_ggn,
     last_layer_ggn,
+    subnetwork_ggn,
+    subnetwork_indices,
 )
 
 __all__ = ["INDEFINITE", "JITTER_MAX", "Block", "DenseBlock", "DiagBlock", "KronBlock",
-           "NotPositiveDefiniteError", "block_from_state", "cholesky_with_jitter",
+           "LowRankBlock", "NotPositiveDefiniteError", "block_from_state", "cholesky_with_jitter",
            "curvature_blocks"]
 
 INDEFINITE = ("raise", "clip")
@@ -56,10 +60,14 @@ class NotPositiveDefiniteError(ValueError):
 
 
 def _index_state(block: Block) -> dict:
-    return {"kind": block.kind, "start": block.index.start, "stop": block.index.stop}
+    if isinstance(block.index, slice):
+        return {"kind": block.kind, "start": block.index.start, "stop": block.index.stop}
+    return {"kind": block.kind, "indices": block.index}
 
 
-def _index_from(state: dict) -> slice:
+def _index_from(state: dict) -> slice | Tensor:
+    if "indices" in state:
+        return state["indices"]
     return slice(state["start"], state["stop"])
 
 
@@ -283,8 +291,76 @@ class KronBlock:
         return self.q_evals.shape[0], self.g_evals.shape[0]
 
 
-Block = DenseBlock | DiagBlock | KronBlock
-_KINDS = {cls.kind: cls for cls in (DenseBlock, DiagBlock, KronBlock)}
+class LowRankBlock:
+    """Precision ``D + beta U diag(lambda) U^T`` on ``theta[index]``, ``D = diag(alpha)``,
+    with the top ``k`` eigenpairs ``U`` (p, k), ``lambda`` (k,) of a curvature (laplace-torch's
+    low-rank Laplace; Daxberger et al. 2021).
+
+    With the thin SVD ``D^-1/2 U (beta diag(lambda))^1/2 = Q S R^T`` (``Q`` (p, k)) the
+    precision is ``D^1/2 (I + Q S^2 Q^T) D^1/2``, so ``log |A| = sum log alpha_i +
+    sum log(1 + s_j^2)``, ``A^-1 = D^-1/2 (I + Q ((1 + S^2)^-1 - 1) Q^T) D^-1/2`` and
+    ``A^-1/2 = D^-1/2 (I + Q ((1 + S^2)^-1/2 - 1) Q^T)``: memory ``p k``, no ``p x p``
+    matrix but the dense :meth:`covariance`.
+    """
+
+    kind = "low_rank"
+    clipped = 0
+
+    def __init__(self, index: slice, eigenvectors: Tensor, eigenvalues: Tensor) -> None:
+        self.index = index
+        self.eigenvectors = eigenvectors
+        self.eigenvalues = eigenvalues
+
+    @classmethod
+    def from_hessian(cls, index: slice, hessian: Tensor, rank: int) -> LowRankBlock:
+        """The block of the ``rank`` largest positive eigenpairs of ``hessian`` (p, p)."""
+        check_positive_int("rank", rank)
+        evals, evecs = torch.linalg.eigh(hessian)
+        top = evals.argsort(descending=True)[:rank]
+        top = top[evals[top] > 0]
+        return cls(index, evecs[:, top], evals[top])
+
+    def state_dict(self) -> dict:
+        return {**_index_state(self), "eigenvectors": self.eigenvectors,
+                "eigenvalues": self.eigenvalues}
+
+    @classmethod
+    def from_state(cls, state: dict) -> LowRankBlock:
+        return cls(_index_from(state), state["eigenvectors"], state["eigenvalues"])
+
+    def _factors(self, alpha: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``alpha`` (p,), ``Q`` (p, k) and the shrinkage ``(1 + s^2)^-1/2`` (k,)."""
+        b = self.eigenvectors * (beta * self.eigenvalues).sqrt() / alpha.sqrt().unsqueeze(-1)
+        q, s, _ = torch.linalg.svd(b, full_matrices=False)
+        return alpha, q, (1 + s**2).rsqrt()
+
+    def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        _, _, shrink = self._factors(alpha, beta)
+        return torch.log(alpha).sum() - 2 * torch.log(shrink).sum()
+
+    def inverse_diagonal(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        alpha, q, shrink = self._factors(alpha, beta)
+        return (1 + (q**2 * (shrink**2 - 1)).sum(-1)) / alpha
+
+    def whiten(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        alpha, q, shrink = self._factors(alpha, beta)
+        scaled = g * alpha.rsqrt()
+        return scaled + ((scaled @ q) * (shrink - 1)) @ q.T
+
+    def offset(self, eps: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        alpha, q, shrink = self._factors(alpha, beta)
+        return (eps + ((eps @ q) * (shrink - 1)) @ q.T) * alpha.rsqrt()
+
+    def covariance(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        alpha, q, shrink = self._factors(alpha, beta)
+        inner = torch.eye(q.shape[0], dtype=q.dtype, device=q.device) \
+            + (q * (shrink**2 - 1)) @ q.T
+        scale = alpha.rsqrt()
+        return scale.unsqueeze(-1) * inner * scale
+
+
+Block = DenseBlock | DiagBlock | KronBlock | LowRankBlock
+_KINDS = {cls.kind: cls for cls in (DenseBlock, DiagBlock, KronBlock, LowRankBlock)}
 
 
 def block_from_state(state: dict) -> Block:
@@ -298,9 +374,11 @@ def block_from_state(state: dict) -> Block:
 
 def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
                      layout: ParameterLayout, act: Callable[[Tensor], Tensor], likelihood: str,
-                     *, indefinite: str = "raise", max_bytes: int = MAX_DENSE_BYTES) -> list[Block]:
+                     *, indefinite: str = "raise", max_bytes: int = MAX_DENSE_BYTES,
+                     rank: int = 10, subnetwork: Tensor | None = None) -> list[Block]:
     """The blocks of ``curvature`` (one of :data:`~bnn_zoo.guides.curvature.CURVATURES`) at
-    ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,)."""
+    ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,); ``rank`` is the number of
+    eigenpairs ``low_rank`` keeps, ``subnetwork`` the weights ``subnetwork`` covers."""
     check_curvature(curvature)
     check_choice("indefinite", indefinite, INDEFINITE)
     everything = slice(0, layout.num_parameters)
@@ -326,4 +404,12 @@ def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
                                                  q[:-1, :-1], g))
             blocks.append(DenseBlock.from_hessian(bias, g, "clip"))
         return blocks
+    if curvature == "low_rank":
+        return [LowRankBlock.from_hessian(everything, ggn(*args, max_bytes=max_bytes), rank)]
+    if curvature == "subnetwork":
+        if subnetwork is None:
+            raise ValueError("curvature='subnetwork' needs the subnetwork's weight indices; "
+                             "expected subnetwork=[...], but got None.")
+        index = subnetwork_indices(subnetwork, layout.num_parameters).to(theta.device)
+        return [DenseBlock.from_hessian(index, subnetwork_ggn(*args, indices=index), "clip")]
     return [DenseBlock.from_hessian(layout.layer_slices[-1], last_layer_ggn(*args), "clip")]

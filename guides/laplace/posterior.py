@@ -56,7 +56,9 @@ LINKS = ("probit", "mc")
 
 @dataclass
 class LaplacePosterior:
-    """``N(theta_map, A^-1)`` with ``A = diag(alpha) + beta H`` in a given structure.
+    """``N(theta_map, A^-1)`` with ``A = diag(alpha) + beta H`` in a given structure; the
+    evidence, its fixed point and the Pyro models count the weights the blocks cover
+    (:attr:`covered`) only, the others being held at the MAP.
 
     Attributes
     ----------
@@ -146,9 +148,9 @@ class LaplacePosterior:
 
     @property
     def covered_layers(self) -> list[int]:
-        """Layers whose weights the Gaussian covers."""
+        """Layers with weights the Gaussian covers (all of them, or for ``subnetwork`` some)."""
         mask = self.covered
-        return [i for i, s in enumerate(self.layout.layer_slices) if bool(mask[s].all())]
+        return [i for i, s in enumerate(self.layout.layer_slices) if bool(mask[s].any())]
 
     def alpha_vector(self, alpha: Tensor | None = None) -> Tensor:
         """(P,) prior precision of every weight."""
@@ -220,7 +222,8 @@ class LaplacePosterior:
         a = self.alpha_vector()
         out = self.theta.new_zeros(p, p)
         for block in self.blocks:
-            out[block.index, block.index] = block.covariance(a[block.index], self.beta)
+            rows = block.index if isinstance(block.index, slice) else block.index[:, None]
+            out[rows, block.index] = block.covariance(a[block.index], self.beta)
         return out
 
     def function_covariance(self, x: Tensor) -> tuple[Tensor, Tensor]:
