@@ -191,6 +191,7 @@ class DiagBlock:
 
     kind = "diag"
     clipped = 0
+    jitter = 0.0
 
     def __init__(self, index: slice, diagonal: Tensor) -> None:
         self.index = index
@@ -232,6 +233,7 @@ class KronBlock:
 
     kind = "kron"
     clipped = 0
+    jitter = 0.0
 
     def __init__(self, index: slice, q_evals: Tensor, q_evecs: Tensor, g_evals: Tensor,
                  g_evecs: Tensor) -> None:
@@ -305,6 +307,7 @@ class LowRankBlock:
 
     kind = "low_rank"
     clipped = 0
+    jitter = 0.0
 
     def __init__(self, index: slice, eigenvectors: Tensor, eigenvalues: Tensor) -> None:
         self.index = index

@@ -38,6 +38,7 @@ the MAP like hyperparameters.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -136,7 +137,7 @@ class LaplacePosterior:
     @property
     def jitter(self) -> float:
         """The largest jitter the dense blocks' last Cholesky factorisations added."""
-        return max((getattr(b, "jitter", 0.0) for b in self.blocks), default=0.0)
+        return max(b.jitter for b in self.blocks)
 
     @property
     def covered(self) -> Tensor:
@@ -257,6 +258,9 @@ class LaplacePosterior:
         with torch.no_grad():
             f, cov = self.function_covariance(x)
             var = cov.diagonal(dim1=-2, dim2=-1)
+            if not (bool(torch.isfinite(f).all()) and bool(torch.isfinite(var).all())):
+                warnings.warn("The Laplace GLM predictive has non-finite means or variances.",
+                              RuntimeWarning, stacklevel=2)
             if self.likelihood == "gaussian":
                 return GaussianMixturePredictive(f.T, (var + 1 / self.beta).sqrt().T)
             if link == "probit":
