@@ -111,7 +111,7 @@ class DenseBlock:
 
     kind = "dense"
 
-    def __init__(self, index: slice, hessian: Tensor, dtype: torch.dtype,
+    def __init__(self, index: slice | Tensor, hessian: Tensor, dtype: torch.dtype,
                  indefinite: str = "raise", clipped: int = 0, jitter: float = 0.0) -> None:
         """``hessian`` (p, p) the float64 curvature as used (already projected, if it was),
         ``dtype`` the dtype of results, ``indefinite`` what to do when no jitter makes the
@@ -126,7 +126,7 @@ class DenseBlock:
         self.jitter = jitter
 
     @classmethod
-    def from_hessian(cls, index: slice, hessian: Tensor, indefinite: str = "raise"
+    def from_hessian(cls, index: slice | Tensor, hessian: Tensor, indefinite: str = "raise"
                      ) -> DenseBlock:
         """The block of a curvature ``hessian`` (p, p), held in float64."""
         return cls(index, hessian.double(), hessian.dtype, indefinite)
