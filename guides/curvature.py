@@ -22,14 +22,26 @@ with, per data point and ``f = f(x_n, theta)``,
 
 Structures (``P`` weights; ``L`` layers of ``p_l`` weights each):
 
-===============  ==============================================  ==================
-``full``         exact Hessian ``d^2 E / dtheta^2`` (``torch.func``)   P^2 memory
-``ggn``          generalised Gauss-Newton ``sum_n J_n^T Lambda_n J_n``  P^2 memory
-``diag``         the diagonal of the GGN                              P memory
-``kron``         per layer ``(1/N sum_n a_n a_n^T) ⊗ (sum_n G_n)``,    sum_l (d_in+1)^2 + d_out^2
-                 ``G_n = J_{z,n}^T Lambda_n J_{z,n}`` (K-FAC)
-``last_layer``   the GGN of the last layer's weights only             p_L^2 memory
-===============  ==============================================  ==================
+=================  ==============================================  ==================
+``hessian``        exact Hessian ``d^2 E / dtheta^2`` (``torch.func``)   P^2 memory
+``ggn``            the full generalised Gauss-Newton                     P^2 memory
+                   ``sum_n J_n^T Lambda_n J_n``
+``diag``           the diagonal of the GGN                              P memory
+``kron``           per layer ``(1/N sum_n a_n a_n^T) ⊗ (sum_n G_n)``     sum_l (d_in+1)^2 + d_out^2
+                   on the joint ``[W; b]``, ``a_n = [h_n, 1]``,
+                   ``G_n = J_{z,n}^T Lambda_n J_{z,n}`` (K-FAC)
+``kron_separate``  per layer ``(1/N sum_n h_n h_n^T) ⊗ (sum_n G_n)``     sum_l d_in^2 + 2 d_out^2
+                   on ``W`` and the exact ``sum_n G_n`` on ``b``, no
+                   weight-bias cross terms (laplace-torch's ``kron``)
+``last_layer``     the GGN of the last layer's weights only             p_L^2 memory
+``low_rank``       the top ``rank`` eigenpairs of the GGN               P rank (P^2 to build)
+``subnetwork``     the GGN of a chosen index set of weights, the       p_S^2 memory
+                   rest fixed at the MAP
+=================  ==============================================  ==================
+
+laplace-torch users: its ``full`` is the GGN here (``ggn``), and its ``kron`` is
+``kron_separate``; ``hessian`` is the exact Hessian, which laplace-torch does not offer
+under that name.
 
 The GGN is Bishop's outer-product approximation (PRML 5.84) generalised to any
 likelihood; it equals the Hessian when the network is linear in ``theta`` and is
@@ -50,11 +62,13 @@ from torch import Tensor
 from bnn_zoo.core.checks import check_choice, check_data
 from bnn_zoo.core.nn import mlp_forward
 
-__all__ = ["CURVATURES", "LIKELIHOODS", "MAX_DENSE_BYTES", "ParameterLayout", "check_dense_fits",
-           "diagonal_ggn", "full_hessian", "ggn", "jacobian", "kron_ggn", "last_layer_ggn",
-           "layer_jacobians", "loss_whitening", "negative_log_likelihood"]
+__all__ = ["CURVATURES", "LIKELIHOODS", "MAX_DENSE_BYTES", "ParameterLayout", "check_curvature",
+           "check_dense_fits", "diagonal_ggn", "full_hessian", "ggn", "jacobian", "kron_ggn",
+           "last_layer_ggn", "layer_jacobians", "loss_whitening", "negative_log_likelihood",
+           "subnetwork_ggn", "subnetwork_indices"]
 
-CURVATURES = ("full", "ggn", "diag", "kron", "last_layer")
+CURVATURES = ("hessian", "ggn", "diag", "kron", "kron_separate", "last_layer", "low_rank",
+              "subnetwork")
 LIKELIHOODS = ("gaussian", "categorical")
 MAX_DENSE_BYTES = 2 * 1024**3
 CHUNK = 256
@@ -128,6 +142,16 @@ class ParameterLayout:
         """The ``(W, b)`` list of :func:`bnn_zoo.core.nn.mlp_forward` for ``theta`` (*S, P)."""
         values = list(self.unflatten(theta).values())
         return list(zip(values[::2], values[1::2]))
+
+
+def check_curvature(curvature: str) -> None:
+    """Refuse a ``curvature`` outside :data:`CURVATURES`, saying what the old ``"full"`` is now
+    called (it was the exact Hessian; laplace-torch's ``"full"`` is the GGN)."""
+    if curvature == "full":
+        raise ValueError("curvature='full' is ambiguous and no longer accepted: the exact "
+                         "Hessian it named is now curvature='hessian', and the full GGN "
+                         "(laplace-torch's 'full') is curvature='ggn'.")
+    check_choice("curvature", curvature, CURVATURES)
 
 
 def check_dense_fits(num_parameters: int, dtype: torch.dtype, curvature: str,
@@ -225,7 +249,7 @@ def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
     forward mode of ``torch.func.hessian`` scripts decompositions with the deprecated
     ``torch.jit.script`` on first use)."""
     x, y = _checked(theta, x, y, layout, likelihood)
-    check_dense_fits(theta.shape[0], theta.dtype, "full", max_bytes)
+    check_dense_fits(theta.shape[0], theta.dtype, "hessian", max_bytes)
 
     def energy(t: Tensor) -> Tensor:
         return negative_log_likelihood(mlp_forward(x, layout.network(t), act), y, likelihood)
@@ -258,6 +282,35 @@ def _dense_ggn(theta, x, layout, act, likelihood, layers, chunk) -> Tensor:
         rows = torch.cat([(a[:, None, :, None] * rj[:, :, None, :]).flatten(2)
                           for a, rj in _whitened(theta, xc, layout, act, likelihood, layers)], -1)
         rows = rows.flatten(0, 1)
+        out += rows.T @ rows
+    return out
+
+
+def subnetwork_indices(indices, num_parameters: int) -> Tensor:
+    """``indices`` as a sorted int64 tensor of distinct positions in ``theta`` (P,)."""
+    out = torch.as_tensor(indices)
+    if out.dim() != 1 or out.numel() == 0 or out.dtype.is_floating_point or out.dtype == \
+            torch.bool:
+        raise ValueError(f"Expected subnetwork indices as a non-empty 1-d sequence of integers, "
+                         f"but got {tuple(out.shape)} of {out.dtype}.")
+    out = out.long().sort().values
+    if int(out[0]) < 0 or int(out[-1]) >= num_parameters or bool((out[1:] == out[:-1]).any()):
+        raise ValueError(f"Expected distinct subnetwork indices in [0, {num_parameters}), but "
+                         f"got {out.tolist()}.")
+    return out
+
+
+def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
+                   act: Callable[[Tensor], Tensor], likelihood: str = "gaussian", *,
+                   indices: Tensor, chunk: int = CHUNK) -> Tensor:
+    """(p_S, p_S) the GGN block ``sum_n J_{n,S}^T Lambda_n J_{n,S}`` of the weights
+    ``theta[indices]`` (Daxberger et al. 2021, subnetwork Laplace), in chunks of data points."""
+    x, y = _checked(theta, x, y, layout, likelihood)
+    indices = subnetwork_indices(indices, layout.num_parameters).to(theta.device)
+    out = theta.new_zeros(indices.numel(), indices.numel())
+    for xc in x.split(chunk):  # memory grows with the chunk, not N
+        f, g = jacobian(theta, xc, layout, act)
+        rows = (loss_whitening(f, likelihood) @ g[..., indices]).flatten(0, 1)
         out += rows.T @ rows
     return out
 

@@ -25,15 +25,26 @@ into the model that ``build_model`` returned. The posterior's Pyro pair is the
 tensors, the evidence history) and :meth:`Laplace.restore` rebuilds the fit from it and a
 fresh model (for the network's layout and activation), without the training data.
 
-Memory, ``P`` weights: ``full`` and ``ggn`` hold a dense ``P x P`` precision and its
+Memory, ``P`` weights: ``hessian`` and ``ggn`` hold a dense ``P x P`` precision and its
 Cholesky factor (refused above ``max_bytes``), ``kron`` two factors per layer,
-``(d_in + 1)^2 + d_out^2``, ``diag`` ``P`` numbers, ``last_layer`` the last layer's size
-squared.
+``(d_in + 1)^2 + d_out^2`` (``kron_separate`` ``d_in^2 + 2 d_out^2``), ``diag`` ``P``
+numbers, ``last_layer`` the last layer's size squared.
+
+The evidence loop (issues 15 and 17) ends on a consistent (MAP, ``alpha``, ``beta``): it
+stops when the evidence-optimal hyperparameters for the current, refitted MAP are within
+``tol`` of the current ones, so its last step is that test after the refit. Each update is
+a damped, bounded step in log space (:func:`bounded_step`): at most ``max_log_step`` and inside
+``bounds``, with a target that is not positive, infinite or NaN mapped to the upper bound
+or to no move, so ``alpha`` and ``beta`` stay finite even on three data points, where the
+fixed point sends ``alpha`` to infinity. The posterior records ``converged`` and
+``iterations``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,13 +56,14 @@ from bnn_zoo.core.nn import mlp_forward
 from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.training import FitResult, fit
 from bnn_zoo.guides.curvature import (
-    CURVATURES,
     MAX_DENSE_BYTES,
     ParameterLayout,
+    check_curvature,
     negative_log_likelihood,
 )
 from bnn_zoo.guides.laplace import (
     INDEFINITE,
+    LINKS,
     Block,
     LaplaceGuide,
     LaplacePosterior,
@@ -63,12 +75,15 @@ from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_s
 from bnn_zoo.methods.svi import module_state, result_from_state, result_state
 from bnn_zoo.models.priors import GaussianPrior
 
-__all__ = ["EVIDENCE_METHODS", "PREDICTIVES", "Laplace", "LaplaceFit", "fixed_point_update",
-           "gradient_update", "laplace_posterior", "model_alpha", "predictive_model",
-           "refine_map"]
+__all__ = ["DAMPING", "EVIDENCE_METHODS", "HYPER_BOUNDS", "MAX_LOG_STEP", "PREDICTIVES", "Laplace",
+           "LaplaceFit", "bounded_step", "fixed_point_update", "gradient_update",
+           "laplace_posterior", "model_alpha", "predictive_model", "refine_map"]
 
 PREDICTIVES = ("glm", "mc")
 EVIDENCE_METHODS = ("fixed_point", "gradient")
+HYPER_BOUNDS = (1e-6, 1e6)
+MAX_LOG_STEP = math.log(10)
+DAMPING = 0.5
 
 
 def _likelihood(model) -> str:
@@ -81,10 +96,12 @@ def _energy(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout, act, l
 
 def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
                act: Callable[[Tensor], Tensor], likelihood: str, alpha: Tensor, beta: Tensor,
-               *, max_iter: int = 500) -> Tensor:
-    """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i theta_i^2`` from ``theta`` by full-batch
-    L-BFGS (strong Wolfe line search); ``alpha`` is (P,). Returns the new (P,) MAP."""
+               *, prior_mean: Tensor | None = None, max_iter: int = 500) -> Tensor:
+    """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
+    full-batch L-BFGS (strong Wolfe line search); ``alpha`` and the prior mean ``m`` are (P,)
+    (``m`` zero by default). Returns the new (P,) MAP."""
     check_positive_int("max_iter", max_iter)
+    mean = torch.zeros_like(theta) if prior_mean is None else prior_mean
     theta = theta.detach().clone().requires_grad_()
     optimizer = torch.optim.LBFGS([theta], lr=1, max_iter=max_iter, history_size=50,
                                   tolerance_grad=1e-12, tolerance_change=1e-14,
@@ -92,7 +109,8 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
 
     def closure() -> Tensor:
         optimizer.zero_grad()
-        loss = beta * _energy(theta, x, y, layout, act, likelihood) + 0.5 * (alpha * theta**2).sum()
+        loss = beta * _energy(theta, x, y, layout, act, likelihood) \
+            + 0.5 * (alpha * (theta - mean) ** 2).sum()
         loss.backward()
         return loss
 
@@ -101,10 +119,13 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
 
 
 def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor, Tensor]:
-    """MacKay's updates (PRML 5.178-5.180) of ``alpha`` (per layer or shared) and ``beta``."""
+    """MacKay's updates (PRML 5.178-5.180) of ``alpha`` (per layer or shared) and ``beta``:
+    ``alpha_l = gamma_l / ||w_l - m_l||^2``, ``beta = (N - gamma) / (2 E_D)``. Unbounded:
+    the targets may be infinite or not positive (see :func:`bounded_step`). Sums run over
+    the covered weights of each layer."""
     covered = post.covered_layers
     gamma = post.effective_parameters()
-    sq = post.layer_sums(post.theta**2)
+    sq = post.layer_sums(post.covered * (post.theta - post.prior_mean) ** 2)
     alpha = post.alpha.clone()
     if per_layer:
         alpha[covered] = gamma[covered] / sq[covered]
@@ -143,39 +164,93 @@ def gradient_update(post: LaplacePosterior, per_layer: bool,
     return alpha_of(log_alpha).detach(), log_beta.exp().detach()
 
 
+def bounded_step(current: Tensor, target: Tensor, bounds: tuple[float, float],
+                 max_log_step: float, damping: float = 1.0) -> tuple[Tensor, Tensor]:
+    """A checked, damped step of positive hyperparameters ``current`` towards ``target``, in
+    log space: ``log new = log current + damping (log target - log current)``.
+
+    A target that is not positive (``N - gamma <= 0``, ``gamma_l <= 0``: the data pin
+    nothing, so the evidence grows without bound) or is infinite is read as the upper
+    bound; a NaN target as no move. The target is clipped to ``bounds`` and the step
+    ``log new - log current`` to ``[-max_log_step, max_log_step]``. A damping below 1
+    turns the period-two oscillation of a fixed point whose map has slope near -1 (the
+    noise update on a handful of points, ``beta = (N - gamma) / (2 E_D)`` with both
+    nearly zero) into convergence. Returns the new values
+    and the distances ``|log target - log current|`` (the clipped target), elementwise.
+    """
+    low, high = (math.log(b) for b in bounds)
+    log_current = torch.log(current)
+    log_target = torch.where(target > 0, torch.log(target.clamp_min(torch.finfo(
+        target.dtype).tiny)), torch.full_like(target, high))
+    log_target = torch.where(torch.isnan(target), log_current, log_target).clamp(low, high)
+    distance = (log_target - log_current).abs()
+    step = (damping * (log_target - log_current)).clamp(-max_log_step, max_log_step)
+    return torch.exp((log_current + step).clamp(low, high)), distance
+
+
 def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: str = "ggn",
                       alpha: Tensor | float | None = None, beta: Tensor | float | None = None,
-                      evidence: str | None = None, per_layer_alpha: bool = False,
-                      refine: bool = True, iterations: int = 30, tol: float = 1e-4,
+                      prior_mean: Tensor | float = 0.0, evidence: str | None = None,
+                      per_layer_alpha: bool = False, refine: bool = True,
+                      iterations: int = 30, tol: float = 1e-4,
+                      bounds: tuple[float, float] = HYPER_BOUNDS,
+                      max_log_step: float = MAX_LOG_STEP, damping: float = DAMPING,
+                      rank: int = 10, subnetwork: Tensor | Sequence[int] | None = None,
                       indefinite: str = "raise",
                       max_bytes: int = MAX_DENSE_BYTES) -> LaplacePosterior:
-    """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP` with an
-    isotropic Gaussian prior) around ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,),
-    optionally evidence-tuned. ``model`` is read, never written.
+    """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP`) around
+    ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,), optionally evidence-tuned. ``model`` is
+    read, never written.
 
-    ``alpha``, ``beta`` default to the model's prior precision and its noise
-    precision. ``evidence`` (``"fixed_point"``, ``"gradient"`` or ``None``) alternates
-    hyperparameter updates with MAP refits (``refine``, full-batch L-BFGS) until
-    ``alpha`` and ``beta`` change by less than ``tol`` relatively, at most
-    ``iterations`` times.
+    ``alpha`` defaults to the precision of the model's isotropic Gaussian prior; it may be
+    one number, one per layer (L,) or one per weight (P,). ``prior_mean`` is a number or
+    (P,). ``beta`` defaults to the model's noise precision. ``rank`` is the number of GGN
+    eigenpairs ``curvature="low_rank"`` keeps, ``subnetwork`` the positions in ``theta``
+    that ``curvature="subnetwork"`` covers (the others stay at the MAP).
+
+    ``evidence`` (``"fixed_point"``, ``"gradient"`` or ``None``): each iteration computes
+    the evidence-optimal ``alpha``, ``beta`` for the current MAP; if they are within
+    ``tol`` (in log space) of the current ones, the loop has converged and stops on that
+    consistent (MAP, ``alpha``, ``beta``); otherwise it steps towards them (damped and
+    bounded, see :func:`bounded_step`: ``damping`` times the log distance, at most
+    ``max_log_step``, values in ``bounds``) and
+    refits the MAP (``refine``, full-batch L-BFGS) and the curvature, at most
+    ``iterations`` times. The result's ``converged`` and ``iterations`` say how it ended;
+    its ``history`` holds ``(alpha, beta, log evidence)`` of every (MAP, ``alpha``,
+    ``beta``) it went through.
     """
     x, y = check_data(x, y)
     layout = ParameterLayout.from_model(model)
-    if theta.shape != (layout.num_parameters,):
-        raise ValueError(f"Expected theta of shape ({layout.num_parameters},), "
-                         f"but got {tuple(theta.shape)}.")
-    check_choice("curvature", curvature, CURVATURES)
+    p, layers = layout.num_parameters, layout.num_layers
+    if theta.shape != (p,):
+        raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
+    check_curvature(curvature)
     if evidence is not None:
         check_choice("evidence", evidence, EVIDENCE_METHODS)
     check_positive_int("iterations", iterations)
     check_positive("tol", tol)
+    check_positive("max_log_step", max_log_step)
+    if not 0 < damping <= 1:
+        raise ValueError(f"Expected 0 < damping <= 1, but got {damping}.")
+    if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < math.inf:
+        raise ValueError(f"Expected bounds (low, high) with 0 < low < high < inf, but got "
+                         f"{bounds}.")
     likelihood = _likelihood(model)
     like = dict(dtype=x.dtype, device=x.device)
     alpha = torch.as_tensor(model_alpha(model) if alpha is None else alpha, **like)
-    if alpha.numel() not in (1, layout.num_layers) or bool((alpha <= 0).any()):
-        raise ValueError(f"Expected alpha > 0, one number or one per layer "
-                         f"({layout.num_layers}), but got {alpha.tolist()}.")
-    alpha = alpha.expand(layout.num_layers).clone()
+    if alpha.numel() not in (1, layers, p) or alpha.dim() > 1 or bool((alpha <= 0).any()):
+        raise ValueError(f"Expected alpha > 0, one number, one per layer ({layers}) or one per "
+                         f"weight ({p}), but got shape {tuple(alpha.shape)}, minimum "
+                         f"{float(alpha.min()):.3g}.")
+    if alpha.numel() == p and evidence is not None:
+        raise ValueError("Evidence tuning fits alpha shared or per layer; expected alpha as "
+                         "one number or one per layer with evidence, but got one per weight.")
+    alpha = (alpha if alpha.numel() == p else alpha.expand(layers)).clone()
+    mean = torch.as_tensor(prior_mean, **like)
+    if mean.dim() > 1 or mean.numel() not in (1, p):
+        raise ValueError(f"Expected prior_mean as a number or of shape ({p},), but got shape "
+                         f"{tuple(mean.shape)}.")
+    mean = mean.expand(p).clone()
     if beta is None:
         beta = model.observation_scale().detach() ** -2 if likelihood == "gaussian" else 1.0
     beta = torch.as_tensor(beta, **like).clone()
@@ -191,35 +266,47 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
               blocks: list[Block] | None = None) -> LaplacePosterior:
         if refine:
             theta = refine_map(theta, x, y, layout, act, likelihood,
-                               alpha[layout.layer_index(theta)], beta)
+                               alpha if alpha.numel() == p else alpha[layout.layer_index(theta)],
+                               beta, prior_mean=mean)
         if refine or blocks is None:  # without refits the MAP, hence H, stays put
             blocks = curvature_blocks(curvature, theta, x, y, layout, act, likelihood,
-                                      indefinite=indefinite, max_bytes=max_bytes)
+                                      indefinite=indefinite, max_bytes=max_bytes, rank=rank,
+                                      subnetwork=subnetwork)
         with torch.no_grad():
             energy = _energy(theta, x, y, layout, act, likelihood)
         post = LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
-                                num_outputs, act, history)
+                                num_outputs, act, mean, history)
         with torch.no_grad():
             post.log_det()  # fails now, with NotPositiveDefiniteError, if A is not PD
+            if evidence is not None:
+                history.append((post.alpha.tolist(), float(post.beta),
+                                float(post.log_evidence())))
         return post
 
     post = build(theta, alpha, beta)
-    for _ in range(iterations if evidence is not None else 0):
-        with torch.no_grad():
-            history.append((post.alpha.tolist(), float(post.beta), float(post.log_evidence())))
+    if evidence is None:
+        return post
+    converged, steps = False, 0
+    regression = likelihood == "gaussian"
+    for _ in range(iterations):
         if evidence == "fixed_point":
             with torch.no_grad():
-                new_alpha, new_beta = fixed_point_update(post, per_layer_alpha)
+                target_alpha, target_beta = fixed_point_update(post, per_layer_alpha)
         else:
-            new_alpha, new_beta = gradient_update(post, per_layer_alpha)
-        change = max(float(((new_alpha - post.alpha).abs() / post.alpha).max()),
-                     float((new_beta - post.beta).abs() / post.beta))
-        post = build(post.theta, new_alpha, new_beta, post.blocks)
-        if change < tol:
+            target_alpha, target_beta = gradient_update(post, per_layer_alpha)
+        new_alpha, alpha_distance = bounded_step(post.alpha, target_alpha, bounds, max_log_step,
+                                                 damping)
+        new_beta, beta_distance = bounded_step(post.beta, target_beta, bounds, max_log_step,
+                                               damping)
+        distance = float(alpha_distance.max())
+        if regression:
+            distance = max(distance, float(beta_distance))
+        if distance < tol:
+            converged = True
             break
-    if evidence is not None:
-        with torch.no_grad():
-            history.append((post.alpha.tolist(), float(post.beta), float(post.log_evidence())))
+        post = build(post.theta, new_alpha, new_beta if regression else post.beta, post.blocks)
+        steps += 1
+    post.converged, post.iterations = converged, steps
     return post
 
 
@@ -239,18 +326,36 @@ class Laplace:
 
     Parameters
     ----------
-    curvature : ``"full"``, ``"ggn"`` (default), ``"diag"``, ``"kron"`` or ``"last_layer"``
-        (see :mod:`bnn_zoo.guides.curvature`).
+    curvature : ``"hessian"`` (exact), ``"ggn"`` (full GGN, default), ``"diag"``,
+        ``"kron"`` (joint weight-and-bias factors), ``"kron_separate"`` (laplace-torch's
+        separate weight and bias factors), ``"last_layer"``, ``"low_rank"`` (the top
+        ``rank`` GGN eigenpairs plus the prior) or ``"subnetwork"`` (the GGN of the weights
+        ``subnetwork``, the rest at the MAP); see :mod:`bnn_zoo.guides.curvature`.
+        ``"full"`` is refused with its new name.
+    rank : the eigenpairs ``low_rank`` keeps (default 10).
+    subnetwork : the positions in the flat weights that ``subnetwork`` covers.
     evidence : ``None`` (default: ``alpha`` from the model's prior, ``beta`` from its
         noise at the MAP), ``"fixed_point"`` (MacKay) or ``"gradient"`` (L-BFGS).
     per_layer_alpha : one prior precision per layer instead of one shared.
+    prior_precision : ``None`` (default: the model's isotropic prior), one number, one
+        per layer (a sequence of ``L``) or one per weight (a (P,) tensor; no evidence
+        tuning then).
+    prior_mean : the prior mean, a number (default 0) or a (P,) tensor.
     predictive : ``"glm"`` (default; the linearised network, closed form in
         :meth:`LaplaceFit.predict`) or ``"mc"`` (weights sampled through the network).
-    indefinite : ``"raise"`` (default) or ``"clip"``: what to do with an indefinite
-        exact Hessian (``curvature="full"``).
+    link : how the GLM predictive averages the softmax over the Gaussian logits of a
+        classifier: ``"probit"`` (default) or ``"mc"`` (``num_samples`` draws).
+    indefinite : ``"raise"`` (default) or ``"clip"``: what to do where the precision
+        with an indefinite exact Hessian (``curvature="hessian"``) is not positive
+        definite even with jitter.
     refine : refit the MAP by full-batch L-BFGS before each curvature (default ``True``).
-    iterations, tol : at most ``iterations`` evidence updates (default 30), stopping when
-        ``alpha`` and ``beta`` change by less than ``tol`` relatively (default ``1e-4``).
+    iterations, tol : at most ``iterations`` evidence updates (default 30); converged when
+        the evidence-optimal ``alpha`` and ``beta`` for the current MAP are within ``tol``
+        of the current ones in log space (default ``1e-4``).
+    bounds, max_log_step, damping : each evidence update moves ``log alpha`` and
+        ``log beta`` by ``damping`` (default 0.5) times their distance to the target, at
+        most ``max_log_step`` (default ``log 10``), and keeps them in ``bounds`` (default
+        ``(1e-6, 1e6)``).
     bias_scale : standard deviation of the guide's initial biases (default 1); the method
         builds its own guide and takes no ``guide_options``.
     max_bytes : the largest dense ``P x P`` matrix allowed (default 2 GiB).
@@ -259,19 +364,35 @@ class Laplace:
     curvature: str = "ggn"
     evidence: str | None = None
     per_layer_alpha: bool = False
+    prior_precision: float | tuple[float, ...] | Tensor | None = None
+    prior_mean: float | Tensor = 0.0
     predictive: str = "glm"
+    link: str = "probit"
     indefinite: str = "raise"
     refine: bool = True
     iterations: int = 30
     tol: float = 1e-4
+    bounds: tuple[float, float] = HYPER_BOUNDS
+    max_log_step: float = MAX_LOG_STEP
+    damping: float = DAMPING
+    rank: int = 10
+    subnetwork: tuple[int, ...] | None = None
     bias_scale: float = 1.0
     max_bytes: int = MAX_DENSE_BYTES
 
     def __post_init__(self) -> None:
-        check_choice("curvature", self.curvature, CURVATURES)
+        check_curvature(self.curvature)
         if self.evidence is not None:
             check_choice("evidence", self.evidence, EVIDENCE_METHODS)
         check_choice("predictive", self.predictive, PREDICTIVES)
+        check_choice("link", self.link, LINKS)
+        check_positive_int("rank", self.rank)
+        if self.curvature == "subnetwork" and self.subnetwork is None:
+            raise ValueError("curvature='subnetwork' needs the subnetwork's weight indices; "
+                             "expected subnetwork=(...), but got None.")
+        check_positive("max_log_step", self.max_log_step)
+        if not 0 < self.damping <= 1:
+            raise ValueError(f"Expected 0 < damping <= 1, but got {self.damping}.")
         check_choice("indefinite", self.indefinite, INDEFINITE)
         check_positive_int("iterations", self.iterations)
         check_positive("tol", self.tol)
@@ -295,12 +416,16 @@ class Laplace:
         with torch.no_grad():
             theta = guide.theta()
         post = laplace_posterior(model, theta, x, y, curvature=self.curvature,
+                                 alpha=self.prior_precision, prior_mean=self.prior_mean,
                                  evidence=self.evidence, per_layer_alpha=self.per_layer_alpha,
                                  refine=self.refine, iterations=self.iterations, tol=self.tol,
+                                 bounds=self.bounds, max_log_step=self.max_log_step,
+                                 damping=self.damping, rank=self.rank,
+                                 subnetwork=self.subnetwork,
                                  indefinite=self.indefinite, max_bytes=self.max_bytes)
         guide.set_posterior(post)
         return LaplaceFit(post, predictive_model(post, self.predictive), guide,
-                          self.predictive, result)
+                          self.predictive, result, self.link)
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> LaplaceFit:
@@ -317,7 +442,7 @@ class Laplace:
         network = predictive_model(post, state["predictive"])
         load_module_state(network, state["model"])
         return LaplaceFit(post, network, guide, state["predictive"],
-                          result_from_state(state["result"]))
+                          result_from_state(state["result"]), state["link"])
 
     def with_guide_options(self, options: Mapping[str, Any]) -> Laplace:
         """``self`` for no options, else a ``ValueError``: the method builds its own
@@ -350,7 +475,15 @@ class LaplaceFit:
     ``model`` and ``guide`` are the Pyro pair of the predictive (``predictive="glm"``: the
     :class:`~bnn_zoo.guides.laplace.LinearizedModel`, whose Monte Carlo predictive is the
     GLM predictive; ``"mc"``: the :class:`~bnn_zoo.guides.laplace.NonlinearModel`), and
-    :meth:`predict` gives the GLM predictive in closed form, or the Monte Carlo one.
+    :meth:`predict` gives the GLM predictive in closed form (classification: by ``link``),
+    or the Monte Carlo one.
+
+    ``diagnostics``: ``beta``, ``alpha_l`` (per layer; the layer's mean for a per-weight
+    ``alpha``), ``log_evidence``, ``clipped`` (Hessian eigenvalues the projection set to
+    zero), ``jitter`` (added to the dense precision's diagonal for its Cholesky),
+    ``converged`` (bool: the evidence loop ended on a consistent (MAP, ``alpha``,
+    ``beta``); ``True`` without evidence tuning) and ``evidence_iterations`` (the
+    hyperparameter updates made). A non-finite value is warned about.
     """
 
     laplace: LaplacePosterior
@@ -358,25 +491,37 @@ class LaplaceFit:
     guide: LaplaceGuide
     predictive: str
     result: FitResult | None = None
+    link: str = "probit"
     diagnostics: dict[str, float] = field(init=False)
 
     def __post_init__(self) -> None:
         post = self.laplace
         with torch.no_grad():
-            self.diagnostics = {"beta": float(post.beta), "log_evidence":
-                                float(post.log_evidence()), "clipped": float(post.clipped),
-                                **{f"alpha_{i}": float(a) for i, a in enumerate(post.alpha)}}
+            counts = post.layer_sums(torch.ones_like(post.theta))
+            alpha = post.layer_sums(post.alpha_vector()) / counts
+            self.diagnostics = {
+                "beta": float(post.beta), "log_evidence": float(post.log_evidence()),
+                "clipped": float(post.clipped), "jitter": post.jitter,
+                "converged": post.converged is not False,
+                "evidence_iterations": post.iterations,
+                **{f"alpha_{i}": float(a) for i, a in enumerate(alpha)}}
+        bad = [k for k, v in self.diagnostics.items() if not math.isfinite(v)]
+        if bad:
+            warnings.warn(f"The Laplace fit has non-finite {', '.join(bad)}.", RuntimeWarning,
+                          stacklevel=2)
 
     def predict(self, x: Tensor, num_samples: int) -> Predictive:
         """The predictive at standardised ``x`` (N, D): the closed-form GLM predictive
-        (``num_samples`` unused) or ``num_samples`` weight samples through the network."""
+        (classification: the probit approximation, or ``num_samples`` draws of the logits
+        with ``link="mc"``) or ``num_samples`` weight samples through the network."""
         if self.predictive == "glm":
-            return self.laplace.glm_predictive(x)
+            return self.laplace.glm_predictive(x, self.link, num_samples)
         return predict(self.model, self.guide, x, num_samples=num_samples)
 
     def state_dict(self) -> dict:
-        """The posterior (:meth:`LaplacePosterior.state_dict`), the predictive's name, the
-        MAP fit's result and the state dicts of the Pyro pair, for :meth:`Laplace.restore`."""
+        """The posterior (:meth:`LaplacePosterior.state_dict`), the predictive's name and
+        link, the MAP fit's result and the state dicts of the Pyro pair, for
+        :meth:`Laplace.restore`."""
         return {"laplace": self.laplace.state_dict(), "predictive": self.predictive,
-                "result": result_state(self.result), "guide": module_state(self.guide),
-                "model": module_state(self.model)}
+                "link": self.link, "result": result_state(self.result),
+                "guide": module_state(self.guide), "model": module_state(self.model)}

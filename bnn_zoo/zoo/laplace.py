@@ -6,14 +6,16 @@ L-BFGS), then the Gaussian around it, with the GLM predictive:
 
 * ``laplace``: GGN curvature, ``alpha`` and ``beta`` tuned by MacKay's evidence fixed
   point (the best of the variants in ``benchmarks/laplace.py``);
-* ``laplace_full``, ``laplace_ggn``, ``laplace_diag``, ``laplace_kron``,
-  ``laplace_last_layer``: one curvature each, ``alpha`` from the prior and ``beta`` from
-  the MAP's learned noise (no evidence tuning). The exact Hessian of ``laplace_full`` is
-  projected onto the PSD cone (``indefinite="clip"``).
+* ``laplace_full`` (curvature ``"hessian"``, the exact Hessian), ``laplace_ggn``,
+  ``laplace_diag``, ``laplace_kron``, ``laplace_last_layer``: one curvature each,
+  ``alpha`` from the prior and ``beta`` from the MAP's learned noise (no evidence
+  tuning). The exact Hessian of ``laplace_full`` is projected onto the PSD cone where
+  the precision is not positive definite even with jitter (``indefinite="clip"``).
 
 Every field of :class:`~bnn_zoo.methods.laplace.Laplace` can be replaced through
 ``entry.fit(..., method_options={...})``, e.g. ``{"evidence": "fixed_point"}``,
-``{"per_layer_alpha": True}``, ``{"predictive": "mc"}``.
+``{"per_layer_alpha": True}``, ``{"predictive": "mc"}``, ``{"curvature": "kron_separate"}``,
+``{"prior_precision": (1.0, 4.0)}``, ``{"link": "mc"}``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def laplace_entry(name: str, description: str, method: Laplace) -> Entry:
 laplace_entry("laplace", "GGN Laplace, GLM predictive, alpha and beta by evidence fixed point",
               Laplace(curvature="ggn", evidence="fixed_point"))
 laplace_entry("laplace_full", "Laplace with the exact Hessian (PSD-projected), GLM predictive",
-              Laplace(curvature="full", indefinite="clip"))
+              Laplace(curvature="hessian", indefinite="clip"))
 laplace_entry("laplace_ggn", "Laplace with the generalised Gauss-Newton, GLM predictive",
               Laplace(curvature="ggn"))
 laplace_entry("laplace_diag", "Laplace with the diagonal GGN, GLM predictive",

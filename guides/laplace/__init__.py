@@ -8,13 +8,15 @@ from bnn_zoo.guides.laplace.blocks import Block as Block
 from bnn_zoo.guides.laplace.blocks import DenseBlock as DenseBlock
 from bnn_zoo.guides.laplace.blocks import DiagBlock as DiagBlock
 from bnn_zoo.guides.laplace.blocks import KronBlock as KronBlock
+from bnn_zoo.guides.laplace.blocks import LowRankBlock as LowRankBlock
 from bnn_zoo.guides.laplace.blocks import NotPositiveDefiniteError as NotPositiveDefiniteError
 from bnn_zoo.guides.laplace.blocks import curvature_blocks as curvature_blocks
 from bnn_zoo.guides.laplace.guide import LaplaceGuide as LaplaceGuide
 from bnn_zoo.guides.laplace.linearized import LinearizedModel as LinearizedModel
 from bnn_zoo.guides.laplace.linearized import NonlinearModel as NonlinearModel
+from bnn_zoo.guides.laplace.posterior import LINKS as LINKS
 from bnn_zoo.guides.laplace.posterior import LaplacePosterior as LaplacePosterior
 
-__all__ = ["INDEFINITE", "Block", "DenseBlock", "DiagBlock", "KronBlock", "LaplaceGuide",
-           "LaplacePosterior", "LinearizedModel", "NonlinearModel", "NotPositiveDefiniteError",
-           "curvature_blocks"]
+__all__ = ["INDEFINITE", "LINKS", "Block", "DenseBlock", "DiagBlock", "KronBlock", "LaplaceGuide",
+           "LaplacePosterior", "LinearizedModel", "LowRankBlock", "NonlinearModel",
+           "NotPositiveDefiniteError", "curvature_blocks"]

@@ -10,17 +10,20 @@ once, at fit time. ``block.state_dict()`` gives what it holds as tensors and pla
 (its ``kind``, its slice as ``start``, ``stop``, and the tensors its constructor takes);
 :func:`block_from_state` rebuilds exactly that block, without any data.
 
-Memory for a slice of ``p`` weights: :class:`DenseBlock` ``p^2`` (``full``, ``ggn``,
-``last_layer``), :class:`DiagBlock` ``p`` (``diag``), :class:`KronBlock`
-``(d_in + 1)^2 + d_out^2`` (``kron``, one per layer).
+A block's ``index`` is a slice of ``theta``, or for ``subnetwork`` an int64 tensor of
+positions. Memory for ``p`` weights: :class:`DenseBlock` ``p^2`` (``hessian``, ``ggn``,
+``last_layer``, ``subnetwork``; ``kron_separate``'s bias blocks), :class:`LowRankBlock`
+``p k`` (``low_rank``), :class:`DiagBlock` ``p`` (``diag``),
+:class:`KronBlock` ``(d_in + 1)^2 + d_out^2`` (``kron``, one per layer; ``kron_separate``
+one of ``d_in^2 + d_out^2`` per layer's weight matrix).
 
 .. warning:: The exact Hessian at the MAP of a ReLU network is often indefinite
    (the MAP found by SVI is not an exact mode, and the Hessian has negative
-   directions along the residuals). ``curvature="full"`` then raises
+   directions along the residuals). Where ``alpha I + beta H`` is then not positive
+   definite, even with jitter, ``curvature="hessian"`` raises
    :class:`NotPositiveDefiniteError` by default; ``indefinite="clip"`` instead
-   projects ``H`` onto the positive semi-definite cone (negative eigenvalues set
-   to zero, the nearest PSD matrix in Frobenius norm), and counts the clipped ones in
-   the block's ``clipped``.
+   projects ``H`` onto the positive semi-definite cone and counts the clipped
+   eigenvalues in the block's ``clipped``.
 """
 
 from __future__ import annotations
@@ -30,22 +33,26 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_choice
+from bnn_zoo.core.checks import check_choice, check_positive_int
 from bnn_zoo.guides.curvature import (
-    CURVATURES,
     MAX_DENSE_BYTES,
     ParameterLayout,
+    check_curvature,
     diagonal_ggn,
     full_hessian,
     ggn,
     kron_ggn,
     last_layer_ggn,
+    subnetwork_ggn,
+    subnetwork_indices,
 )
 
-__all__ = ["INDEFINITE", "Block", "DenseBlock", "DiagBlock", "KronBlock",
-           "NotPositiveDefiniteError", "block_from_state", "curvature_blocks"]
+__all__ = ["INDEFINITE", "JITTER_MAX", "Block", "DenseBlock", "DiagBlock", "KronBlock",
+           "LowRankBlock", "NotPositiveDefiniteError", "block_from_state", "cholesky_with_jitter",
+           "curvature_blocks"]
 
 INDEFINITE = ("raise", "clip")
+JITTER_MAX = 1e-6
 
 
 class NotPositiveDefiniteError(ValueError):
@@ -53,11 +60,37 @@ class NotPositiveDefiniteError(ValueError):
 
 
 def _index_state(block: Block) -> dict:
-    return {"kind": block.kind, "start": block.index.start, "stop": block.index.stop}
+    if isinstance(block.index, slice):
+        return {"kind": block.kind, "start": block.index.start, "stop": block.index.stop}
+    return {"kind": block.kind, "indices": block.index}
 
 
-def _index_from(state: dict) -> slice:
+def _index_from(state: dict) -> slice | Tensor:
+    if "indices" in state:
+        return state["indices"]
     return slice(state["start"], state["stop"])
+
+
+def cholesky_with_jitter(matrix: Tensor, max_relative: float = JITTER_MAX
+                         ) -> tuple[Tensor | None, float]:
+    """The Cholesky factor of ``matrix + j I`` (..., p, p) for the smallest ``j`` that works
+    among ``0`` and ``10^-12, 10^-11, ..., max_relative`` times the mean of its ``|diagonal|``.
+
+    Returns ``(L, j)``, or ``(None, j_max)`` when even the largest jitter fails.
+    """
+    chol, info = torch.linalg.cholesky_ex(matrix)
+    if not bool(info.any()):
+        return chol, 0.0
+    scale = float(matrix.detach().diagonal(dim1=-2, dim2=-1).abs().mean()) or 1.0
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+    exponent = -12
+    while 10.0**exponent <= max_relative * (1 + 1e-9):
+        jitter = 10.0**exponent * scale
+        chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
+        if not bool(info.any()):
+            return chol, jitter
+        exponent += 1
+    return None, max_relative * scale
 
 
 class DenseBlock:
@@ -66,56 +99,67 @@ class DenseBlock:
     Factorised in float64 whatever the data's dtype: with a small ``alpha`` the
     precision of a trained net is too ill-conditioned for a float32 Cholesky.
     Results come back in the dtype of ``H``.
+
+    The factorisation is a Cholesky, with a jitter ``j I`` escalated from ``10^-12`` to
+    ``10^-6`` times the precision's mean diagonal where the plain one fails
+    (:func:`cholesky_with_jitter`); the last jitter used is ``jitter``. Only where no
+    jitter helps is ``H`` eigendecomposed: with ``indefinite="clip"`` it is projected
+    onto the positive semi-definite cone once (negative eigenvalues set to zero, the
+    nearest PSD matrix in Frobenius norm; their number is ``clipped``), otherwise
+    :class:`NotPositiveDefiniteError` is raised.
     """
 
     kind = "dense"
 
-    def __init__(self, index: slice, hessian: Tensor, dtype: torch.dtype,
-                 clipped: int = 0) -> None:
+    def __init__(self, index: slice | Tensor, hessian: Tensor, dtype: torch.dtype,
+                 indefinite: str = "raise", clipped: int = 0, jitter: float = 0.0) -> None:
         """``hessian`` (p, p) the float64 curvature as used (already projected, if it was),
-        ``dtype`` the dtype of results, ``clipped`` the eigenvalues the projection removed."""
+        ``dtype`` the dtype of results, ``indefinite`` what to do when no jitter makes the
+        precision positive definite, ``clipped`` the eigenvalues a projection removed,
+        ``jitter`` the last jitter used."""
+        check_choice("indefinite", indefinite, INDEFINITE)
         self.index = index
         self.hessian = hessian
         self.dtype = dtype
+        self.indefinite = indefinite
         self.clipped = clipped
+        self.jitter = jitter
 
     @classmethod
-    def from_hessian(cls, index: slice, hessian: Tensor, indefinite: str = "raise"
+    def from_hessian(cls, index: slice | Tensor, hessian: Tensor, indefinite: str = "raise"
                      ) -> DenseBlock:
-        """The block of a curvature ``hessian`` (p, p); ``indefinite="clip"`` projects it
-        onto the positive semi-definite cone (negative eigenvalues set to zero)."""
-        check_choice("indefinite", indefinite, INDEFINITE)
-        dtype = hessian.dtype
-        hessian = hessian.double()
-        clipped = 0
-        if indefinite == "clip":
-            evals, evecs = torch.linalg.eigh(hessian)
-            clipped = int((evals < 0).sum())
-            hessian = (evecs * evals.clamp_min(0)) @ evecs.T
-        return cls(index, hessian, dtype, clipped)
+        """The block of a curvature ``hessian`` (p, p), held in float64."""
+        return cls(index, hessian.double(), hessian.dtype, indefinite)
 
     def state_dict(self) -> dict:
         return {**_index_state(self), "hessian": self.hessian,
-                "dtype": str(self.dtype).removeprefix("torch."), "clipped": self.clipped}
+                "dtype": str(self.dtype).removeprefix("torch."), "indefinite": self.indefinite,
+                "clipped": self.clipped, "jitter": self.jitter}
 
     @classmethod
     def from_state(cls, state: dict) -> DenseBlock:
         return cls(_index_from(state), state["hessian"], getattr(torch, state["dtype"]),
-                   state["clipped"])
+                   state["indefinite"], state["clipped"], state["jitter"])
 
     def cholesky(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        """The lower Cholesky factor of ``diag(alpha) + beta H`` (+ jitter), float64."""
         precision = beta.double() * self.hessian + torch.diag_embed(alpha.double())
-        chol, info = torch.linalg.cholesky_ex(precision)
-        if int(info) != 0:
-            smallest = float(torch.linalg.eigvalsh(precision)[0])
-            raise NotPositiveDefiniteError(
-                f"The Laplace precision alpha I + beta H is not positive definite (smallest "
-                f"eigenvalue {smallest:.3g} in float64): the curvature is indefinite, as the "
-                "exact Hessian at a ReLU net's MAP often is. Use curvature='ggn' (always "
-                "positive semi-definite), refine the MAP, or pass indefinite='clip' to project "
-                "H onto the positive semi-definite cone."
-            )
-        return chol
+        chol, self.jitter = cholesky_with_jitter(precision)
+        if chol is not None:
+            return chol
+        if self.indefinite == "clip" and not self.clipped:
+            evals, evecs = torch.linalg.eigh(self.hessian)
+            self.clipped = max(int((evals < 0).sum()), 1)
+            self.hessian = (evecs * evals.clamp_min(0)) @ evecs.T
+            return self.cholesky(alpha, beta)
+        smallest = float(torch.linalg.eigvalsh(precision.detach())[0])
+        raise NotPositiveDefiniteError(
+            f"The Laplace precision alpha I + beta H is not positive definite (smallest "
+            f"eigenvalue {smallest:.3g} in float64, and a jitter up to {self.jitter:.3g} did "
+            "not help): the curvature is indefinite, as the exact Hessian at a ReLU net's MAP "
+            "often is. Use curvature='ggn' (always positive semi-definite), refine the MAP, or "
+            "pass indefinite='clip' to project H onto the positive semi-definite cone."
+        )
 
     def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
         return (2 * torch.log(torch.diagonal(self.cholesky(alpha, beta))).sum()).to(self.dtype)
@@ -126,11 +170,10 @@ class DenseBlock:
         inv = torch.linalg.solve_triangular(chol, eye, upper=False)
         return (inv**2).sum(0).to(self.dtype)
 
-    def quadratic(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
-        """(M,) ``g_m^T A^-1 g_m`` for rows ``g`` (M, p)."""
+    def whiten(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        """(M, p) rows ``u_m = L^-1 g_m`` for rows ``g`` (M, p): ``u_m^T u_k = g_m^T A^-1 g_k``."""
         chol = self.cholesky(alpha, beta)
-        v = torch.linalg.solve_triangular(chol, g.T.double(), upper=False)
-        return (v**2).sum(0).to(self.dtype)
+        return torch.linalg.solve_triangular(chol, g.T.double(), upper=False).T.to(self.dtype)
 
     def offset(self, eps: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
         """``L^-T eps`` (..., p), distributed as ``N(0, A^-1)`` for standard normal ``eps``."""
@@ -148,6 +191,7 @@ class DiagBlock:
 
     kind = "diag"
     clipped = 0
+    jitter = 0.0
 
     def __init__(self, index: slice, diagonal: Tensor) -> None:
         self.index = index
@@ -169,8 +213,8 @@ class DiagBlock:
     def inverse_diagonal(self, alpha: Tensor, beta: Tensor) -> Tensor:
         return 1 / self.precision(alpha, beta)
 
-    def quadratic(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
-        return (g**2 / self.precision(alpha, beta)).sum(-1)
+    def whiten(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        return g * self.precision(alpha, beta).rsqrt()
 
     def offset(self, eps: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
         return eps * self.precision(alpha, beta).rsqrt()
@@ -189,6 +233,7 @@ class KronBlock:
 
     kind = "kron"
     clipped = 0
+    jitter = 0.0
 
     def __init__(self, index: slice, q_evals: Tensor, q_evecs: Tensor, g_evals: Tensor,
                  g_evecs: Tensor) -> None:
@@ -216,7 +261,12 @@ class KronBlock:
                    state["g_evecs"])
 
     def eigenvalues(self, alpha: Tensor, beta: Tensor) -> Tensor:
-        """(a, o) eigenvalues of the precision."""
+        """(a, o) eigenvalues of the precision; ``alpha`` must be one number on the block."""
+        if alpha.numel() > 1 and bool((alpha != alpha[0]).any()):
+            raise ValueError("Expected one prior precision alpha on each Kronecker-factored "
+                             "layer (curvature='kron' or 'kron_separate'), but got several "
+                             "values in one layer; use a per-layer alpha or curvature='diag' "
+                             "or 'ggn'.")
         return alpha[0] + beta * torch.outer(self.q_evals, self.g_evals)
 
     def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
@@ -226,9 +276,9 @@ class KronBlock:
         inv = 1 / self.eigenvalues(alpha, beta)
         return (self.q_evecs**2 @ inv @ (self.g_evecs**2).T).flatten()
 
-    def quadratic(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+    def whiten(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
         rot = self.q_evecs.T @ g.reshape(g.shape[0], *self.shape) @ self.g_evecs
-        return (rot**2 / self.eigenvalues(alpha, beta)).sum((-2, -1))
+        return (rot * self.eigenvalues(alpha, beta).rsqrt()).flatten(-2)
 
     def offset(self, eps: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
         e = eps.reshape(*eps.shape[:-1], *self.shape) * self.eigenvalues(alpha, beta).rsqrt()
@@ -243,8 +293,77 @@ class KronBlock:
         return self.q_evals.shape[0], self.g_evals.shape[0]
 
 
-Block = DenseBlock | DiagBlock | KronBlock
-_KINDS = {cls.kind: cls for cls in (DenseBlock, DiagBlock, KronBlock)}
+class LowRankBlock:
+    """Precision ``D + beta U diag(lambda) U^T`` on ``theta[index]``, ``D = diag(alpha)``,
+    with the top ``k`` eigenpairs ``U`` (p, k), ``lambda`` (k,) of a curvature (laplace-torch's
+    low-rank Laplace; Daxberger et al. 2021).
+
+    With the thin SVD ``D^-1/2 U (beta diag(lambda))^1/2 = Q S R^T`` (``Q`` (p, k)) the
+    precision is ``D^1/2 (I + Q S^2 Q^T) D^1/2``, so ``log |A| = sum log alpha_i +
+    sum log(1 + s_j^2)``, ``A^-1 = D^-1/2 (I + Q ((1 + S^2)^-1 - 1) Q^T) D^-1/2`` and
+    ``A^-1/2 = D^-1/2 (I + Q ((1 + S^2)^-1/2 - 1) Q^T)``: memory ``p k``, no ``p x p``
+    matrix but the dense :meth:`covariance`.
+    """
+
+    kind = "low_rank"
+    clipped = 0
+    jitter = 0.0
+
+    def __init__(self, index: slice, eigenvectors: Tensor, eigenvalues: Tensor) -> None:
+        self.index = index
+        self.eigenvectors = eigenvectors
+        self.eigenvalues = eigenvalues
+
+    @classmethod
+    def from_hessian(cls, index: slice, hessian: Tensor, rank: int) -> LowRankBlock:
+        """The block of the ``rank`` largest positive eigenpairs of ``hessian`` (p, p)."""
+        check_positive_int("rank", rank)
+        evals, evecs = torch.linalg.eigh(hessian)
+        top = evals.argsort(descending=True)[:rank]
+        top = top[evals[top] > 0]
+        return cls(index, evecs[:, top], evals[top])
+
+    def state_dict(self) -> dict:
+        return {**_index_state(self), "eigenvectors": self.eigenvectors,
+                "eigenvalues": self.eigenvalues}
+
+    @classmethod
+    def from_state(cls, state: dict) -> LowRankBlock:
+        return cls(_index_from(state), state["eigenvectors"], state["eigenvalues"])
+
+    def _factors(self, alpha: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``alpha`` (p,), ``Q`` (p, k) and the shrinkage ``(1 + s^2)^-1/2`` (k,)."""
+        b = self.eigenvectors * (beta * self.eigenvalues).sqrt() / alpha.sqrt().unsqueeze(-1)
+        q, s, _ = torch.linalg.svd(b, full_matrices=False)
+        return alpha, q, (1 + s**2).rsqrt()
+
+    def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        _, _, shrink = self._factors(alpha, beta)
+        return torch.log(alpha).sum() - 2 * torch.log(shrink).sum()
+
+    def inverse_diagonal(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        alpha, q, shrink = self._factors(alpha, beta)
+        return (1 + (q**2 * (shrink**2 - 1)).sum(-1)) / alpha
+
+    def whiten(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        alpha, q, shrink = self._factors(alpha, beta)
+        scaled = g * alpha.rsqrt()
+        return scaled + ((scaled @ q) * (shrink - 1)) @ q.T
+
+    def offset(self, eps: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        alpha, q, shrink = self._factors(alpha, beta)
+        return (eps + ((eps @ q) * (shrink - 1)) @ q.T) * alpha.rsqrt()
+
+    def covariance(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        alpha, q, shrink = self._factors(alpha, beta)
+        inner = torch.eye(q.shape[0], dtype=q.dtype, device=q.device) \
+            + (q * (shrink**2 - 1)) @ q.T
+        scale = alpha.rsqrt()
+        return scale.unsqueeze(-1) * inner * scale
+
+
+Block = DenseBlock | DiagBlock | KronBlock | LowRankBlock
+_KINDS = {cls.kind: cls for cls in (DenseBlock, DiagBlock, KronBlock, LowRankBlock)}
 
 
 def block_from_state(state: dict) -> Block:
@@ -258,18 +377,21 @@ def block_from_state(state: dict) -> Block:
 
 def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
                      layout: ParameterLayout, act: Callable[[Tensor], Tensor], likelihood: str,
-                     *, indefinite: str = "raise", max_bytes: int = MAX_DENSE_BYTES) -> list[Block]:
+                     *, indefinite: str = "raise", max_bytes: int = MAX_DENSE_BYTES,
+                     rank: int = 10, subnetwork: Tensor | None = None) -> list[Block]:
     """The blocks of ``curvature`` (one of :data:`~bnn_zoo.guides.curvature.CURVATURES`) at
-    ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,)."""
-    check_choice("curvature", curvature, CURVATURES)
+    ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,); ``rank`` is the number of
+    eigenpairs ``low_rank`` keeps, ``subnetwork`` the weights ``subnetwork`` covers."""
+    check_curvature(curvature)
     check_choice("indefinite", indefinite, INDEFINITE)
     everything = slice(0, layout.num_parameters)
     args = (theta, x, y, layout, act, likelihood)
-    if curvature == "full":
+    if curvature == "hessian":
         return [DenseBlock.from_hessian(everything, full_hessian(*args, max_bytes=max_bytes),
                                         indefinite)]
-    # A GGN is positive semi-definite in exact arithmetic; clipping removes only the
-    # round-off negatives that a float32 GGN times a large beta (e.g. naval) can show.
+    # A GGN is positive semi-definite in exact arithmetic; where even jitter does not
+    # absorb the round-off negatives of a float32 GGN times a large beta (e.g. naval),
+    # the projection removes them.
     if curvature == "ggn":
         return [DenseBlock.from_hessian(everything, ggn(*args, max_bytes=max_bytes), "clip")]
     if curvature == "diag":
@@ -277,4 +399,20 @@ def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
     if curvature == "kron":
         return [KronBlock.from_factors(index, q, g)
                 for index, (q, g) in zip(layout.layer_slices, kron_ggn(*args))]
+    if curvature == "kron_separate":
+        blocks: list[Block] = []
+        for index, (q, g) in zip(layout.layer_slices, kron_ggn(*args)):
+            bias = slice(index.stop - g.shape[0], index.stop)
+            blocks.append(KronBlock.from_factors(slice(index.start, bias.start),
+                                                 q[:-1, :-1], g))
+            blocks.append(DenseBlock.from_hessian(bias, g, "clip"))
+        return blocks
+    if curvature == "low_rank":
+        return [LowRankBlock.from_hessian(everything, ggn(*args, max_bytes=max_bytes), rank)]
+    if curvature == "subnetwork":
+        if subnetwork is None:
+            raise ValueError("curvature='subnetwork' needs the subnetwork's weight indices; "
+                             "expected subnetwork=[...], but got None.")
+        index = subnetwork_indices(subnetwork, layout.num_parameters).to(theta.device)
+        return [DenseBlock.from_hessian(index, subnetwork_ggn(*args, indices=index), "clip")]
     return [DenseBlock.from_hessian(layout.layer_slices[-1], last_layer_ggn(*args), "clip")]

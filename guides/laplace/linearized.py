@@ -2,11 +2,11 @@
 (seed 001, first half; Bishop, PRML 5.7; Immer et al. 2021 on the GLM view).
 
 Both have the sample sites of the :class:`~bnn_zoo.models.BayesianMLP` they approximate
-(one per weight tensor, prior ``N(0, alpha_l^-1)`` with the posterior's per-layer
-``alpha``), record the network output as ``pyro.deterministic("f")`` and put the likelihood
-``obs`` in ``pyro.plate("data")``, with the posterior's noise ``beta^-1/2`` (regression)
-or a categorical on the logits ``f``. Paired with a
-:class:`~bnn_zoo.guides.laplace.guide.LaplaceGuide` holding the posterior, Pyro's
+(one per weight tensor, prior ``N(m_i, alpha_i^-1)`` with the posterior's prior mean and
+per-layer or per-weight ``alpha``), record the network output as
+``pyro.deterministic("f")`` and put the likelihood ``obs`` in ``pyro.plate("data")``,
+with the posterior's noise ``beta^-1/2`` (regression) or a categorical on the logits ``f``.
+Paired with a :class:`~bnn_zoo.guides.laplace.guide.LaplaceGuide` holding the posterior, Pyro's
 ``Predictive(model, guide=guide)`` and :func:`bnn_zoo.predict` sample
 
 * :class:`LinearizedModel`: the GLM predictive. Its network is the seed's first-order
@@ -53,11 +53,11 @@ class _PosteriorModel(PyroModule):
         if x.dim() != 2 or x.shape[-1] != layout.sizes[0]:
             raise ValueError(f"Expected x of shape (N, {layout.sizes[0]}), but got "
                              f"{tuple(x.shape)}.")
-        zero = torch.zeros((), dtype=x.dtype, device=x.device)
-        prior_scale = post.alpha.rsqrt()
+        means = layout.unflatten(post.prior_mean.to(x.dtype))
+        scales = layout.unflatten(post.alpha_vector().rsqrt().to(x.dtype))
         values = {}
-        for i, (name, shape) in enumerate(layout.sites):
-            prior = dist.Normal(zero, prior_scale[i // 2]).expand(shape).to_event(len(shape))
+        for name, shape in layout.sites:
+            prior = dist.Normal(means[name], scales[name]).to_event(len(shape))
             values[name] = drop_plate_dim(pyro.sample(name, prior), len(shape))
         theta = layout.flatten(values)
         return observe(x, y, lambda inputs: self.network(inputs, theta),

@@ -2,10 +2,11 @@
 first half; Bishop, PRML 5.7; MacKay 1992).
 
 Model (seed 001): ``p(t | x, w) = N(t | y(x, w), beta^-1)`` (or a categorical likelihood
-with ``beta = 1``), prior ``p(w | alpha) = N(w | 0, alpha^-1 I)``. With ``w_MAP`` a mode of
-the log joint, the posterior is approximated by
+with ``beta = 1``), prior ``p(w | alpha) = N(w | 0, alpha^-1 I)``, generalised here to
+``N(w | m, diag(alpha)^-1)`` with a prior mean ``m`` (P,) and a prior precision per layer
+or per weight. With ``w_MAP`` a mode of the log joint, the posterior is approximated by
 
-.. math::  q(w) = N(w | w_MAP, A^{-1}),   A = \\alpha I + \\beta H,
+.. math::  q(w) = N(w | w_MAP, A^{-1}),   A = diag(\alpha) + \beta H,
 
 where ``H`` is a curvature of the unit-precision negative log-likelihood ``E_D(w)``
 (:mod:`bnn_zoo.guides.curvature`) held in the structures of
@@ -14,12 +15,16 @@ where ``H`` is a curvature of the unit-precision negative log-likelihood ``E_D(w
 GLM predictive (the seed's linearised network):
 ``y(x, w) ~ y(x, w_MAP) + g^T (w - w_MAP)``, so
 ``p(t | x) = N(t | y(x, w_MAP), sigma^2(x))`` with ``sigma^2(x) = 1 / beta + g^T A^-1 g``
-(PRML 5.173); for classification the probit approximation
-``softmax(f_k / sqrt(1 + pi/8 g_k^T A^-1 g_k))`` (PRML 4.153, applied per class, MacKay
-1992). The same predictive as a Pyro model whose weights the guide samples is
+(PRML 5.173). For classification the logits are ``N(f, J A^-1 J^T)`` and the class
+probabilities ``E[softmax(logits)]`` are either the probit approximation
+``softmax(f_k / sqrt(1 + pi/8 g_k^T A^-1 g_k))`` (``link="probit"``; PRML 4.153, applied
+per class, MacKay 1992) or a Monte Carlo average over the Gaussian logits
+(``link="mc"``). The same predictive as a Pyro model whose weights the guide samples is
 :class:`~bnn_zoo.guides.laplace.linearized.LinearizedModel`.
 
-Evidence (the seed's formula, PRML 5.175, with ``W`` the number of weights)::
+Evidence (the seed's formula, PRML 5.175, with ``W`` the number of weights; with
+``alpha`` a vector, ``alpha/2 ||w||^2`` reads ``1/2 sum_i alpha_i (w_i - m_i)^2`` and
+``W/2 log alpha`` reads ``1/2 sum_i log alpha_i``)::
 
     log p(D | alpha, beta) = -beta E_D(w_MAP) - alpha/2 w_MAP^T w_MAP - 1/2 log|A|
                              + W/2 log alpha + N/2 log beta - N/2 log(2 pi)
@@ -33,36 +38,45 @@ the MAP like hyperparameters.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_data
+from bnn_zoo.core.checks import check_choice, check_data, check_positive_int
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.guides.curvature import ParameterLayout, check_dense_fits, jacobian
-from bnn_zoo.guides.laplace.blocks import Block, block_from_state
+from bnn_zoo.guides.laplace.blocks import Block, block_from_state, cholesky_with_jitter
 
-__all__ = ["LaplacePosterior"]
+__all__ = ["LINKS", "LaplacePosterior"]
+
+LINKS = ("probit", "mc")
 
 
 @dataclass
 class LaplacePosterior:
-    """``N(theta_map, A^-1)`` with ``A = diag(alpha_layer) + beta H`` in a given structure.
+    """``N(theta_map, A^-1)`` with ``A = diag(alpha) + beta H`` in a given structure; the
+    evidence, its fixed point and the Pyro models count the weights the blocks cover
+    (:attr:`covered`) only, the others being held at the MAP.
 
     Attributes
     ----------
     layout : where each weight tensor sits in ``theta`` (P,).
     theta : (P,) the MAP.
     blocks : the precision structure; weights outside every block stay at the MAP.
-    alpha : (L,) prior precision of each layer (all equal unless fitted per layer).
+    alpha : prior precision, (L,) one per layer (all equal unless fitted per layer) or
+        (P,) one per weight.
     beta : noise precision (1 for classification).
     likelihood : ``"gaussian"`` or ``"categorical"``.
     energy : ``E_D(theta)``, the unit-precision negative log-likelihood at the MAP.
     num_outputs : ``N K``, the number of observed numbers (regression: ``N``).
     act : hidden activation of the network.
+    prior_mean : (P,) prior mean ``m`` (zeros by default).
     history : ``(alpha, beta, log evidence)`` after each evidence iteration.
+    converged : whether the evidence loop converged (``None`` without evidence tuning).
+    iterations : the evidence updates the loop made (0 without evidence tuning).
     """
 
     layout: ParameterLayout
@@ -74,16 +88,31 @@ class LaplacePosterior:
     energy: Tensor
     num_outputs: int
     act: Callable[[Tensor], Tensor] = field(repr=False)
+    prior_mean: Tensor | None = None
     history: list[tuple[list[float], float, float]] = field(default_factory=list)
+    converged: bool | None = None
+    iterations: int = 0
+
+    def __post_init__(self) -> None:
+        p, layers = self.layout.num_parameters, self.layout.num_layers
+        if self.alpha.shape not in ((layers,), (p,)):
+            raise ValueError(f"Expected alpha of shape ({layers},) (per layer) or ({p},) (per "
+                             f"weight), but got {tuple(self.alpha.shape)}.")
+        if self.prior_mean is None:
+            self.prior_mean = torch.zeros_like(self.theta)
+        if self.prior_mean.shape != (p,):
+            raise ValueError(f"Expected prior_mean of shape ({p},), but got "
+                             f"{tuple(self.prior_mean.shape)}.")
 
     def state_dict(self) -> dict:
         """Everything but ``layout`` and ``act`` (the model's), as tensors and plain data:
         :meth:`from_state` rebuilds this posterior from it without the training data."""
         return {"theta": self.theta, "alpha": self.alpha, "beta": self.beta,
                 "likelihood": self.likelihood, "energy": self.energy,
-                "num_outputs": self.num_outputs,
+                "num_outputs": self.num_outputs, "prior_mean": self.prior_mean,
                 "blocks": [block.state_dict() for block in self.blocks],
-                "history": [(list(a), b, e) for a, b, e in self.history]}
+                "history": [(list(a), b, e) for a, b, e in self.history],
+                "converged": self.converged, "iterations": self.iterations}
 
     @classmethod
     def from_state(cls, state: dict, layout: ParameterLayout,
@@ -97,7 +126,8 @@ class LaplacePosterior:
         blocks = [block_from_state(block) for block in state["blocks"]]
         history = [(list(a), b, e) for a, b, e in state["history"]]
         return cls(layout, theta, blocks, state["alpha"], state["beta"], state["likelihood"],
-                   state["energy"], state["num_outputs"], act, history)
+                   state["energy"], state["num_outputs"], act, state["prior_mean"], history,
+                   state["converged"], state["iterations"])
 
     @property
     def clipped(self) -> int:
@@ -105,16 +135,29 @@ class LaplacePosterior:
         return sum(b.clipped for b in self.blocks)
 
     @property
+    def jitter(self) -> float:
+        """The largest jitter the dense blocks' last Cholesky factorisations added."""
+        return max(b.jitter for b in self.blocks)
+
+    @property
+    def covered(self) -> Tensor:
+        """(P,) bool: the weights the Gaussian covers (all but ``last_layer``'s others)."""
+        mask = torch.zeros_like(self.theta, dtype=torch.bool)
+        for block in self.blocks:
+            mask[block.index] = True
+        return mask
+
+    @property
     def covered_layers(self) -> list[int]:
-        """Layers whose weights the Gaussian covers (all but ``last_layer``'s)."""
-        starts = [b.index.start for b in self.blocks]
-        stops = [b.index.stop for b in self.blocks]
-        return [i for i, s in enumerate(self.layout.layer_slices)
-                if any(a <= s.start and s.stop <= b for a, b in zip(starts, stops))]
+        """Layers with weights the Gaussian covers (all of them, or for ``subnetwork`` some)."""
+        mask = self.covered
+        return [i for i, s in enumerate(self.layout.layer_slices) if bool(mask[s].any())]
 
     def alpha_vector(self, alpha: Tensor | None = None) -> Tensor:
         """(P,) prior precision of every weight."""
         alpha = self.alpha if alpha is None else alpha
+        if alpha.shape == self.theta.shape:
+            return alpha
         return alpha[self.layout.layer_index(self.theta)]
 
     def layer_sums(self, values: Tensor) -> Tensor:
@@ -132,17 +175,16 @@ class LaplacePosterior:
                      beta: Tensor | float | None = None) -> Tensor:
         """The seed's Laplace evidence ``log p(D | alpha, beta)`` at this MAP and curvature.
 
-        ``alpha`` a number or a per-layer (L,) tensor; default the fitted values.
-        Differentiable in ``alpha`` and ``beta``.
+        ``alpha`` a number, a per-layer (L,) or a per-weight (P,) tensor; default the
+        fitted values. Differentiable in ``alpha`` and ``beta``.
         """
         alpha = self._as_alpha(alpha)
         beta = self.beta if beta is None else torch.as_tensor(beta, dtype=self.theta.dtype,
                                                               device=self.theta.device)
-        covered = self.covered_layers
-        sq = self.layer_sums(self.theta**2)[covered]
-        counts = self.layer_sums(torch.ones_like(self.theta))[covered]
-        a = alpha[covered]
-        out = -0.5 * (a * sq).sum() + 0.5 * (counts * torch.log(a)).sum()
+        mask = self.covered
+        a = self.alpha_vector(alpha)[mask]
+        sq = (self.theta - self.prior_mean)[mask] ** 2
+        out = -0.5 * (a * sq).sum() + 0.5 * torch.log(a).sum()
         out = out - 0.5 * self.log_det(alpha, beta)
         if self.likelihood == "gaussian":
             n = self.num_outputs
@@ -154,10 +196,11 @@ class LaplacePosterior:
         if alpha is None:
             return self.alpha
         alpha = torch.as_tensor(alpha, dtype=self.theta.dtype, device=self.theta.device)
-        return alpha.expand(self.layout.num_layers)
+        return alpha if alpha.dim() else alpha.expand(self.layout.num_layers)
 
     def effective_parameters(self) -> Tensor:
-        """(L,) ``gamma_l = W_l - alpha_l tr_l(A^-1)`` of each covered layer (0 elsewhere)."""
+        """(L,) ``gamma_l = sum_{i in l} (1 - alpha_i [A^-1]_ii)`` of each covered layer
+        (0 elsewhere); with one ``alpha_l`` per layer, ``W_l - alpha_l tr_l(A^-1)``."""
         a = self.alpha_vector()
         gamma = torch.zeros_like(self.theta)
         for block in self.blocks:
@@ -180,30 +223,55 @@ class LaplacePosterior:
         a = self.alpha_vector()
         out = self.theta.new_zeros(p, p)
         for block in self.blocks:
-            out[block.index, block.index] = block.covariance(a[block.index], self.beta)
+            rows = block.index if isinstance(block.index, slice) else block.index[:, None]
+            out[rows, block.index] = block.covariance(a[block.index], self.beta)
         return out
+
+    def function_covariance(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Output ``f`` (N, K) at the MAP and the GLM covariances ``J_n A^-1 J_n^T`` (N, K, K),
+        from the whitened Jacobian rows of each block."""
+        f, g = jacobian(self.theta, x, self.layout, self.act)
+        a = self.alpha_vector()
+        parts = [block.whiten(g.flatten(0, 1)[:, block.index], a[block.index], self.beta)
+                 for block in self.blocks]
+        u = torch.cat(parts, -1).reshape(*f.shape, -1)
+        return f, u @ u.transpose(-1, -2)
 
     def function_variance(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Output ``f`` (N, K) at the MAP and the GLM variances ``g_k^T A^-1 g_k`` (N, K)."""
-        f, g = jacobian(self.theta, x, self.layout, self.act)
-        a = self.alpha_vector()
-        rows = g.flatten(0, 1)
-        var = sum(block.quadratic(rows[:, block.index], a[block.index], self.beta)
-                  for block in self.blocks)
-        return f, var.reshape(f.shape)
+        f, cov = self.function_covariance(x)
+        return f, cov.diagonal(dim1=-2, dim2=-1)
 
-    def glm_predictive(self, x: Tensor) -> GaussianMixturePredictive | CategoricalPredictive:
+    def glm_predictive(self, x: Tensor, link: str = "probit", num_samples: int = 1000,
+                       generator: torch.Generator | None = None
+                       ) -> GaussianMixturePredictive | CategoricalPredictive:
         """The linearised predictive at ``x`` (N, D), as a one-component predictive.
 
-        Regression: ``N(f(x), 1/beta + g^T A^-1 g)``; classification: the probit
-        approximation ``softmax(f / sqrt(1 + pi/8 g_k^T A^-1 g_k))``.
+        Regression: ``N(f(x), 1/beta + g^T A^-1 g)`` (``link`` unused). Classification:
+        ``E[softmax(l)]`` over the logits ``l ~ N(f, J A^-1 J^T)``, by the probit
+        approximation ``softmax(f / sqrt(1 + pi/8 g_k^T A^-1 g_k))`` (``link="probit"``)
+        or by ``num_samples`` draws of the logits (``link="mc"``, from ``generator``).
         """
         x, _ = check_data(x)
+        check_choice("link", link, LINKS)
+        check_positive_int("num_samples", num_samples)
         with torch.no_grad():
-            f, var = self.function_variance(x)
-        if self.likelihood == "gaussian":
-            scale = (var + 1 / self.beta).sqrt()
-            return GaussianMixturePredictive(f.T.detach(), scale.T.detach())
-        probs = torch.softmax(f * (1 + math.pi / 8 * var).rsqrt(), -1)
-        return CategoricalPredictive(probs.unsqueeze(0).detach())
-
+            f, cov = self.function_covariance(x)
+            var = cov.diagonal(dim1=-2, dim2=-1)
+            if not (bool(torch.isfinite(f).all()) and bool(torch.isfinite(var).all())):
+                warnings.warn("The Laplace GLM predictive has non-finite means or variances.",
+                              RuntimeWarning, stacklevel=2)
+            if self.likelihood == "gaussian":
+                return GaussianMixturePredictive(f.T, (var + 1 / self.beta).sqrt().T)
+            if link == "probit":
+                probs = torch.softmax(f * (1 + math.pi / 8 * var).rsqrt(), -1)
+            else:
+                chol, _ = cholesky_with_jitter(cov.double())
+                if chol is None:  # rank-deficient J A^-1 J^T: its symmetric square root
+                    evals, evecs = torch.linalg.eigh(cov.double())
+                    chol = evecs * evals.clamp_min(0).sqrt().unsqueeze(-2)
+                eps = torch.randn(num_samples, *f.shape, generator=generator,
+                                  dtype=torch.float64, device=f.device)
+                logits = f.double() + (chol @ eps.unsqueeze(-1)).squeeze(-1)
+                probs = torch.softmax(logits, -1).mean(0).to(f.dtype)
+        return CategoricalPredictive(probs.unsqueeze(0))
