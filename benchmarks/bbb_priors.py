@@ -63,8 +63,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                            for k, v in rows[-1].items()}, flush=True)
     keys = ("data", "net", "prior")
     summary = aggregate([{k: v for k, v in r.items() if k != "split"} for r in rows], keys)
-    preamble = (f"`bbb` entry, its budget{'' if args.steps is None else f' ({args.steps} steps)'}"
-                f"; {args.num_samples} posterior samples per prediction; seeds "
+    steps = "its budget's steps" if args.steps is None else f"{args.steps} steps"
+    preamble = (f"`bbb` entry, {steps}; {args.num_samples} posterior samples per prediction; seeds "
                 f"{args.seed}..{args.seed + args.splits - 1}.")
     print(write_tables(args.out, "bbb_priors", summary, keys=keys, columns=METRICS, runs=rows,
                        preamble=preamble))
