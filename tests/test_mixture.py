@@ -1,6 +1,7 @@
 """Mixture-of-diagonal-Gaussians guide (seed 003): its log density against a direct sum,
 the seed's partial derivatives, unbiased ELBO estimators, K=1 as a diagonal Gaussian, both
-modes of a two-component target, the float32 pathwise overflow, targets and the entry."""
+modes of a two-component target, the float32 pathwise overflow, targets and the entry, and
+K = 1, 2, 4 against NUTS on a small BNN posterior (predictive W2 distance and ELBO)."""
 
 from __future__ import annotations
 
@@ -433,34 +434,51 @@ def w2_to_reference(model, guides: dict, reference: torch.Tensor, *, draws: int 
     return w2, se
 
 
+def elbo_and_se(model, guide: MixtureGuide, batches: int = 8) -> tuple[float, float]:
+    """The ELBO (mean of ``batches`` estimates of 256 particles) and its standard error."""
+    with pyro.get_param_store().scope():  # the guide's own parameters, not the global store's
+        values = torch.tensor([-MixtureELBO(num_particles=256, max_plate_nesting=1).loss(
+            model, guide, *NO_DATA) for _ in range(batches)])
+    return values.mean().item(), (values.std() / math.sqrt(batches)).item()
+
+
 def test_mixture_against_nuts_on_a_small_bnn_fast():
-    """1-5-1 tanh net on 20 points of ``gap``: a short NUTS run (60 + 60 draws) as the
-    reference; K=1 and K=2 (started from the K=1 fit) have finite distances, and K=2's is
-    not worse than K=1's beyond 4 Monte Carlo standard errors of the difference."""
+    """1-5-1 tanh net on 20 points of ``gap``, a short NUTS run (60 + 60 draws, tree depth
+    4) as the reference; K=1 fitted 200 steps, then K=1 and K=2 (split from it) 100 more.
+    Both predictives are finite and near NUTS's (W2 well below the targets' scale, 0.7), and
+    K=2's ELBO is not worse than K=1's beyond 4 Monte Carlo standard errors.
+
+    Not asserted, because it is not true here: that K=2's *predictive* is no further from
+    NUTS than K=1's. Measured: W2 0.072 (K=1) and 0.103 (K=2), a gap of ~12 standard errors
+    of the difference; the second component changes where the optimisation goes (it is
+    not Monte Carlo noise), and the ELBO it gains does not move the predictive towards
+    NUTS (see the slow test)."""
     model = small_bnn("gap")
     reference = nuts_draws(model, warmup=60, samples=60, depth=4)
     base = fit_components(model, 1, steps=200)
     guides = {k: fit_components(model, k, steps=100, start=base) for k in (1, 2)}
-    w2, se = w2_to_reference(model, guides, reference)
-    assert all(math.isfinite(v) and v > 0 for v in w2.values()), w2
-    assert w2[2] - w2[1] <= 4 * se[2], (w2, se)
-    assert w2[1] < 0.5  # the K=1 fit is a fit: the targets' own scale is about 0.7
+    w2, _ = w2_to_reference(model, guides, reference, boot=50)
+    assert all(math.isfinite(v) and 0 < v < 0.3 for v in w2.values()), w2
+    (e1, se1), (e2, se2) = (elbo_and_se(model, guides[k]) for k in (1, 2))
+    assert e2 >= e1 - 4 * math.hypot(se1, se2), (e1, se1, e2, se2)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["sine", "gap"])
 def test_mixture_against_nuts_on_a_small_bnn(name):
-    """1-5-1 tanh net on 20 points: NUTS (150 warmup + 200 draws, tree depth 6) as the
-    reference; K = 1, 2, 4 (2 and 4 started from the K=1 fit). More components do not
-    bring the predictive closer to NUTS beyond Monte Carlo error (4 standard errors of the
-    difference), nor further from it, and the components keep their weights (effective
-    number above K/2): on these posteriors the extra components sit in the same mode."""
+    """1-5-1 tanh net on 20 points, NUTS (150 warmup + 200 draws, tree depth 6) as the
+    reference; K=1 fitted 600 steps, then K = 1, 2, 4 (split from it) 600 more. More
+    components raise the ELBO (K=4 above K=1 by more than 4 standard errors, no K below K=1
+    beyond them), but do not bring the predictive closer to NUTS: no K's W2 distance is
+    below K=1's by more than 4 Monte Carlo standard errors of the difference."""
     model = small_bnn(name)
     reference = nuts_draws(model, warmup=150, samples=200, depth=6)
     base = fit_components(model, 1, steps=600)
     guides = {k: fit_components(model, k, steps=600, start=base) for k in (1, 2, 4)}
     w2, se = w2_to_reference(model, guides, reference)
     assert all(math.isfinite(v) for v in w2.values()), w2
+    elbos = {k: elbo_and_se(model, g) for k, g in guides.items()}
     for k in (2, 4):
-        assert abs(w2[k] - w2[1]) <= 4 * se[k], (w2, se)
-        assert guides[k].effective_components() > k / 2
+        assert w2[k] >= w2[1] - 4 * se[k], (w2, se)
+        assert elbos[k][0] >= elbos[1][0] - 4 * math.hypot(elbos[k][1], elbos[1][1]), elbos
+    assert elbos[4][0] > elbos[1][0] + 4 * math.hypot(elbos[4][1], elbos[1][1]), elbos
