@@ -4,8 +4,9 @@ scales (seed 000), trained by one of four objectives.
 ``method_options={"objective": ...}`` picks ``"alg3"`` (default: Algorithm 3 as an ELBO,
 equal to the collapsed ELBO), ``"alg3_literal"`` (Algorithm 3 as the seed writes it, the
 likelihood minus ``KL(q(s))`` alone: it overfits where the features can interpolate the
-data), ``"alg1"`` (with ``inner_steps``) or ``"collapsed"``; ``feature_seed`` fixes the random features (by default
-the fit's seed draws them). See :class:`~bnn_zoo.methods.logitnormal.LogitNormalSVI`.
+data), ``"alg1"`` (with ``inner_steps``) or ``"collapsed"``; ``feature_seed`` fixes the
+random features (by default the fit's seed draws them). See
+:class:`~bnn_zoo.methods.logitnormal.LogitNormalSVI`.
 
 The fitted guide exposes the learned input relevances,
 ``fitted.guide.relevance()`` (``E_q[s_d]`` and a 90% interval), and
