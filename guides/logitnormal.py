@@ -8,18 +8,32 @@ For :class:`~bnn_zoo.models.rff.RandomFeatureRegression` the guide is
                         \\; p(\\beta \\mid X, y, s),
 
 the second factor the exact Gaussian full conditional (Bayesian linear regression
-on the features; :func:`~bnn_zoo.models.rff.feature_posterior`). Three training
-objectives, all maximising a lower bound of ``log p(y | X)`` over ``phi``:
+on the features; :func:`~bnn_zoo.models.rff.feature_posterior`). Four training
+objectives (``objective=`` of :class:`~bnn_zoo.methods.logitnormal.LogitNormalSVI`):
 
-* **Algorithm 3** (default; the seed's "version 2.0"): the Trace ELBO of this
-  guide, ``n_est`` vectorised particles ``s_k ~ q(s)``, a fresh
-  ``beta_k ~ p(beta | X, y, s_k)`` for each, and ``KL(q(s) || p(s))`` in closed
-  form. Train with :class:`~bnn_zoo.core.elbo.MeanFieldELBO`.
-* **Algorithm 1** (:class:`~bnn_zoo.core.elbo.Algorithm1ELBO`):
+* ``"alg3"``, **Algorithm 3 as an ELBO** (default; the seed's "version 2.0"): the Trace
+  ELBO of this guide, ``n_est`` vectorised particles ``s_k ~ q(s)``, a fresh
+  ``beta_k ~ p(beta | X, y, s_k)`` for each, and ``KL(q(s) || p(s))`` in closed form:
+
+  .. math::
+
+      \\mathcal{L}_3(\\phi) = E_{q(s)\\,p(\\beta | X, y, s)}\\big[\\log p(y | X, \\beta, s)
+          + \\log p(\\beta) - \\log q(\\beta | s)\\big] - \\mathrm{KL}(q_\\phi(s) \\| p(s)).
+
+  Train with :class:`~bnn_zoo.core.elbo.MeanFieldELBO`.
+* ``"alg3_literal"``, **Algorithm 3 as the seed writes it** (line 9: the likelihood term
+  minus ``KL(q(s))`` alone; :class:`~bnn_zoo.core.elbo.ExpectedLikelihoodELBO`):
+
+  .. math::
+
+      \\mathcal{L}_{3,\\text{seed}}(\\phi) = E_{q(s)\\,p(\\beta | X, y, s)}
+          \\big[\\log p(y | X, \\beta, s)\\big] - \\mathrm{KL}(q_\\phi(s) \\| p(s)).
+
+* ``"alg1"``, **Algorithm 1** (:class:`~bnn_zoo.core.elbo.Algorithm1ELBO`):
   ``beta_i ~ p(beta | X, y, s_i)`` with ``s_i ~ q(s)`` drawn once per outer iteration
   and held (no gradient) for ``inner_steps`` (the seed's ``n_grad``) optimiser steps on
-  ``E_q(s)[log p(y | X, beta_i, s)] - KL(q(s) || p(s))``.
-* **Collapsed** (:class:`~bnn_zoo.core.elbo.CollapsedELBO`): ``beta`` integrated out,
+  the seed's line 11, ``E_q(s)[log p(y | X, beta_i, s)] - KL(q(s) || p(s))``.
+* ``"collapsed"`` (:class:`~bnn_zoo.core.elbo.CollapsedELBO`): ``beta`` integrated out,
   ``E_q(s)[log N(y; 0, sigma_beta^2 Phi Phi^T + sigma^2 I)] - KL(q(s) || p(s))``,
   by the K x K Woodbury form.
 
@@ -29,16 +43,35 @@ guide: ``s ~ q(s)``, ``beta ~ p(beta | X_train, y_train, s)``, ``f* = Phi(x*; s)
 Deviation from the seed: Algorithms 1 and 3 of seed 000 estimate the likelihood
 term as an average of *likelihoods*, ``1/n_est sum_k N(y; f_k(x), sigma^2 I)``,
 and subtract the KL from it. An ELBO averages *log*-likelihoods,
-``1/n_est sum_k log N(y; f_k(x), sigma^2 I)``; that is what we implement (the
-seed's version is not a bound on anything, and underflows for any real N).
+``1/n_est sum_k log N(y; f_k(x), sigma^2 I)``; that is what every objective here does
+(the seed's version is not a bound on anything, and underflows for any real N).
 
-Why Algorithm 3 and the collapsed objective agree: for every ``s`` and every
+Why Algorithm 3 (``"alg3"``) and the collapsed objective agree: for every ``s`` and every
 ``beta``, ``log p(y | beta, s) + log p(beta) - log p(beta | y, s) = log p(y | s)``.
 With ``q(beta | s)`` the exact conditional the Algorithm-3 integrand therefore does
 not depend on the ``beta`` sample at all: per sample of ``s`` it equals the
-collapsed integrand, value and pathwise gradient alike (tested). The collapsed
-form is just cheaper (no ``beta`` sample, no likelihood pass); Algorithm 1, whose
-``beta`` is not re-drawn with ``s``, optimises a different, noisier objective.
+collapsed integrand, value and pathwise gradient alike (tested). The finding depends
+on three things: (1) the integrand has the terms ``log p(beta) - log q(beta | s)``, i.e.
+the objective is the ELBO of the joint guide ``q(s) q(beta | s)``; (2) ``q(beta | s)`` is
+the exact conditional given the same data, noise and prior as the likelihood (under a
+minibatch the likelihood is a rescaled part of the data, so the equality holds in
+expectation over batches only); (3) log-likelihoods are averaged, not likelihoods. The
+collapsed form is just cheaper (no ``beta`` sample, no likelihood pass).
+
+Why the default is not the seed's literal Algorithm 3: without (1) the identity gives
+``E_{beta | y, s}[log p(y | beta, s)] = log p(y | s) + KL(p(beta | X, y, s) || p(beta))``,
+so ``L_3,seed = L_collapsed + E_q(s)[KL(p(beta | X, y, s) || p(beta))]`` (tested): the
+literal objective is *not* the collapsed ELBO, not a lower bound on ``log p(y | X)``, and
+its extra term rewards scales ``s`` (and a noise ``sigma``) under which ``beta``'s
+conditional moves far from its prior, i.e. fits the training data more closely. It
+counts the data twice, once in ``p(beta | X, y, s)`` and once in the likelihood. Where
+the features can interpolate the data this overfits badly: with K = 100 features on 100
+points of ten inputs (two relevant), ``"alg3_literal"`` drives the learned noise to
+``7e-5`` (train log-likelihood 5.0 per point, test -2.6e6), and ``"collapsed"`` keeps it
+at 0.11 (test -0.25) and switches the eight irrelevant inputs off; on ``sine`` (one input,
+1000 points, K = 50) the two fit alike (test log-likelihood 0.864 and 0.865).
+Algorithm 1, whose ``beta`` is not re-drawn with ``s``, optimises the literal objective's
+likelihood term at a stale ``beta_i``: a different, noisier objective.
 """
 
 from __future__ import annotations

@@ -57,6 +57,17 @@ Gradient estimators of the ELBO (``estimator=``), all unbiased, computed by
   :math:`\mathrm{ELBO} = \sum_i \pi_i E_{\theta \sim N_i}[\ln p(\theta) - \ln q(\theta)]`,
   one reparameterised draw from every component per particle.
 
+Against NUTS on BNN posteriors (tested: ``tests/test_mixture.py``; a 1-5-1 tanh net,
+20 points, noise 0.2, ``estimator="enumerate"``, K=1 fitted 600 steps and then K = 1, 2, 4
+split from it and fitted 600 more; NUTS 200 draws): more components raise the ELBO (by
+0.6-0.9 nats at K=4) and keep their weight (effective number 1.9-2.0 of 2, 3.8-3.9 of 4),
+but they settle in the mode K=1 found and do not bring the predictive closer to NUTS's:
+the mean W2 distance of the moment-matched predictives over ``x in [-3.5, 3.5]`` is
+0.072 / 0.092 / 0.078 (K = 1 / 2 / 4) on ``sine`` and 0.093 / 0.104 / 0.097 on ``gap``,
+with Monte Carlo standard errors of the differences of 0.002-0.003. A mixture helps
+where the target's modes differ in function space (the toy targets); a BNN's extra modes
+are mostly weight-space symmetries with the same predictive.
+
 Why not Pyro's :class:`~pyro.distributions.MixtureOfDiagNormals`, whose
 ``rsample`` has implicit pathwise gradients for all parameters (Jankowiak &
 Karaletsos 2018)? Two defects in pyro 1.9 (both measured, see the tests and

@@ -1,9 +1,14 @@
 """Bayes by Backprop (seed 004): the seed's hand-derived gradients, the mean-field
-optimum of Bayesian linear regression, minibatch weighting, and the sine fit."""
+optimum of Bayesian linear regression, minibatch weighting, the sine fit under N(0, 1) and
+the scale-mixture prior, and the priors benchmark (the seed's N(0, 0.05^2) beside them)."""
 
 from __future__ import annotations
 
+import csv
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pyro
 import pyro.distributions as dist
@@ -20,6 +25,8 @@ from bnn_zoo.guides import BayesByBackpropGuide, MeanFieldGuide
 from bnn_zoo.guides.bbb import deep_getattr, softplus_inverse
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
 from bnn_zoo.models.priors import ScaleMixtureNormal
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def seed_net(sigma: float, prior_scale: float):
@@ -257,14 +264,6 @@ def test_scale_mixture_log_prob_and_moments():
         ScaleMixturePrior(pi=1.5)
 
 
-def test_scale_mixture_prior_trains_with_monte_carlo_kl():
-    d = data.load("sine")
-    fitted = zoo.get("bbb").fit(d.x_train, d.y_train, steps=300,
-                                model_options={"prior": ScaleMixturePrior()})
-    assert math.isfinite(fitted.result.losses[-1])
-    assert fitted.result.losses[-1] < fitted.result.losses[0]
-
-
 def test_init_is_narrow_and_documented():
     model = BayesianMLP(3, 1, (4,))
     guide = BayesByBackpropGuide(model, init_scale=0.02)
@@ -275,15 +274,48 @@ def test_init_is_narrow_and_documented():
         BayesByBackpropGuide(model, init_scale=0.0)
 
 
-def test_bbb_on_sine_is_close_to_the_noise():
-    """Test log-likelihood within 0.3 nats per point of the generating noise's own, and the
-    90% interval covers 80-98% of test points."""
+def test_n01_and_scale_mixture_priors_fit_sine_close_to_the_noise():
+    """``bbb`` on ``sine`` (seed 0, 1500 steps) under its ``N(0, 1)`` prior and under the
+    paper's scale mixture (Monte Carlo KL): each test log-likelihood within 0.3 nats per
+    point of the generating noise's own, 90% intervals covering 80-98% of test points, and
+    the scale mixture within 0.1 nats of the ``N(0, 1)`` fit (seeds move it by ~0.01) and
+    far above the mean-only predictive, where the seed's ``N(0, 0.05^2)`` prior ends."""
     d = data.load("sine")
-    fitted = zoo.get("bbb").fit(d.x_train, d.y_train, seed=0)
-    metrics = fitted.evaluate(d.x_test, d.y_test)
     noise_ll = -0.5 * math.log(2 * math.pi * d.noise_scale**2) - 0.5
-    assert metrics["ll"] >= noise_ll - 0.3, metrics
-    assert 0.80 <= metrics["coverage_90"] <= 0.98, metrics
+    mean_only = torch.distributions.Normal(d.y_train.mean(), d.y_train.std())
+    mean_only_ll = mean_only.log_prob(d.y_test).mean().item()
+    lls = {}
+    for name, prior in (("n01", GaussianPrior(1.0)), ("mixture", ScaleMixturePrior())):
+        fitted = zoo.get("bbb").fit(d.x_train, d.y_train, seed=0, steps=1500,
+                                    model_options={"prior": prior})
+        metrics = fitted.evaluate(d.x_test, d.y_test)
+        assert metrics["ll"] >= noise_ll - 0.3, (name, metrics)
+        assert 0.80 <= metrics["coverage_90"] <= 0.98, (name, metrics)
+        lls[name] = metrics["ll"]
+    assert lls["mixture"] >= lls["n01"] - 0.1, lls
+    assert lls["mixture"] > mean_only_ll + 1.0, (lls, mean_only_ll)
+
+
+def test_bbb_priors_benchmark_runs_and_its_committed_table_shows_the_seed_prior_collapse(
+        tmp_path):
+    """``benchmarks/bbb_priors.py`` with tiny flags writes one row per prior; the committed
+    table (1500 steps) shows what the ``bbb`` docstring says: the seed's ``N(0, 0.05^2)``
+    fits the mean (RMSE near the targets' 0.71), ``N(0, 1)`` and the scale mixture fit."""
+    out = tmp_path / "bbb_priors"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bbb_priors.py"), "--steps", "5",
+                    "--num-samples", "5", "--nets", "seed_1-3-1_sigmoid", "--out", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    rows = list(csv.DictReader((out / "bbb_priors.csv").read_text().splitlines()))
+    assert [r["prior"] for r in rows] == ["gaussian_0.05", "gaussian_1", "scale_mixture"]
+    assert all(math.isfinite(float(r[k])) for r in rows for k in ("ll", "rmse", "coverage_90"))
+    committed = ROOT / "benchmarks" / "results" / "bbb_priors" / "bbb_priors.csv"
+    rows = list(csv.DictReader(committed.read_text().splitlines()))
+    assert {r["net"] for r in rows} == {"seed_1-3-1_sigmoid", "bbb_1-50-1_relu"}
+    for r in rows:
+        if r["prior"] == "gaussian_0.05":
+            assert float(r["rmse"]) > 0.65, r
+        else:
+            assert float(r["rmse"]) < 0.2 and float(r["ll"]) > 0.3, r
 
 
 def test_local_reparameterized_affine_has_the_moments_of_weight_sampling():

@@ -24,6 +24,7 @@ TINY_ARGS: dict[str, list[str]] = {
 NEEDS_UCI = {"uci.py"}
 # scripts whose tiny run lives beside the method's other tests, which also check the numbers
 TESTED_ELSEWHERE = {
+    "bbb_priors.py": "test_bbb.py",
     "classification.py": "test_mean_field_clf.py",
     "distributed_fit.py": "test_scale_scripts.py",
     "laplace.py": "test_laplace.py",

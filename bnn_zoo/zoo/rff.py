@@ -1,9 +1,12 @@
 """Zoo entry ``rff_logitnormal``: random-Fourier-feature net with LogitNormal input
-scales (seed 000), trained by one of three objectives.
+scales (seed 000), trained by one of four objectives.
 
-``method_options={"objective": ...}`` picks ``"alg3"`` (default), ``"alg1"`` (with
-``inner_steps``) or ``"collapsed"``; ``feature_seed`` fixes the random features (by default
-the fit's seed draws them). See :class:`~bnn_zoo.methods.logitnormal.LogitNormalSVI`.
+``method_options={"objective": ...}`` picks ``"alg3"`` (default: Algorithm 3 as an ELBO,
+equal to the collapsed ELBO), ``"alg3_literal"`` (Algorithm 3 as the seed writes it, the
+likelihood minus ``KL(q(s))`` alone: it overfits where the features can interpolate the
+data), ``"alg1"`` (with ``inner_steps``) or ``"collapsed"``; ``feature_seed`` fixes the
+random features (by default the fit's seed draws them). See
+:class:`~bnn_zoo.methods.logitnormal.LogitNormalSVI`.
 
 The fitted guide exposes the learned input relevances,
 ``fitted.guide.relevance()`` (``E_q[s_d]`` and a 90% interval), and
@@ -39,7 +42,8 @@ def rff_model(in_dim: int, out_dim: int = 1, *, task: str = "regression",
 register(Entry(
     name="rff_logitnormal",
     description="random Fourier features with LogitNormal input scales, exact Gaussian "
-                "conditional of the output weights (objective: alg3, alg1, collapsed)",
+                "conditional of the output weights (objective: alg3, alg3_literal, alg1, "
+                "collapsed)",
     tasks=("regression",),
     source="000_3eeb858293040f6c.txt",
     model=rff_model,

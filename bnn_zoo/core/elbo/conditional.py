@@ -1,9 +1,9 @@
 """Objectives of seed 000 for a model with an exact Gaussian full conditional of its
 output weights (e.g. :class:`~bnn_zoo.models.rff.RandomFeatureRegression` with
-:class:`~bnn_zoo.guides.logitnormal.LogitNormalGuide`): the collapsed ELBO and
-Algorithm 1.
+:class:`~bnn_zoo.guides.logitnormal.LogitNormalGuide`): the collapsed ELBO, the seed's
+literal Algorithm 3 (:class:`ExpectedLikelihoodELBO`) and Algorithm 1.
 
-Both are generic over a duck-typed pair:
+The collapsed ELBO and Algorithm 1 are generic over a duck-typed pair:
 
 * the model has ``conditional(x, y, s)``, the full conditional of the output weights
   given the scales ``s`` (an object with ``log_evidence``, ``log p(y | X, s)``, and
@@ -12,7 +12,7 @@ Both are generic over a duck-typed pair:
   ``scale_distribution()``, ``q(s)``, and ``sample_scales(x, y)``, its guide of ``s``
   alone.
 
-See :mod:`bnn_zoo.guides.logitnormal` for the mathematics of the three objectives and
+See :mod:`bnn_zoo.guides.logitnormal` for the mathematics of the objectives and
 the seed's slip (it averages likelihoods where an ELBO averages log-likelihoods).
 """
 
@@ -28,7 +28,7 @@ from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.elbo.mean_field import DifferentiableLossELBO, MeanFieldELBO
 from bnn_zoo.core.handlers import subsample_data
 
-__all__ = ["Algorithm1ELBO", "CollapsedELBO"]
+__all__ = ["Algorithm1ELBO", "CollapsedELBO", "ExpectedLikelihoodELBO"]
 
 MODEL_INTERFACE = ("conditional", "scale_prior")
 GUIDE_INTERFACE = ("condition_on", "scale_distribution", "sample_scales")
@@ -77,25 +77,56 @@ class CollapsedELBO(DifferentiableLossELBO):
         return kl_divergence(q, model.scale_prior()) - log_evidence
 
 
-class Algorithm1ELBO(MeanFieldELBO):
+class ExpectedLikelihoodELBO(MeanFieldELBO):
+    """Seed 000's literal Algorithm 3 (with log-likelihoods): the expected log-likelihood
+    minus the KL of the scales alone,
+
+    .. math::
+
+        \\mathcal{L}_{\\text{seed}}(\\phi) = \\frac{1}{P}\\sum_{p=1}^{P}
+            \\log p(y \\mid X, \\beta_p, s_p) - \\mathrm{KL}(q_\\phi(s) \\| p(s)),
+        \\qquad s_p \\sim q_\\phi(s),\\ \\beta_p \\sim p(\\beta \\mid X, y, s_p),
+
+    i.e. :class:`MeanFieldELBO` with every term of the output weights' site
+    (``conditional_site``, ``log p(beta) - log q(beta | s)``) left out. Its expectation is
+    the collapsed ELBO plus ``E_q(s)[KL(p(beta | X, y, s) || p(beta))]`` (the identity
+    ``E_{beta | y, s}[log p(y | beta, s)] = log p(y | s) + KL(p(beta | y, s) || p(beta))``),
+    so it is not a lower bound on ``log p(y | X)`` and its gradient in ``phi`` differs from
+    the collapsed ELBO's: it also rewards scales whose conditional ``p(beta | X, y, s)``
+    moves far from the prior, i.e. that fit the training data more closely. See
+    :mod:`bnn_zoo.guides.logitnormal`.
+    """
+
+    conditional_site: str = "beta"
+
+    def _elbo_particle(self, model_trace, guide_trace) -> Tensor:
+        if self.conditional_site not in model_trace.nodes:
+            raise ValueError(f"Expected the model to have the sample site conditional_site="
+                             f"{self.conditional_site!r}, but it has none.")
+        dropped = model_trace.copy()
+        dropped.remove_node(self.conditional_site)
+        return super()._elbo_particle(dropped, guide_trace)
+
+
+class Algorithm1ELBO(ExpectedLikelihoodELBO):
     """Seed 000's Algorithm 1 with log-likelihoods (see :mod:`bnn_zoo.guides.logitnormal`).
 
     Every ``inner_steps`` calls (the seed's ``n_grad``; one call per optimiser
     step) it draws ``s_i ~ q(s)`` and ``beta_i ~ p(beta | X, y, s_i)`` without
-    gradient; in between, the loss is minus
+    gradient; in between, the loss is minus the seed's line 11 (with log-likelihoods),
 
     .. math::
 
-        \\frac{1}{P}\\sum_{p} \\log p(y \\mid X, \\beta_i, s_p) + \\log p(\\beta_i)
+        \\frac{1}{P}\\sum_{p} \\log p(y \\mid X, \\beta_i, s_p)
             - \\mathrm{KL}(q_\\phi(s) \\| p(s)), \\qquad s_p \\sim q_\\phi(s),
 
-    the ELBO of ``p(y, beta_i, s)`` with ``beta`` observed at ``beta_i`` (``log p(beta_i)``
-    is a constant in ``phi``); ``conditional_site`` names the model's site of ``beta``.
+    the model's ``beta`` observed at ``beta_i`` and its term ``log p(beta_i)`` (a constant in
+    ``phi``) left out, as in :class:`ExpectedLikelihoodELBO`; ``conditional_site`` names the
+    model's site of ``beta``.
     Use :meth:`with_inner_steps` to set ``n_grad``: ``bnn_zoo.fit`` takes an ELBO class.
     """
 
     inner_steps: int = 10
-    conditional_site: str = "beta"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
