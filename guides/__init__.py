@@ -6,6 +6,7 @@ from bnn_zoo.guides.laplace import LaplaceGuide as LaplaceGuide
 from bnn_zoo.guides.mean_field import MeanFieldGuide as MeanFieldGuide
 from bnn_zoo.guides.mixture import MixtureGuide as MixtureGuide
 from bnn_zoo.guides.params import LowRankMultivariateNormal as LowRankMultivariateNormal
+from bnn_zoo.guides.params import MultivariateNormal as MultivariateNormal
 
 __all__ = ["AffineShiftedFlow", "BayesByBackpropGuide", "LaplaceGuide",
-           "LowRankMultivariateNormal", "MeanFieldGuide", "MixtureGuide"]
+           "LowRankMultivariateNormal", "MeanFieldGuide", "MixtureGuide", "MultivariateNormal"]

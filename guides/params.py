@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from pyro.infer.autoguide import AutoLowRankMultivariateNormal
+from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivariateNormal
 from pyro.nn import PyroParam
 from pyro.nn.module import to_pyro_module_
 from torch import nn
 
-__all__ = ["LowRankMultivariateNormal", "to_pyro_params_"]
+__all__ = ["LowRankMultivariateNormal", "MultivariateNormal", "to_pyro_params_"]
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -45,6 +45,17 @@ def to_pyro_params_(module: ModuleT) -> ModuleT:
 class LowRankMultivariateNormal(AutoLowRankMultivariateNormal):
     """Pyro's ``AutoLowRankMultivariateNormal``, its ``loc`` and ``cov_factor`` made
     ``PyroParam`` s (see the module docstring); the same distribution and initialisation."""
+
+    def _setup_prototype(self, *args, **kwargs) -> None:
+        super()._setup_prototype(*args, **kwargs)
+        to_pyro_params_(self)
+
+
+class MultivariateNormal(AutoMultivariateNormal):
+    """Pyro's ``AutoMultivariateNormal``, a full-covariance Gaussian ``N(mu, L L^T)`` over
+    all latent weights at once, its ``loc`` made a ``PyroParam`` (see the module
+    docstring); the same distribution and initialisation. Exact for a linear-Gaussian
+    model, such as Bayesian linear regression."""
 
     def _setup_prototype(self, *args, **kwargs) -> None:
         super()._setup_prototype(*args, **kwargs)
