@@ -179,14 +179,18 @@ class BayesianModule(ObservationNoise, PyroModule):
             f = vmap(lambda p: functional_call(self.net, p, (x,)),
                      randomness="different")(flat)
             f = f.reshape(*batch, *f.shape[1:])
-        width = f.shape[-1] if f.dim() == len(batch) + 2 else None
-        if width is None or f.shape[-2] != x.shape[0] or not (
-                (self.task == "regression" and width == 1)
-                or (self.task == "classification" and width >= 2)):
+        self._check_output(x, f.shape[len(batch):])
+        return f
+
+    def _check_output(self, x: Tensor, shape: torch.Size) -> None:
+        """Refuse a net whose output per weight sample is not ``(N, K)`` with ``K`` fit for
+        the task (1 for regression, at least 2 classes for classification)."""
+        width_ok = len(shape) == 2 and (shape[1] == 1 if self.task == "regression"
+                                        else shape[1] >= 2)
+        if not width_ok or shape[0] != x.shape[0]:
             expected = "(N, 1)" if self.task == "regression" else "(N, K) with K >= 2 classes"
             raise ValueError(f"Expected net to map inputs {tuple(x.shape)} to outputs "
-                             f"{expected} for {self.task}, but got {tuple(f.shape[len(batch):])}.")
-        return f
+                             f"{expected} for {self.task}, but got {tuple(shape)}.")
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         if not isinstance(x, Tensor) or x.dim() < 1:
