@@ -52,9 +52,11 @@ class BayesByBackpropGuide(PyroModule):
     Parameters
     ----------
     model : a model exposing ``sites``, the ``(name, shape)`` of its weight tensors
-        (e.g. :class:`bnn_zoo.models.BayesianMLP`).
+        (e.g. :class:`bnn_zoo.models.BayesianMLP`), and optionally ``initial_weights()``,
+        the initial means by site name (:class:`bnn_zoo.models.BayesianModule` offers its
+        net's own values); otherwise the means start at ``fan_in_init``.
     init_scale : initial posterior standard deviation of every weight.
-    generator : optional CPU ``torch.Generator`` for the initial means.
+    generator : optional CPU ``torch.Generator`` for the ``fan_in_init`` means.
 
     The parameters are created on the device and in the dtype of the model's own
     tensors (its noise scale), so ``BayesByBackpropGuide(model.to("cuda"))`` lives on
@@ -73,11 +75,14 @@ class BayesByBackpropGuide(PyroModule):
         # ``module_local_params`` mode.
         self.loc = PyroModule()
         self.rho = PyroModule()
+        # A model whose weights have a layout of their own (a wrapped torch module) offers
+        # its initial values; the zoo's MLP layout (d_in, d_out) takes fan_in_init.
+        offered = model.initial_weights() if hasattr(model, "initial_weights") else {}
         for name, shape in self.site_shapes.items():
             # Drawn on the CPU (where ``generator`` lives), so the initial means are the
             # same on every device, then moved to the model's device and dtype.
-            deep_setattr(self.loc, name,
-                         PyroParam(fan_in_init(shape, generator=generator).to(**options)))
+            start = offered[name] if name in offered else fan_in_init(shape, generator=generator)
+            deep_setattr(self.loc, name, PyroParam(start.to(**options)))
             deep_setattr(self.rho, name, PyroParam(torch.full(shape, rho, **options)))
 
     def distributions(self) -> dict[str, dist.Normal]:

@@ -145,6 +145,11 @@ class BayesianModule(ObservationNoise, PyroModule):
         """``(name, shape)`` of every weight sample site, in ``named_parameters`` order."""
         return list(self._sites)
 
+    def initial_weights(self) -> dict[str, Tensor]:
+        """The net's own parameter values by site name (torch's initialisation of its layers,
+        or pretrained weights): where the zoo's guides start their means on this model."""
+        return {name: value.detach().clone() for name, value in self.net.named_parameters()}
+
     def init_to_net(self, site: dict) -> Tensor:
         """``init_loc_fn`` for autoguides: start every weight at the net's own value (torch's
         initialisation of its layers, or pretrained weights)."""

@@ -15,7 +15,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import bnn_zoo
-from bnn_zoo.guides.bbb import BayesByBackpropGuide
+from bnn_zoo.guides.bbb import BayesByBackpropGuide, deep_getattr
 from bnn_zoo.guides.mean_field import MeanFieldGuide
 from bnn_zoo.models import BayesianMLP, BayesianModule, GaussianPrior, ScaleMixturePrior
 from bnn_zoo.models.module import TorchFanInPrior, digits_cnn
@@ -175,3 +175,13 @@ def test_wrong_output_width_is_refused():
         model(torch.randn(4, 2), torch.randn(4))
     with pytest.raises(ValueError, match="task"):
         BayesianModule(nn.Linear(2, 3), task="ranking")
+
+
+def test_site_wise_guides_start_at_the_nets_own_weights():
+    """A torch module's weights have the layout (out, in, *kernel), which the zoo's MLP
+    initialisation (d_in, d_out) would misread: the guides start at the net's values."""
+    net = digits_cnn()
+    model = BayesianModule(net, task="classification")
+    guide = BayesByBackpropGuide(model)
+    for name, value in net.named_parameters():
+        torch.testing.assert_close(deep_getattr(guide.loc, name).detach(), value.detach())
