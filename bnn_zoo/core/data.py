@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import urllib.request
 import warnings
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
+
+from bnn_zoo.core.files import atomic_path
 
 __all__ = ["Dataset", "load", "names", "num_splits", "uci_root"]
 
@@ -138,19 +139,15 @@ DOWNLOAD_TIMEOUT = 60.0
 
 
 def _download(url: str, path: Path) -> None:
-    """Fetch ``url`` into ``path`` atomically: a uniquely named partial file in the same
-    folder, renamed on success; on failure nothing is left behind (not even a new, empty
-    cache folder)."""
+    """Fetch ``url`` into ``path`` atomically (:func:`~bnn_zoo.core.files.atomic_path`); on
+    failure nothing is left behind (not even a new, empty cache folder)."""
     created = not path.parent.exists()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as r:
-            shutil.copyfileobj(r, out)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp, open(tmp, "wb") as out, \
+                urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as response:
+            shutil.copyfileobj(response, out)
     except BaseException as error:
-        Path(tmp).unlink(missing_ok=True)
-        if created and not any(path.parent.iterdir()):
+        if created and path.parent.exists() and not any(path.parent.iterdir()):
             path.parent.rmdir()
         if isinstance(error, OSError):
             raise OSError(f"Could not download {url} into {path}: {error}") from error
