@@ -23,7 +23,7 @@ import pyro
 from bnn_zoo import data, zoo
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.summary import aggregate
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo.harness.tables import run_line, write_tables
 from bnn_zoo.models import GaussianPrior, ScaleMixturePrior
 
 PRIORS = {"gaussian_0.05": GaussianPrior(0.05), "gaussian_1": GaussianPrior(1.0),
@@ -59,10 +59,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             for net in args.nets:
                 for prior in args.priors:
                     rows.append(run(dataset, split, net, prior, args))
-                    print({k: v if isinstance(v, str) else round(v, 4)
-                           for k, v in rows[-1].items()}, flush=True)
+                    print(run_line(rows[-1]), flush=True)
     keys = ("data", "net", "prior")
-    summary = aggregate([{k: v for k, v in r.items() if k != "split"} for r in rows], keys)
+    summary = aggregate(rows, keys, ignore=("split",))
     steps = "its budget's steps" if args.steps is None else f"{args.steps} steps"
     preamble = (f"`bbb` entry, {steps}; {args.num_samples} posterior samples per prediction; seeds "
                 f"{args.seed}..{args.seed + args.splits - 1}.")

@@ -26,7 +26,7 @@ from bnn_zoo import data, zoo
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.summary import aggregate
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo.harness.tables import run_line, write_tables
 from bnn_zoo.methods.logitnormal import OBJECTIVES, objective_elbo
 
 METRICS = ("ll", "rmse", "fit_seconds", "elbo_var", "grad_var")
@@ -95,10 +95,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         for split in range(min(args.splits, data.num_splits(dataset))):
             for objective in args.objectives:
                 rows.append(run(dataset, split, objective, args))
-                print({k: v if isinstance(v, str) else round(v, 4) for k, v in rows[-1].items()},
-                      flush=True)
-    summary = aggregate([{k: v for k, v in r.items() if k != "split"} for r in rows],
-                        ("data", "objective"))
+                print(run_line(rows[-1]), flush=True)
+    summary = aggregate(rows, ("data", "objective"), ignore=("split",))
     print(write_tables(args.out, "rff", summary, keys=("data", "objective"), columns=METRICS,
                        runs=rows))
     plot(rows, args.out / "rff.png")

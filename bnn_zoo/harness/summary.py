@@ -48,8 +48,10 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def aggregate(rows: Sequence[dict], keys: Sequence[str]) -> list[dict]:
-    """One summary row per distinct value of ``keys`` (in order of first appearance).
+def aggregate(rows: Sequence[dict], keys: Sequence[str], *,
+              ignore: Sequence[str] = ()) -> list[dict]:
+    """One summary row per distinct value of ``keys`` (in order of first appearance),
+    the fields in ``ignore`` (such as ``split``) left out.
 
     Every other numeric field becomes its mean and ``<field>_se`` over the group's rows
     that have it; a text field keeps its distinct values joined by ``"; "``; ``runs``
@@ -67,7 +69,8 @@ def aggregate(rows: Sequence[dict], keys: Sequence[str]) -> list[dict]:
     for key, group in groups.items():
         out: dict = dict(zip(keys, key))
         out[RUNS] = sum("reason" not in row for row in group)
-        fields = dict.fromkeys(f for row in group for f in row if f not in keys)
+        fields = dict.fromkeys(f for row in group for f in row
+                               if f not in keys and f not in ignore)
         for field in fields:
             values = [row[field] for row in group if row.get(field) is not None]
             if values and all(_is_number(v) for v in values):

@@ -21,13 +21,19 @@ from pathlib import Path
 from bnn_zoo.core.files import write_text_atomic
 from bnn_zoo.harness.summary import RUNS
 
-__all__ = ["Table", "format_value", "markdown_table", "write_table_group", "write_tables"]
+__all__ = ["Table", "format_value", "markdown_table", "run_line", "write_table_group",
+           "write_tables"]
 
 
 def _number(value: float, digits: int) -> str:
     if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
         return f"{value:.3g}"
     return f"{value:.{digits}f}"
+
+
+def run_line(row: dict) -> str:
+    """One finished run as a progress line: numbers to 4 decimals, text as it is."""
+    return str({k: v if isinstance(v, str) else round(v, 4) for k, v in row.items()})
 
 
 def format_value(mean: object, se: object = None) -> str:
