@@ -37,6 +37,7 @@ from bnn_zoo.harness import compare, flags, prior_command
 from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.runs import run_one
 from bnn_zoo.harness.tables import write_tables
+from bnn_zoo.models.mlp import TASKS
 
 __all__ = ["QUICK_ENTRIES", "build_parser", "main"]
 
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="list the zoo's entries")
-    listing.add_argument("--task", choices=("regression", "classification"), default=None)
+    listing.add_argument("--task", choices=TASKS, default=None)
     listing.set_defaults(run=_list)
 
     fitting = commands.add_parser("fit", help="fit one entry on one data split, print metrics")

@@ -76,7 +76,8 @@ from bnn_zoo.methods.svi import module_state, result_from_state, result_state
 from bnn_zoo.models.priors import GaussianPrior
 
 __all__ = ["DAMPING", "EVIDENCE_METHODS", "HYPER_BOUNDS", "MAX_LOG_STEP", "PREDICTIVES", "Laplace",
-           "LaplaceFit", "bounded_step", "fixed_point_update", "gradient_update",
+           "LaplaceFit", "bounded_step", "check_evidence_options", "fixed_point_update",
+           "gradient_update",
            "laplace_posterior", "model_alpha", "predictive_model", "refine_map"]
 
 PREDICTIVES = ("glm", "mc")
@@ -188,6 +189,22 @@ def bounded_step(current: Tensor, target: Tensor, bounds: tuple[float, float],
     return torch.exp((log_current + step).clamp(low, high)), distance
 
 
+def check_evidence_options(evidence: str | None, iterations: int, tol: float,
+                           max_log_step: float, damping: float,
+                           bounds: tuple[float, float]) -> None:
+    """Check the evidence loop's options (see :func:`laplace_posterior`)."""
+    if evidence is not None:
+        check_choice("evidence", evidence, EVIDENCE_METHODS)
+    check_positive_int("iterations", iterations)
+    check_positive("tol", tol)
+    check_positive("max_log_step", max_log_step)
+    if not 0 < damping <= 1:
+        raise ValueError(f"Expected 0 < damping <= 1, but got {damping}.")
+    if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < math.inf:
+        raise ValueError(f"Expected bounds (low, high) with 0 < low < high < inf, but got "
+                         f"{bounds}.")
+
+
 def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: str = "ggn",
                       alpha: Tensor | float | None = None, beta: Tensor | float | None = None,
                       prior_mean: Tensor | float = 0.0, evidence: str | None = None,
@@ -225,16 +242,7 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
     if theta.shape != (p,):
         raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
     check_curvature(curvature)
-    if evidence is not None:
-        check_choice("evidence", evidence, EVIDENCE_METHODS)
-    check_positive_int("iterations", iterations)
-    check_positive("tol", tol)
-    check_positive("max_log_step", max_log_step)
-    if not 0 < damping <= 1:
-        raise ValueError(f"Expected 0 < damping <= 1, but got {damping}.")
-    if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < math.inf:
-        raise ValueError(f"Expected bounds (low, high) with 0 < low < high < inf, but got "
-                         f"{bounds}.")
+    check_evidence_options(evidence, iterations, tol, max_log_step, damping, bounds)
     likelihood = _likelihood(model)
     like = dict(dtype=x.dtype, device=x.device)
     alpha = torch.as_tensor(model_alpha(model) if alpha is None else alpha, **like)
@@ -382,27 +390,21 @@ class Laplace:
 
     def __post_init__(self) -> None:
         check_curvature(self.curvature)
-        if self.evidence is not None:
-            check_choice("evidence", self.evidence, EVIDENCE_METHODS)
+        check_evidence_options(self.evidence, self.iterations, self.tol, self.max_log_step,
+                               self.damping, self.bounds)
         check_choice("predictive", self.predictive, PREDICTIVES)
         check_choice("link", self.link, LINKS)
         check_positive_int("rank", self.rank)
         if self.curvature == "subnetwork" and self.subnetwork is None:
             raise ValueError("curvature='subnetwork' needs the subnetwork's weight indices; "
                              "expected subnetwork=(...), but got None.")
-        check_positive("max_log_step", self.max_log_step)
-        if not 0 < self.damping <= 1:
-            raise ValueError(f"Expected 0 < damping <= 1, but got {self.damping}.")
         check_choice("indefinite", self.indefinite, INDEFINITE)
-        check_positive_int("iterations", self.iterations)
-        check_positive("tol", self.tol)
         check_positive("bias_scale", self.bias_scale)
         check_positive_int("max_bytes", self.max_bytes)
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> LaplaceFit:
         """MAP by SVI under ``budget``, then the Laplace posterior of ``build_model()``."""
-        x, y = check_data(x, y)
         if budget.distributed:
             raise ValueError("The Laplace method does not train data-parallel; expected "
                              "distributed=False.")

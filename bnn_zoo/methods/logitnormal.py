@@ -61,9 +61,10 @@ class LogitNormalSVI(SVI):
     feature_seed: int | None = None
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice("objective", self.objective, OBJECTIVES)
         check_positive_int("inner_steps", self.inner_steps)
+        # The ELBO follows from the objective (frozen dataclass: set once, here).
+        object.__setattr__(self, "elbo", objective_elbo(self.objective, self.inner_steps))
+        super().__post_init__()
 
     def _features(self, build_model: ModelFactory, seed: int) -> ModelFactory:
         feature_seed = seed if self.feature_seed is None else self.feature_seed
@@ -71,7 +72,5 @@ class LogitNormalSVI(SVI):
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> SVIPosterior:
-        svi = SVI(self.guide, objective_elbo(self.objective, self.inner_steps),
-                  self.guide_options)
-        return svi.fit(self._features(build_model, seed), x, y, task=task, seed=seed,
-                       budget=budget, progress=progress)
+        return super().fit(self._features(build_model, seed), x, y, task=task, seed=seed,
+                           budget=budget, progress=progress)

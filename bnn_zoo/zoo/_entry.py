@@ -30,23 +30,26 @@ from bnn_zoo.core.checks import (
     check_seed,
 )
 from bnn_zoo.core.files import save_atomic
-from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.core.training import FitResult
 from bnn_zoo.evaluation.metrics import metrics
 from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior, holdout, tune_noise
-from bnn_zoo.methods.base import Budget, Method, ModelFactory, Posterior, UnsupportedProblem
+from bnn_zoo.methods.base import (
+    Budget,
+    Method,
+    ModelFactory,
+    Posterior,
+    Predictive,
+    UnsupportedProblem,
+)
 from bnn_zoo.methods.svi import accepted_keywords, check_keywords
+from bnn_zoo.models.mlp import TASKS
 
 __all__ = ["FILE_FORMAT", "Entry", "Fitted", "Predictive"]
-
-Predictive = GaussianMixturePredictive | CategoricalPredictive
 
 #: The ``format`` field of a saved :class:`Fitted`.
 FILE_FORMAT = "bnn_zoo.fitted/1"
 _PLAIN = (bool, int, float, str, type(None), Tensor)
-#: The tasks an entry may support.
-TASKS = ("regression", "classification")
 
 
 def _check_plain(name: str, value: Any) -> None:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.laplace import Laplace
+from bnn_zoo.models.mlp import TASKS
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import mlp
 
 BUDGET = Budget(steps=2000, lr=1e-2, batch_size=256, jit=True)
 SOURCE = "001_c55daefe340e50b9.txt"
-TASKS = ("regression", "classification")
 
 
 def laplace_entry(name: str, description: str, method: Laplace) -> Entry:
