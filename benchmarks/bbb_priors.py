@@ -22,6 +22,7 @@ import pyro
 
 from bnn_zoo import data, zoo
 from bnn_zoo.harness import flags
+from bnn_zoo.harness.compare import split_indices
 from bnn_zoo.harness.summary import aggregate
 from bnn_zoo.harness.tables import run_line, write_tables
 from bnn_zoo.models import GaussianPrior, ScaleMixturePrior
@@ -55,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     pyro.set_rng_seed(args.seed)
     rows = []
     for dataset in args.data:
-        for split in range(min(args.splits, data.num_splits(dataset))):
+        for split in split_indices(dataset, args.splits):
             for net in args.nets:
                 for prior in args.priors:
                     rows.append(run(dataset, split, net, prior, args))

@@ -31,11 +31,12 @@ from matplotlib.figure import Figure
 
 from bnn_zoo import data
 from bnn_zoo.harness import flags
+from bnn_zoo.harness.compare import default_entries, split_indices
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.prior_command import width_sweep
 from bnn_zoo.harness.runs import run_one
 from bnn_zoo.harness.summary import aggregate
-from bnn_zoo.harness.tables import Table, write_table_group
+from bnn_zoo.harness.tables import Table, run_line, write_table_group
 
 METRICS = ("ll", "rmse", "coverage_90", "fit_seconds")
 
@@ -46,11 +47,11 @@ def evaluate_entries(args: argparse.Namespace) -> list[dict]:
     entry that declines or fails has the reason instead."""
     rows = []
     for name in args.data:
-        for split in range(min(args.splits, data.num_splits(name))):
+        for split in split_indices(name, args.splits):
             ds = data.load(name, split).to(args.device)
             n = ds.x_train.shape[0] if args.train_size is None else args.train_size
             ds = dataclasses.replace(ds, x_train=ds.x_train[:n], y_train=ds.y_train[:n])
-            for entry in args.entries:
+            for entry in args.entries or default_entries(ds.task):
                 record = run_one(entry, ds, split=split, seed=args.seed + split,
                                  overrides=flags.budget_overrides(args),
                                  num_samples=args.num_samples)
@@ -59,7 +60,7 @@ def evaluate_entries(args: argparse.Namespace) -> list[dict]:
                     rows.append({**row, **{k: record["metrics"][k] for k in METRICS}})
                 else:
                     rows.append({**row, "reason": f"{record['status']}: {record['reason']}"})
-                print(rows[-1], flush=True)
+                print(run_line(rows[-1]), flush=True)
     return aggregate(rows, ("data", "entry"))
 
 

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 
 from bnn_zoo import data, zoo
 from bnn_zoo.harness import flags
+from bnn_zoo.harness.compare import split_indices
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.summary import aggregate
 from bnn_zoo.harness.tables import run_line, write_tables
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     pyro.set_rng_seed(args.seed)
     rows = []
     for dataset in args.data:
-        for split in range(min(args.splits, data.num_splits(dataset))):
+        for split in split_indices(dataset, args.splits):
             for objective in args.objectives:
                 rows.append(run(dataset, split, objective, args))
                 print(run_line(rows[-1]), flush=True)

@@ -155,7 +155,7 @@ AUTOGUIDES = {
         model, init_loc_fn=init_to_fan_in, init_scale=0.01, rank=2),
 }
 # Pyro's default mode only: these hold nn.Parameters (see bnn_zoo.guides.params).
-DEFAULT_MODE_ONLY = {"AutoLowRankMultivariateNormal", "AutoMultivariateNormal"}
+DEFAULT_MODE_ONLY = {guide.__name__ for guide in PYRO_NN_PARAMETER_GUIDES}
 
 
 @pytest.mark.parametrize("autoguide", sorted(AUTOGUIDES))

@@ -30,7 +30,7 @@ from bnn_zoo.harness.summary import REFERENCE, summarise
 from bnn_zoo.harness.tables import write_tables
 
 __all__ = ["TABLE_COLUMNS", "default_entries", "failures", "notes", "output_files",
-           "run_comparison", "run_from_args", "write_comparison"]
+           "run_comparison", "run_from_args", "split_indices", "write_comparison"]
 
 TABLE_COLUMNS = {
     "regression": ("rmse", "ll", "coverage_90", "w2_to_ref", "ll_gap", "fit_seconds",
@@ -44,7 +44,7 @@ def default_entries(task: str, *, reference: str | None = REFERENCE) -> list[str
     return [n for n in zoo.names(task) if n != reference]
 
 
-def _split_indices(name: str, splits: int | Sequence[int]) -> list[int]:
+def split_indices(name: str, splits: int | Sequence[int]) -> list[int]:
     """The split indices of ``name`` to run (reading a UCI set's number of splits, so that
     a missing or damaged data folder fails before any fit)."""
     available = data_module.num_splits(name)
@@ -99,7 +99,7 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
     check_positive_int("num_samples", num_samples)
     data = list(data)
     _check_names(data, entries, reference)
-    plan = {name: _split_indices(name, splits) for name in data}
+    plan = {name: split_indices(name, splits) for name in data}
     cached = [*(entries if entries is not None else zoo.names()), *filter(None, [reference])]
     check_writable("out", out, folders=["runs", *(f"runs/{e}" for e in cached)])
     records = []
@@ -161,9 +161,8 @@ def write_comparison(records: list[dict], out: str | Path, *, name: str = "compa
 def run_from_args(args: argparse.Namespace) -> list[dict]:
     """Run the comparison that the parsed comparison flags ask for, print the table and
     write the files and figures under ``args.out``."""
-    entries = None if args.entries == ["all"] else args.entries
     check_writable("--out", args.out, files=output_files(args.data), folders=["runs"])
-    records = run_comparison(args.data, entries, splits=args.splits, seed=args.seed,
+    records = run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
                              out=args.out, device=args.device,
                              overrides=flags.budget_overrides(args),
                              num_samples=args.num_samples, reference=args.reference)

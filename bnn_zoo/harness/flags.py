@@ -121,7 +121,8 @@ class _Requested(argparse.Action):
     entries asked for by name, whose skipped runs count as failures."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
+        # ``--entries all`` is stored as ``None``: every entry supporting the task.
+        setattr(namespace, self.dest, None if values == ["all"] else values)
         names = values if isinstance(values, list) else [values]
         asked = [n for n in names if n not in (None, "all")]
         namespace.requested = list(dict.fromkeys([*getattr(namespace, "requested", []), *asked]))
