@@ -154,7 +154,7 @@ class BayesianModule(ObservationNoise, PyroModule):
         """``init_loc_fn`` for autoguides: start every weight at the net's own value (torch's
         initialisation of its layers, or pretrained weights)."""
         ref = site["fn"].mean
-        value = dict(self.net.named_parameters())[site["name"]].detach()
+        value = self.net.get_parameter(site["name"]).detach()
         return value.to(dtype=ref.dtype, device=ref.device).expand(ref.shape)
 
     def sample_weights(self, like: Tensor) -> dict[str, Tensor]:

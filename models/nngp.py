@@ -321,9 +321,6 @@ class NNGPRegression(ObservationNoise, PyroModule):
         not finite or every jitter fails.
         """
         k = self.kernel(x)
-        if not bool(torch.isfinite(k).all()):
-            raise NotPositiveDefinite(f"The NNGP kernel matrix is not finite at the "
-                                      f"hyperparameters {self.hyperparameters()}.")
         mean_variance = k.diagonal().mean().detach()
         eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
         jitter = self.jitter
@@ -334,6 +331,11 @@ class NNGPRegression(ObservationNoise, PyroModule):
                 self.largest_jitter = max(self.largest_jitter, jitter)
                 return chol, noise_variance
             jitter *= JITTER_GROWTH
+        # Checked only here, to name the cause: a non-finite K fails every factorisation
+        # (LAPACK reports NaN pivots), so the training step needs no extra pass and sync.
+        if not bool(torch.isfinite(k).all()):
+            raise NotPositiveDefinite(f"The NNGP kernel matrix is not finite at the "
+                                      f"hyperparameters {self.hyperparameters()}.")
         raise NotPositiveDefinite(
             f"K + sigma^2 I ({x.shape[0]} points) is not positive definite even with a "
             f"relative jitter of {jitter / JITTER_GROWTH:g} (tried {JITTER_TRIES}, from "

@@ -33,6 +33,8 @@ from pyro.distributions.util import is_identically_zero
 from pyro.poutine.messenger import Messenger
 from torch import Tensor
 
+from bnn_zoo.core.elbo.mean_field import DifferentiableLossELBO
+
 __all__ = ["MixtureELBO"]
 
 GUIDE_INTERFACE = ("estimator", "num_components", "latent_site", "mixture", "baseline",
@@ -59,7 +61,7 @@ class _draw_every_component(Messenger):
             msg["fn"] = msg["fn"].componentwise(-self.dim - 1)
 
 
-class MixtureELBO(pyro.infer.ELBO):
+class MixtureELBO(DifferentiableLossELBO):
     """The ELBO of a mixture guide, with the guide's gradient estimator.
 
     ``differentiable_loss`` returns ``-ELBO`` estimated from ``num_particles``
@@ -128,10 +130,6 @@ class MixtureELBO(pyro.infer.ELBO):
         raise NotImplementedError("MixtureELBO computes its particles in one vectorised pass.")
 
     def loss(self, model, guide, *args, **kwargs) -> float:
+        # Without gradients: the estimate alone, and no baseline update.
         with torch.no_grad():
-            return self.differentiable_loss(model, guide, *args, **kwargs).item()
-
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        loss = self.differentiable_loss(model, guide, *args, **kwargs)
-        loss.backward()
-        return loss.item()
+            return super().loss(model, guide, *args, **kwargs)
