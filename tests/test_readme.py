@@ -34,3 +34,32 @@ def test_readme_example_runs(index, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples that save figures write here
     exec(compile(code, f"README.md example {index}", "exec"), {})
     assert capsys.readouterr().out.strip()
+
+
+def test_readme_tables_agree_with_the_committed_results():
+    """Every generated table of the README equals what its committed results file gives."""
+    from bnn_zoo.harness.readme_tables import BLOCK, render
+
+    text = README.read_text()
+    assert len(BLOCK.findall(text)) >= 2
+    assert render(text, README.parent) == text, (
+        "a README table differs from its results file: run python -m bnn_zoo.harness.readme_tables")
+
+
+def test_readme_tables_render_filters_and_refuse_bad_markers(tmp_path):
+    from bnn_zoo.harness.readme_tables import render
+    from bnn_zoo.harness.tables import write_tables
+
+    rows = [{"data": "a", "entry": "x", "runs": 2, "ll": 1.0, "ll_se": 0.5},
+            {"data": "b", "entry": "x", "runs": 2, "ll": -2.0, "ll_se": 0.25}]
+    write_tables(tmp_path, "t", rows, keys=("data", "entry"), columns=("ll",))
+    text = "before\n<!-- table: t.json keys=entry columns=ll where=data:b -->\nstale\n<!-- end table -->\n"
+    out = render(text, tmp_path)
+    assert "| x | 2 | -2.000 ± 0.250 |" in out and "1.000" not in out and "stale" not in out
+    assert out.startswith("before\n") and render(out, tmp_path) == out
+    for marker, message in [("t.json columns=ll", "lacks keys"),
+                            ("t.json keys=entry columns=ll colour=red", "Bad option"),
+                            ("t.json keys=entry columns=ll where=data:c", "selects no row"),
+                            ("missing.json keys=entry columns=ll", "does not exist")]:
+        with pytest.raises(ValueError, match=message):
+            render(f"<!-- table: {marker} -->\n<!-- end table -->", tmp_path)
