@@ -161,6 +161,11 @@ def test_run_comparison_caches_and_resumes(tmp_path, capsys):
     assert "### sine" in table and "| map | 2 |" in table
     paths = write_figures(again, tmp_path)
     assert {p.name for p in paths} == {"bands_sine.png", "elbo_sine.png"}
+    # The band reaches half the training range past the training inputs on each side.
+    x_train = data.load("sine", 0).x_train[:, 0]
+    lo, hi, span = float(x_train.min()), float(x_train.max()), float(x_train.max() - x_train.min())
+    band_x = again[0]["band"]["x"]
+    assert band_x[0] == pytest.approx(lo - span / 2) and band_x[-1] == pytest.approx(hi + span / 2)
     assert (tmp_path / "compare.csv").read_text().startswith("data,entry,task,runs")
 
 

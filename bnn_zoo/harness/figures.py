@@ -105,13 +105,16 @@ def reliability_diagram(probs: Tensor, y: Tensor, *, num_bins: int = 15, ax: Axe
 
 def predictive_bands(records: Sequence[dict], data: str, split: int) -> Figure:
     """The predictive mean and central band (the records' ``band``) of every record side by
-    side, over the training points of split ``split`` of ``data``."""
+    side, over the training points of split ``split`` of ``data``; the band reaches past
+    the training inputs (shaded) so extrapolation shows."""
     dataset = data_module.load(data, split)
+    x_train = dataset.x_train[:, 0]
     fig = Figure(figsize=(3.2 * len(records), 3), layout="constrained")
     axes = fig.subplots(1, len(records), sharey=True, squeeze=False)[0]
     for ax, r in zip(axes, records):
         b = r["band"]
-        ax.scatter(dataset.x_train[:, 0], dataset.y_train, s=3, c="0.6")
+        ax.axvspan(float(x_train.min()), float(x_train.max()), color="0.93", zorder=0)
+        ax.scatter(x_train, dataset.y_train, s=3, c="0.6")
         ax.fill_between(b["x"], b["lo"], b["hi"], alpha=0.3, label=f"{round(100 * BAND_MASS)}%")
         ax.plot(b["x"], b["mean"], lw=1.5)
         ax.set_title(f"{r['entry']}\nLL {r['metrics']['ll']:.2f}", fontsize=9)

@@ -39,6 +39,8 @@ __all__ = ["CacheWarning", "cache_path", "cached_run", "data_digest", "run_one",
            "run_settings"]
 
 GRID_POINTS = 200
+#: How far a band figure reaches beyond the training inputs, as a fraction of their range.
+EXTRAPOLATION = 0.5
 CURVE_POINTS = 200
 #: The fields a cached record must have to be reused, and those of a finished (``ok``) one.
 RECORD_FIELDS = ("entry", "data", "task", "split", "seed", "status", "settings")
@@ -58,9 +60,11 @@ def _thin(values: Sequence[float], points: int = CURVE_POINTS) -> list[float]:
 
 
 def _grid(dataset: data_module.Dataset) -> Tensor:
-    x = torch.cat([dataset.x_train, dataset.x_test])
+    """Inputs of a band figure: the training range extended by :data:`EXTRAPOLATION` of it
+    on each side, so the figure shows how each posterior extrapolates."""
+    x = dataset.x_train
     lo, hi = float(x.min()), float(x.max())
-    pad = 0.1 * (hi - lo)
+    pad = EXTRAPOLATION * (hi - lo)
     return torch.linspace(lo - pad, hi + pad, GRID_POINTS, dtype=x.dtype,
                           device=x.device).unsqueeze(-1)
 
