@@ -4,7 +4,8 @@ For each (data set, entry) pair: fit on the training split with the entry's own
 budget (``entry.fit``, through :func:`bnn_zoo.harness.compare.run_comparison`, which
 caches finished runs under ``--out/runs``), then on the held-out split report
 accuracy, NLL per point, Brier score, ECE (15 bins), mean predictive entropy (nats),
-fit time and milliseconds per SVI step, mean ± standard error over ``--splits``.
+the AUROC of the predictive entropy for telling test points from a shifted copy of them
+(Gaussian noise of one training standard deviation per feature), fit time and milliseconds per SVI step, mean ± standard error over ``--splits``.
 Writes, under ``--out``:
 
 * ``classification.md`` (also printed), ``classification.csv`` and
@@ -28,7 +29,8 @@ from bnn_zoo.harness import compare, flags
 from bnn_zoo.harness.figures import draw_reliability, save_figure
 
 DATASETS = ("two_moons", "breast_cancer", "digits", "wine")
-COLUMNS = ("accuracy", "nll", "brier", "ece", "entropy", "fit_seconds", "ms_per_step")
+COLUMNS = ("accuracy", "nll", "brier", "ece", "entropy", "auroc_shift", "fit_seconds",
+           "ms_per_step")
 
 
 def reliability_grid(records: list[dict], datasets: Sequence[str], entries: Sequence[str]

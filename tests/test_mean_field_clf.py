@@ -20,9 +20,11 @@ from torch.distributions import Normal, kl_divergence
 from bnn_zoo import data, predict, zoo
 from bnn_zoo.core.predictive import CategoricalPredictive
 from bnn_zoo.evaluation.metrics import (
+    auroc,
     classification_metrics,
     expected_calibration_error,
     reliability_bins,
+    shifted_inputs,
 )
 from bnn_zoo.guides import MeanFieldGuide
 from bnn_zoo.guides.bbb import deep_getattr
@@ -207,6 +209,39 @@ def test_classification_metrics_by_hand():
             naive_ece(probs, y, num_bins))
 
 
+def naive_auroc(negative, positive):
+    """P(s+ > s-) + P(s+ = s-) / 2 over every pair."""
+    pairs = [(p > n) + 0.5 * (p == n) for n in negative.tolist() for p in positive.tolist()]
+    return sum(pairs) / len(pairs)
+
+
+def test_auroc_is_the_pairwise_probability_with_ties_halved():
+    assert auroc(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])) == 1.0
+    assert auroc(torch.tensor([2.0, 3.0]), torch.tensor([0.0, 1.0])) == 0.0
+    gen = torch.Generator().manual_seed(0)
+    # Rounded scores: many ties, which the rank formula must average as the pairs do.
+    negative = torch.randint(6, (40,), generator=gen).to(F64)
+    positive = torch.randint(8, (25,), generator=gen).to(F64)
+    assert auroc(negative, positive) == pytest.approx(naive_auroc(negative, positive))
+    with pytest.raises(ValueError, match="positive"):
+        auroc(negative, torch.zeros(0, dtype=F64))
+    with pytest.raises(ValueError, match="negative"):
+        auroc(negative[:, None], positive)
+
+
+def test_shifted_inputs_add_scaled_noise_reproducibly():
+    x = torch.zeros(4000, 2, dtype=F64)
+    scale = torch.tensor([1.0, 3.0], dtype=F64)
+    shifted = shifted_inputs(x, scale, intensity=2.0, seed=1)
+    torch.testing.assert_close(shifted, shifted_inputs(x, scale, intensity=2.0, seed=1))
+    # Standard deviation 2 * scale per column; the sample sd has relative s.e. 1/sqrt(2N) ~ 1.1%.
+    torch.testing.assert_close(shifted.std(0), 2.0 * scale, rtol=0.05, atol=0.0)
+    with pytest.raises(ValueError, match="scale"):
+        shifted_inputs(x, scale[:1])
+    with pytest.raises(ValueError, match="intensity"):
+        shifted_inputs(x, scale, intensity=0.0)
+
+
 def test_reliability_diagram():
     probs = torch.tensor([[0.9, 0.1], [0.25, 0.75], [0.62, 0.38], [0.3, 0.7]])
     y = torch.tensor([0, 1, 1, 0])
@@ -284,5 +319,6 @@ def test_classification_benchmark_script(tmp_path):
     assert [r["entry"] for r in table] == ["map", "mean_field_clf"]
     for r in table:
         assert all(math.isfinite(float(r[k])) for k in ("accuracy", "nll", "ece", "fit_seconds"))
+        assert 0.0 <= float(r["auroc_shift"]) <= 1.0
     assert "| wine | mean_field_clf |" in (tmp_path / "classification.md").read_text()
     assert (tmp_path / "reliability.png").stat().st_size > 0

@@ -12,7 +12,9 @@ Classification (from a :class:`~bnn_zoo.core.predictive.CategoricalPredictive`):
 * ``brier``: ``1/N sum_n sum_c (p_nc - [y_n = c])^2``;
 * ``ece``: expected calibration error with 15 equal-width confidence bins
   (Guo et al. 2017), ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|``;
-* ``entropy``: mean predictive entropy in nats.
+* ``entropy``: mean predictive entropy in nats;
+* :func:`auroc`: how well a score (the predictive entropy) tells two sets of points apart,
+  e.g. test points from a shifted set (:func:`shifted_inputs`).
 
 Targets are checked first: regression targets must have the predictive's shape (N,)
 (integer targets are cast to its dtype); classification labels must be integers in
@@ -40,8 +42,9 @@ from bnn_zoo.core.checks import (
 )
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
 
-__all__ = ["NonFiniteMetricWarning", "classification_metrics", "evaluate",
-           "expected_calibration_error", "metrics", "regression_metrics", "reliability_bins"]
+__all__ = ["NonFiniteMetricWarning", "auroc", "classification_metrics", "evaluate",
+           "expected_calibration_error", "metrics", "regression_metrics", "reliability_bins",
+           "shifted_inputs"]
 
 
 class NonFiniteMetricWarning(RuntimeWarning):
@@ -115,6 +118,48 @@ def classification_metrics(pred: CategoricalPredictive, y: Tensor) -> dict[str, 
         "ece": expected_calibration_error(probs, y),
         "entropy": float(pred.entropy.mean()),
     }
+
+
+def auroc(negative: Tensor, positive: Tensor) -> float:
+    """Area under the ROC curve of a score that should be higher on ``positive`` points:
+
+    .. math::
+
+        \\mathrm{AUROC} = P(s^+ > s^-) + \\tfrac12 P(s^+ = s^-)
+        = \\frac{R^+ - m(m+1)/2}{n m},
+
+    the Mann-Whitney statistic, with ``R^+`` the sum of the (tie-averaged, 1-based) ranks of
+    the ``m`` positive scores among all ``n + m``. 0.5 is chance, 1 a perfect separation.
+    """
+    for name, scores in (("negative", negative), ("positive", positive)):
+        check_tensor(name, scores, ndim=1, floating=True)
+        if scores.shape[0] == 0:
+            raise ValueError(f"Expected {name} to hold at least one score.")
+    n, m = negative.shape[0], positive.shape[0]
+    scores = torch.cat([negative, positive.to(negative.dtype)]).double()
+    _, inverse, counts = torch.unique(scores, return_inverse=True, return_counts=True)
+    last = counts.cumsum(0).double()
+    ranks = (last - (counts - 1) / 2)[inverse]  # the mean rank of each group of ties
+    return float((ranks[n:].sum() - m * (m + 1) / 2) / (n * m))
+
+
+def shifted_inputs(x: Tensor, scale: Tensor, *, intensity: float = 1.0,
+                   seed: int = 0) -> Tensor:
+    """A covariate-shifted copy of ``x`` (N, D): ``x + intensity * scale * eps``, ``eps``
+    standard normal per entry drawn from a generator seeded with ``seed`` (on the CPU, so
+    every device gets the same points), ``scale`` (D,) the training inputs' standard
+    deviations: the Gaussian-noise corruption of Ovadia et al. (2019) at one severity. The
+    predictive entropy of a posterior that knows where its data lie should be higher there
+    (:func:`auroc` of the entropies: test points negative, shifted positive)."""
+    check_tensor("x", x, ndim=2, floating=True)
+    check_tensor("scale", scale, ndim=1, floating=True)
+    if scale.shape[0] != x.shape[1]:
+        raise ValueError(f"Expected scale to have one entry per column of x ({x.shape[1]}), "
+                         f"but got {scale.shape[0]}.")
+    if not (isinstance(intensity, (int, float)) and intensity > 0):
+        raise ValueError(f"Expected intensity > 0, got {intensity!r}.")
+    eps = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed), dtype=x.dtype)
+    return x + intensity * scale * eps.to(x.device)
 
 
 def metrics(pred: GaussianMixturePredictive | CategoricalPredictive, y: Tensor) -> dict[str, float]:

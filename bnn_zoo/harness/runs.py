@@ -3,8 +3,9 @@
 :func:`run_one` fits through the zoo's contract (``entry.fit``, ``Fitted.evaluate``,
 ``Fitted.predict``) and returns a JSON-ready record: metrics, diagnostics, the thinned
 loss curve, the predictive's moments at the test inputs (regression; for distances to a
-reference), a predictive band on a grid (1-D inputs) or reliability bins
-(classification). :func:`cached_run` keeps each finished record as JSON under
+reference), a predictive band on a grid (1-D inputs) or, for classification, reliability
+bins and ``auroc_shift``: the AUROC of the predictive entropy for telling the test points
+from a covariate-shifted copy of them (:func:`~bnn_zoo.evaluation.metrics.shifted_inputs`). :func:`cached_run` keeps each finished record as JSON under
 ``<out>/runs/<entry>/``, named by the entry, data set, split, seed and a digest of every
 other setting that changes the result (the entry's options, ``num_samples``, the device,
 the dtype and a digest of the data's values), so a rerun after a crash, or with more
@@ -31,7 +32,7 @@ from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
 from bnn_zoo.core.files import write_text_atomic
 from bnn_zoo.core.predictive import GaussianMixturePredictive
-from bnn_zoo.evaluation.metrics import reliability_bins
+from bnn_zoo.evaluation.metrics import auroc, reliability_bins, shifted_inputs
 from bnn_zoo.harness.figures import BAND_MASS
 from bnn_zoo.zoo import UnsupportedProblem
 
@@ -125,6 +126,9 @@ def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
     else:
         bins = reliability_bins(pred.mean, dataset.y_test)
         record["reliability"] = {k: _tolist(v) for k, v in bins.items()}
+        shifted = shifted_inputs(dataset.x_test, dataset.x_train.std(0), seed=split)
+        record["metrics"]["auroc_shift"] = auroc(
+            pred.entropy, fitted.predict(shifted, num_samples).entropy)
     record["seconds"] = time.perf_counter() - started
     return {**record, "status": "ok"}
 
