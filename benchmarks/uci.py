@@ -11,10 +11,21 @@ takes the noise that maximises the log-likelihood of the other 10%
 (``--validation``; see :mod:`bnn_zoo.evaluation.noise_tuning`); the others keep their own noise
 model (Laplace's evidence, the GP's marginal likelihood).
 
-Writes under ``--out``: ``uci.md``/``.csv``/``.json`` (per data set: every entry
-with the published VI, PBP, MC dropout and deep-ensembles rows beside it),
-``uci_summary.md``/``.csv``/``.json`` (per entry: on how many data sets its test
-log-likelihood beats VI's and PBP's, and its total fit time) and ``uci_ll.png``.
+Writes under ``--out``:
+
+* ``uci.csv``: one row per (entry, data set, split): ``entry, dataset, split, seed, status,
+  ll, rmse, coverage_50, coverage_90, coverage_95, fit_seconds, reason`` (why a run was
+  skipped or failed, e.g. a data set too large for an exact GP);
+* ``uci_summary.md``/``.csv``/``.json``: per data set, every entry's mean ± standard error
+  over splits and the number of splits, the published VI, PBP, MC dropout and
+  deep-ensembles rows beside them, and in ``notes`` why runs are missing;
+* ``uci_best.md``/...: per data set, the zoo's best entry by test log-likelihood against
+  the best published one (MC dropout or deep ensembles);
+* ``uci_wins.md``/...: per entry, on how many data sets its test log-likelihood beats VI's,
+  PBP's and the best published, and its total fit time;
+* ``uci_ll.png``: one panel per data set, every entry's test log-likelihood minus the best
+  published one, with standard-error bars.
+
 Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped on a
 rerun.
 
@@ -24,6 +35,7 @@ rerun.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -33,10 +45,14 @@ from bnn_zoo import zoo
 from bnn_zoo.core.data import UCI_SETS
 from bnn_zoo.harness import compare, flags, published
 from bnn_zoo.harness.figures import save_figure
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo.harness.tables import write_csv, write_tables
 
-DEFAULT_SETS = tuple(n for n in UCI_SETS if n != "protein-tertiary-structure")
+DEFAULT_SETS = UCI_SETS
 COLUMNS = ("rmse", "ll", "coverage_90", "fit_seconds")
+#: Where the x axis of a panel of ``uci_ll.png`` stops (LL minus the best published).
+FIGURE_FLOOR = -1.5
+#: The metrics of a run in ``uci.csv``.
+METRICS = ("ll", "rmse", "coverage_50", "coverage_90", "coverage_95", "fit_seconds")
 #: The protocol's model options per data set (one hidden layer of 50 units elsewhere).
 MODEL_OPTIONS = {"protein-tertiary-structure": {"hidden": (100,)}}
 #: The share of each training split held out to tune the observation noise.
@@ -66,11 +82,30 @@ def published_rows() -> list[dict]:
     return rows
 
 
-def wins(summary: list[dict]) -> list[dict]:
-    """Per entry: data sets where its mean test LL beats VI's / PBP's, and fit time."""
+def best_published(data: str) -> tuple[str, float, float]:
+    """``(method, mean, se)`` of the highest published test log-likelihood on ``data``."""
+    return max(((m, *published.published(data, "ll", m)) for m in published.METHODS),
+               key=lambda item: item[1])
+
+
+def tidy_rows(records: Sequence[dict]) -> list[dict]:
+    """One row per run: its keys, status, metrics and, if it did not finish, why."""
+    return [{"entry": r["entry"], "dataset": r["data"].removeprefix("uci/"), "split": r["split"],
+             "seed": r["seed"], "status": r["status"],
+             **{k: r.get("metrics", {}).get(k) for k in METRICS}, "reason": r.get("reason", "")}
+            for r in records]
+
+
+def _finished(summary: Sequence[dict]) -> list[dict]:
+    return [r for r in summary if r.get("runs") and isinstance(r.get("ll"), float)]
+
+
+def wins(summary: Sequence[dict]) -> list[dict]:
+    """Per entry: data sets where its mean test LL beats VI's, PBP's and the best published,
+    and its fit time."""
     rows = []
     for entry in dict.fromkeys(row["entry"] for row in summary):
-        mine = [r for r in summary if r["entry"] == entry and "ll" in r]
+        mine = [r for r in _finished(summary) if r["entry"] == entry]
         total = sum(r["fit_seconds"] * r["runs"] for r in mine)
         rows.append({
             "entry": entry, "data_sets": len(mine),
@@ -78,37 +113,67 @@ def wins(summary: list[dict]) -> list[dict]:
                                for r in mine),
             "ll_above_pbp": sum(r["ll"] > published.published(r["data"], "ll", "PBP")[0]
                                 for r in mine),
+            "ll_above_best": sum(r["ll"] > best_published(r["data"])[1] for r in mine),
             "fit_minutes": total / 60, "mean_fit_seconds": total / max(1, sum(r["runs"]
                                                                               for r in mine)),
         })
     return rows
 
 
-def ll_figure(summary: list[dict], path: Path) -> Path:
-    """Test log-likelihood of every entry relative to PBP's, per data set."""
+def best_rows(summary: Sequence[dict]) -> list[dict]:
+    """Per data set: the zoo's best entry by mean test LL against the best published."""
+    rows = []
+    for data in dict.fromkeys(r["data"] for r in summary):
+        finished = [r for r in _finished(summary) if r["data"] == data]
+        if not finished:
+            continue
+        best = max(finished, key=lambda r: r["ll"])
+        method, mean, se = best_published(data)
+        rows.append({"data": data, "entry": best["entry"], "runs": best["runs"],
+                     "ll": best["ll"], "ll_se": best.get("ll_se"), "published": method,
+                     "published_ll": mean, "published_ll_se": se, "beats": best["ll"] > mean})
+    return rows
+
+
+def ll_figure(summary: Sequence[dict], path: Path) -> Path:
+    """One panel per data set: each entry's mean test LL minus the best published one, with
+    standard-error bars; the published methods as crosses."""
     sets = list(dict.fromkeys(r["data"] for r in summary))
-    entries = list(dict.fromkeys(r["entry"] for r in summary))
-    fig = Figure(figsize=(1.2 * len(sets) + 3, 4), layout="constrained")
-    ax = fig.add_subplot()
-    for j, method in enumerate(published.METHODS):
-        ys = [published.published(s, "ll", method)[0] - published.published(s, "ll", "PBP")[0]
-              for s in sets]
-        ax.scatter(range(len(sets)), ys, marker="x", c=f"C{j}", label=method)
-    for k, entry in enumerate(entries):
-        xs, ys = [], []
-        for i, s in enumerate(sets):
-            row = next((r for r in summary if r["data"] == s and r["entry"] == entry
-                        and "ll" in r), None)
-            if row is not None:
-                xs.append(i + 0.1 + 0.05 * k)
-                ys.append(row["ll"] - published.published(s, "ll", "PBP")[0])
-        ax.scatter(xs, ys, marker="o", s=14, c=f"C{k + len(published.METHODS)}", label=entry)
-    ax.axhline(0, c="k", lw=0.5)
-    ax.set_xticks(range(len(sets)), [s.removeprefix("uci/") for s in sets], rotation=30,
-                  fontsize=7)
-    ax.set(ylabel="test LL - PBP's (nats/point)", title="UCI: higher is better")
-    ax.set_ylim(-1.5, 2.5)
-    ax.legend(fontsize=6, ncol=2)
+    cols = min(3, len(sets))
+    rows = -(-len(sets) // cols)
+    fig = Figure(figsize=(4.2 * cols, 3.2 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, data in zip(axes, sets):
+        best = best_published(data)[1]
+        mine = [r for r in _finished(summary) if r["data"] == data]
+        names = [r["entry"] for r in mine] + [f"{m} (published)" for m in published.METHODS]
+        values = [r["ll"] - best for r in mine] + [
+            published.published(data, "ll", m)[0] - best for m in published.METHODS]
+        # One split has no standard error (nan): no bar.
+        errors = [r["ll_se"] if math.isfinite(r.get("ll_se") or math.nan) else 0.0
+                  for r in mine] + [
+            published.published(data, "ll", m)[1] for m in published.METHODS]
+        ys = range(len(names))
+        # Far-off entries would squash the rest: the axis stops at FIGURE_FLOOR, and a value
+        # beyond it is drawn at the edge as "<" with its number.
+        lo = max(FIGURE_FLOOR, min(v - e for v, e in zip(values, errors)) - 0.1)
+        hi = max(v + e for v, e in zip(values, errors)) + 0.1
+        for y, v, e, name in zip(ys, values, errors, names):
+            colour = "0.5" if name.endswith("(published)") else "C0"
+            if v < lo:
+                ax.plot(lo, y, "<", c=colour, ms=5)
+                ax.annotate(f"{v:.2f}", (lo, y), xytext=(6, -3), textcoords="offset points",
+                            fontsize=6)
+            else:
+                ax.errorbar(v, y, xerr=e, fmt="x" if colour == "0.5" else "o", c=colour,
+                            ms=4, capsize=2)
+        ax.axvline(0, c="k", lw=0.5)
+        ax.set_yticks(list(ys), names, fontsize=6)
+        ax.set_xlim(lo, hi)
+        ax.set_title(data.removeprefix("uci/"), fontsize=9)
+        ax.set_xlabel("test LL - best published (nats/point)", fontsize=7)
+    for ax in axes[len(sets):]:
+        ax.set_axis_off()
     return save_figure(fig, path)
 
 
@@ -134,16 +199,24 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                           num_samples=args.num_samples,
                                           reference=args.reference)
     measured = {r["data"] for r in records}
+    write_csv(args.out / "uci.csv", tidy_rows(records))
     summary, table = compare.write_comparison(
-        records, args.out, name="uci", reference=args.reference, columns=COLUMNS,
+        records, args.out, name="uci_summary", reference=args.reference, columns=COLUMNS,
         markdown_rows=[r for r in published_rows() if r["data"] in measured])
-    won = write_tables(args.out, "uci_summary", wins(summary), keys=("entry",),
-                       columns=("data_sets", "ll_above_vi", "ll_above_pbp", "fit_minutes",
-                                "mean_fit_seconds"))
+    best = best_rows(summary)
+    best_table = write_tables(args.out, "uci_best", best, keys=("data", "entry"),
+                              columns=("ll", "published", "published_ll", "beats"))
+    won = write_tables(args.out, "uci_wins", wins(summary), keys=("entry",),
+                       columns=("data_sets", "ll_above_vi", "ll_above_pbp", "ll_above_best",
+                                "fit_minutes", "mean_fit_seconds"))
     figure = ll_figure(summary, args.out / "uci_ll.png")
     print(table)
+    print(best_table)
     print(won)
-    print(f"Wrote {args.out}/uci.md, .csv, .json, uci_summary.md, .csv, .json, {figure.name}")
+    print(f"The best entry beats the best published test LL on {sum(r['beats'] for r in best)} "
+          f"of {len(best)} data sets.")
+    print(f"Wrote {args.out}/uci.csv, uci_summary.md/.csv/.json, uci_best.*, uci_wins.*, "
+          f"{figure.name}")
     return records
 
 

@@ -65,3 +65,42 @@ def test_script_runs_with_tiny_flags(script, tmp_path, monkeypatch, request, cap
     runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
     assert "[failed]" not in capsys.readouterr().out  # a comparison reports a failed fit
     assert any(p.suffix == ".md" for p in tmp_path.iterdir())
+
+
+def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path, uci_data):
+    """``uci.csv`` holds one row per (entry, data set, split) with the protocol's columns,
+    a skipped run says why, and the best-entry table compares with the best published LL."""
+    import csv
+
+    script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
+    # mean_field_clf is classification-only: its runs on a regression set are skipped.
+    script["main"](["--data", "yacht", "--splits", "2", "--entries", "map", "mean_field_clf",
+                    "--steps", "10", "--num-samples", "5", "--out", str(tmp_path)])
+    with open(tmp_path / "uci.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["entry"], r["dataset"], r["split"]) for r in rows] == [
+        ("map", "yacht", "0"), ("mean_field_clf", "yacht", "0"), ("map", "yacht", "1"),
+        ("mean_field_clf", "yacht", "1")]
+    assert {"ll", "rmse", "coverage_90", "fit_seconds"} <= rows[0].keys()
+    assert rows[1]["status"] == "skipped" and "not 'regression'" in rows[1]["reason"]
+    assert "not 'regression'" in (tmp_path / "uci_summary.md").read_text()  # the hole says why
+    best = (tmp_path / "uci_best.md").read_text()
+    assert "| uci/yacht | map | 2 |" in best and "deep ensembles" in best
+    assert (tmp_path / "uci_ll.png").stat().st_size > 0
+
+
+def test_uci_best_published_and_wins_by_hand():
+    script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
+    assert script["best_published"]("uci/yacht") == ("deep ensembles", -1.18, 0.21)
+    assert script["best_published"]("wine-quality-red")[0] == "MC dropout"
+    summary = [{"data": "uci/yacht", "entry": "a", "runs": 20, "ll": -1.0, "ll_se": 0.1,
+                "fit_seconds": 3.0},
+               {"data": "uci/yacht", "entry": "b", "runs": 20, "ll": -1.5, "ll_se": 0.1,
+                "fit_seconds": 1.0},
+               {"data": "uci/wine-quality-red", "entry": "a", "runs": 0, "reason": "skipped"}]
+    (best,) = script["best_rows"](summary)
+    assert (best["entry"], best["beats"], best["published_ll"]) == ("a", True, -1.18)
+    wins = {r["entry"]: r for r in script["wins"](summary)}
+    assert wins["a"]["ll_above_best"] == 1 and wins["b"]["ll_above_best"] == 0
+    assert wins["b"]["ll_above_pbp"] == 1 and wins["a"]["data_sets"] == 1
+    assert wins["a"]["fit_minutes"] == pytest.approx(1.0)

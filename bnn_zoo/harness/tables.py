@@ -21,8 +21,8 @@ from pathlib import Path
 from bnn_zoo.core.files import write_text_atomic
 from bnn_zoo.harness.summary import RUNS
 
-__all__ = ["Table", "format_value", "markdown_table", "run_line", "write_table_group",
-           "write_tables"]
+__all__ = ["Table", "format_value", "markdown_table", "run_line", "write_csv",
+           "write_table_group", "write_tables"]
 
 
 def _number(value: float, digits: int) -> str:
@@ -110,6 +110,13 @@ def _csv(rows: Sequence[dict]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return buffer.getvalue()
+
+
+def write_csv(path: str | Path, rows: Sequence[dict]) -> Path:
+    """Write ``rows`` as CSV to ``path`` atomically (a column per field of any row, in order
+    of first appearance; a missing field is an empty cell); return the path."""
+    write_text_atomic(Path(path), _csv(rows))
+    return Path(path)
 
 
 def _json(document: object) -> str:
