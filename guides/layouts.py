@@ -362,7 +362,9 @@ class ModuleLayout(_FlatWeights):
         seen: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {m: [] for m in modules}
 
         def capture(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-            z = output.detach().requires_grad_()
+            # The parameters are constants here: the first layer's output becomes a leaf
+            # that requires grad, and the later ones depend on it (as the MLP's do).
+            z = output if output.requires_grad else output.detach().requires_grad_()
             seen[module].append((args[0].detach(), z))
             return z
 
