@@ -145,8 +145,9 @@ def jacobian(theta: Tensor, x: Tensor, layout: Layout, act: Activation,
 def _whitened_rows(theta, x, layout, act, likelihood, layers=None) -> Tensor:
     """(N K, P) the rows of ``R_n J_n`` (only ``layers``' columns, if given), so that
     ``rows^T rows = sum_n J_n^T Lambda_n J_n``."""
-    f, g = layout.jacobian(theta, x, act, layers)
-    return (loss_whitening(f, likelihood) @ g).flatten(0, 1)
+    _, rows = layout.jacobian(theta, x, act, layers,
+                              whiten=lambda f: loss_whitening(f, likelihood))
+    return rows.flatten(0, 1)
 
 
 def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
@@ -221,11 +222,21 @@ def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Act
 def diagonal_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
                  likelihood: str = "gaussian", chunk: int = CHUNK) -> Tensor:
     """(P,) the diagonal of the GGN, ``sum_{n,k} (R_n J_n)_{k,i}^2``, in chunks of data
-    points (``chunk K P`` numbers at a time)."""
+    points. Where every layer's Jacobian is an outer product ``a_n ⊗ J_{z,n}`` laid out
+    as ``theta`` (``layout.outer_product_jacobian``: the MLP) that is
+    ``sum_{n,k} a_{n,i}^2 (R_n J_{z,n})_{k,j}^2`` per layer, without forming ``J``;
+    otherwise from ``J`` itself (``chunk K P`` numbers at a time)."""
     x, y = _checked(theta, x, y, layout, likelihood)
     out = theta.new_zeros(theta.shape[0])
     for xc in x.split(chunk):  # memory grows with the chunk, not N
-        out += (_whitened_rows(theta, xc, layout, act, likelihood) ** 2).sum(0)
+        if layout.outer_product_jacobian:
+            f, parts = layout.layer_factors(theta, xc, act)
+            r = loss_whitening(f, likelihood)
+            out += torch.cat([torch.einsum("ni,nkj->ij", a[:, 0] ** 2,
+                                           (r @ jz[:, :, 0]) ** 2).flatten()
+                              for a, jz in parts])
+        else:
+            out += (_whitened_rows(theta, xc, layout, act, likelihood) ** 2).sum(0)
     return out
 
 

@@ -56,6 +56,8 @@ KRON_LAYERS = (nn.Linear, nn.Conv2d)
 #: Per layer: its inputs ``a`` (N, L, D) (a trailing 1 for a bias) and the output's
 #: Jacobian in its outputs ``J_z`` (N, K, L, d_out).
 LayerFactors = list[tuple[Tensor, Tensor]]
+#: Maps the outputs ``f`` (N, K) to matrices ``R_n`` (N, K', K) applied to the Jacobian.
+Whitening = Callable[[Tensor], Tensor]
 
 
 class _FlatWeights:
@@ -122,6 +124,8 @@ class ParameterLayout(_FlatWeights):
     sites: tuple[tuple[str, tuple[int, ...]], ...]
     #: An MLP can be traced by ``torch.jit`` (its MAP fit may run with ``jit=True``).
     traceable = True
+    #: Every layer's Jacobian is ``a ⊗ J_z`` (one location), in the order of ``theta``.
+    outer_product_jacobian = True
 
     @classmethod
     def from_model(cls, model) -> ParameterLayout:
@@ -193,13 +197,19 @@ class ParameterLayout(_FlatWeights):
                             for a, j in zip(inputs, jacs)]
 
     def jacobian(self, theta: Tensor, x: Tensor, act: Callable[[Tensor], Tensor],
-                 layers: list[int] | None = None) -> tuple[Tensor, Tensor]:
+                 layers: list[int] | None = None, whiten: Whitening | None = None
+                 ) -> tuple[Tensor, Tensor]:
         """Output ``f`` (N, K) and ``df/dtheta`` (N, K, P) (only ``layers``' columns, in
-        order, if given): the outer products ``a_l ⊗ J_l`` of :meth:`layer_factors`."""
+        order, if given; ``R(f) df/dtheta`` with ``whiten=R``, R (N, K', K)): the outer
+        products ``a_l ⊗ R J_l`` of :meth:`layer_factors`, whitened before the product."""
         f, parts = self.layer_factors(theta, x, act)
+        r = None if whiten is None else whiten(f)
         keep = range(self.num_layers) if layers is None else layers
-        cols = [(parts[i][0][:, :, :, None] * parts[i][1][:, :, 0, None, :]).flatten(2)
-                for i in keep]
+        cols = []
+        for i in keep:
+            a, jz = parts[i][0], parts[i][1][:, :, 0]
+            jz = jz if r is None else r @ jz
+            cols.append((a[:, :, :, None] * jz[:, :, None, :]).flatten(2))
         return f, torch.cat(cols, -1)
 
 
@@ -238,6 +248,8 @@ class ModuleLayout(_FlatWeights):
     net: nn.Module = field(repr=False)
     #: ``torch.func`` refuses ``torch.jit`` tracing: the MAP fit runs with ``jit=False``.
     traceable = False
+    #: Layers of any kind, torch's weights stored ``(d_out, d_in)``: Jacobians by torch.func.
+    outer_product_jacobian = False
 
     @classmethod
     def from_model(cls, model) -> ModuleLayout:
@@ -284,10 +296,12 @@ class ModuleLayout(_FlatWeights):
         return f.reshape(*theta.shape[:-1], *f.shape[1:])
 
     def jacobian(self, theta: Tensor, x: Tensor, act: object = None,
-                 layers: list[int] | None = None) -> tuple[Tensor, Tensor]:
+                 layers: list[int] | None = None, whiten: Whitening | None = None
+                 ) -> tuple[Tensor, Tensor]:
         """Output ``f`` (N, K) and ``df/dtheta`` (N, K, P) (only ``layers``' columns, in
-        order, if given), by ``torch.func.jacrev`` of each point's output, ``vmap``-ed over
-        the points: ``K`` backward passes of one point each, vectorised.
+        order, if given; ``R(f) df/dtheta`` with ``whiten=R``), by ``torch.func.jacrev`` of
+        each point's output, ``vmap``-ed over the points: ``K`` backward passes of one
+        point each, vectorised.
 
         Each point's output must depend on that point's input only (no batch statistics).
         """
@@ -305,7 +319,8 @@ class ModuleLayout(_FlatWeights):
             return out, out
 
         jac, f = vmap(jacrev(point, has_aux=True), in_dims=(None, 0))(wrt, x)
-        return f, torch.cat([jac[name].flatten(2) for name in names], -1)
+        g = torch.cat([jac[name].flatten(2) for name in names], -1)
+        return f, g if whiten is None else whiten(f) @ g
 
     def kron_layers(self) -> list[nn.Module]:
         """The submodule of every layer, after checking that each is a :data:`KRON_LAYERS`
