@@ -233,6 +233,10 @@ def test_kron_refuses_what_it_cannot_factor_naming_the_parameter():
     with pytest.raises(ValueError, match="'layer' was applied 2 times"):
         kron_ggn(twice.flatten(dict(Twice().named_parameters())).detach(),
                  torch.randn(3, 4), torch.randn(3), twice, None)
+    shared = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Linear(4, 1))
+    shared[2].weight = shared[0].weight  # named_parameters lists it once, under '0'
+    with pytest.raises(ValueError, match=r"layer '2'.*\['2.bias'\].*shared"):
+        layout_of(BayesianModule(shared)).kron_layers()
 
 
 # --------------------------------------------------------------------------- posteriors
