@@ -1,12 +1,16 @@
-"""Curvature of an MLP's negative log-likelihood at a point (seed 001; Bishop, PRML 5.7).
+"""Curvature of a network's negative log-likelihood at a point (seed 001; Bishop, PRML 5.7).
 
-The weights of a :class:`~bnn_zoo.models.BayesianMLP` are handled as one flat
-vector ``theta`` of length ``P`` (:class:`ParameterLayout`): layer by layer, the
-weight ``W_l`` (d_in, d_out) row-major, then the bias ``b_l`` (d_out,). That is
-the row-major flattening of the augmented matrix ``[W_l; b_l]`` of shape
-(d_in + 1, d_out), so with ``a = [h_{l-1}, 1]`` the pre-activation is
-``z_l = a^T [W_l; b_l]`` and the Jacobian of the network output ``f`` (K outputs)
-with respect to the layer's weights is the outer product ``a ⊗ df/dz_l``.
+The weights are handled as one flat vector ``theta`` of length ``P``, grouped into
+layers, by a layout (:mod:`bnn_zoo.guides.layouts`): :class:`ParameterLayout` for a
+:class:`~bnn_zoo.models.BayesianMLP` (layer by layer the row-major ``[W_l; b_l]`` of shape
+(d_in + 1, d_out)), :class:`~bnn_zoo.guides.layouts.ModuleLayout` for a
+:class:`~bnn_zoo.models.BayesianModule` around any torch module (its ``named_parameters``
+in order, torch's layout; a layer is the parameters of one submodule). The layout
+evaluates the network ``f(x, theta)``, its Jacobian ``J = df/dtheta`` and, for
+Kronecker factors, each layer's inputs and output Jacobian; everything here is written
+on those alone, so every structure below works on both (``kron`` and ``kron_separate``
+on a module need every layer to be an ``nn.Linear`` or ``nn.Conv2d``). ``act`` is the
+MLP's hidden activation; a module has its own and takes ``None``.
 
 Every function here returns the curvature ``H`` of the *unit-precision* negative
 log-likelihood, so that the Laplace precision of the seed is
@@ -29,7 +33,8 @@ Structures (``P`` weights; ``L`` layers of ``p_l`` weights each):
 ``diag``           the diagonal of the GGN                              P memory
 ``kron``           per layer ``(1/N sum_n a_n a_n^T) ⊗ (sum_n G_n)``     sum_l (d_in+1)^2 + d_out^2
                    on the joint ``[W; b]``, ``a_n = [h_n, 1]``,
-                   ``G_n = J_{z,n}^T Lambda_n J_{z,n}`` (K-FAC)
+                   ``G_n = J_{z,n}^T Lambda_n J_{z,n}`` (K-FAC; summed
+                   over the output pixels of a convolution, KFC)
 ``kron_separate``  per layer ``(1/N sum_n h_n h_n^T) ⊗ (sum_n G_n)``     sum_l d_in^2 + 2 d_out^2
                    on ``W`` and the exact ``sum_n G_n`` on ``b``, no
                    weight-bias cross terms (laplace-torch's ``kron``)
@@ -52,96 +57,27 @@ hidden layers under the Gaussian likelihood.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data
-from bnn_zoo.core.nn import mlp_forward
+from bnn_zoo.guides.layouts import Layout
+from bnn_zoo.guides.layouts import ParameterLayout as ParameterLayout
 
 __all__ = ["CURVATURES", "LIKELIHOODS", "MAX_DENSE_BYTES", "ParameterLayout", "check_curvature",
            "check_dense_fits", "diagonal_ggn", "full_hessian", "ggn", "jacobian", "kron_ggn",
-           "last_layer_ggn", "layer_jacobians", "loss_whitening", "negative_log_likelihood",
+           "last_layer_ggn", "loss_whitening", "negative_log_likelihood",
            "subnetwork_ggn", "subnetwork_indices"]
 
 CURVATURES = ("hessian", "ggn", "diag", "kron", "kron_separate", "last_layer", "low_rank",
               "subnetwork")
 LIKELIHOODS = ("gaussian", "categorical")
+#: The MLP's hidden activation; ``None`` for a module, which has its own.
+Activation = Callable[[Tensor], Tensor] | None
 MAX_DENSE_BYTES = 2 * 1024**3
 CHUNK = 256
-
-
-@dataclass(frozen=True)
-class ParameterLayout:
-    """Where each weight tensor of an MLP sits in the flat vector ``theta``.
-
-    ``sites`` is the model's ``(name, shape)`` list in forward order, alternating
-    weight ``(d_in, d_out)`` and bias ``(d_out,)`` as :attr:`BayesianMLP.sites` gives it.
-    """
-
-    sites: tuple[tuple[str, tuple[int, ...]], ...]
-
-    @classmethod
-    def from_model(cls, model) -> ParameterLayout:
-        sites = tuple((name, tuple(shape)) for name, shape in model.sites)
-        if len(sites) % 2 or any(len(s) != 2 for _, s in sites[::2]) or any(
-                len(s) != 1 for _, s in sites[1::2]):
-            raise ValueError("Expected model.sites to alternate weight (d_in, d_out) and bias "
-                             f"(d_out,) tensors, but got {sites}.")
-        return cls(sites)
-
-    @property
-    def sizes(self) -> list[int]:
-        """Layer widths ``[d_0, ..., d_L]``."""
-        return [self.sites[0][1][0]] + [shape[1] for _, shape in self.sites[::2]]
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.sites) // 2
-
-    @property
-    def layer_slices(self) -> list[slice]:
-        """Slice of ``theta`` holding layer ``l``'s ``[W_l; b_l]``, ``(d_in + 1) * d_out`` long."""
-        out, start = [], 0
-        for d_in, d_out in zip(self.sizes[:-1], self.sizes[1:]):
-            out.append(slice(start, start + (d_in + 1) * d_out))
-            start = out[-1].stop
-        return out
-
-    @property
-    def num_parameters(self) -> int:
-        return self.layer_slices[-1].stop
-
-    def layer_index(self, like: Tensor) -> Tensor:
-        """(P,) the layer of every entry of ``theta``, as int64 on ``like.device``."""
-        sizes = [s.stop - s.start for s in self.layer_slices]
-        return torch.repeat_interleave(torch.arange(len(sizes), device=like.device),
-                                       torch.tensor(sizes, device=like.device))
-
-    def flatten(self, tensors: dict[str, Tensor]) -> Tensor:
-        """Concatenate the site tensors ``{name: (*S, *shape)}`` into ``theta`` (*S, P)."""
-        parts = []
-        for name, shape in self.sites:
-            value = tensors[name]
-            parts.append(value.reshape(*value.shape[:value.dim() - len(shape)], -1))
-        return torch.cat(parts, -1)
-
-    def unflatten(self, theta: Tensor) -> dict[str, Tensor]:
-        """Split ``theta`` (*S, P) into ``{name: (*S, *shape)}``."""
-        out, start = {}, 0
-        for name, shape in self.sites:
-            size = math.prod(shape)
-            out[name] = theta[..., start:start + size].reshape(*theta.shape[:-1], *shape)
-            start += size
-        return out
-
-    def network(self, theta: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """The ``(W, b)`` list of :func:`bnn_zoo.core.nn.mlp_forward` for ``theta`` (*S, P)."""
-        values = list(self.unflatten(theta).values())
-        return list(zip(values[::2], values[1::2]))
 
 
 def check_curvature(curvature: str) -> None:
@@ -187,52 +123,7 @@ def loss_whitening(f: Tensor, likelihood: str) -> Tensor:
     return p.sqrt().unsqueeze(-1) * (eye - p.unsqueeze(-2))
 
 
-def layer_jacobians(theta: Tensor, x: Tensor, layout: ParameterLayout,
-                    act: Callable[[Tensor], Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-    """Network output and, per layer, its inputs and the output's Jacobian in its pre-activation.
-
-    Returns ``f`` (N, K), ``a_l = [h_{l-1}, 1]`` (N, d_in + 1) and
-    ``J_l[n, k, j] = d f_nk / d z_l,nj`` (N, K, d_out) for every layer ``l``. The
-    Jacobian of ``f_nk`` in layer ``l``'s flat weights is ``outer(a_l[n], J_l[n, k])``.
-    One backward pass per output (K of them), none per data point.
-    """
-    h, inputs, pre = x, [], []
-    net = layout.network(theta.detach())
-    with torch.enable_grad():
-        for i, (weight, bias) in enumerate(net):
-            inputs.append(torch.cat([h, h.new_ones(h.shape[0], 1)], -1))
-            z = (h @ weight + bias).requires_grad_()
-            pre.append(z)
-            h = act(z) if i < len(net) - 1 else z
-        f = h
-        rows = [torch.autograd.grad(f[:, k].sum(), pre, retain_graph=k < f.shape[1] - 1)
-                for k in range(f.shape[1])]
-    jacs = [torch.stack([row[i] for row in rows], 1) for i in range(len(pre))]
-    return f.detach(), [a.detach() for a in inputs], jacs
-
-
-def _whitened(theta, x, layout, act, likelihood, layers=None):
-    """``a_l`` and ``R_n J_l`` for the requested layers (all by default)."""
-    f, inputs, jacs = layer_jacobians(theta, x, layout, act)
-    r = loss_whitening(f, likelihood)
-    keep = range(layout.num_layers) if layers is None else layers
-    return [(inputs[i], r @ jacs[i]) for i in keep]
-
-
-def jacobian(theta: Tensor, x: Tensor, layout: ParameterLayout, act: Callable[[Tensor], Tensor],
-             layers: list[int] | None = None) -> tuple[Tensor, Tensor]:
-    """Output ``f`` (N, K) and its Jacobian ``g = df/dtheta`` (N, K, P) at ``theta``.
-
-    With ``layers`` given, only those layers' columns, concatenated in order.
-    This is the seed's ``g = grad_w y(x, w)`` at ``w_MAP``, one row per output.
-    """
-    f, inputs, jacs = layer_jacobians(theta, x, layout, act)
-    keep = range(layout.num_layers) if layers is None else layers
-    cols = [(inputs[i][:, None, :, None] * jacs[i][:, :, None, :]).flatten(2) for i in keep]
-    return f, torch.cat(cols, -1)
-
-
-def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout, likelihood: str):
+def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, likelihood: str):
     x, y = check_data(x, y)
     check_choice("likelihood", likelihood, LIKELIHOODS)
     if theta.shape != (layout.num_parameters,):
@@ -241,9 +132,26 @@ def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout, likel
     return x, y
 
 
-def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
-                 act: Callable[[Tensor], Tensor], likelihood: str = "gaussian",
-                 max_bytes: int = MAX_DENSE_BYTES) -> Tensor:
+def jacobian(theta: Tensor, x: Tensor, layout: Layout, act: Activation,
+             layers: list[int] | None = None) -> tuple[Tensor, Tensor]:
+    """Output ``f`` (N, K) and its Jacobian ``g = df/dtheta`` (N, K, P) at ``theta``.
+
+    With ``layers`` given, only those layers' columns, concatenated in order.
+    This is the seed's ``g = grad_w y(x, w)`` at ``w_MAP``, one row per output.
+    """
+    return layout.jacobian(theta, x, act, layers)
+
+
+def _whitened_rows(theta, x, layout, act, likelihood, layers=None) -> Tensor:
+    """(N K, P) the rows of ``R_n J_n`` (only ``layers``' columns, if given), so that
+    ``rows^T rows = sum_n J_n^T Lambda_n J_n``."""
+    _, rows = layout.jacobian(theta, x, act, layers,
+                              whiten=lambda f: loss_whitening(f, likelihood))
+    return rows.flatten(0, 1)
+
+
+def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+                 likelihood: str = "gaussian", max_bytes: int = MAX_DENSE_BYTES) -> Tensor:
     """(P, P) exact Hessian ``d^2 E / dtheta^2`` in one vectorised ``torch.func`` call
     (``jacrev`` of ``jacrev``, not a row-by-row loop; reverse-over-reverse because the
     forward mode of ``torch.func.hessian`` scripts decompositions with the deprecated
@@ -252,24 +160,23 @@ def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
     check_dense_fits(theta.shape[0], theta.dtype, "hessian", max_bytes)
 
     def energy(t: Tensor) -> Tensor:
-        return negative_log_likelihood(mlp_forward(x, layout.network(t), act), y, likelihood)
+        return negative_log_likelihood(layout.output(t, x, act), y, likelihood)
 
     return torch.func.jacrev(torch.func.jacrev(energy))(theta.detach())
 
 
-def ggn(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
-        act: Callable[[Tensor], Tensor], likelihood: str = "gaussian",
-        max_bytes: int = MAX_DENSE_BYTES, chunk: int = CHUNK) -> Tensor:
+def ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+        likelihood: str = "gaussian", max_bytes: int = MAX_DENSE_BYTES,
+        chunk: int = CHUNK) -> Tensor:
     """(P, P) generalised Gauss-Newton ``sum_n J_n^T Lambda_n J_n``, in chunks of data points."""
     x, y = _checked(theta, x, y, layout, likelihood)
     check_dense_fits(theta.shape[0], theta.dtype, "ggn", max_bytes)
     return _dense_ggn(theta, x, layout, act, likelihood, None, chunk)
 
 
-def last_layer_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
-                   act: Callable[[Tensor], Tensor], likelihood: str = "gaussian",
-                   chunk: int = CHUNK) -> Tensor:
-    """(p_L, p_L) the GGN block of the last layer's ``[W_L; b_L]`` (the rest held at ``theta``)."""
+def last_layer_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+                   likelihood: str = "gaussian", chunk: int = CHUNK) -> Tensor:
+    """(p_L, p_L) the GGN block of the last layer's weights (the rest held at ``theta``)."""
     x, y = _checked(theta, x, y, layout, likelihood)
     return _dense_ggn(theta, x, layout, act, likelihood, [layout.num_layers - 1], chunk)
 
@@ -279,9 +186,7 @@ def _dense_ggn(theta, x, layout, act, likelihood, layers, chunk) -> Tensor:
                if layers is None or i in layers)
     out = theta.new_zeros(size, size)
     for xc in x.split(chunk):  # memory grows with the chunk, not N
-        rows = torch.cat([(a[:, None, :, None] * rj[:, :, None, :]).flatten(2)
-                          for a, rj in _whitened(theta, xc, layout, act, likelihood, layers)], -1)
-        rows = rows.flatten(0, 1)
+        rows = _whitened_rows(theta, xc, layout, act, likelihood, layers)
         out += rows.T @ rows
     return out
 
@@ -300,49 +205,68 @@ def subnetwork_indices(indices, num_parameters: int) -> Tensor:
     return out
 
 
-def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
-                   act: Callable[[Tensor], Tensor], likelihood: str = "gaussian", *,
-                   indices: Tensor, chunk: int = CHUNK) -> Tensor:
+def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+                   likelihood: str = "gaussian", *, indices: Tensor,
+                   chunk: int = CHUNK) -> Tensor:
     """(p_S, p_S) the GGN block ``sum_n J_{n,S}^T Lambda_n J_{n,S}`` of the weights
     ``theta[indices]`` (Daxberger et al. 2021, subnetwork Laplace), in chunks of data points."""
     x, y = _checked(theta, x, y, layout, likelihood)
     indices = subnetwork_indices(indices, layout.num_parameters).to(theta.device)
     out = theta.new_zeros(indices.numel(), indices.numel())
     for xc in x.split(chunk):  # memory grows with the chunk, not N
-        f, g = jacobian(theta, xc, layout, act)
-        rows = (loss_whitening(f, likelihood) @ g[..., indices]).flatten(0, 1)
+        rows = _whitened_rows(theta, xc, layout, act, likelihood)[:, indices]
         out += rows.T @ rows
     return out
 
 
-def diagonal_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
-                 act: Callable[[Tensor], Tensor], likelihood: str = "gaussian",
-                 chunk: int = CHUNK) -> Tensor:
-    """(P,) the diagonal of the GGN, ``sum_{n,k} a_{n,i}^2 (R_n J_n)_{k,j}^2`` per layer."""
+def diagonal_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+                 likelihood: str = "gaussian", chunk: int = CHUNK) -> Tensor:
+    """(P,) the diagonal of the GGN, ``sum_{n,k} (R_n J_n)_{k,i}^2``, in chunks of data
+    points. Where every layer's Jacobian is an outer product ``a_n ⊗ J_{z,n}`` laid out
+    as ``theta`` (``layout.outer_product_jacobian``: the MLP) that is
+    ``sum_{n,k} a_{n,i}^2 (R_n J_{z,n})_{k,j}^2`` per layer, without forming ``J``;
+    otherwise from ``J`` itself (``chunk K P`` numbers at a time)."""
     x, y = _checked(theta, x, y, layout, likelihood)
     out = theta.new_zeros(theta.shape[0])
     for xc in x.split(chunk):  # memory grows with the chunk, not N
-        parts = [torch.einsum("ni,nkj->ij", a**2, rj**2).flatten()
-                 for a, rj in _whitened(theta, xc, layout, act, likelihood)]
-        out += torch.cat(parts)
+        if layout.outer_product_jacobian:
+            f, parts = layout.layer_factors(theta, xc, act)
+            r = loss_whitening(f, likelihood)
+            out += torch.cat([torch.einsum("ni,nkj->ij", a[:, 0] ** 2,
+                                           (r @ jz[:, :, 0]) ** 2).flatten()
+                              for a, jz in parts])
+        else:
+            out += (_whitened_rows(theta, xc, layout, act, likelihood) ** 2).sum(0)
     return out
 
 
-def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
-             act: Callable[[Tensor], Tensor], likelihood: str = "gaussian",
-             chunk: int = CHUNK) -> list[tuple[Tensor, Tensor]]:
-    """Per layer the Kronecker factors ``(Q_l, G_l)`` with GGN block ``≈ Q_l ⊗ G_l`` (K-FAC).
+def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+             likelihood: str = "gaussian", chunk: int = CHUNK) -> list[tuple[Tensor, Tensor]]:
+    """Per layer the Kronecker factors ``(Q_l, G_l)`` with GGN block ``≈ Q_l ⊗ G_l`` (K-FAC),
+    on the layer's weights in the order of ``layout.kron_indices``.
 
-    ``Q_l = 1/N sum_n a_n a_n^T`` of shape (d_in + 1, d_in + 1) and
-    ``G_l = sum_n J_{z,n}^T Lambda_n J_{z,n}`` of shape (d_out, d_out) (Martens & Grosse
-    2015; Ritter et al. 2018). The exact block is ``sum_n a_n a_n^T ⊗ G_n``.
+    ``Q_l = 1/(N L) sum_{n,l} a_{n,l} a_{n,l}^T`` of shape (D + 1, D + 1) and
+    ``G_l = sum_{n,l} J_{z,n,l}^T Lambda_n J_{z,n,l}`` of shape (d_out, d_out), over the
+    ``L`` locations of the layer (1 for a dense layer; see
+    :mod:`bnn_zoo.guides.layouts`; Martens & Grosse 2015; Grosse & Martens 2016; Ritter et
+    al. 2018). For ``L = 1`` the exact block is ``sum_n a_n a_n^T ⊗ G_n``. A
+    :class:`~bnn_zoo.guides.layouts.ModuleLayout` with a layer other than ``nn.Linear``
+    or ``nn.Conv2d`` raises a ``ValueError`` naming it.
     """
     x, y = _checked(theta, x, y, layout, likelihood)
-    sizes = layout.sizes
-    factors = [(theta.new_zeros(d_in + 1, d_in + 1), theta.new_zeros(d_out, d_out))
-               for d_in, d_out in zip(sizes[:-1], sizes[1:])]
+    factors: list[list[Tensor]] = []
+    counts: list[int] = []
     for xc in x.split(chunk):  # memory grows with the chunk, not N
-        for (q, g), (a, rj) in zip(factors, _whitened(theta, xc, layout, act, likelihood)):
-            q += a.T @ a
-            g += torch.einsum("nki,nkj->ij", rj, rj)
-    return [(q / x.shape[0], g) for q, g in factors]
+        f, parts = layout.layer_factors(theta, xc, act)
+        r = loss_whitening(f, likelihood)
+        if not factors:
+            factors = [[theta.new_zeros(a.shape[-1], a.shape[-1]),
+                        theta.new_zeros(jz.shape[-1], jz.shape[-1])] for a, jz in parts]
+            counts = [0] * len(parts)
+        for i, (a, jz) in enumerate(parts):
+            a = a.flatten(0, 1)
+            rj = torch.einsum("nkj,njlo->nklo", r, jz).flatten(0, 2)
+            factors[i][0] += a.T @ a
+            factors[i][1] += rj.T @ rj
+            counts[i] += a.shape[0]
+    return [(q / count, g) for (q, g), count in zip(factors, counts)]

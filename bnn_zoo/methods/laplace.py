@@ -52,12 +52,11 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
-from bnn_zoo.core.nn import mlp_forward
 from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.training import FitResult, fit
 from bnn_zoo.guides.curvature import (
     MAX_DENSE_BYTES,
-    ParameterLayout,
+    Activation,
     check_curvature,
     negative_log_likelihood,
 )
@@ -71,6 +70,7 @@ from bnn_zoo.guides.laplace import (
     NonlinearModel,
     curvature_blocks,
 )
+from bnn_zoo.guides.layouts import Layout, layout_of
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_state
 from bnn_zoo.methods.svi import module_state, result_from_state, result_state
 from bnn_zoo.models.priors import GaussianPrior
@@ -91,12 +91,13 @@ def _likelihood(model) -> str:
     return "gaussian" if model.task == "regression" else "categorical"
 
 
-def _energy(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout, act, likelihood: str):
-    return negative_log_likelihood(mlp_forward(x, layout.network(theta), act), y, likelihood)
+def _energy(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+            likelihood: str) -> Tensor:
+    return negative_log_likelihood(layout.output(theta, x, act), y, likelihood)
 
 
-def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: ParameterLayout,
-               act: Callable[[Tensor], Tensor], likelihood: str, alpha: Tensor, beta: Tensor,
+def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+               likelihood: str, alpha: Tensor, beta: Tensor,
                *, prior_mean: Tensor | None = None, max_iter: int = 500) -> Tensor:
     """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
     full-batch L-BFGS (strong Wolfe line search); ``alpha`` and the prior mean ``m`` are (P,)
@@ -215,7 +216,8 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
                       rank: int = 10, subnetwork: Tensor | Sequence[int] | None = None,
                       indefinite: str = "raise",
                       max_bytes: int = MAX_DENSE_BYTES) -> LaplacePosterior:
-    """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP`) around
+    """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP` or
+    :class:`~bnn_zoo.models.BayesianModule`) around
     ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,), optionally evidence-tuned. ``model`` is
     read, never written.
 
@@ -237,7 +239,7 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
     ``beta``) it went through.
     """
     x, y = check_data(x, y)
-    layout = ParameterLayout.from_model(model)
+    layout = layout_of(model)
     p, layers = layout.num_parameters, layout.num_layers
     if theta.shape != (p,):
         raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
@@ -266,7 +268,7 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
         raise ValueError(f"Expected beta == 1 for a categorical likelihood, but got {float(beta)}.")
     check_positive("beta", float(beta))
     theta = theta.detach().to(**like)
-    act = model.act
+    act = getattr(model, "act", None)
     num_outputs = y.numel() if likelihood == "gaussian" else y.shape[0]
     history: list[tuple[list[float], float, float]] = []
 
@@ -404,7 +406,10 @@ class Laplace:
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> LaplaceFit:
-        """MAP by SVI under ``budget``, then the Laplace posterior of ``build_model()``."""
+        """MAP by SVI under ``budget``, then the Laplace posterior of ``build_model()``: a
+        :class:`~bnn_zoo.models.BayesianMLP` or a :class:`~bnn_zoo.models.BayesianModule`
+        (any torch module; trained with ``jit=False``, and ``kron`` needs its layers to be
+        ``nn.Linear`` or ``nn.Conv2d``)."""
         if budget.distributed:
             raise ValueError("The Laplace method does not train data-parallel; expected "
                              "distributed=False.")
@@ -413,8 +418,11 @@ class Laplace:
             raise ValueError(f"Expected a {task} model from build_model, but got a "
                              f"{model.task} one.")
         guide = self.build_guide(model, x, generator=torch.Generator().manual_seed(seed))
+        # A torch module runs through torch.func, which torch.jit cannot trace: its MAP
+        # trains untraced whatever the budget says.
         result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
-                     batch_size=budget.batch_size, seed=seed, progress=progress, jit=budget.jit)
+                     batch_size=budget.batch_size, seed=seed, progress=progress,
+                     jit=budget.jit and guide.layout.traceable)
         with torch.no_grad():
             theta = guide.theta()
         post = laplace_posterior(model, theta, x, y, curvature=self.curvature,
@@ -436,8 +444,8 @@ class Laplace:
         recomputed), the guide is loaded and holds it, and the Pyro model of the saved
         ``predictive`` is built on it."""
         model = build_model()
-        post = LaplacePosterior.from_state(state["laplace"], ParameterLayout.from_model(model),
-                                           model.act)
+        post = LaplacePosterior.from_state(state["laplace"], layout_of(model),
+                                           getattr(model, "act", None))
         guide = self.build_guide(model, x)
         load_module_state(guide, state["guide"])
         guide.set_posterior(post)

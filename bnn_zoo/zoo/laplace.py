@@ -12,6 +12,12 @@ L-BFGS), then the Gaussian around it, with the GLM predictive:
   tuning). The exact Hessian of ``laplace_full`` is projected onto the PSD cone where
   the precision is not positive definite even with jitter (``indefinite="clip"``).
 
+The entries fit the zoo's MLP; with a model factory returning a
+:class:`~bnn_zoo.models.BayesianModule` they fit any torch module the same way (its MAP
+trained untraced; ``kron`` and ``kron_separate`` need every parameterised layer to be an
+``nn.Linear`` or ``nn.Conv2d``, the other structures take any layer; see
+:mod:`bnn_zoo.guides.layouts`).
+
 Every field of :class:`~bnn_zoo.methods.laplace.Laplace` can be replaced through
 ``entry.fit(..., method_options={...})``, e.g. ``{"evidence": "fixed_point"}``,
 ``{"per_layer_alpha": True}``, ``{"predictive": "mc"}``, ``{"curvature": "kron_separate"}``,

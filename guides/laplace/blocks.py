@@ -28,15 +28,13 @@ one of ``d_in^2 + d_out^2`` per layer's weight matrix).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_positive_int
 from bnn_zoo.guides.curvature import (
     MAX_DENSE_BYTES,
-    ParameterLayout,
+    Activation,
     check_curvature,
     diagonal_ggn,
     full_hessian,
@@ -46,6 +44,7 @@ from bnn_zoo.guides.curvature import (
     subnetwork_ggn,
     subnetwork_indices,
 )
+from bnn_zoo.guides.layouts import Layout
 
 __all__ = ["INDEFINITE", "JITTER_MAX", "Block", "DenseBlock", "DiagBlock", "KronBlock",
            "LowRankBlock", "NotPositiveDefiniteError", "block_from_state", "cholesky_with_jitter",
@@ -224,7 +223,9 @@ class DiagBlock:
 
 
 class KronBlock:
-    """Precision ``alpha I + beta Q ⊗ G`` on one layer's ``[W; b]`` (row-major, (a, o)).
+    """Precision ``alpha I + beta Q ⊗ G`` on one layer's ``[W; b]`` (row-major, (a, o)):
+    ``index`` its slice of ``theta`` (an MLP's layer) or the positions of its entries in
+    that order (a torch layer, whose weight is stored ``(o, a)``).
 
     With ``Q = U diag(q) U^T`` and ``G = V diag(g) V^T`` the precision is
     ``(U ⊗ V) diag(alpha + beta q_i g_j) (U ⊗ V)^T``, so every operation is two small
@@ -235,7 +236,7 @@ class KronBlock:
     clipped = 0
     jitter = 0.0
 
-    def __init__(self, index: slice, q_evals: Tensor, q_evecs: Tensor, g_evals: Tensor,
+    def __init__(self, index: slice | Tensor, q_evals: Tensor, q_evecs: Tensor, g_evals: Tensor,
                  g_evecs: Tensor) -> None:
         """The eigen-decompositions ``Q = U diag(q) U^T`` (a,), (a, a) and
         ``G = V diag(g) V^T`` (o,), (o, o), eigenvalues non-negative."""
@@ -244,7 +245,7 @@ class KronBlock:
         self.g_evals, self.g_evecs = g_evals, g_evecs
 
     @classmethod
-    def from_factors(cls, index: slice, q: Tensor, g: Tensor) -> KronBlock:
+    def from_factors(cls, index: slice | Tensor, q: Tensor, g: Tensor) -> KronBlock:
         """The block of the Kronecker factors ``Q`` (a, a) and ``G`` (o, o)."""
         q_evals, q_evecs = torch.linalg.eigh(q)
         g_evals, g_evecs = torch.linalg.eigh(g)
@@ -375,8 +376,16 @@ def block_from_state(state: dict) -> Block:
     return _KINDS[kind].from_state(state)
 
 
+def _split_bias(index: slice | Tensor, d_out: int) -> tuple[slice | Tensor, slice | Tensor]:
+    """A Kronecker index of ``[W^T; b]`` in row-major ``(D + 1, d_out)`` order split into
+    that of ``W^T`` (the first ``D d_out``) and that of ``b`` (the last ``d_out``)."""
+    if isinstance(index, slice):
+        return slice(index.start, index.stop - d_out), slice(index.stop - d_out, index.stop)
+    return index[:-d_out], index[-d_out:]
+
+
 def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
-                     layout: ParameterLayout, act: Callable[[Tensor], Tensor], likelihood: str,
+                     layout: Layout, act: Activation, likelihood: str,
                      *, indefinite: str = "raise", max_bytes: int = MAX_DENSE_BYTES,
                      rank: int = 10, subnetwork: Tensor | None = None) -> list[Block]:
     """The blocks of ``curvature`` (one of :data:`~bnn_zoo.guides.curvature.CURVATURES`) at
@@ -398,14 +407,16 @@ def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
         return [DiagBlock(everything, diagonal_ggn(*args))]
     if curvature == "kron":
         return [KronBlock.from_factors(index, q, g)
-                for index, (q, g) in zip(layout.layer_slices, kron_ggn(*args))]
+                for (index, _), (q, g) in zip(layout.kron_indices(theta), kron_ggn(*args))]
     if curvature == "kron_separate":
         blocks: list[Block] = []
-        for index, (q, g) in zip(layout.layer_slices, kron_ggn(*args)):
-            bias = slice(index.stop - g.shape[0], index.stop)
-            blocks.append(KronBlock.from_factors(slice(index.start, bias.start),
-                                                 q[:-1, :-1], g))
-            blocks.append(DenseBlock.from_hessian(bias, g, "clip"))
+        for (index, bias), (q, g) in zip(layout.kron_indices(theta), kron_ggn(*args)):
+            if not bias:
+                blocks.append(KronBlock.from_factors(index, q, g))
+                continue
+            weights, biases = _split_bias(index, g.shape[0])
+            blocks.append(KronBlock.from_factors(weights, q[:-1, :-1], g))
+            blocks.append(DenseBlock.from_hessian(biases, g, "clip"))
         return blocks
     if curvature == "low_rank":
         return [LowRankBlock.from_hessian(everything, ggn(*args, max_bytes=max_bytes), rank)]

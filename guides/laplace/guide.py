@@ -11,14 +11,15 @@ from pyro.nn import PyroModule, PyroParam
 from torch import Tensor, nn
 
 from bnn_zoo.core.checks import check_positive
-from bnn_zoo.guides.curvature import ParameterLayout
 from bnn_zoo.guides.laplace.posterior import LaplacePosterior
+from bnn_zoo.guides.layouts import layout_of
 
 __all__ = ["LaplaceGuide"]
 
 
 class LaplaceGuide(PyroModule):
-    """A Pyro guide for a :class:`~bnn_zoo.models.BayesianMLP`: a point mass (MAP) at its
+    """A Pyro guide for a :class:`~bnn_zoo.models.BayesianMLP` or
+    :class:`~bnn_zoo.models.BayesianModule`: a point mass (MAP) at its
     locations until :meth:`set_posterior`, then the Gaussian ``N(w_MAP, A^-1)`` of a
     :class:`~bnn_zoo.guides.laplace.posterior.LaplacePosterior`.
 
@@ -28,7 +29,10 @@ class LaplaceGuide(PyroModule):
     posterior, the guide samples all weights jointly from an auxiliary standard normal
     site ``_laplace_eps`` transformed by the posterior's structure.
 
-    Initial means: weight matrices ``N(0, 1/d_in)`` and biases ``N(0, bias_scale^2)``.
+    Initial means: the model's ``initial_weights()`` where it offers them (a torch
+    module's own initialisation, or pretrained weights; ``generator`` and ``bias_scale``
+    then unused); otherwise weight matrices ``N(0, 1/d_in)`` and biases
+    ``N(0, bias_scale^2)``.
     Random biases spread the kinks of a ReLU net over the inputs (with zero biases every
     kink starts at ``x = 0``), as the core's ``fan_in_init`` does with ``U(-1, 1)``; here
     their spread is a parameter, ``bias_scale``.
@@ -38,12 +42,18 @@ class LaplaceGuide(PyroModule):
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
         check_positive("bias_scale", bias_scale)
-        self.layout = ParameterLayout.from_model(model)
+        self.layout = layout_of(model)
         self.keys = {name: name.replace(".", "_") for name, _ in self.layout.sites}
+        # A model whose weights have a layout of their own (a wrapped torch module) offers
+        # its initial values; the MLP's (d_in, d_out) weights are drawn.
+        offered = model.initial_weights() if hasattr(model, "initial_weights") else {}
         for name, shape in self.layout.sites:
-            scale = 1 / math.sqrt(shape[0]) if len(shape) == 2 else bias_scale
-            setattr(self, self.keys[name], PyroParam(torch.randn(shape, generator=generator)
-                                                     * scale))
+            if name in offered:
+                start = offered[name].detach().cpu()
+            else:
+                scale = 1 / math.sqrt(shape[0]) if len(shape) == 2 else bias_scale
+                start = torch.randn(shape, generator=generator) * scale
+            setattr(self, self.keys[name], PyroParam(start))
         self.posterior: LaplacePosterior | None = None
 
     def theta(self) -> Tensor:
@@ -54,7 +64,8 @@ class LaplaceGuide(PyroModule):
         """Sample ``posterior`` from now on; its MAP becomes the guide's locations."""
         if posterior.layout != self.layout:
             raise ValueError("Expected a posterior of the guide's network "
-                             f"{self.layout.sizes}, but got one of {posterior.layout.sizes}.")
+                             f"{self.layout.description}, but got one of "
+                             f"{posterior.layout.description}.")
         values = self.layout.unflatten(posterior.theta)
         with torch.no_grad():
             for name, key in self.keys.items():

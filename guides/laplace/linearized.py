@@ -1,7 +1,8 @@
 """Pyro models of a Laplace posterior's predictive: linearised (GLM) or the network itself
 (seed 001, first half; Bishop, PRML 5.7; Immer et al. 2021 on the GLM view).
 
-Both have the sample sites of the :class:`~bnn_zoo.models.BayesianMLP` they approximate
+Both have the sample sites of the :class:`~bnn_zoo.models.BayesianMLP` (or
+:class:`~bnn_zoo.models.BayesianModule`) they approximate
 (one per weight tensor, prior ``N(m_i, alpha_i^-1)`` with the posterior's prior mean and
 per-layer or per-weight ``alpha``), record the network output as
 ``pyro.deterministic("f")`` and put the likelihood ``obs`` in ``pyro.plate("data")``,
@@ -29,7 +30,6 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor
 
-from bnn_zoo.core.nn import mlp_forward
 from bnn_zoo.guides.laplace.posterior import LaplacePosterior
 from bnn_zoo.models.likelihood import observe
 from bnn_zoo.models.mlp import drop_plate_dim
@@ -50,9 +50,7 @@ class _PosteriorModel(PyroModule):
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         post = self.posterior
         layout = post.layout
-        if x.dim() != 2 or x.shape[-1] != layout.sizes[0]:
-            raise ValueError(f"Expected x of shape (N, {layout.sizes[0]}), but got "
-                             f"{tuple(x.shape)}.")
+        x = layout.check_input(x)
         means = layout.unflatten(post.prior_mean.to(x.dtype))
         scales = layout.unflatten(post.alpha_vector().rsqrt().to(x.dtype))
         values = {}
@@ -76,7 +74,7 @@ class LinearizedModel(_PosteriorModel):
         post = self.posterior
 
         def output(t: Tensor) -> Tensor:
-            return mlp_forward(x, post.layout.network(t), post.act)
+            return post.layout.output(t, x, post.act)
 
         def tangent(delta: Tensor) -> Tensor:
             return torch.func.jvp(output, (post.theta,), (delta,))[1]
@@ -98,4 +96,4 @@ class NonlinearModel(_PosteriorModel):
 
     def network(self, x: Tensor, theta: Tensor) -> Tensor:
         """``f(x, theta)`` (*S, N, K) for ``theta`` (*S, P)."""
-        return mlp_forward(x, self.posterior.layout.network(theta), self.posterior.act)
+        return self.posterior.layout.output(theta, x, self.posterior.act)

@@ -1,5 +1,5 @@
-"""The Laplace posterior of a Bayesian MLP and its closed-form GLM predictive (seed 001,
-first half; Bishop, PRML 5.7; MacKay 1992).
+"""The Laplace posterior of a Bayesian MLP or torch module and its closed-form GLM
+predictive (seed 001, first half; Bishop, PRML 5.7; MacKay 1992).
 
 Model (seed 001): ``p(t | x, w) = N(t | y(x, w), beta^-1)`` (or a categorical likelihood
 with ``beta = 1``), prior ``p(w | alpha) = N(w | 0, alpha^-1 I)``, generalised here to
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -47,8 +46,9 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data, check_positive_int
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.guides.curvature import ParameterLayout, check_dense_fits, jacobian
+from bnn_zoo.guides.curvature import Activation, check_dense_fits, jacobian
 from bnn_zoo.guides.laplace.blocks import Block, block_from_state, cholesky_with_jitter
+from bnn_zoo.guides.layouts import Layout
 
 __all__ = ["LINKS", "LaplacePosterior"]
 
@@ -63,7 +63,8 @@ class LaplacePosterior:
 
     Attributes
     ----------
-    layout : where each weight tensor sits in ``theta`` (P,).
+    layout : where each weight tensor sits in ``theta`` (P,), and the network as a function
+        of it (:mod:`bnn_zoo.guides.layouts`: an MLP's or any torch module's).
     theta : (P,) the MAP.
     blocks : the precision structure; weights outside every block stay at the MAP.
     alpha : prior precision, (L,) one per layer (all equal unless fitted per layer) or
@@ -72,14 +73,14 @@ class LaplacePosterior:
     likelihood : ``"gaussian"`` or ``"categorical"``.
     energy : ``E_D(theta)``, the unit-precision negative log-likelihood at the MAP.
     num_outputs : ``N K``, the number of observed numbers (regression: ``N``).
-    act : hidden activation of the network.
+    act : hidden activation of an MLP (``None`` for a torch module, which has its own).
     prior_mean : (P,) prior mean ``m`` (zeros by default).
     history : ``(alpha, beta, log evidence)`` after each evidence iteration.
     converged : whether the evidence loop converged (``None`` without evidence tuning).
     iterations : the evidence updates the loop made (0 without evidence tuning).
     """
 
-    layout: ParameterLayout
+    layout: Layout
     theta: Tensor
     blocks: list[Block]
     alpha: Tensor
@@ -87,7 +88,7 @@ class LaplacePosterior:
     likelihood: str
     energy: Tensor
     num_outputs: int
-    act: Callable[[Tensor], Tensor] = field(repr=False)
+    act: Activation = field(repr=False)
     prior_mean: Tensor | None = None
     history: list[tuple[list[float], float, float]] = field(default_factory=list)
     converged: bool | None = None
@@ -115,14 +116,13 @@ class LaplacePosterior:
                 "converged": self.converged, "iterations": self.iterations}
 
     @classmethod
-    def from_state(cls, state: dict, layout: ParameterLayout,
-                   act: Callable[[Tensor], Tensor]) -> LaplacePosterior:
+    def from_state(cls, state: dict, layout: Layout, act: Activation) -> LaplacePosterior:
         """The posterior of :meth:`state_dict` on the network ``layout`` with activation
         ``act`` (both from the model the posterior was fitted to)."""
         theta = state["theta"]
         if theta.shape != (layout.num_parameters,):
             raise ValueError(f"Expected a saved MAP of shape ({layout.num_parameters},) for "
-                             f"the network {layout.sizes}, but got {tuple(theta.shape)}.")
+                             f"the network {layout.description}, but got {tuple(theta.shape)}.")
         blocks = [block_from_state(block) for block in state["blocks"]]
         history = [(list(a), b, e) for a, b, e in state["history"]]
         return cls(layout, theta, blocks, state["alpha"], state["beta"], state["likelihood"],

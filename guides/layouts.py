@@ -1,0 +1,429 @@
+"""A network as a function of its flat weight vector ``theta`` (seed 001; the Laplace
+approximation's view of a net), for the zoo's MLP and for any torch module.
+
+A layout knows where each weight tensor sits in ``theta`` (P,), how the weights group
+into layers (for a prior precision per layer, the last layer, Kronecker factors), and
+evaluates the network and its Jacobians at a ``theta``. Two layouts share that interface,
+so the curvatures (:mod:`bnn_zoo.guides.curvature`), the precision blocks, the posterior,
+its guide and its predictive models work unchanged on both:
+
+* :class:`ParameterLayout`: a :class:`~bnn_zoo.models.BayesianMLP`, weights in the zoo's
+  layout ``(d_in, d_out)``; Jacobians by one backward pass per output through the
+  layers' pre-activations.
+* :class:`ModuleLayout`: a :class:`~bnn_zoo.models.BayesianModule` around any
+  ``torch.nn.Module``, weights in torch's layout ``(d_out, d_in, *kernel)``, the network
+  evaluated by ``torch.func.functional_call``; Jacobians by ``torch.func`` (per-example
+  ``jacrev`` under ``vmap``), Kronecker factors for ``nn.Linear`` and ``nn.Conv2d``
+  layers from their inputs (patches) and output Jacobians, captured by forward hooks.
+
+Kronecker factors of a layer (K-FAC; Martens & Grosse 2015, and KFC for convolutions,
+Grosse & Martens 2016). A layer maps inputs ``a_{n,l}`` (``D`` numbers, with a trailing
+1 where it has a bias) at ``L`` locations ``l`` to ``z_{n,l} = W a_{n,l}``: ``L = 1``
+for a dense layer on ``(N, D)`` inputs, the ``L = H' W'`` output pixels of a
+convolution, whose ``a_{n,l}`` are the input patches (``F.unfold``) in the order of the
+weight's ``(C_in, k_h, k_w)``. :meth:`layer_factors` returns the ``a_{n,l}`` and the
+output Jacobians ``J_{n,k,l} = d f_{n,k} / d z_{n,l}``; the curvature module forms
+
+.. math::
+
+    Q = \\frac{1}{N L} \\sum_{n,l} a_{n,l} a_{n,l}^T, \\qquad
+    G = \\sum_{n,l} J_{n,l}^T \\Lambda_n J_{n,l},
+
+and approximates the layer's GGN block by ``Q ⊗ G``: the "KFAC-expand" of Eschenhagen
+et al. (2023), which for a convolution is Grosse & Martens' KFC with its spatially
+uncorrelated derivatives, and for ``L = 1`` the K-FAC of an MLP.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import groupby
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, jacrev, vmap
+
+from bnn_zoo.core.nn import mlp_forward
+
+__all__ = ["KRON_LAYERS", "Layout", "ModuleLayout", "ParameterLayout", "layout_of"]
+
+#: The layer types whose GGN block :class:`ModuleLayout` can Kronecker-factor.
+KRON_LAYERS = (nn.Linear, nn.Conv2d)
+
+#: Per layer: its inputs ``a`` (N, L, D) (a trailing 1 for a bias) and the output's
+#: Jacobian in its outputs ``J_z`` (N, K, L, d_out).
+LayerFactors = list[tuple[Tensor, Tensor]]
+#: Maps the outputs ``f`` (N, K) to matrices ``R_n`` (N, K', K) applied to the Jacobian.
+Whitening = Callable[[Tensor], Tensor]
+
+
+class _FlatWeights:
+    """What both layouts compute from ``sites`` and ``layer_slices`` alone."""
+
+    sites: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @property
+    def layer_slices(self) -> list[slice]:
+        raise NotImplementedError
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_slices)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.sites)
+
+    def layer_index(self, like: Tensor) -> Tensor:
+        """(P,) the layer of every entry of ``theta``, as int64 on ``like.device``."""
+        sizes = [s.stop - s.start for s in self.layer_slices]
+        return torch.repeat_interleave(torch.arange(len(sizes), device=like.device),
+                                       torch.tensor(sizes, device=like.device))
+
+    def flatten(self, tensors: dict[str, Tensor]) -> Tensor:
+        """Concatenate the site tensors ``{name: (*S, *shape)}`` into ``theta`` (*S, P)."""
+        parts = []
+        for name, shape in self.sites:
+            value = tensors[name]
+            parts.append(value.reshape(*value.shape[:value.dim() - len(shape)], -1))
+        return torch.cat(parts, -1)
+
+    def unflatten(self, theta: Tensor) -> dict[str, Tensor]:
+        """Split ``theta`` (*S, P) into ``{name: (*S, *shape)}``."""
+        out, start = {}, 0
+        for name, shape in self.sites:
+            size = math.prod(shape)
+            out[name] = theta[..., start:start + size].reshape(*theta.shape[:-1], *shape)
+            start += size
+        return out
+
+    def offsets(self) -> dict[str, int]:
+        """Where each site's tensor starts in ``theta``."""
+        out, start = {}, 0
+        for name, shape in self.sites:
+            out[name] = start
+            start += math.prod(shape)
+        return out
+
+
+@dataclass(frozen=True)
+class ParameterLayout(_FlatWeights):
+    """Where each weight tensor of an MLP sits in the flat vector ``theta``.
+
+    ``sites`` is the model's ``(name, shape)`` list in forward order, alternating
+    weight ``(d_in, d_out)`` and bias ``(d_out,)`` as :attr:`BayesianMLP.sites` gives it.
+    Layer ``l``'s slice of ``theta`` is the row-major flattening of ``[W_l; b_l]``
+    (d_in + 1, d_out), so with ``a = [h_{l-1}, 1]`` the pre-activation is
+    ``z_l = a^T [W_l; b_l]`` and the Jacobian of the output in the layer's weights is the
+    outer product ``a ⊗ df/dz_l``.
+    """
+
+    sites: tuple[tuple[str, tuple[int, ...]], ...]
+    #: An MLP can be traced by ``torch.jit`` (its MAP fit may run with ``jit=True``).
+    traceable = True
+    #: Every layer's Jacobian is ``a ⊗ J_z`` (one location), in the order of ``theta``.
+    outer_product_jacobian = True
+
+    @classmethod
+    def from_model(cls, model) -> ParameterLayout:
+        sites = tuple((name, tuple(shape)) for name, shape in model.sites)
+        if len(sites) % 2 or any(len(s) != 2 for _, s in sites[::2]) or any(
+                len(s) != 1 for _, s in sites[1::2]):
+            raise ValueError("Expected model.sites to alternate weight (d_in, d_out) and bias "
+                             f"(d_out,) tensors, but got {sites}.")
+        return cls(sites)
+
+    @property
+    def sizes(self) -> list[int]:
+        """Layer widths ``[d_0, ..., d_L]``."""
+        return [self.sites[0][1][0]] + [shape[1] for _, shape in self.sites[::2]]
+
+    @property
+    def description(self) -> str:
+        return f"MLP {self.sizes}"
+
+    @property
+    def layer_slices(self) -> list[slice]:
+        """Slice of ``theta`` holding layer ``l``'s ``[W_l; b_l]``, ``(d_in + 1) * d_out`` long."""
+        out, start = [], 0
+        for d_in, d_out in zip(self.sizes[:-1], self.sizes[1:]):
+            out.append(slice(start, start + (d_in + 1) * d_out))
+            start = out[-1].stop
+        return out
+
+    def kron_indices(self, like: Tensor) -> list[tuple[slice, bool]]:
+        """Per layer the positions of ``[W_l; b_l]`` in row-major ``(d_in + 1, d_out)``
+        order (its slice) and whether the last ``d_out`` of them are a bias (always)."""
+        return [(index, True) for index in self.layer_slices]
+
+    def network(self, theta: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """The ``(W, b)`` list of :func:`bnn_zoo.core.nn.mlp_forward` for ``theta`` (*S, P)."""
+        values = list(self.unflatten(theta).values())
+        return list(zip(values[::2], values[1::2]))
+
+    def check_input(self, x: Tensor) -> Tensor:
+        if x.dim() != 2 or x.shape[-1] != self.sizes[0]:
+            raise ValueError(f"Expected x of shape (N, {self.sizes[0]}), but got "
+                             f"{tuple(x.shape)}.")
+        return x
+
+    def output(self, theta: Tensor, x: Tensor, act: Callable[[Tensor], Tensor]) -> Tensor:
+        """``f(x, theta)`` (*S, N, K) for ``theta`` (*S, P)."""
+        return mlp_forward(x, self.network(theta), act)
+
+    def layer_factors(self, theta: Tensor, x: Tensor, act: Callable[[Tensor], Tensor]
+                      ) -> tuple[Tensor, LayerFactors]:
+        """Output ``f`` (N, K) and, per layer, its inputs ``a_l = [h_{l-1}, 1]``
+        (N, 1, d_in + 1) and ``J_l[n, k, 0, j] = d f_nk / d z_l,nj`` (N, K, 1, d_out).
+
+        One backward pass per output (K of them), none per data point.
+        """
+        h, inputs, pre = x, [], []
+        net = self.network(theta.detach())
+        with torch.enable_grad():
+            for i, (weight, bias) in enumerate(net):
+                inputs.append(torch.cat([h, h.new_ones(h.shape[0], 1)], -1))
+                z = (h @ weight + bias).requires_grad_()
+                pre.append(z)
+                h = act(z) if i < len(net) - 1 else z
+            f = h
+            rows = [torch.autograd.grad(f[:, k].sum(), pre, retain_graph=k < f.shape[1] - 1)
+                    for k in range(f.shape[1])]
+        jacs = [torch.stack([row[i] for row in rows], 1) for i in range(len(pre))]
+        return f.detach(), [(a.detach().unsqueeze(1), j.unsqueeze(2))
+                            for a, j in zip(inputs, jacs)]
+
+    def jacobian(self, theta: Tensor, x: Tensor, act: Callable[[Tensor], Tensor],
+                 layers: list[int] | None = None, whiten: Whitening | None = None
+                 ) -> tuple[Tensor, Tensor]:
+        """Output ``f`` (N, K) and ``df/dtheta`` (N, K, P) (only ``layers``' columns, in
+        order, if given; ``R(f) df/dtheta`` with ``whiten=R``, R (N, K', K)): the outer
+        products ``a_l ⊗ R J_l`` of :meth:`layer_factors`, whitened before the product."""
+        f, parts = self.layer_factors(theta, x, act)
+        r = None if whiten is None else whiten(f)
+        keep = range(self.num_layers) if layers is None else layers
+        cols = []
+        for i in keep:
+            a, jz = parts[i][0], parts[i][1][:, :, 0]
+            jz = jz if r is None else r @ jz
+            cols.append((a[:, :, :, None] * jz[:, :, None, :]).flatten(2))
+        return f, torch.cat(cols, -1)
+
+
+def _owner(name: str) -> str:
+    """The module that holds the parameter ``name`` (``"0.weight"`` -> ``"0"``)."""
+    return name.rpartition(".")[0]
+
+
+def _conv_patches(module: nn.Conv2d, inputs: Tensor) -> Tensor:
+    """(N, L, C_in k_h k_w) the input patches of ``module`` at its ``L`` output pixels, in
+    the order of its weight's ``(C_in, k_h, k_w)``."""
+    padding = module.padding
+    if isinstance(padding, str):  # "valid", or "same": torch's split, the extra pixel last
+        pads = []
+        for k, d in zip(reversed(module.kernel_size), reversed(module.dilation)):
+            total = d * (k - 1) if padding == "same" else 0
+            pads += [total // 2, total - total // 2]
+        inputs, padding = F.pad(inputs, pads), 0
+    patches = F.unfold(inputs, module.kernel_size, module.dilation, padding, module.stride)
+    return patches.transpose(1, 2)
+
+
+@dataclass(frozen=True)
+class ModuleLayout(_FlatWeights):
+    """Where each parameter tensor of a torch module sits in ``theta``, and the module as a
+    function of ``theta``.
+
+    ``sites`` are ``net.named_parameters()``'s names and shapes, in that order (torch's
+    layout ``(d_out, d_in, *kernel)``); a layer is the parameters one submodule holds
+    itself (a ``Linear``'s weight and bias), so layers follow the order in which the
+    submodules were registered, the forward order for ``nn.Sequential``, and the
+    ``last_layer`` structure covers the last of them.
+    """
+
+    sites: tuple[tuple[str, tuple[int, ...]], ...]
+    net: nn.Module = field(repr=False)
+    #: ``torch.func`` refuses ``torch.jit`` tracing: the MAP fit runs with ``jit=False``.
+    traceable = False
+    #: Layers of any kind, torch's weights stored ``(d_out, d_in)``: Jacobians by torch.func.
+    outer_product_jacobian = False
+
+    @classmethod
+    def from_model(cls, model) -> ModuleLayout:
+        """The layout of a :class:`~bnn_zoo.models.BayesianModule` (its ``net`` and ``sites``)."""
+        sites = tuple((name, tuple(shape)) for name, shape in model.sites)
+        found = tuple((name, tuple(p.shape)) for name, p in model.net.named_parameters())
+        if sites != found:
+            raise ValueError(f"Expected model.sites to be the net's named parameters {found}, "
+                             f"but got {sites}.")
+        return cls(sites, model.net)
+
+    @property
+    def description(self) -> str:
+        return f"{type(self.net).__name__} with parameters {[name for name, _ in self.sites]}"
+
+    @property
+    def layer_names(self) -> list[str]:
+        """The submodule (its name in ``net``) of every layer."""
+        return [owner for owner, _ in groupby(_owner(name) for name, _ in self.sites)]
+
+    @property
+    def layer_slices(self) -> list[slice]:
+        """Slice of ``theta`` holding the parameters of each layer."""
+        out, start = [], 0
+        for _, group in groupby(self.sites, key=lambda site: _owner(site[0])):
+            size = sum(math.prod(shape) for _, shape in group)
+            out.append(slice(start, start + size))
+            start += size
+        return out
+
+    def check_input(self, x: Tensor) -> Tensor:
+        if x.dim() < 1:
+            raise ValueError(f"Expected x of shape (N, ...), but got {tuple(x.shape)}.")
+        return x
+
+    def output(self, theta: Tensor, x: Tensor, act: object = None) -> Tensor:
+        """``f(x, theta)`` (*S, N, K) for ``theta`` (*S, P), all samples in one vectorised
+        call (``act`` is the MLP's and unused: the module has its own)."""
+        if theta.dim() == 1:
+            return functional_call(self.net, self.unflatten(theta), (x,))
+        flat = theta.reshape(-1, theta.shape[-1])
+        f = vmap(lambda t: functional_call(self.net, self.unflatten(t), (x,)),
+                 randomness="different")(flat)
+        return f.reshape(*theta.shape[:-1], *f.shape[1:])
+
+    def jacobian(self, theta: Tensor, x: Tensor, act: object = None,
+                 layers: list[int] | None = None, whiten: Whitening | None = None
+                 ) -> tuple[Tensor, Tensor]:
+        """Output ``f`` (N, K) and ``df/dtheta`` (N, K, P) (only ``layers``' columns, in
+        order, if given; ``R(f) df/dtheta`` with ``whiten=R``), by ``torch.func.jacrev`` of
+        each point's output, ``vmap``-ed over the points: ``K`` backward passes of one
+        point each, vectorised.
+
+        Each point's output must depend on that point's input only (no batch statistics).
+        """
+        params = self.unflatten(theta.detach())
+        slices = self.layer_slices
+        keep = range(self.num_layers) if layers is None else layers
+        offsets = self.offsets()
+        names = [name for i in keep for name, _ in self.sites
+                 if slices[i].start <= offsets[name] < slices[i].stop]
+        wrt = {name: params[name] for name in names}
+        rest = {name: value for name, value in params.items() if name not in wrt}
+
+        def point(weights: dict[str, Tensor], xi: Tensor) -> tuple[Tensor, Tensor]:
+            out = functional_call(self.net, {**rest, **weights}, (xi.unsqueeze(0),))[0]
+            return out, out
+
+        jac, f = vmap(jacrev(point, has_aux=True), in_dims=(None, 0))(wrt, x)
+        g = torch.cat([jac[name].flatten(2) for name in names], -1)
+        return f, g if whiten is None else whiten(f) @ g
+
+    def kron_layers(self) -> list[nn.Module]:
+        """The submodule of every layer, after checking that each is a :data:`KRON_LAYERS`
+        holding exactly its own weight (and bias)."""
+        modules = []
+        for prefix in self.layer_names:
+            module = self.net.get_submodule(prefix)
+            names = [name for name, _ in self.sites if _owner(name) == prefix]
+            if not isinstance(module, KRON_LAYERS):
+                raise ValueError(
+                    f"curvature='kron' factors only {', '.join(c.__name__ for c in KRON_LAYERS)} "
+                    f"layers, but the parameter {names[0]!r} belongs to a "
+                    f"{type(module).__name__}; use curvature='ggn', 'diag' or 'last_layer'.")
+            if isinstance(module, nn.Conv2d) and (module.groups != 1
+                                                  or module.padding_mode != "zeros"):
+                raise ValueError(
+                    f"curvature='kron' factors Conv2d layers with groups=1 and zero padding, "
+                    f"but {prefix!r} has groups={module.groups}, "
+                    f"padding_mode={module.padding_mode!r}; use curvature='ggn' or 'diag'.")
+            own = [f"{prefix}.{n}" if prefix else n for n, p in module.named_parameters(
+                recurse=False)]
+            if names != own or own[0].rpartition(".")[2] != "weight":
+                raise ValueError(f"curvature='kron' needs layer {prefix!r} to hold its own "
+                                 f"weight (and bias), but its parameters are {names} (a weight "
+                                 "shared with another layer?).")
+            modules.append(module)
+        return modules
+
+    def kron_indices(self, like: Tensor) -> list[tuple[Tensor, bool]]:
+        """Per layer the positions in ``theta`` of ``[W^T; b]`` in row-major
+        ``(D + 1, d_out)`` order (``D`` the fan-in, ``W`` flattened to ``(d_out, D)``; no
+        bias row without a bias), on ``like.device``, and whether the layer has a bias."""
+        offsets, out = self.offsets(), []
+        for module, prefix in zip(self.kron_layers(), self.layer_names):
+            name = f"{prefix}.weight" if prefix else "weight"
+            d_out = module.weight.shape[0]
+            fan_in = module.weight[0].numel()
+            rows = torch.arange(fan_in, device=like.device)[:, None]
+            index = offsets[name] + rows + fan_in * torch.arange(d_out, device=like.device)
+            bias = module.bias is not None
+            if bias:
+                start = offsets[f"{prefix}.bias" if prefix else "bias"]
+                index = torch.cat([index, start + torch.arange(d_out, device=like.device)[None]])
+            out.append((index.flatten(), bias))
+        return out
+
+    def layer_factors(self, theta: Tensor, x: Tensor, act: object = None
+                      ) -> tuple[Tensor, LayerFactors]:
+        """Output ``f`` (N, K) and, per layer, its inputs ``a`` (N, L, D [+ 1]) and the
+        output's Jacobian ``J_z`` (N, K, L, d_out) in its outputs at the ``L`` locations
+        (see the module doc), captured by forward hooks on the layers (removed after):
+        one forward and ``K`` backward passes for all the points at once."""
+        modules = self.kron_layers()
+        seen: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {m: [] for m in modules}
+
+        def capture(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+            # The parameters are constants here: the first layer's output becomes a leaf
+            # that requires grad, and the later ones depend on it (as the MLP's do).
+            z = output if output.requires_grad else output.detach().requires_grad_()
+            seen[module].append((args[0].detach(), z))
+            return z
+
+        handles = [module.register_forward_hook(capture) for module in modules]
+        try:
+            with torch.enable_grad():
+                f = functional_call(self.net, self.unflatten(theta.detach()), (x,))
+        finally:
+            for handle in handles:
+                handle.remove()
+        for prefix, module in zip(self.layer_names, modules):
+            if len(seen[module]) != 1:
+                raise ValueError(f"curvature='kron' needs every layer applied once per "
+                                 f"forward pass, but {prefix!r} was applied "
+                                 f"{len(seen[module])} times.")
+        zs = [seen[m][0][1] for m in modules]
+        k_out = f.shape[1]
+        rows = [torch.autograd.grad(f[:, k].sum(), zs, retain_graph=k < k_out - 1,
+                                    allow_unused=True, materialize_grads=True)
+                for k in range(k_out)]
+        out = []
+        for i, module in enumerate(modules):
+            inputs = seen[module][0][0]
+            jz = torch.stack([row[i] for row in rows], 1)  # (N, K, *z.shape[1:])
+            n = inputs.shape[0]
+            if isinstance(module, nn.Conv2d):
+                a = _conv_patches(module, inputs)
+                jz = jz.flatten(3).transpose(2, 3)
+            else:  # a Linear on (N, ..., D): every position of the middle dims a location
+                a = inputs.reshape(n, -1, inputs.shape[-1])
+                jz = jz.reshape(n, k_out, -1, jz.shape[-1])
+            if module.bias is not None:
+                a = torch.cat([a, a.new_ones(*a.shape[:-1], 1)], -1)
+            out.append((a, jz))
+        return f.detach(), out
+
+
+Layout = ParameterLayout | ModuleLayout
+
+
+def layout_of(model) -> Layout:
+    """The layout of ``model``: a :class:`ModuleLayout` for a model around a torch module
+    (a ``net`` attribute, as :class:`~bnn_zoo.models.BayesianModule` has), else the MLP's
+    :class:`ParameterLayout`."""
+    if isinstance(getattr(model, "net", None), nn.Module):
+        return ModuleLayout.from_model(model)
+    return ParameterLayout.from_model(model)
