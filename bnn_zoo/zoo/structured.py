@@ -26,9 +26,9 @@ from bnn_zoo.guides.flow import AffineShiftedFlow
 from bnn_zoo.guides.params import LowRankMultivariateNormal
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
+from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.bbb import mlp
+from bnn_zoo.zoo.bbb import init_loc_fn, mlp
 
 BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 
@@ -36,7 +36,7 @@ BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 def low_rank(model: BayesianMLP, *, rank: int = 10,
              init_scale: float = 0.01) -> LowRankMultivariateNormal:
     """Low-rank-plus-diagonal Gaussian over all weights, started narrow at a fan-in init."""
-    return LowRankMultivariateNormal(model, init_loc_fn=init_to_fan_in,
+    return LowRankMultivariateNormal(model, init_loc_fn=init_loc_fn(model),
                                      rank=check_positive_int("rank", rank), init_scale=init_scale)
 
 
@@ -47,7 +47,7 @@ def iaf(model: BayesianMLP, *, init_scale: float = 0.01) -> AffineShiftedFlow:
     starts as a narrow cloud around a sensible network, like the other guides.
     """
     return AffineShiftedFlow(model, lambda dim: affine_autoregressive(
-        dim, hidden_dims=[dim], stable=True), init_loc_fn=init_to_fan_in,
+        dim, hidden_dims=[dim], stable=True), init_loc_fn=init_loc_fn(model),
         init_scale=init_scale)
 
 
@@ -59,6 +59,7 @@ register(Entry(
     method=SVI(low_rank),
     budget=BUDGET,
     tunable_noise=True,
+    accepts_net=True,
 ))
 
 register(Entry(
@@ -69,4 +70,5 @@ register(Entry(
     method=SVI(iaf),
     budget=BUDGET,
     tunable_noise=True,
+    accepts_net=True,
 ))
