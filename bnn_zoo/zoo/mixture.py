@@ -7,12 +7,13 @@ from bnn_zoo.guides.mixture import MixtureGuide
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import init_loc_fn, mlp
 
 
-def mixture_guide(model: BayesianMLP, *, num_components: int = 2, estimator: str = "enumerate",
-                  baseline: bool = False, init_scale: float = 0.02,
+def mixture_guide(model: BayesianMLP | BayesianModule, *, num_components: int = 2,
+                  estimator: str = "enumerate", baseline: bool = False, init_scale: float = 0.02,
                   init_spread: float = 0.1) -> MixtureGuide:
     """:class:`~bnn_zoo.guides.mixture.MixtureGuide` centred on a fan-in initialisation,
     its components offset by ``init_spread`` so that they can settle in different modes."""

@@ -18,6 +18,7 @@ from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.models.priors import GaussianPrior
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo.bbb import init_loc_fn, mlp
@@ -34,13 +35,14 @@ MAP_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 fan_in_mlp = partial(mlp, prior=GaussianPrior(fan_in=True))
 
 
-def map_guide(model: BayesianMLP) -> AutoDelta:
+def map_guide(model: BayesianMLP | BayesianModule) -> AutoDelta:
     """Point estimate of every weight (MAP under the model's prior)."""
     return AutoDelta(model, init_loc_fn=init_loc_fn(model))
 
 
-def auto_normal(model: BayesianMLP, *, init_scale: float = 0.01) -> AutoNormal:
-    """Pyro's mean-field Gaussian autoguide, started narrow at a fan-in initialisation."""
+def auto_normal(model: BayesianMLP | BayesianModule, *, init_scale: float = 0.01) -> AutoNormal:
+    """Pyro's mean-field Gaussian autoguide, started narrow at a fan-in initialisation
+    (a user's network: at its own weights, :func:`~bnn_zoo.zoo.bbb.init_loc_fn`)."""
     return AutoNormal(model, init_loc_fn=init_loc_fn(model), init_scale=init_scale)
 
 
