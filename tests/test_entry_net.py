@@ -11,9 +11,11 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
+import bnn_zoo
 from bnn_zoo import data, zoo
+from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.harness import cli
-from bnn_zoo.models import BayesianMLP
+from bnn_zoo.models import BayesianMLP, BayesianModule
 from bnn_zoo.zoo import UnsupportedProblem, reference
 
 CLASSIFICATION_METRICS = {"accuracy", "nll", "brier", "ece", "fit_seconds"}
@@ -35,6 +37,20 @@ def tiny_cnn() -> nn.Sequential:
 def seeded_predictive_mean(fitted: zoo.Fitted, x: torch.Tensor) -> torch.Tensor:
     pyro.set_rng_seed(1)
     return fitted.predict(x, num_samples=6).mean
+
+
+def test_fit_predict_and_evaluate_take_image_batches():
+    """``bnn_zoo.fit``, ``predict`` and ``evaluate`` leave the input shape to the model."""
+    x, y = images(40)
+    model = BayesianModule(tiny_cnn(), task="classification")
+    guide = BayesByBackpropGuide(model)
+    result = bnn_zoo.fit(model, guide, x, y, steps=2, batch_size=16, seed=0)
+    assert len(result.losses) == 2 and all(math.isfinite(v) for v in result.losses)
+    assert bnn_zoo.predict(model, guide, x, num_samples=3).mean.shape == (40, 10)
+    assert CLASSIFICATION_METRICS - {"fit_seconds"} <= set(
+        bnn_zoo.evaluate(model, guide, x, y, num_samples=3))
+    with pytest.raises(ValueError, match="first dimension"):
+        bnn_zoo.predict(model, guide, torch.tensor(1.0))
 
 
 @pytest.mark.parametrize("given", ["module", "factory"])
