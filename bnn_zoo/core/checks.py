@@ -76,7 +76,7 @@ def check_data(x: object, y: object | None = None, *, any_shape: bool = False
     nothing else is coerced.
     """
     x = check_tensor("x", as_data_tensor("x", x), ndim=None if any_shape else 2, floating=True)
-    if x.dim() == 0:
+    if any_shape and x.dim() == 0:
         raise ValueError("Expected x to have a first dimension of N data points, but got a "
                          "0-dimensional tensor.")
     if y is None:

@@ -40,7 +40,7 @@ from bnn_zoo.harness.runs import run_one
 from bnn_zoo.harness.tables import write_tables
 from bnn_zoo.models.mlp import TASKS
 
-__all__ = ["QUICK_ENTRIES", "build_parser", "main"]
+__all__ = ["NET_ENTRIES", "QUICK_ENTRIES", "build_parser", "main"]
 
 #: What ``compare`` runs without ``--entries``: one entry per family that fits ``sine`` in
 #: seconds, so the README's first command finishes in a minute or two on 2 CPU cores.
