@@ -65,13 +65,20 @@ def as_data_tensor(name: str, value: object) -> object:
     return value
 
 
-def check_data(x: object, y: object | None = None) -> tuple[Tensor, Tensor | None]:
+def check_data(x: object, y: object | None = None, *, any_shape: bool = False
+               ) -> tuple[Tensor, Tensor | None]:
     """Check inputs ``x`` of shape (N, D) and, if given, targets ``y`` of length N.
 
-    Returns them as tensors: numpy arrays are converted and tensors that require gradients
-    detached (see :func:`as_data_tensor`); nothing else is coerced.
+    ``any_shape=True`` accepts inputs of any shape (N, ...) (images (N, C, H, W), series
+    (N, C, L)), for a model that checks the shape of its own inputs (a user's network:
+    :class:`~bnn_zoo.models.BayesianModule`). Returns them as tensors: numpy arrays are
+    converted and tensors that require gradients detached (see :func:`as_data_tensor`);
+    nothing else is coerced.
     """
-    x = check_tensor("x", as_data_tensor("x", x), ndim=2, floating=True)
+    x = check_tensor("x", as_data_tensor("x", x), ndim=None if any_shape else 2, floating=True)
+    if any_shape and x.dim() == 0:
+        raise ValueError("Expected x to have a first dimension of N data points, but got a "
+                         "0-dimensional tensor.")
     if y is None:
         return x, None
     y = check_tensor("y", as_data_tensor("y", y), ndim=(1, 2))

@@ -138,14 +138,15 @@ def _parameter_dtype(*objects: Callable) -> torch.dtype | None:
 @torch.no_grad()
 def predict(model: Callable, guide: Callable, x: Tensor, *, num_samples: int = 100,
             max_plate_nesting: int = 1) -> Predictive:
-    """Posterior predictive of ``model`` under ``guide`` at inputs ``x`` (N, D).
+    """Posterior predictive of ``model`` under ``guide`` at inputs ``x`` (N, D) (or (N, ...)
+    for a model that takes them).
 
     All ``num_samples`` weight samples go through the network in one pass. ``x`` may be
     a tensor or a numpy array; inputs of another floating dtype than the parameters of
     ``model``/``guide`` (float64 inputs of a float32 fit) are cast to the parameters'
     dtype, as numpy and scikit-learn users expect.
     """
-    x, _ = check_data(x)
+    x, _ = check_data(x, any_shape=True)  # the model checks its own inputs
     check_module_device("model", model, x.device)
     check_module_device("guide", guide, x.device)
     check_positive_int("num_samples", num_samples)

@@ -149,7 +149,7 @@ class SVIStep:
             if not callable(obj):
                 raise TypeError(f"Expected {name} to be a Pyro {name} (a callable taking x and "
                                 f"y), but got {obj!r}.")
-        x, y = check_data(x, y)
+        x, y = check_data(x, y, any_shape=True)  # the model checks its own inputs
         seed = check_seed("seed", seed, allow_none=True)
         check_positive_int("max_plate_nesting", max_plate_nesting)
         check_bool("jit", jit)
@@ -304,7 +304,9 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
     ----------
     model, guide : Pyro model and guide, called as ``model(x, y)``; the model must
         put its data in ``pyro.plate("data", N)``.
-    x, y : (N, D) inputs and (N,) targets, on the device the fit should run on.
+    x, y : inputs (N, D) (or (N, ...) for a model that takes them, such as a
+        :class:`~bnn_zoo.models.BayesianModule`) and (N,) targets, on the device the fit
+        should run on.
     steps : total number of optimiser steps (minibatches).
     lr : Adam learning rate; one fused ``torch.optim.Adam`` over all parameters
         of the model and the guide.

@@ -185,6 +185,6 @@ def evaluate(model: Callable, guide: Callable, x: Tensor, y: Tensor, *,
     """Metrics of the posterior predictive of ``model`` under ``guide`` at ``(x, y)``
     (see :func:`bnn_zoo.predict` and :func:`metrics`); ``x`` and ``y`` may be numpy
     arrays."""
-    x, y = check_data(x, y)
+    x, y = check_data(x, y, any_shape=True)
     check_positive_int("num_samples", num_samples)
     return metrics(predict(model, guide, x, num_samples=num_samples), y)

@@ -7,7 +7,8 @@
   metrics with time (mean ± standard error over splits), writing CSV/JSON and
   figures (predictive bands for 1-D data) under ``--out``; with no flags it runs
   :data:`QUICK_ENTRIES` on ``sine``, with ``--entries all`` every entry of the task
-  (see :mod:`bnn_zoo.harness.compare`);
+  (see :mod:`bnn_zoo.harness.compare`); ``--net cnn`` (with ``--data digits``) fits a
+  small CNN in place of each entry's MLP, by default with :data:`NET_ENTRIES`;
 * ``priors``: prior diagnostics, the Gaussian limit and the unit tails (see
   :mod:`bnn_zoo.harness.prior_command`).
 
@@ -39,11 +40,14 @@ from bnn_zoo.harness.runs import run_one
 from bnn_zoo.harness.tables import write_tables
 from bnn_zoo.models.mlp import TASKS
 
-__all__ = ["QUICK_ENTRIES", "build_parser", "main"]
+__all__ = ["NET_ENTRIES", "QUICK_ENTRIES", "build_parser", "main"]
 
 #: What ``compare`` runs without ``--entries``: one entry per family that fits ``sine`` in
 #: seconds, so the README's first command finishes in a minute or two on 2 CPU cores.
 QUICK_ENTRIES = ("map", "mean_field", "bbb", "laplace", "nngp")
+#: What ``compare --net cnn`` runs without ``--entries``: the guides of the comparison that
+#: take a network (an entry that does not is skipped, with the reason in the table).
+NET_ENTRIES = ("map", "mean_field", "mean_field_clf", "bbb", "lowrank", "laplace", "ensemble")
 PROG = "python -m bnn_zoo"
 #: Errors that are the user's (bad values, paths, data files): one line, exit code 2.
 USER_ERRORS = (ValueError, TypeError, OSError)
@@ -83,6 +87,9 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    named = args.entries is None or any(e in args.requested for e in args.entries)
+    if args.net != "mlp" and not named:
+        args.entries = list(NET_ENTRIES)
     records = compare.run_from_args(args)
     failed = compare.failures(records, args.requested)
     for r in failed:
@@ -119,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     comparing = commands.add_parser("compare", help="compare entries on a data set")
     flags.add_comparison_flags(comparing, entries=QUICK_ENTRIES)
+    flags.add_net_flag(comparing)
     comparing.set_defaults(run=_compare)
 
     prior_command.add_parser(commands).set_defaults(run=_priors)

@@ -7,6 +7,8 @@ caches them under ``<out>/runs``); :func:`run_from_args` runs what the compariso
 (mean ± standard error over splits, distances to a reference predictive:
 :mod:`bnn_zoo.harness.summary`) as ``compare.md``, ``.csv`` and ``.json``
 (:mod:`bnn_zoo.harness.tables`) with the figures (:mod:`bnn_zoo.harness.figures`).
+With a network (``--net cnn``: :data:`bnn_zoo.zoo.NETWORKS`) every entry that takes one fits
+it in place of its own model (``entry.fit(..., net=...)``), e.g. the guides on a CNN.
 ``python -m bnn_zoo compare``, ``benchmarks/compare_guides.py``,
 ``benchmarks/classification.py`` and ``benchmarks/uci.py`` are built on it.
 """
@@ -39,9 +41,11 @@ TABLE_COLUMNS = {
 }
 
 
-def default_entries(task: str, *, reference: str | None = REFERENCE) -> list[str]:
-    """Every registered entry supporting ``task``, the (slow) reference excluded."""
-    return [n for n in zoo.names(task) if n != reference]
+def default_entries(task: str, *, reference: str | None = REFERENCE,
+                    net: bool = False) -> list[str]:
+    """Every registered entry supporting ``task`` (with ``net=True``: and taking a user's
+    network), the (slow) reference excluded."""
+    return [n for n in zoo.names(task, accepts_net=net) if n != reference]
 
 
 def split_indices(name: str, splits: int | Sequence[int]) -> list[int]:
@@ -63,12 +67,16 @@ def split_indices(name: str, splits: int | Sequence[int]) -> list[int]:
 
 
 def _check_names(data: Sequence[str], entries: Sequence[str] | None,
-                 reference: str | None) -> None:
-    """Unknown data sets and entries fail before any fit."""
+                 reference: str | None, net: zoo.Network | None) -> None:
+    """Unknown data sets and entries, and data sets a bundled network does not take, fail
+    before any fit."""
     for name in data:
         if name not in data_module.names():
             raise ValueError(f"Unknown data set {name!r}; expected one of: "
                              f"{', '.join(data_module.names())}.")
+        if isinstance(net, zoo.NamedNetwork) and name not in net.data:
+            raise ValueError(f"The network {net.name!r} takes the data sets "
+                             f"{', '.join(net.data)}, not {name!r}.")
     for name in [*(entries or ()), *([reference] if reference is not None else [])]:
         zoo.get(name)
 
@@ -78,7 +86,7 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
                    out: str | Path = "results/compare", device: str | torch.device = "cpu",
                    overrides: dict | Callable[[str], dict] | None = None,
                    num_samples: int = 200, reference: str | None = None,
-                   log: bool = True) -> list[dict]:
+                   log: bool = True, net: zoo.Network | None = None) -> list[dict]:
     """Fit each entry on each split of each data set; return the records.
 
     Parameters
@@ -95,10 +103,15 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
     reference : an entry (e.g. ``"nuts"``) also run on every split, so that
         :func:`~bnn_zoo.harness.summary.summarise` can measure the distance of every
         predictive to it.
+    net : a network every entry fits in place of its own model (``entry.fit(...,
+        net=net)``; ``None``: the entries' own models); entries that take none are skipped,
+        and by default only those that do run. A :class:`~bnn_zoo.zoo.NamedNetwork` (from
+        :data:`bnn_zoo.zoo.NETWORKS`) keys the cache by its name; another factory by its
+        ``repr``.
     """
     check_positive_int("num_samples", num_samples)
     data = list(data)
-    _check_names(data, entries, reference)
+    _check_names(data, entries, reference, net)
     plan = {name: split_indices(name, splits) for name in data}
     cached = [*(entries if entries is not None else zoo.names()), *filter(None, [reference])]
     check_writable("out", out, folders=["runs", *(f"runs/{e}" for e in cached)])
@@ -106,13 +119,15 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
     for name, indices in plan.items():
         for split in indices:
             dataset = data_module.load(name, split).to(device)
-            chosen = list(entries) if entries is not None else default_entries(dataset.task)
+            chosen = (list(entries) if entries is not None
+                      else default_entries(dataset.task, net=net is not None))
             if reference is not None and reference not in chosen:
                 chosen = [reference, *chosen]
             for entry in chosen:
                 own = overrides(entry) if callable(overrides) else overrides
+                own = {**(own or {}), **({} if net is None else {"net": net})}
                 records.append(cached_run(entry, dataset, split=split, seed=seed + split,
-                                          overrides=own or {}, num_samples=num_samples,
+                                          overrides=own, num_samples=num_samples,
                                           out=out, log=log))
     return records
 
@@ -141,12 +156,12 @@ def notes(row: dict) -> str:
 
 def write_comparison(records: list[dict], out: str | Path, *, name: str = "compare",
                      reference: str | None = REFERENCE, columns: Sequence[str] | None = None,
-                     section: str | None = "data", markdown_rows: Sequence[dict] = ()
-                     ) -> tuple[list[dict], str]:
+                     section: str | None = "data", markdown_rows: Sequence[dict] = (),
+                     preamble: str = "") -> tuple[list[dict], str]:
     """Summarise ``records`` and write ``<name>.md``, ``.csv`` and ``.json`` under ``out``
     (one Markdown table per data set, or with ``section=None`` one table with a ``data``
-    column; ``columns`` default to :data:`TABLE_COLUMNS` of the data's task); return the
-    summary rows and the Markdown."""
+    column; ``columns`` default to :data:`TABLE_COLUMNS` of the data's task; ``preamble``
+    above the Markdown tables); return the summary rows and the Markdown."""
     summary = summarise(records, reference=reference)
     tasks = dict.fromkeys(row["task"] for row in summary)
     chosen = columns or [c for task in tasks for c in TABLE_COLUMNS[task]]
@@ -154,7 +169,7 @@ def write_comparison(records: list[dict], out: str | Path, *, name: str = "compa
                                    "diagnostics", "reason", "settings")} for r in records]
     table = write_tables(out, name, summary, keys=("data", "entry"), section=section,
                          columns=list(dict.fromkeys(chosen)), notes=notes, runs=runs,
-                         markdown_rows=markdown_rows)
+                         markdown_rows=markdown_rows, preamble=preamble)
     return summary, table
 
 
@@ -162,11 +177,16 @@ def run_from_args(args: argparse.Namespace) -> list[dict]:
     """Run the comparison that the parsed comparison flags ask for, print the table and
     write the files and figures under ``args.out``."""
     check_writable("--out", args.out, files=output_files(args.data), folders=["runs"])
+    net = flags.network(args)
     records = run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
                              out=args.out, device=args.device,
                              overrides=flags.budget_overrides(args),
-                             num_samples=args.num_samples, reference=args.reference)
-    _, table = write_comparison(records, args.out, reference=args.reference or REFERENCE)
+                             num_samples=args.num_samples, reference=args.reference, net=net)
+    preamble = "" if net is None else (
+        f"Every entry fits the network `{args.net}` in place of its own model "
+        "(`entry.fit(..., net=...)`).")
+    _, table = write_comparison(records, args.out, reference=args.reference or REFERENCE,
+                                preamble=preamble)
     figures = write_figures(records, args.out)
     print(table)
     print(f"Wrote {args.out}/compare.md, .csv, .json" + "".join(f", {p.name}" for p in figures))

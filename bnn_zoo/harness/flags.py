@@ -5,7 +5,8 @@
 torch's CPU thread count. :func:`add_data_flag`, :func:`add_entries_flag`,
 :func:`add_fit_flags` and :func:`add_comparison_flags` add the flags of scripts that fit
 zoo entries on data sets; :func:`budget_overrides` turns ``--steps`` into the keyword
-arguments of ``entry.fit``.
+arguments of ``entry.fit``; :func:`add_net_flag` adds ``--net`` and :func:`network` gives the
+network it names.
 
 Every value is checked while parsing, before any work starts: numbers by the argparse
 types :func:`int_at_least`, :func:`positive_int`, :func:`random_seed` and
@@ -30,9 +31,9 @@ from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.summary import REFERENCE
 
 __all__ = ["SHARED_FLAGS", "add_comparison_flags", "add_data_flag", "add_entries_flag",
-           "add_fit_flags", "add_shared_flags", "apply", "budget_overrides", "dataset_name",
-           "entry_name", "int_at_least", "parse", "positive_float", "positive_int", "random_seed",
-           "set_threads", "torch_device"]
+           "add_fit_flags", "add_net_flag", "add_shared_flags", "apply", "budget_overrides",
+           "dataset_name", "entry_name", "int_at_least", "network", "parse", "positive_float",
+           "positive_int", "random_seed", "set_threads", "torch_device"]
 
 SHARED_FLAGS = ("out", "threads", "device", "seed", "splits")
 #: The largest seed + 1 (``pyro.set_rng_seed`` seeds numpy, which takes 32 bits).
@@ -240,6 +241,22 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
                         help=f"reference entry to measure distances to, e.g. {REFERENCE}, "
                              f"or none (default: {reference})")
     return add_shared_flags(parser, out=out, splits=splits, threads=threads)
+
+
+def add_net_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--net``: ``mlp`` (each entry's own model) or a bundled network of
+    :data:`bnn_zoo.zoo.NETWORKS` that every entry taking one fits in its place."""
+    parser.add_argument("--net", default="mlp", choices=["mlp", *zoo.NETWORKS],
+                        help="mlp: each entry's own model; cnn: the small CNN for the 8x8 "
+                             "digits (bnn_zoo.models.digits_cnn) in its place, for the "
+                             "entries that take a network (default: mlp)")
+    return parser
+
+
+def network(args: argparse.Namespace) -> zoo.NamedNetwork | None:
+    """The network ``--net`` names (``None`` for ``mlp`` or without the flag)."""
+    name = getattr(args, "net", "mlp")
+    return None if name == "mlp" else zoo.NETWORKS[name]
 
 
 def budget_overrides(args: argparse.Namespace) -> dict:

@@ -1,7 +1,9 @@
 """The zoo: a registry of model/guide pairs that all fit, predict and evaluate alike.
 
 ``names()`` lists the entries, ``get(name)`` returns an :class:`Entry`, ``load(path)``
-reads back a :class:`Fitted` written by ``Fitted.save``. Entries live in the modules of
+reads back a :class:`Fitted` written by ``Fitted.save``; ``NETWORKS`` holds the bundled
+networks an entry may take in place of its model (``entry.fit(..., net=NETWORKS["cnn"])``,
+``compare --net cnn``). Entries live in the modules of
 this package, each a short declaration calling :func:`register`; they are imported on
 first use. This is the one place in ``bnn_zoo`` that names
 models and guides: the CLI and the benchmarks reach them only through it.
@@ -18,9 +20,10 @@ import torch
 
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
 from bnn_zoo.zoo._entry import FILE_FORMAT, Entry, Fitted
+from bnn_zoo.zoo._networks import NETWORKS, NamedNetwork, Network
 
-__all__ = ["Budget", "Entry", "Fitted", "UnsupportedProblem", "get", "load", "names",
-           "register"]
+__all__ = ["NETWORKS", "Budget", "Entry", "Fitted", "NamedNetwork", "Network",
+           "UnsupportedProblem", "get", "load", "names", "register"]
 
 _REGISTRY: dict[str, Entry] = {}
 _LOADED = False
@@ -43,10 +46,12 @@ def _load() -> None:
                 importlib.import_module(f"{__name__}.{info.name}")
 
 
-def names(task: str | None = None) -> list[str]:
-    """Names of the registered entries, optionally only those supporting ``task``."""
+def names(task: str | None = None, *, accepts_net: bool = False) -> list[str]:
+    """Names of the registered entries, optionally only those supporting ``task`` (and,
+    with ``accepts_net=True``, only those that take a user's network)."""
     _load()
-    return sorted(n for n, e in _REGISTRY.items() if task is None or task in e.tasks)
+    return sorted(n for n, e in _REGISTRY.items() if (task is None or task in e.tasks)
+                  and (e.accepts_net or not accepts_net))
 
 
 def get(name: str) -> Entry:
@@ -57,10 +62,14 @@ def get(name: str) -> Entry:
     return _REGISTRY[name]
 
 
-def load(path: str | os.PathLike, *, map_location: str | torch.device | None = None) -> Fitted:
+def load(path: str | os.PathLike, *, map_location: str | torch.device | None = None,
+         net: Network | None = None) -> Fitted:
     """The :class:`Fitted` saved at ``path`` by ``Fitted.save``, rebuilt through its
     entry's factories. The file is read with ``torch.load(weights_only=True)``: it runs
-    no pickled code. ``map_location`` as in ``torch.load`` (e.g. ``"cpu"``)."""
+    no pickled code. ``map_location`` as in ``torch.load`` (e.g. ``"cpu"``). A fit with
+    ``net=`` holds no code of the network: ``net`` gives it again (a module or a factory,
+    on the device and in the dtype of the saved fit), and its parameter names and shapes
+    must be those saved."""
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as error:
@@ -70,7 +79,7 @@ def load(path: str | os.PathLike, *, map_location: str | torch.device | None = N
         raise ValueError(f"{os.fspath(path)!r} is not a fitted zoo entry (expected format "
                          f"{FILE_FORMAT!r}).")
     try:
-        return get(state["entry"]).restore(state, source=repr(os.fspath(path)))
+        return get(state["entry"]).restore(state, source=repr(os.fspath(path)), net=net)
     except (KeyError, TypeError, RuntimeError) as error:
         raise ValueError(f"Cannot rebuild the fitted zoo entry in {os.fspath(path)!r}: "
                          f"{error!r}") from error

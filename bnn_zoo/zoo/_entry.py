@@ -42,8 +42,11 @@ from bnn_zoo.methods.base import (
     Predictive,
     UnsupportedProblem,
 )
+from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.svi import accepted_keywords, check_keywords
 from bnn_zoo.models.mlp import TASKS
+from bnn_zoo.models.module import BayesianModule
+from bnn_zoo.zoo._networks import NET_MODEL_OPTIONS, Network, net_model_defaults, network_builder
 
 __all__ = ["FILE_FORMAT", "Entry", "Fitted", "Predictive"]
 
@@ -75,7 +78,11 @@ class Fitted:
     posterior, and maps regression predictives back to the units of ``y``; ``x`` must be
     on the device the entry was fitted on. ``in_dim``, ``out_dim`` and ``options`` (the
     ``model_options``, ``guide_options`` and ``method_options`` of the fit) are what
-    :meth:`save` needs to rebuild the model.
+    :meth:`save` needs to rebuild the model. ``in_dim`` is the number of input features
+    (``D`` of inputs (N, D)); a fit with ``net=`` also keeps ``in_shape``, the shape of one
+    input (``x.shape[1:]``, e.g. ``(1, 8, 8)``), and ``net_sites``, the ``(name, shape)``
+    of every parameter of the network, which :func:`bnn_zoo.zoo.load` checks against the
+    network it is given.
     """
 
     entry: str
@@ -87,6 +94,8 @@ class Fitted:
     in_dim: int
     out_dim: int
     options: dict[str, dict[str, Any]]
+    in_shape: tuple[int, ...] | None = None
+    net_sites: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
     @property
     def model(self) -> Callable:
@@ -108,15 +117,19 @@ class Fitted:
         return self.posterior.diagnostics
 
     def predict(self, x: Tensor, num_samples: int = 200) -> Predictive:
-        """Posterior predictive at ``x`` (N, D) in original units.
+        """Posterior predictive at ``x`` (N, D) (a fit with ``net=``: (N, *in_shape)) in
+        original units.
 
         ``x`` may be a tensor or a numpy array; inputs of another floating dtype than the
         fit's (float64 inputs of a float32 fit) are cast to the fit's dtype.
         """
-        x, _ = check_data(x)
+        x, _ = check_data(x, any_shape=self.in_shape is not None)
         check_device("x", x.device, expected=self.x_scaler.mean.device)
         check_positive_int("num_samples", num_samples)
-        if x.shape[1] != self.in_dim:
+        if self.in_shape is not None and tuple(x.shape[1:]) != self.in_shape:
+            raise ValueError(f"Expected x of shape (N, {', '.join(map(str, self.in_shape))}) "
+                             f"as in the fit, got {tuple(x.shape)}.")
+        if self.in_shape is None and x.shape[1] != self.in_dim:
             raise ValueError(f"Expected x with {self.in_dim} columns, got {x.shape[1]}.")
         x = x.to(self.x_scaler.mean.dtype)
         pred = self.posterior.predict(self.x_scaler.transform(x), num_samples)
@@ -129,7 +142,7 @@ class Fitted:
         ``fit_seconds``. ``x``, ``y`` may be numpy arrays; regression targets must have
         shape (N,); class labels must be integers in ``0..out_dim-1`` (float labels only
         when exactly integral, then cast)."""
-        x, y = check_data(x, y)
+        x, y = check_data(x, y, any_shape=self.in_shape is not None)
         out = metrics(self.predict(x, num_samples), y)
         out["fit_seconds"] = self.fit_seconds
         if self.result is not None:
@@ -140,7 +153,9 @@ class Fitted:
         """Write this fit to ``path`` as tensors and plain data only (state dicts, scalers,
         entry name, task, dimensions, options, the method's state), atomically: a
         temporary file in the same folder renamed over ``path``. Read it back with
-        :func:`bnn_zoo.zoo.load`."""
+        :func:`bnn_zoo.zoo.load`. A fit with ``net=`` saves the posterior over the
+        network's parameters and their names and shapes, not the network's code: read it
+        back with ``zoo.load(path, net=...)`` and the same architecture."""
         path = Path(path)
         posterior = self.posterior
         noise = None
@@ -156,6 +171,9 @@ class Fitted:
             {"mean": self.y_scaler.mean, "std": self.y_scaler.std},
             "options": self.options, "fit_seconds": self.fit_seconds,
             "validated_noise_scale": noise, "posterior": posterior.state_dict(),
+            "in_shape": None if self.in_shape is None else list(self.in_shape),
+            "net_sites": None if self.net_sites is None else
+            [[name, list(shape)] for name, shape in self.net_sites],
         }
         _check_plain("the posterior's state", state["posterior"])
         save_atomic(state, path)
@@ -172,6 +190,10 @@ class Entry:
     ``1/S sum_s N(f_s(x), sigma^2)`` with one learned ``sigma``, which
     ``Budget.validation`` may replace by a held-out optimum (not so where the predictive
     variance has an epistemic part in closed form, as in Laplace's GLM predictive or a GP).
+    ``accepts_net`` marks an entry whose method works on any network of weights, so that
+    ``fit(..., net=...)`` replaces its model by the user's network (not so where the model
+    is not a network of weights: a GP, random features; or where the method needs the
+    entry's own model).
     """
 
     name: str
@@ -182,6 +204,7 @@ class Entry:
     budget: Budget = Budget()
     source: str | None = None
     tunable_noise: bool = False
+    accepts_net: bool = False
 
     @property
     def guide(self) -> Callable[..., Callable] | None:
@@ -191,13 +214,19 @@ class Entry:
 
     def configure(self, model_options: Mapping[str, Any] | None = None,
                   guide_options: Mapping[str, Any] | None = None,
-                  method_options: Mapping[str, Any] | None = None
+                  method_options: Mapping[str, Any] | None = None, *, net: bool = False
                   ) -> tuple[dict[str, Any], Method]:
         """The checked model options and the method with ``method_options`` (fields of its
-        dataclass) and ``guide_options`` in place; unknown keys raise a ``ValueError``."""
-        model_options = check_keywords(
-            "model_options", model_options or {},
-            accepted_keywords(self.model, skip=("in_dim", "out_dim", "task")))
+        dataclass) and ``guide_options`` in place; unknown keys raise a ``ValueError``.
+        With ``net=True`` the model options are those of :class:`BayesianModule`, on top
+        of the entry's own defaults for them (see :func:`net_model_defaults`)."""
+        if net:
+            model_options = {**net_model_defaults(self.model), **check_keywords(
+                "model_options (with net=)", model_options or {}, NET_MODEL_OPTIONS)}
+        else:
+            model_options = check_keywords(
+                "model_options", model_options or {},
+                accepted_keywords(self.model, skip=("in_dim", "out_dim", "task")))
         method_options = check_keywords("method_options", method_options or {},
                                         {f.name for f in fields(self.method)})
         method = replace(self.method, **method_options) if method_options else self.method
@@ -218,10 +247,24 @@ class Entry:
 
         return build_model
 
+    def net_model_factory(self, net: Network, task: str, model_options: Mapping[str, Any],
+                          like: Tensor) -> tuple[ModelFactory, tuple]:
+        """``build_model(**overrides)`` of a fit with ``net=``: a fresh
+        :class:`BayesianModule` on the network (see
+        :func:`~bnn_zoo.zoo._networks.network_builder`), and the ``(name, shape)`` of the
+        network's parameters, read from one model built here so that a bad network or
+        option is refused before any fit."""
+        make_net = network_builder(net, like)
+
+        def build_model(**overrides: Any) -> BayesianModule:
+            return BayesianModule(make_net(), task=task, **{**model_options, **overrides})
+
+        return build_model, tuple(build_model().sites)
+
     def fit(self, x: Tensor, y: Tensor, *, task: str | None = None, seed: int = 0,
             progress: bool | None = False, model_options: Mapping[str, Any] | None = None,
             guide_options: Mapping[str, Any] | None = None,
-            method_options: Mapping[str, Any] | None = None,
+            method_options: Mapping[str, Any] | None = None, net: Network | None = None,
             **budget_overrides: Any) -> Fitted:
         """Standardise with the training statistics, fit the method, and wrap the result.
 
@@ -237,8 +280,31 @@ class Entry:
         (N,); classification labels integers 0..C-1 of shape (N,) (float labels only when
         exactly integral, then cast). ``seed`` is an int >= 0, ``progress`` a bool or
         ``None``; every budget override is checked by :class:`Budget`.
+
+        ``net`` (entries with ``accepts_net``; others raise :class:`UnsupportedProblem`):
+        a ``torch.nn.Module`` mapping inputs (N, ...) to outputs (N, 1) (regression) or
+        (N, C) class logits, or a zero-argument factory returning one. The model is then
+        :class:`~bnn_zoo.models.BayesianModule` ``(net, task=task, **model_options)``
+        (options ``prior``, ``noise_scale``, ``init_noise_scale``; the entry's own prior by
+        default), ``x`` may have any shape (N, ...) and is standardised elementwise (each
+        pixel of an image with its own training mean and standard deviation), and the fit
+        runs with ``jit=False``. A module is used as given, not copied, and never changed:
+        its parameter values are where the guides start. It must be on ``x``'s device and
+        dtype. A factory is called for every model built (each fit, each ensemble member,
+        each restore) and its network moved to ``x``'s device and dtype; an ensemble needs
+        one, so that its members start apart.
         """
-        x, y = check_data(x, y)
+        if net is not None and not self.accepts_net:
+            raise UnsupportedProblem(
+                f"Entry {self.name!r} ({self.description}) does not take a user's network "
+                "(net=): its method works only on the entry's own model.")
+        x, _ = check_data(x, any_shape=True)
+        if net is None and x.dim() != 2:
+            raise ValueError(f"Expected x of shape (N, D) (2 dimensions) for entry "
+                             f"{self.name!r}'s own model, but got shape {tuple(x.shape)}; "
+                             "inputs of other shapes need a network that takes them "
+                             "(entry.fit(..., net=...)).")
+        x, y = check_data(x, y, any_shape=True)
         seed = check_seed("seed", seed)
         check_bool("progress", progress, allow_none=True)
         if task is not None:
@@ -258,10 +324,19 @@ class Entry:
         overrides = check_keywords("budget option", budget_overrides,
                                    {f.name for f in fields(Budget)})
         budget = replace(self.budget, **overrides)
+        if net is not None:
+            if overrides.get("jit") is True:
+                raise ValueError("Expected jit=False with net=: a BayesianModule cannot be "
+                                 "traced by torch.jit (torch.func refuses it).")
+            budget = replace(budget, jit=False)
         options = {name: check_keywords(name, value or {}, None) for name, value in
                    (("model_options", model_options), ("guide_options", guide_options),
                     ("method_options", method_options))}
-        model_kw, method = self.configure(**options)
+        model_kw, method = self.configure(**options, net=net is not None)
+        if isinstance(net, nn.Module) and isinstance(method, Ensemble) and method.members > 1:
+            raise ValueError(f"Expected net to be a factory for entry {self.name!r}: its "
+                             f"{method.members} members would all start at the one module's "
+                             "weights; pass net=lambda: MyNet() so that each starts apart.")
         fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
         x_scaler = fit_scaler(x)
         y_scaler = fit_scaler(y) if task == "regression" else None
@@ -276,7 +351,12 @@ class Entry:
         out_dim = 1 if task == "regression" else int(y.max()) + 1
         if budget.distributed and task == "classification":
             out_dim = distributed.global_max(out_dim, y.device)
-        build_model = self.model_factory(x.shape[1], out_dim, task, model_kw, xs)
+        in_shape = net_sites = None
+        if net is None:
+            build_model = self.model_factory(x.shape[1], out_dim, task, model_kw, xs)
+        else:
+            in_shape = tuple(x.shape[1:])
+            build_model, net_sites = self.net_model_factory(net, task, model_kw, xs)
         pyro.set_rng_seed(seed)
         started = time.perf_counter()
         posterior = method.fit(build_model, xs, ys, task=task, seed=seed, budget=budget,
@@ -284,24 +364,52 @@ class Entry:
         if validate_noise:
             posterior = tune_noise(posterior, x_val, y_val, distributed=budget.distributed)
         return Fitted(self.name, task, x_scaler, y_scaler, posterior,
-                      time.perf_counter() - started, x.shape[1], out_dim, options)
+                      time.perf_counter() - started, x[0].numel(), out_dim, options,
+                      in_shape, net_sites)
 
-    def restore(self, state: dict, *, source: str = "<state>") -> Fitted:
+    def restore(self, state: dict, *, source: str = "<state>",
+                net: Network | None = None) -> Fitted:
         """The :class:`Fitted` of a saved ``state`` (see :meth:`Fitted.save`), rebuilt
-        through this entry's factories; ``source`` names the file in errors."""
+        through this entry's factories, or on ``net`` (a module or a factory of the
+        network the fit was saved from) for a fit with ``net=``; ``source`` names the file
+        in errors."""
         if state.get("entry") != self.name:
             raise ValueError(f"{source} holds entry {state.get('entry')!r}, not {self.name!r}.")
+        saved_sites = state.get("net_sites")
+        if (saved_sites is None) != (net is None):
+            raise ValueError(
+                f"{source} holds a fit of a user's network: load it with "
+                "zoo.load(path, net=...) and the same network." if net is None else
+                f"{source} holds a fit of entry {self.name!r}'s own model, not of a "
+                "network: load it without net=.")
         options = state["options"]
-        model_kw, method = self.configure(**options)
+        model_kw, method = self.configure(**options, net=net is not None)
         x_scaler = Standardizer(**state["x_scaler"])
         y_scaler = None if state["y_scaler"] is None else Standardizer(**state["y_scaler"])
         dtype = getattr(torch, state["dtype"])
-        like = torch.zeros(2, state["in_dim"], dtype=dtype, device=x_scaler.mean.device)
-        y_like = like[:, 0] if state["task"] == "regression" else like[:, 0].long()
-        build_model = self.model_factory(state["in_dim"], state["out_dim"], state["task"],
-                                         model_kw, like)
+        in_shape = None if state.get("in_shape") is None else tuple(state["in_shape"])
+        like = torch.zeros(2, *(in_shape or (state["in_dim"],)), dtype=dtype,
+                           device=x_scaler.mean.device)
+        y_like = like.new_zeros(2) if state["task"] == "regression" else like.new_zeros(
+            2, dtype=torch.long)
+        net_sites = None
+        if net is None:
+            build_model = self.model_factory(state["in_dim"], state["out_dim"], state["task"],
+                                             model_kw, like)
+        else:
+            build_model, net_sites = self.net_model_factory(net, state["task"], model_kw, like)
+            expected = tuple((name, tuple(shape)) for name, shape in saved_sites)
+            if net_sites != expected:
+                raise ValueError(f"Expected net to have the parameters saved in {source}, "
+                                 f"{_describe(expected)}, but it has {_describe(net_sites)}.")
         posterior = method.restore(build_model, state["posterior"], x=like, y=y_like)
         if state["validated_noise_scale"] is not None:
             posterior = NoiseTunedPosterior(posterior, state["validated_noise_scale"])
         return Fitted(self.name, state["task"], x_scaler, y_scaler, posterior,
-                      state["fit_seconds"], state["in_dim"], state["out_dim"], options)
+                      state["fit_seconds"], state["in_dim"], state["out_dim"], options,
+                      in_shape, net_sites)
+
+
+def _describe(sites: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
+    """Parameter names and shapes, e.g. ``0.weight (8, 1, 3, 3), 0.bias (8,)``."""
+    return ", ".join(f"{name} {shape}" for name, shape in sites)

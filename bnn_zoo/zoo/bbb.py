@@ -21,13 +21,13 @@ standardised data a unit scale is the natural one. The others are one option awa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from bnn_zoo.core.elbo import LocalReparameterizationELBO
 from bnn_zoo.guides.bbb import BayesByBackpropGuide
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 from bnn_zoo.zoo import Entry, register
 
@@ -41,6 +41,20 @@ def mlp(in_dim: int, out_dim: int, *, task: str = "regression", hidden: Sequence
                        noise_scale=noise_scale)
 
 
+def init_loc_fn(model: Callable) -> Callable[[dict], object]:
+    """Where the zoo's autoguides start: a user's network
+    (:class:`~bnn_zoo.models.BayesianModule`, ``entry.fit(..., net=...)``) at its own
+    weights (``model.init_to_net``: torch's initialisation in torch's ``(out, in, *kernel)``
+    layout), the zoo's MLP at :func:`~bnn_zoo.models.mlp.init_to_fan_in`.
+
+    The net's values are copied: an autoguide may keep the tensor it is given as its
+    parameter and train it in place, which would change the user's network.
+    """
+    if hasattr(model, "init_to_net"):
+        return lambda site: model.init_to_net(site).clone()
+    return init_to_fan_in
+
+
 register(Entry(
     name="bbb",
     description="Bayes by Backprop: diagonal Gaussian w = mu + softplus(rho) * eps",
@@ -52,4 +66,5 @@ register(Entry(
     # (test LL 0.79) than 8 weight-sampling particles in 3000 (0.68).
     budget=Budget(steps=4000, lr=3e-2, batch_size=256, jit=True),
     tunable_noise=True,
+    accepts_net=True,
 ))

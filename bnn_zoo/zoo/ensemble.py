@@ -23,4 +23,5 @@ register(Entry(
     method=Ensemble(member=SVI(map_guide), members=5),
     budget=MAP_BUDGET,
     tunable_noise=True,
+    accepts_net=True,
 ))

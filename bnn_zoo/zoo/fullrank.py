@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from bnn_zoo.guides.params import MultivariateNormal
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
+from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.bbb import mlp
+from bnn_zoo.zoo.bbb import init_loc_fn, mlp
 from bnn_zoo.zoo.structured import BUDGET
 
 
-def full_rank(model: BayesianMLP, *, init_scale: float = 0.01) -> MultivariateNormal:
-    """Full-covariance Gaussian over all weights, started narrow at a fan-in point."""
-    return MultivariateNormal(model, init_loc_fn=init_to_fan_in, init_scale=init_scale)
+def full_rank(model: BayesianMLP | BayesianModule, *,
+              init_scale: float = 0.01) -> MultivariateNormal:
+    """Full-covariance Gaussian over all weights, started narrow at a fan-in point
+    (a user's network: at its own weights, :func:`~bnn_zoo.zoo.bbb.init_loc_fn`)."""
+    return MultivariateNormal(model, init_loc_fn=init_loc_fn(model), init_scale=init_scale)
 
 
 register(Entry(

@@ -34,4 +34,5 @@ register(Entry(
     # TraceMeanField_ELBO: the seed's ELBO with the KL of eq. (1) in closed form
     method=SVI(MeanFieldGuide, elbo=pyro.infer.TraceMeanField_ELBO),
     budget=Budget(steps=1000, lr=1e-2, batch_size=None, jit=True),
+    accepts_net=True,
 ))

@@ -6,19 +6,20 @@ from bnn_zoo.core.elbo import MixtureELBO
 from bnn_zoo.guides.mixture import MixtureGuide
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
+from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.bbb import mlp
+from bnn_zoo.zoo.bbb import init_loc_fn, mlp
 
 
-def mixture_guide(model: BayesianMLP, *, num_components: int = 2, estimator: str = "enumerate",
-                  baseline: bool = False, init_scale: float = 0.02,
+def mixture_guide(model: BayesianMLP | BayesianModule, *, num_components: int = 2,
+                  estimator: str = "enumerate", baseline: bool = False, init_scale: float = 0.02,
                   init_spread: float = 0.1) -> MixtureGuide:
     """:class:`~bnn_zoo.guides.mixture.MixtureGuide` centred on a fan-in initialisation,
     its components offset by ``init_spread`` so that they can settle in different modes."""
     return MixtureGuide(model, num_components, estimator=estimator, baseline=baseline,
                         init_scale=init_scale, init_spread=init_spread,
-                        init_loc_fn=init_to_fan_in)
+                        init_loc_fn=init_loc_fn(model))
 
 
 register(Entry(
@@ -30,4 +31,5 @@ register(Entry(
     method=SVI(mixture_guide, elbo=MixtureELBO),  # MixtureELBO applies the guide's estimator
     budget=Budget(steps=3000, lr=1e-2, batch_size=256, num_particles=4),
     tunable_noise=True,
+    accepts_net=True,
 ))

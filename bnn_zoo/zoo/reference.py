@@ -17,10 +17,11 @@ from pyro.infer.autoguide import AutoDelta, AutoNormal
 from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
+from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.models.priors import GaussianPrior
 from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.bbb import mlp
+from bnn_zoo.zoo.bbb import init_loc_fn, mlp
 
 #: Pyro's AutoNormal samples weights (no local reparameterisation): 8 vectorised particles
 #: cost about 1.5x one particle per step and make 3000 steps enough on the bundled sets.
@@ -34,14 +35,15 @@ MAP_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 fan_in_mlp = partial(mlp, prior=GaussianPrior(fan_in=True))
 
 
-def map_guide(model: BayesianMLP) -> AutoDelta:
+def map_guide(model: BayesianMLP | BayesianModule) -> AutoDelta:
     """Point estimate of every weight (MAP under the model's prior)."""
-    return AutoDelta(model, init_loc_fn=init_to_fan_in)
+    return AutoDelta(model, init_loc_fn=init_loc_fn(model))
 
 
-def auto_normal(model: BayesianMLP, *, init_scale: float = 0.01) -> AutoNormal:
-    """Pyro's mean-field Gaussian autoguide, started narrow at a fan-in initialisation."""
-    return AutoNormal(model, init_loc_fn=init_to_fan_in, init_scale=init_scale)
+def auto_normal(model: BayesianMLP | BayesianModule, *, init_scale: float = 0.01) -> AutoNormal:
+    """Pyro's mean-field Gaussian autoguide, started narrow at a fan-in initialisation
+    (a user's network: at its own weights, :func:`~bnn_zoo.zoo.bbb.init_loc_fn`)."""
+    return AutoNormal(model, init_loc_fn=init_loc_fn(model), init_scale=init_scale)
 
 
 register(Entry(
@@ -52,6 +54,7 @@ register(Entry(
     method=SVI(map_guide),
     budget=MAP_BUDGET,
     tunable_noise=True,
+    accepts_net=True,
 ))
 
 register(Entry(
@@ -62,4 +65,5 @@ register(Entry(
     method=SVI(auto_normal, elbo=MeanFieldELBO),
     budget=MEAN_FIELD_BUDGET,
     tunable_noise=True,
+    accepts_net=True,
 ))

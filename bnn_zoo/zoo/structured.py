@@ -26,28 +26,30 @@ from bnn_zoo.guides.flow import AffineShiftedFlow
 from bnn_zoo.guides.params import LowRankMultivariateNormal
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
+from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.bbb import mlp
+from bnn_zoo.zoo.bbb import init_loc_fn, mlp
 
 BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 
 
-def low_rank(model: BayesianMLP, *, rank: int = 10,
+def low_rank(model: BayesianMLP | BayesianModule, *, rank: int = 10,
              init_scale: float = 0.01) -> LowRankMultivariateNormal:
-    """Low-rank-plus-diagonal Gaussian over all weights, started narrow at a fan-in init."""
-    return LowRankMultivariateNormal(model, init_loc_fn=init_to_fan_in,
+    """Low-rank-plus-diagonal Gaussian over all weights, started narrow at a fan-in init
+    (a user's network: at its own weights, :func:`~bnn_zoo.zoo.bbb.init_loc_fn`)."""
+    return LowRankMultivariateNormal(model, init_loc_fn=init_loc_fn(model),
                                      rank=check_positive_int("rank", rank), init_scale=init_scale)
 
 
-def iaf(model: BayesianMLP, *, init_scale: float = 0.01) -> AffineShiftedFlow:
+def iaf(model: BayesianMLP | BayesianModule, *, init_scale: float = 0.01) -> AffineShiftedFlow:
     """One affine IAF layer (MADE hidden width = number of weights) on ``N(0, I)``, then
     ``w = loc + scale * IAF(z)`` with ``loc`` at a fan-in initialisation and ``scale``
     at ``init_scale`` (:class:`~bnn_zoo.guides.flow.AffineShiftedFlow`): the flow
     starts as a narrow cloud around a sensible network, like the other guides.
     """
     return AffineShiftedFlow(model, lambda dim: affine_autoregressive(
-        dim, hidden_dims=[dim], stable=True), init_loc_fn=init_to_fan_in,
+        dim, hidden_dims=[dim], stable=True), init_loc_fn=init_loc_fn(model),
         init_scale=init_scale)
 
 
@@ -59,6 +61,7 @@ register(Entry(
     method=SVI(low_rank),
     budget=BUDGET,
     tunable_noise=True,
+    accepts_net=True,
 ))
 
 register(Entry(
@@ -69,4 +72,5 @@ register(Entry(
     method=SVI(iaf),
     budget=BUDGET,
     tunable_noise=True,
+    accepts_net=True,
 ))

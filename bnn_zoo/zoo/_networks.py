@@ -1,0 +1,94 @@
+"""A user's network in a zoo entry (issue 19): ``entry.fit(x, y, ..., net=...)``.
+
+``net`` is a ``torch.nn.Module`` or a zero-argument factory returning one. The entry's model
+becomes :class:`~bnn_zoo.models.BayesianModule` ``(net, task=task, **model_options)``, a
+prior on every parameter tensor of the net, and the entry's method (its guide, budget and
+predictive) runs on it unchanged. This module turns ``net`` into a builder of fresh models,
+checks where it lives, and names the networks the harness bundles (``compare --net cnn``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import Tensor, nn
+
+from bnn_zoo.core.checks import same_device
+from bnn_zoo.methods.svi import accepted_keywords
+from bnn_zoo.models.module import BayesianModule, digits_cnn
+
+__all__ = ["NETWORKS", "NamedNetwork", "Network", "net_model_defaults", "network_builder"]
+
+#: What ``net=`` takes: a module (used as given) or a factory (called for every model).
+Network = nn.Module | Callable[[], nn.Module]
+
+#: The model options of a fit with ``net=``: those of :class:`BayesianModule`.
+NET_MODEL_OPTIONS = accepted_keywords(BayesianModule, skip=("net", "task"))
+
+
+def _check_placement(net: nn.Module, like: Tensor) -> None:
+    """A ``ValueError`` naming the first parameter of ``net`` that is not on the device and
+    in the dtype of the data ``like``."""
+    for name, param in net.named_parameters():
+        if not same_device(param.device, like.device) or param.dtype != like.dtype:
+            raise ValueError(
+                f"Expected net's parameters on the device and in the dtype of x ({like.device}, "
+                f"{like.dtype}), but its parameter {name!r} is on {param.device} in "
+                f"{param.dtype}; move it with net.to(x.device, x.dtype), or pass a factory "
+                "(net=lambda: MyNet()), whose networks the fit moves itself.")
+
+
+def network_builder(net: object, like: Tensor) -> Callable[[], nn.Module]:
+    """A function returning the network of each model the entry builds.
+
+    A module is returned as given (not copied), after checking it lives on the device and
+    in the dtype of ``like``; a factory is called each time (a fresh network for every
+    fit, ensemble member and restore), its network moved to ``like``'s device and dtype.
+    """
+    if isinstance(net, nn.Module):
+        _check_placement(net, like)
+        return lambda: net
+    if not callable(net):
+        raise TypeError("Expected net to be a torch.nn.Module or a zero-argument factory "
+                        f"returning one, but got {type(net).__name__}.")
+
+    def build() -> nn.Module:
+        made = net()
+        if not isinstance(made, nn.Module):
+            raise TypeError("Expected net() to return a torch.nn.Module, but it returned "
+                            f"{type(made).__name__}.")
+        return made.to(device=like.device, dtype=like.dtype)
+
+    return build
+
+
+def net_model_defaults(model: Callable) -> dict:
+    """The entry's own defaults for the options its model shares with
+    :class:`BayesianModule` (``prior``, ``noise_scale``): a fit with ``net=`` keeps the
+    entry's prior (``map``'s fan-in prior, read in torch's layout)."""
+    params = inspect.signature(model).parameters.values()
+    return {p.name: p.default for p in params
+            if p.name in NET_MODEL_OPTIONS and p.default is not inspect.Parameter.empty}
+
+
+@dataclass(frozen=True)
+class NamedNetwork:
+    """A bundled network factory: ``net=NETWORKS["cnn"]`` builds a fresh network per call.
+
+    Its ``repr`` (the name and the data sets it takes) is the same in every process, so a
+    comparison's cache of finished runs recognises the runs of the same network.
+    """
+
+    name: str
+    data: tuple[str, ...]
+    build: Callable[[], nn.Module] = field(repr=False, compare=False)
+
+    def __call__(self) -> nn.Module:
+        return self.build()
+
+
+#: The networks of ``python -m bnn_zoo compare --net NAME``: ``cnn`` is
+#: :func:`~bnn_zoo.models.digits_cnn` (8 channels of 3x3 filters on the 8x8 digits).
+NETWORKS = {"cnn": NamedNetwork("cnn", ("digits",), digits_cnn)}
