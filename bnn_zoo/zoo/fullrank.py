@@ -34,4 +34,5 @@ register(Entry(
     method=SVI(full_rank),
     budget=BUDGET,
     tunable_noise=True,
+    accepts_net=True,
 ))

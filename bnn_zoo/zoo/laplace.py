@@ -12,8 +12,8 @@ L-BFGS), then the Gaussian around it, with the GLM predictive:
   tuning). The exact Hessian of ``laplace_full`` is projected onto the PSD cone where
   the precision is not positive definite even with jitter (``indefinite="clip"``).
 
-The entries fit the zoo's MLP; with a model factory returning a
-:class:`~bnn_zoo.models.BayesianModule` they fit any torch module the same way (its MAP
+The entries fit the zoo's MLP; with ``entry.fit(..., net=...)`` they fit any torch module
+the same way (its MAP
 trained untraced; ``kron`` and ``kron_separate`` need every parameterised layer to be an
 ``nn.Linear`` or ``nn.Conv2d``, the other structures take any layer; see
 :mod:`bnn_zoo.guides.layouts`).
@@ -37,9 +37,10 @@ SOURCE = "001_c55daefe340e50b9.txt"
 
 
 def laplace_entry(name: str, description: str, method: Laplace) -> Entry:
-    """A Laplace entry on the zoo's MLP with the shared budget and seed."""
+    """A Laplace entry on the zoo's MLP (or a user's network) with the shared budget and
+    seed."""
     return register(Entry(name=name, description=description, tasks=TASKS, model=mlp,
-                          method=method, budget=BUDGET, source=SOURCE))
+                          method=method, budget=BUDGET, source=SOURCE, accepts_net=True))
 
 
 laplace_entry("laplace", "GGN Laplace, GLM predictive, alpha and beta by evidence fixed point",
