@@ -24,8 +24,9 @@ shared buffer cannot follow many weight samples evaluated at once.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pyro
 import torch
@@ -34,6 +35,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from bnn_zoo.core.checks import check_choice
+from bnn_zoo.core.nn import noisy_layer
 from bnn_zoo.models.likelihood import observe
 from bnn_zoo.models.mlp import TASKS, drop_plate_dim
 from bnn_zoo.models.noise import ObservationNoise
@@ -95,6 +97,24 @@ def _check_net(net: object) -> list[tuple[str, tuple[int, ...]]]:
     return sites
 
 
+def _owners(net: nn.Module, sites: list[tuple[str, tuple[int, ...]]]
+            ) -> list[tuple[nn.Module, tuple[tuple[str, str], ...]]]:
+    """Each submodule of ``net`` owning parameters, with the ``(local name, site name)`` of
+    its parameters (``("weight", "0.weight")``)."""
+    owned: dict[str, list[tuple[str, str]]] = {}
+    for name, _ in sites:
+        prefix, _, local = name.rpartition(".")
+        owned.setdefault(prefix, []).append((local, name))
+    return [(net.get_submodule(prefix), tuple(names)) for prefix, names in owned.items()]
+
+
+def _add_noise(layer: nn.Module, args: tuple, kwargs: dict, output: Tensor, *,
+               noise: Callable[[nn.Module, Tensor, Mapping[str, Tensor]], Tensor],
+               inputs: Mapping[str, Tensor]) -> Tensor:
+    """Forward hook: ``output + noise(layer, x, inputs)`` for the layer's input ``x``."""
+    return output + noise(layer, args[0] if args else kwargs["input"], inputs)
+
+
 class BayesianModule(ObservationNoise, PyroModule):
     """Bayesian network from any ``torch.nn.Module``: a prior on each parameter tensor.
 
@@ -122,6 +142,8 @@ class BayesianModule(ObservationNoise, PyroModule):
         super().__init__()
         self.task = check_choice("task", task, TASKS)
         self._sites = _check_net(net)
+        self._shapes = dict(self._sites)
+        self._owners = _owners(net, self._sites)
         self._net = (net,)  # in a tuple: its parameters are not the model's
         prior = GaussianPrior() if prior is None else prior
         if not isinstance(prior, (GaussianPrior, ScaleMixturePrior)):
@@ -168,24 +190,68 @@ class BayesianModule(ObservationNoise, PyroModule):
 
         The sample shapes ``S`` of the tensors broadcast against each other; all samples
         are evaluated in one vectorised call (``vmap`` of ``functional_call`` over the
-        flattened samples). Random layers (dropout) draw independently per sample.
-        ``torch.func`` refuses ``torch.jit`` tracing, so ``bnn_zoo.fit(jit=True)`` does not apply.
+        flattened samples; a tensor without sample dims is passed once, shared). Random
+        layers (dropout) draw independently per sample. ``torch.func`` refuses ``torch.jit``
+        tracing, so ``bnn_zoo.fit(jit=True)`` does not apply.
+
+        Each submodule owning sampled tensors is offered to the effectful
+        :func:`~bnn_zoo.core.nn.noisy_layer`: an effect handler (local reparameterisation,
+        flipout: :mod:`bnn_zoo.core.handlers`) may answer that the layer runs with other
+        tensors (the guide's mean) plus a noise term, which a forward hook adds to the
+        layer's output for as long as this call runs; the net's code knows nothing of it.
         """
         if torch.jit.is_tracing():
             raise RuntimeError("BayesianModule cannot be traced by torch.jit (torch.func's "
                                "functional_call refuses it): fit it with jit=False.")
         batch = torch.broadcast_shapes(*(params[name].shape[:params[name].dim() - len(shape)]
                                          for name, shape in self._sites))
+        tensors, inputs, noisy = dict(params), {}, []
+        for layer, names in self._owners:
+            answer = noisy_layer(layer, {local: params[name] for local, name in names})
+            if answer is not None:
+                tensors.update((name, answer.mean[local]) for local, name in names)
+                inputs.update((name, answer.inputs[local]) for local, name in names
+                              if local in answer.inputs)
+                noisy.append((layer, answer.noise, names))
+
+        def evaluate(sample: Tensor | None, tensors: dict[str, Tensor],
+                     inputs: dict[str, Tensor]) -> Tensor:
+            # ``sample`` only gives vmap its size, when every tensor is shared (all layers
+            # at their mean) and the samples differ only by the layers' noise.
+            hooks = [layer.register_forward_hook(functools.partial(
+                _add_noise, noise=noise,
+                inputs={local: inputs[name] for local, name in names if name in inputs}),
+                with_kwargs=True) for layer, noise, names in noisy]
+            try:
+                return functional_call(self.net, tensors, (x,))
+            finally:
+                for hook in hooks:
+                    hook.remove()
+
         if not batch:
-            f = functional_call(self.net, dict(params), (x,))
+            f = evaluate(None, tensors, inputs)
         else:
-            flat = {name: params[name].expand(*batch, *shape).reshape(-1, *shape)
-                    for name, shape in self._sites}
-            f = vmap(lambda p: functional_call(self.net, p, (x,)),
-                     randomness="different")(flat)
+            (tensors, tensor_dims), (inputs, input_dims) = (self._flatten(tensors, batch),
+                                                            self._flatten(inputs, batch))
+            sample = torch.arange(math.prod(batch), device=x.device)
+            f = vmap(evaluate, in_dims=(0, tensor_dims, input_dims),
+                     randomness="different")(sample, tensors, inputs)
             f = f.reshape(*batch, *f.shape[1:])
         self._check_output(x, f.shape[len(batch):])
         return f
+
+    def _flatten(self, tensors: Mapping[str, Tensor], batch: torch.Size
+                 ) -> tuple[dict[str, Tensor], dict[str, int | None]]:
+        """Each tensor (by site name) with its sample dims broadcast to ``batch`` and
+        flattened into one (vmap dim 0), or as it is (vmap dim ``None``) if it has none."""
+        flat, dims = {}, {}
+        for name, value in tensors.items():
+            shape = self._shapes[name]
+            if value.dim() == len(shape):
+                flat[name], dims[name] = value, None
+            else:
+                flat[name], dims[name] = value.expand(*batch, *shape).reshape(-1, *shape), 0
+        return flat, dims
 
     def _check_output(self, x: Tensor, shape: torch.Size) -> None:
         """Refuse a net whose output per weight sample is not ``(N, K)`` with ``K`` fit for
