@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import runpy
+from pathlib import Path
 
 import pyro
 import pyro.distributions as dist
@@ -26,6 +28,7 @@ from torch.func import functional_call
 import bnn_zoo
 from bnn_zoo.core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFieldELBO
 from bnn_zoo.core.handlers import flipout, local_reparameterization
+from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianModule, digits_cnn
 
@@ -277,6 +280,24 @@ def test_bbb_fit_of_the_digits_cnn(elbo):
         .float().mean() > 0.7
 
 
+@pytest.mark.parametrize("particles", [1, 3])
+@pytest.mark.parametrize("elbo", [MeanFieldELBO, LocalReparameterizationELBO, FlipoutELBO])
+def test_jit_loss_equals_eager_loss(elbo, particles):
+    """``SVIStep(..., jit=True)`` traces the module's loss, with the handlers' hooks and noise
+    and with vmap over particles: the same losses as the eager step under the same seeds."""
+    x, y = digits(60)
+    losses = []
+    for jit in (False, True):
+        pyro.set_rng_seed(0)
+        model = BayesianModule(digits_cnn(3), task="classification")
+        guide = BayesByBackpropGuide(model, init_scale=0.1)
+        step = SVIStep(model, guide, x, y, lr=0.01, batch_size=20, num_particles=particles,
+                       seed=0, elbo=elbo, jit=jit)
+        pyro.set_rng_seed(1)
+        losses.append([step() for _ in range(4)])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
 @pytest.mark.parametrize("moments, error, match", [
     ([("0.weight", (torch.zeros(2, 3), torch.ones(2, 3)))], TypeError, "mapping"),
     ({"0.weight": torch.zeros(2, 3)}, TypeError, r"moments\['0.weight'\]"),
@@ -290,3 +311,16 @@ def test_bad_moments_are_refused_naming_the_site(handler, moments, error, match)
     with pytest.raises(error, match=match):
         with handler(moments):
             model(torch.randn(4, 3))
+
+
+def test_cnn_benchmark_runs_and_writes_its_ratios(tmp_path):
+    """``benchmarks/cnn.py`` with tiny flags: one row per estimator with positive times and
+    the zoo-to-hand-written ratio, written as Markdown, CSV and JSON."""
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "cnn.py"))
+    rows = script["main"](["--repeats", "1", "--inner", "1", "--batch", "32", "--channels", "2",
+                           "--out", str(tmp_path)])["rows"]
+    assert [r["estimator"] for r in rows] == ["sample", "lrt", "flipout"]
+    for row in rows:
+        assert row["zoo_vs_hand"] == pytest.approx(row["zoo_bbb_ms"] / row["torch_bbb_ms"])
+        assert all(row[k] > 0 for k in ("torch_map_ms", "torch_bbb_ms", "zoo_bbb_ms"))
+    assert {p.name for p in tmp_path.iterdir()} >= {"cnn.md", "cnn.csv", "cnn.json"}

@@ -91,11 +91,12 @@ def local_reparameterized_affine(h: Tensor, weight: tuple[Tensor, Tensor],
     return mean + var.sqrt() * torch.randn_like(mean)
 
 
-def rademacher(shape: Sequence[int], like: Tensor) -> Tensor:
-    """Independent random signs ``+-1`` (probability 1/2 each) of ``shape``, on the device
-    and in the dtype of ``like``. Under ``vmap(randomness="different")`` each sample draws
-    its own."""
-    return torch.randint(0, 2, tuple(shape), device=like.device, dtype=like.dtype) * 2 - 1
+def rademacher_like(t: Tensor) -> Tensor:
+    """Independent random signs ``+-1`` (probability 1/2 each) of the shape, device and dtype
+    of ``t``. Under ``vmap(randomness="different")`` each sample draws its own. (Drawn "like"
+    a tensor rather than from a shape, which ``torch.jit`` tracing under ``vmap`` cannot
+    read.)"""
+    return torch.randint_like(t.detach(), 2) * 2 - 1
 
 
 def flipout_affine(h: Tensor, weight: tuple[Tensor, Tensor], bias: tuple[Tensor, Tensor]
@@ -115,8 +116,8 @@ def flipout_affine(h: Tensor, weight: tuple[Tensor, Tensor], bias: tuple[Tensor,
     """
     (w, w_loc), (b, b_loc) = weight, bias
     mean = _affine(h, w_loc, b_loc)
-    perturbation = _affine(h * rademacher(h.shape, h), w - w_loc, b - b_loc)
-    return mean + perturbation * rademacher(perturbation.shape, perturbation)
+    perturbation = _affine(h * rademacher_like(h), w - w_loc, b - b_loc)
+    return mean + perturbation * rademacher_like(perturbation)
 
 
 #: Torch layers whose sampled tensors a handler may replace (see :func:`noisy_layer`).
@@ -137,12 +138,12 @@ def channel_signs(layer: nn.Module, t: Tensor) -> Tensor:
     dimension) and channel (the last dimension of a ``Linear``'s input, dimension 1 of a
     convolution's), shared by the other positions of an example (a sequence's steps, an
     image's pixels), which all use the same weights."""
-    if isinstance(layer, nn.Linear):
-        shape = (t.shape[0], *[1] * (t.dim() - 2), t.shape[-1]) if t.dim() >= 2 else t.shape
-    else:
-        channel = t.dim() - len(layer.kernel_size) - 1  # 0 for an unbatched input
-        shape = (*t.shape[:channel + 1], *[1] * len(layer.kernel_size))
-    return rademacher(shape, t)
+    first = slice(0, 1)
+    if isinstance(layer, nn.Linear):  # (N, ..., C): one sign per N and C
+        index = (slice(None), *[first] * (t.dim() - 2), slice(None)) if t.dim() >= 2 else ()
+    else:  # (N, C, *spatial), or (C, *spatial) unbatched: one sign per N and C
+        index = (..., *[first] * len(layer.kernel_size))
+    return rademacher_like(t[index])
 
 
 def local_reparameterization_noise(layer: nn.Module, x: Tensor,
