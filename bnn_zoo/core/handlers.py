@@ -112,6 +112,13 @@ class _GaussianLayers(Messenger):
 
     Every other layer is computed as usual with the sampled weights; the weight draws still
     enter the model's trace, so the KL terms are those of the plain objective.
+
+    .. warning:: A torch layer's estimator acts in its ``forward`` (a forward hook adds the
+        noise to ``layer(x; mean)``). A module that uses such a layer's tensors outside its
+        forward (``layer.weight`` read directly, as ``nn.MultiheadAttention`` does with its
+        ``out_proj``, whose type, a ``Linear`` subclass, is therefore left alone) would see
+        the mean without noise; and a layer called twice per data point, or whose weight is
+        tied to another's, gets independent noise at each call.
     """
 
     def __init__(self, moments: Mapping[str, tuple[Tensor, Tensor]]) -> None:
