@@ -11,8 +11,15 @@ the network with the sampled tensors in place of its own:
 
 with the likelihood of :func:`bnn_zoo.models.likelihood.observe` (Gaussian for regression,
 categorical for classification), as TyXe's ``PytorchBNN`` does for any module. A whole batch
-of weight samples (vectorised particles, a parallel ``Predictive``) runs in one pass:
-``torch.func.functional_call`` under ``torch.func.vmap`` over the sample dimension.
+of weight samples (vectorised particles, a parallel ``Predictive``) runs in one pass: the
+net with the sampled tensors swapped in for its parameters (as ``torch.func.functional_call``
+does), under ``torch.func.vmap`` over the sample dimension. The loss can be traced
+(``bnn_zoo.fit(jit=True)``).
+
+Local reparameterisation and flipout apply to its ``nn.Linear`` and ``nn.Conv{1,2,3}d``
+layers as effect handlers (:mod:`bnn_zoo.core.handlers`, installed by
+:class:`~bnn_zoo.core.elbo.LocalReparameterizationELBO` and
+:class:`~bnn_zoo.core.elbo.FlipoutELBO`): the net's code knows nothing of them.
 
 The net itself is held outside the module tree (in a tuple, as Pyro's autoguides hold
 their model), so its parameters are not parameters of the Pyro model: they are only the
@@ -24,16 +31,19 @@ shared buffer cannot follow many weight samples evaluated at once.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pyro
 import torch
 from pyro.nn import PyroModule
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
 from bnn_zoo.core.checks import check_choice
+from bnn_zoo.core.nn import noisy_layer
 from bnn_zoo.models.likelihood import observe
 from bnn_zoo.models.mlp import TASKS, drop_plate_dim
 from bnn_zoo.models.noise import ObservationNoise
@@ -95,6 +105,45 @@ def _check_net(net: object) -> list[tuple[str, tuple[int, ...]]]:
     return sites
 
 
+Owners = list[tuple[nn.Module, tuple[tuple[str, str], ...]]]
+
+
+def _owners(net: nn.Module) -> Owners:
+    """Each submodule of ``net`` owning parameters, with the ``(local name, site name)`` of
+    its parameters (``("weight", "0.weight")``). A parameter shared by several modules (tied
+    weights) is one site, listed under each of them."""
+    site_of = {id(param): name for name, param in net.named_parameters()}
+    owned: dict[str, list[tuple[str, str]]] = {}
+    for name, param in net.named_parameters(remove_duplicate=False):
+        prefix, _, local = name.rpartition(".")
+        owned.setdefault(prefix, []).append((local, site_of[id(param)]))
+    return [(net.get_submodule(prefix), tuple(names)) for prefix, names in owned.items()]
+
+
+@contextlib.contextmanager
+def _swapped(owners: Owners, tensors: Mapping[str, Tensor]) -> Iterator[None]:
+    """The net's parameters replaced by ``tensors`` (by site name) while the context runs,
+    restored afterwards, as ``torch.func.functional_call`` does; unlike it, this can be
+    traced by ``torch.jit`` (``bnn_zoo.fit(jit=True)``) and costs nothing per call."""
+    saved = []
+    try:
+        for module, names in owners:
+            for local, name in names:
+                saved.append((module._parameters, local, module._parameters[local]))
+                module._parameters[local] = tensors[name]
+        yield
+    finally:
+        for params, local, value in reversed(saved):
+            params[local] = value
+
+
+def _add_noise(layer: nn.Module, args: tuple, kwargs: dict, output: Tensor, *,
+               noise: Callable[[nn.Module, Tensor, Mapping[str, Tensor]], Tensor],
+               inputs: Mapping[str, Tensor]) -> Tensor:
+    """Forward hook: ``output + noise(layer, x, inputs)`` for the layer's input ``x``."""
+    return output + noise(layer, args[0] if args else kwargs["input"], inputs)
+
+
 class BayesianModule(ObservationNoise, PyroModule):
     """Bayesian network from any ``torch.nn.Module``: a prior on each parameter tensor.
 
@@ -122,6 +171,8 @@ class BayesianModule(ObservationNoise, PyroModule):
         super().__init__()
         self.task = check_choice("task", task, TASKS)
         self._sites = _check_net(net)
+        self._shapes = dict(self._sites)
+        self._owners = _owners(net)
         self._net = (net,)  # in a tuple: its parameters are not the model's
         prior = GaussianPrior() if prior is None else prior
         if not isinstance(prior, (GaussianPrior, ScaleMixturePrior)):
@@ -167,25 +218,63 @@ class BayesianModule(ObservationNoise, PyroModule):
         """The output ``f(x)`` (*S, N, K) of the net with the tensors ``params`` (*S, *shape).
 
         The sample shapes ``S`` of the tensors broadcast against each other; all samples
-        are evaluated in one vectorised call (``vmap`` of ``functional_call`` over the
-        flattened samples). Random layers (dropout) draw independently per sample.
-        ``torch.func`` refuses ``torch.jit`` tracing, so ``bnn_zoo.fit(jit=True)`` does not apply.
+        are evaluated in one vectorised call (``vmap`` over the flattened samples of the net
+        with the tensors swapped in; a tensor without sample dims is passed once, shared).
+        Random layers (dropout) draw independently per sample.
+
+        Each submodule owning sampled tensors is offered to the effectful
+        :func:`~bnn_zoo.core.nn.noisy_layer`: an effect handler (local reparameterisation,
+        flipout: :mod:`bnn_zoo.core.handlers`) may answer that the layer runs with other
+        tensors (the guide's mean) plus a noise term, which a forward hook adds to the
+        layer's output for as long as this call runs; the net's code knows nothing of it.
         """
-        if torch.jit.is_tracing():
-            raise RuntimeError("BayesianModule cannot be traced by torch.jit (torch.func's "
-                               "functional_call refuses it): fit it with jit=False.")
         batch = torch.broadcast_shapes(*(params[name].shape[:params[name].dim() - len(shape)]
                                          for name, shape in self._sites))
+        tensors, inputs, noisy = dict(params), {}, []
+        for layer, names in self._owners:
+            answer = noisy_layer(layer, {local: params[name] for local, name in names})
+            if answer is not None:
+                tensors.update((name, answer.mean[local]) for local, name in names)
+                inputs.update((name, answer.inputs[local]) for local, name in names
+                              if local in answer.inputs)
+                noisy.append((layer, answer.noise, names))
+
+        def evaluate(sample: Tensor | None, tensors: dict[str, Tensor],
+                     inputs: dict[str, Tensor]) -> Tensor:
+            # ``sample`` only gives vmap its size, when every tensor is shared (all layers
+            # at their mean) and the samples differ only by the layers' noise.
+            with _swapped(self._owners, tensors), contextlib.ExitStack() as hooks:
+                for layer, noise, names in noisy:
+                    hooks.callback(layer.register_forward_hook(functools.partial(
+                        _add_noise, noise=noise,
+                        inputs={local: inputs[name] for local, name in names if name in inputs}),
+                        with_kwargs=True).remove)
+                return self.net(x)
+
         if not batch:
-            f = functional_call(self.net, dict(params), (x,))
+            f = evaluate(None, tensors, inputs)
         else:
-            flat = {name: params[name].expand(*batch, *shape).reshape(-1, *shape)
-                    for name, shape in self._sites}
-            f = vmap(lambda p: functional_call(self.net, p, (x,)),
-                     randomness="different")(flat)
+            (tensors, tensor_dims), (inputs, input_dims) = (self._flatten(tensors, batch),
+                                                            self._flatten(inputs, batch))
+            sample = torch.arange(math.prod(batch), device=x.device)
+            f = vmap(evaluate, in_dims=(0, tensor_dims, input_dims),
+                     randomness="different")(sample, tensors, inputs)
             f = f.reshape(*batch, *f.shape[1:])
         self._check_output(x, f.shape[len(batch):])
         return f
+
+    def _flatten(self, tensors: Mapping[str, Tensor], batch: torch.Size
+                 ) -> tuple[dict[str, Tensor], dict[str, int | None]]:
+        """Each tensor (by site name) with its sample dims broadcast to ``batch`` and
+        flattened into one (vmap dim 0), or as it is (vmap dim ``None``) if it has none."""
+        flat, dims = {}, {}
+        for name, value in tensors.items():
+            shape = self._shapes[name]
+            if value.dim() == len(shape):
+                flat[name], dims[name] = value, None
+            else:
+                flat[name], dims[name] = value.expand(*batch, *shape).reshape(-1, *shape), 0
+        return flat, dims
 
     def _check_output(self, x: Tensor, shape: torch.Size) -> None:
         """Refuse a net whose output per weight sample is not ``(N, K)`` with ``K`` fit for

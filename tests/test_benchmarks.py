@@ -26,6 +26,7 @@ NEEDS_UCI = {"uci.py"}
 TESTED_ELSEWHERE = {
     "bbb_priors.py": "test_bbb.py",
     "classification.py": "test_mean_field_clf.py",
+    "cnn.py": "test_module_handlers.py",
     "distributed_fit.py": "test_scale_scripts.py",
     "laplace.py": "test_laplace.py",
     "mixture.py": "test_mixture.py",

@@ -114,13 +114,6 @@ def test_digits_cnn_trains_under_bnn_zoo_fit(make_guide):
     assert (probs.argmax(-1) == y).float().mean() > 0.8
 
 
-def test_jit_fit_is_refused_clearly():
-    model = BayesianModule(digits_cnn(2), task="classification")
-    x, y = digits(20)
-    with pytest.raises(RuntimeError, match="jit=False"):
-        bnn_zoo.fit(model, BayesByBackpropGuide(model), x, y, steps=1, jit=True)
-
-
 @pytest.mark.parametrize("local", [True, False], ids=["module_local", "global_store"])
 @pytest.mark.parametrize("make_guide", [AutoNormal, AutoDelta, BayesByBackpropGuide],
                          ids=["autonormal", "autodelta", "bbb"])

@@ -10,9 +10,11 @@ them.
 * :class:`scale_global_sites` multiplies the log density of every site outside the
   data plate (the KL weighting of Blundell et al. 2015, section 3.4).
 * :class:`local_reparameterization` evaluates every affine layer
-  (:func:`bnn_zoo.core.nn.affine`) whose weight and bias were drawn from Gaussian
+  (:func:`bnn_zoo.core.nn.affine`) and every ``nn.Linear`` / ``nn.Conv{1,2,3}d`` of a
+  :class:`~bnn_zoo.models.BayesianModule` whose weight and bias were drawn from Gaussian
   guide sites by sampling the pre-activations from their Gaussian (Kingma, Salimans
-  & Welling 2015), the idea of TyXe's local reparameterisation messenger.
+  & Welling 2015), the idea of TyXe's local reparameterisation messenger;
+  :class:`flipout` evaluates the same layers by flipout (Wen et al. 2018).
 * :class:`check_observed_shapes` refuses an observed value whose shape differs from
   its distribution's, which Pyro would broadcast silently (``y`` of shape (N, 1)
   against a likelihood of shape (N,) gives an N x N log-likelihood).
@@ -26,9 +28,16 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor
 
-from bnn_zoo.core.nn import local_reparameterized_affine
+from bnn_zoo.core.nn import (
+    NOISY_LAYER_TYPES,
+    NoisyLayer,
+    flipout_affine,
+    flipout_noise,
+    local_reparameterization_noise,
+    local_reparameterized_affine,
+)
 
-__all__ = ["check_observed_shapes", "local_reparameterization", "scale_global_sites",
+__all__ = ["check_observed_shapes", "flipout", "local_reparameterization", "scale_global_sites",
            "subsample_data"]
 
 #: The plate Pyro's ELBOs add for vectorised particles: its dimension is not part of the data.
@@ -77,30 +86,51 @@ class scale_global_sites(Messenger):
             msg["scale"] = msg["scale"] * self.weight
 
 
-class local_reparameterization(Messenger):
-    """Local reparameterisation trick for the affine layers of a model run.
+def _drop_constant_dims(t: Tensor, event_dim: int) -> Tensor:
+    """``t`` without the leading sample dimensions along which it does not vary (size one,
+    or stride zero: Pyro expands a guide's moments over the particles), so that moments
+    shared by all weight samples are computed with once, not once per sample."""
+    while t.dim() > event_dim and (t.shape[0] == 1 or t.stride(0) == 0):
+        t = t[0]
+    return t
+
+
+class _GaussianLayers(Messenger):
+    """Base of the handlers that evaluate layers whose weights come from Gaussian guide sites.
 
     ``moments`` maps a sample site name to the ``(loc, scale)`` of its Gaussian guide
-    distribution (shaped like the site's value). While the handler is active, the
-    model's draw at such a site is remembered; an affine layer ``h @ W + b``
-    (:func:`bnn_zoo.core.nn.affine`, an effectful operation) whose ``W`` and ``b`` are
-    both such draws (or views of them, e.g. with a singleton plate dim squeezed) is
-    evaluated as
+    distribution (each broadcastable to the site's value). While the handler is active, the
+    model's draw at such a site is remembered; a layer whose weight and bias (or weight
+    alone, for a torch layer without bias) are such draws, or views of them (a singleton
+    plate dim squeezed), is evaluated by the subclass's estimator:
 
-    .. math::
+    * an affine layer ``h @ W + b`` of the zoo's MLPs (:func:`bnn_zoo.core.nn.affine`), by
+      :meth:`_affine`;
+    * an ``nn.Linear`` or ``nn.Conv{1,2,3}d`` of a wrapped torch module
+      (:func:`bnn_zoo.core.nn.noisy_layer`, sent by :class:`~bnn_zoo.models.BayesianModule`),
+      by :meth:`_noisy_layer`.
 
-        h W + b \\approx h M + m + \\sqrt{h^2 S^2 + s^2} \\odot \\epsilon,
-        \\qquad \\epsilon \\sim N(0, I),
+    Every other layer is computed as usual with the sampled weights; the weight draws still
+    enter the model's trace, so the KL terms are those of the plain objective.
 
-    a fresh ``epsilon`` per data point (:func:`~bnn_zoo.core.nn.local_reparameterized_affine`),
-    with ``W ~ N(M, S^2)``, ``b ~ N(m, s^2)``. Each point's expected log-likelihood is
-    unchanged and the gradient estimates have lower variance. Layers with any other
-    weights are computed as usual; the weight draws still enter the model's trace, so
-    the KL terms are those of the plain objective.
+    .. warning:: A torch layer's estimator acts in its ``forward`` (a forward hook adds the
+        noise to ``layer(x; mean)``). A module that uses such a layer's tensors outside its
+        forward (``layer.weight`` read directly, as ``nn.MultiheadAttention`` does with its
+        ``out_proj``, whose type, a ``Linear`` subclass, is therefore left alone) would see
+        the mean without noise; and a layer called twice per data point, or whose weight is
+        tied to another's, gets independent noise at each call.
     """
 
     def __init__(self, moments: Mapping[str, tuple[Tensor, Tensor]]) -> None:
         super().__init__()
+        if not isinstance(moments, Mapping):
+            raise TypeError(f"Expected moments to be a mapping of site names to (loc, scale) "
+                            f"pairs of tensors, but got {type(moments).__name__}.")
+        for name, pair in moments.items():
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+                    and all(isinstance(t, Tensor) for t in pair)):
+                raise TypeError(f"Expected moments[{name!r}] to be a (loc, scale) pair of "
+                                f"tensors, but got {pair!r}.")
         self.moments = dict(moments)
         self._draws: list[tuple[Tensor, tuple[Tensor, Tensor]]] = []
 
@@ -116,7 +146,14 @@ class local_reparameterization(Messenger):
         pair = self.moments.get(msg["name"])
         if pair is not None and not msg["is_observed"]:
             value = msg["value"]
-            self._draws.append((value, tuple(t.expand(value.shape) for t in pair)))
+            try:
+                expanded = tuple(t.expand(value.shape) for t in pair)
+            except RuntimeError:
+                raise ValueError(
+                    f"Expected the moments of site {msg['name']!r} to broadcast to the shape "
+                    f"{tuple(value.shape)} of its value, but got loc {tuple(pair[0].shape)} and "
+                    f"scale {tuple(pair[1].shape)}.") from None
+            self._draws.append((value, expanded))
 
     def _moments_of(self, value: Tensor) -> tuple[Tensor, Tensor] | None:
         for draw, (loc, scale) in self._draws:
@@ -128,8 +165,99 @@ class local_reparameterization(Messenger):
         h, weight, bias = msg["args"]
         weight_moments, bias_moments = self._moments_of(weight), self._moments_of(bias)
         if weight_moments is not None and bias_moments is not None:
-            msg["value"] = local_reparameterized_affine(h, weight_moments, bias_moments)
+            msg["value"] = self._affine(h, (weight, *weight_moments), (bias, *bias_moments))
             msg["done"] = True
+
+    def _pyro_noisy_layer(self, msg) -> None:
+        layer, params = msg["args"]
+        names = {"weight"} if getattr(layer, "bias", None) is None else {"weight", "bias"}
+        # The exact types: a subclass may compute something else in its forward.
+        if type(layer) not in NOISY_LAYER_TYPES or set(params) != names:
+            return
+        moments = {name: self._moments_of(value) for name, value in params.items()}
+        if all(pair is not None for pair in moments.values()):
+            event_dims = {name: getattr(layer, name).dim() for name in names}
+            msg["value"] = self._noisy_layer(params, {
+                name: tuple(_drop_constant_dims(t, event_dims[name]) for t in pair)
+                for name, pair in moments.items()})
+            msg["done"] = True
+
+    def _affine(self, h: Tensor, weight: tuple[Tensor, Tensor, Tensor],
+                bias: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """``h @ W + b`` by the estimator; ``weight`` and ``bias`` are (draw, loc, scale)."""
+        raise NotImplementedError
+
+    def _noisy_layer(self, params: dict[str, Tensor],
+                     moments: dict[str, tuple[Tensor, Tensor]]) -> NoisyLayer:
+        """The estimator for a torch layer with the draws ``params`` and their moments."""
+        raise NotImplementedError
+
+
+class local_reparameterization(_GaussianLayers):
+    """Local reparameterisation trick for the layers of a model run (Kingma, Salimans &
+    Welling 2015), the idea of TyXe's local reparameterisation messenger.
+
+    ``moments`` maps a sample site name to the ``(loc, scale)`` of its Gaussian guide
+    distribution (broadcastable to the site's value). A layer whose weight ``W ~ N(M, S^2)``
+    and bias ``b ~ N(m, s^2)`` were drawn at such sites (see :class:`_GaussianLayers` for
+    which layers) ignores the draws and samples its outputs from their Gaussian given the
+    layer input ``h``:
+
+    .. math::
+
+        \\mathrm{layer}(h; W, b) \\approx \\mathrm{layer}(h; M, m)
+            + \\sqrt{\\mathrm{layer}(h^2; S^2, s^2)} \\odot \\epsilon,
+        \\qquad \\epsilon \\sim N(0, I),
+
+    a fresh ``epsilon`` per data point and output unit
+    (:func:`~bnn_zoo.core.nn.local_reparameterized_affine` for an affine layer ``h W + b``,
+    :func:`~bnn_zoo.core.nn.local_reparameterization_noise` for an ``nn.Linear`` or a
+    convolution, with the layer's stride, padding, dilation and groups). For a fully
+    connected layer each point's expected log-likelihood is unchanged and the gradient
+    estimates have lower variance; the units of a convolution share weights across
+    positions and get independent noise here, the usual approximation (each unit's
+    marginal is exact; :class:`flipout` is unbiased for them). The weight draws still
+    enter the model's trace, so the KL terms are those of the plain objective.
+    """
+
+    def _affine(self, h, weight, bias):
+        return local_reparameterized_affine(h, weight[1:], bias[1:])
+
+    def _noisy_layer(self, params, moments):
+        return NoisyLayer(mean={name: loc for name, (loc, _) in moments.items()},
+                          inputs={name: scale**2 for name, (_, scale) in moments.items()},
+                          noise=local_reparameterization_noise)
+
+
+class flipout(_GaussianLayers):
+    """Flipout (Wen et al. 2018) for the layers of a model run.
+
+    ``moments`` maps a sample site name to the ``(loc, scale)`` of its Gaussian guide
+    distribution (broadcastable to the site's value; only ``loc`` is used). A layer whose
+    weight ``W = M + dW`` and bias ``b = m + db`` were drawn at such sites (see
+    :class:`_GaussianLayers` for which layers) is evaluated as
+
+    .. math::
+
+        \\mathrm{layer}(h; M, m)
+            + \\mathrm{layer}(h \\odot s_{in}; dW, db) \\odot s_{out},
+
+    with random signs ``s_in``, ``s_out`` per data point and input or output unit (channel,
+    for a convolution; :func:`~bnn_zoo.core.nn.flipout_affine`,
+    :func:`~bnn_zoo.core.nn.flipout_noise`). Each point sees the weights
+    ``M + dW * (s_out s_in^T)``, distributed as ``W`` for a diagonal Gaussian guide, so the
+    objective and its expected gradient are those of weight sampling, and the weight noise
+    of different points in a minibatch is decorrelated, which lowers the gradient variance.
+    The weight draws enter the model's trace as usual, so the KL terms are unchanged.
+    """
+
+    def _affine(self, h, weight, bias):
+        return flipout_affine(h, weight[:2], bias[:2])
+
+    def _noisy_layer(self, params, moments):
+        return NoisyLayer(mean={name: loc for name, (loc, _) in moments.items()},
+                          inputs={name: params[name] - loc for name, (loc, _) in moments.items()},
+                          noise=flipout_noise)
 
 
 class check_observed_shapes(Messenger):

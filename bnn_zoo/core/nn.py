@@ -1,4 +1,5 @@
-"""Functional MLP building blocks with weights as whole tensors.
+"""Functional MLP building blocks with weights as whole tensors, and the layers of wrapped
+torch modules that effect handlers may evaluate differently.
 
 A network is a list of ``(weight, bias)`` pairs with shapes ``(*S, d_in, d_out)``
 and ``(*S, d_out)``. Any leading sample shape ``S`` is allowed, so one forward
@@ -7,15 +8,22 @@ pass evaluates many posterior samples at once::
     h_0 = x                                 # (N, d_0) or (*S, N, d_0)
     h_l = act(h_{l-1} @ W_l + b_l)          # (*S, N, d_l)
     f   = h_{L-1} @ W_L + b_L               # (*S, N, d_L), no activation
+
+Two effectful operations let a handler change how a layer is evaluated without the model
+knowing: :func:`affine` (the zoo's own MLP layers) and :func:`noisy_layer` (a layer of a
+``torch.nn.Module`` wrapped by :class:`~bnn_zoo.models.BayesianModule`). The estimators
+that answer them live here: local reparameterisation (Kingma, Salimans & Welling 2015)
+and flipout (Wen et al. 2018).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from pyro.poutine.runtime import effectful
-from torch import Tensor
+from torch import Tensor, nn
 
 from bnn_zoo.core.checks import check_choice, check_positive_int
 
@@ -81,6 +89,120 @@ def local_reparameterized_affine(h: Tensor, weight: tuple[Tensor, Tensor],
     mean = _affine(h, w_loc, b_loc)
     var = _affine(h**2, w_scale**2, b_scale**2)
     return mean + var.sqrt() * torch.randn_like(mean)
+
+
+def rademacher_like(t: Tensor) -> Tensor:
+    """Independent random signs ``+-1`` (probability 1/2 each) of the shape, device and dtype
+    of ``t``. Under ``vmap(randomness="different")`` each sample draws its own. (Drawn "like"
+    a tensor rather than from a shape, which ``torch.jit`` tracing under ``vmap`` cannot
+    read.)"""
+    return torch.randint_like(t.detach(), 2) * 2 - 1
+
+
+def flipout_affine(h: Tensor, weight: tuple[Tensor, Tensor], bias: tuple[Tensor, Tensor]
+                   ) -> Tensor:
+    """Flipout (Wen et al. 2018) for ``h @ W + b`` with ``W = M + dW``, ``b = m + db``:
+
+    .. math::
+
+        h M + m + \\big((h \\odot s_{in}) \\, dW + db\\big) \\odot s_{out},
+
+    with random signs ``s_in`` like ``h`` and ``s_out`` like the output, fresh per data
+    point. Each point thereby sees the weights ``M + dW * (s_in s_out^T)``, which have the
+    distribution of ``W`` whenever ``dW`` is symmetric elementwise (any diagonal Gaussian),
+    so every point's expected loss and gradient are those of weight sampling, while the
+    perturbations of different points in a minibatch are decorrelated. ``weight`` and
+    ``bias`` are ``(draw, mean)`` pairs.
+    """
+    (w, w_loc), (b, b_loc) = weight, bias
+    mean = _affine(h, w_loc, b_loc)
+    perturbation = _affine(h * rademacher_like(h), w - w_loc, b - b_loc)
+    return mean + perturbation * rademacher_like(perturbation)
+
+
+#: Torch layers whose sampled tensors a handler may replace (see :func:`noisy_layer`).
+NOISY_LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def layer_forward(layer: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``layer(x)`` with ``weight`` and ``bias`` in place of the layer's own tensors: the
+    affine map of an ``nn.Linear``, or the convolution of an ``nn.Conv{1,2,3}d`` with the
+    layer's stride, padding (and padding mode), dilation and groups."""
+    if isinstance(layer, nn.Linear):
+        return nn.functional.linear(x, weight, bias)
+    return layer._conv_forward(x, weight, bias)  # the convolution its forward computes
+
+
+def channel_signs(layer: nn.Module, t: Tensor) -> Tensor:
+    """Random signs for the input or output ``t`` of ``layer``, one per example (first
+    dimension) and channel (the last dimension of a ``Linear``'s input, dimension 1 of a
+    convolution's), shared by the other positions of an example (a sequence's steps, an
+    image's pixels), which all use the same weights."""
+    first = slice(0, 1)
+    if isinstance(layer, nn.Linear):  # (N, ..., C): one sign per N and C
+        index = (slice(None), *[first] * (t.dim() - 2), slice(None)) if t.dim() >= 2 else ()
+    else:  # (N, C, *spatial), or (C, *spatial) unbatched: one sign per N and C
+        index = (..., *[first] * len(layer.kernel_size))
+    return rademacher_like(t[index])
+
+
+def local_reparameterization_noise(layer: nn.Module, x: Tensor,
+                                   variance: Mapping[str, Tensor]) -> Tensor:
+    """The noise ``sqrt(layer(x^2; S^2, s^2)) * eps``, ``eps ~ N(0, I)`` per data point and
+    output unit, that local reparameterisation adds to ``layer(x; M, m)`` for
+    ``W ~ N(M, S^2)``, ``b ~ N(m, s^2)``: each output unit then has the mean and variance
+    it has under weight sampling. ``variance`` holds ``S^2`` (``"weight"``) and ``s^2``
+    (``"bias"``, absent for a layer without bias). The variance is floored at the
+    smallest normal number so that a unit whose inputs are all zero (a layer without bias)
+    gets a zero gradient, not the infinite one of ``sqrt`` at 0.
+
+    .. warning:: The units of a convolution at different positions (and a ``Linear``
+        applied to every step of a sequence) share their weights, so under weight sampling
+        they are correlated; here they get independent noise. Each unit's marginal is
+        exact, but the objective is not that of weight sampling (use flipout for that).
+    """
+    var = layer_forward(layer, x * x, variance["weight"], variance.get("bias"))
+    std = var.clamp_min(torch.finfo(var.dtype).tiny).sqrt()
+    return std * torch.randn_like(std)
+
+
+def flipout_noise(layer: nn.Module, x: Tensor, delta: Mapping[str, Tensor]) -> Tensor:
+    """The perturbation ``layer(x * s_in; dW, db) * s_out`` that flipout adds to
+    ``layer(x; M, m)`` (see :func:`flipout_affine`), ``delta`` holding the weight sample's
+    deviation from the mean, ``dW = W - M`` (``"weight"``) and ``db = b - m`` (``"bias"``,
+    absent for a layer without bias). The signs (:func:`channel_signs`) are drawn per
+    example and channel, so each example sees the weights ``M + dW * (s_out s_in^T)``,
+    a sample of ``W`` when ``dW`` is symmetric elementwise."""
+    out = layer_forward(layer, x * channel_signs(layer, x), delta["weight"], delta.get("bias"))
+    return out * channel_signs(layer, out)
+
+
+@dataclass(frozen=True)
+class NoisyLayer:
+    """How a handler evaluates one layer of a wrapped torch module (see :func:`noisy_layer`):
+    the layer runs with the tensors ``mean`` (by the layer's parameter name, ``"weight"``
+    and ``"bias"``) in place of its sampled ones, and ``noise(layer, x, inputs)`` is added to
+    its output, ``x`` being the layer's input. Each tensor of ``mean`` and ``inputs`` has
+    the shape of the layer's parameter of that name, after optional leading sample
+    dimensions like those of the weight samples (or none, when shared by all samples)."""
+
+    mean: dict[str, Tensor]
+    inputs: dict[str, Tensor]
+    noise: Callable[[nn.Module, Tensor, Mapping[str, Tensor]], Tensor]
+
+
+@effectful(type="noisy_layer")
+def noisy_layer(layer: nn.Module, params: Mapping[str, Tensor]) -> NoisyLayer | None:
+    """How to evaluate ``layer`` of a wrapped torch module whose own parameters were sampled
+    as ``params`` (by parameter name, e.g. ``"weight"``, ``"bias"``; leading sample dims
+    allowed).
+
+    An effectful operation (message type ``"noisy_layer"``): without a handler the answer
+    is ``None``, and the layer runs with the sampled tensors; a handler such as
+    :class:`~bnn_zoo.core.handlers.local_reparameterization` or
+    :class:`~bnn_zoo.core.handlers.flipout` answers a :class:`NoisyLayer`.
+    """
+    return None
 
 
 def mlp_forward(x: Tensor, params: Sequence[tuple[Tensor, Tensor]],

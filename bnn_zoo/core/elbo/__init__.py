@@ -2,8 +2,8 @@
 ``SVI`` accept.
 
 * :mod:`~bnn_zoo.core.elbo.mean_field`: :class:`MeanFieldELBO` (closed-form KL, lazily
-  evaluated) and :class:`LocalReparameterizationELBO` (it, under the local
-  reparameterisation handler);
+  evaluated), :class:`LocalReparameterizationELBO` and :class:`FlipoutELBO` (it, under
+  the local reparameterisation or the flipout handler);
 * :mod:`~bnn_zoo.core.elbo.conditional`: seed 000's :class:`CollapsedELBO`,
   :class:`ExpectedLikelihoodELBO` (the seed's literal Algorithm 3) and :class:`Algorithm1ELBO`;
 * :mod:`~bnn_zoo.core.elbo.mixture`: seed 003's :class:`MixtureELBO`.
@@ -13,6 +13,7 @@ from bnn_zoo.core.elbo.conditional import Algorithm1ELBO as Algorithm1ELBO
 from bnn_zoo.core.elbo.conditional import CollapsedELBO as CollapsedELBO
 from bnn_zoo.core.elbo.conditional import ExpectedLikelihoodELBO as ExpectedLikelihoodELBO
 from bnn_zoo.core.elbo.mean_field import DifferentiableLossELBO as DifferentiableLossELBO
+from bnn_zoo.core.elbo.mean_field import FlipoutELBO as FlipoutELBO
 from bnn_zoo.core.elbo.mean_field import (
     LocalReparameterizationELBO as LocalReparameterizationELBO,
 )
@@ -20,4 +21,4 @@ from bnn_zoo.core.elbo.mean_field import MeanFieldELBO as MeanFieldELBO
 from bnn_zoo.core.elbo.mixture import MixtureELBO as MixtureELBO
 
 __all__ = ["Algorithm1ELBO", "CollapsedELBO", "DifferentiableLossELBO", "ExpectedLikelihoodELBO",
-           "LocalReparameterizationELBO", "MeanFieldELBO", "MixtureELBO"]
+           "FlipoutELBO", "LocalReparameterizationELBO", "MeanFieldELBO", "MixtureELBO"]

@@ -27,14 +27,16 @@ import pyro.distributions as dist
 from pyro import poutine
 from pyro.distributions.util import is_identically_zero
 from pyro.infer.util import is_validation_enabled, torch_item
+from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
 from pyro.util import check_model_guide_match, warn_if_nan
 from torch import Tensor
 from torch.distributions import kl_divergence
 
-from bnn_zoo.core.handlers import local_reparameterization
+from bnn_zoo.core.handlers import flipout, local_reparameterization
 
-__all__ = ["DifferentiableLossELBO", "LocalReparameterizationELBO", "MeanFieldELBO"]
+__all__ = ["DifferentiableLossELBO", "FlipoutELBO", "LocalReparameterizationELBO",
+           "MeanFieldELBO"]
 
 def _normal_moments(fn) -> tuple[Tensor, Tensor] | None:
     while isinstance(fn, dist.Independent):
@@ -108,19 +110,12 @@ class MeanFieldELBO(DifferentiableLossELBO):
         return loss
 
 
-class LocalReparameterizationELBO(MeanFieldELBO):
-    """:class:`MeanFieldELBO` with the local reparameterisation trick (Kingma et al. 2015).
+class _LayerEstimatorELBO(MeanFieldELBO):
+    """:class:`MeanFieldELBO` whose model runs under ``handler(moments)``, ``moments`` being
+    the loc and scale of every Gaussian guide site (a handler of
+    :mod:`bnn_zoo.core.handlers` that evaluates the layers of such weights differently)."""
 
-    The model runs under the effect handler
-    :class:`~bnn_zoo.core.handlers.local_reparameterization`, given the loc and scale of
-    every Gaussian guide site: each affine layer (:func:`bnn_zoo.core.nn.affine`) whose
-    weight and bias come from such sites draws its pre-activations from their Gaussian
-    given the layer input, rather than pushing one weight sample through the minibatch.
-    The KL terms are unchanged (closed form, or Monte Carlo at the guide's weight
-    sample); the expected log-likelihood is the same in expectation, with
-    lower-variance gradients. The model and the guide know nothing of it: a model
-    without such layers gets the plain :class:`MeanFieldELBO`.
-    """
+    handler: type[Messenger]
 
     def _model_trace(self, model, guide_trace, args, kwargs):
         moments = {}
@@ -129,5 +124,39 @@ class LocalReparameterizationELBO(MeanFieldELBO):
                 pair = _normal_moments(site["fn"])
                 if pair is not None:
                     moments[name] = pair
-        with local_reparameterization(moments):
+        with self.handler(moments):
             return super()._model_trace(model, guide_trace, args, kwargs)
+
+
+class LocalReparameterizationELBO(_LayerEstimatorELBO):
+    """:class:`MeanFieldELBO` with the local reparameterisation trick (Kingma et al. 2015).
+
+    The model runs under the effect handler
+    :class:`~bnn_zoo.core.handlers.local_reparameterization`, given the loc and scale of
+    every Gaussian guide site: each affine layer (:func:`bnn_zoo.core.nn.affine`), and each
+    ``nn.Linear`` or convolution of a :class:`~bnn_zoo.models.BayesianModule`, whose weight
+    and bias come from such sites draws its pre-activations from their Gaussian given the
+    layer input, rather than pushing one weight sample through the minibatch.
+    The KL terms are unchanged (closed form, or Monte Carlo at the guide's weight
+    sample); the expected log-likelihood is the same in expectation for fully connected
+    layers, with lower-variance gradients (for convolutions, an approximation: see the
+    handler). The model and the guide know nothing of it: a model without such layers gets
+    the plain :class:`MeanFieldELBO`.
+    """
+
+    handler = local_reparameterization
+
+
+class FlipoutELBO(_LayerEstimatorELBO):
+    """:class:`MeanFieldELBO` with flipout (Wen et al. 2018) in place of weight sampling.
+
+    As :class:`LocalReparameterizationELBO`, but the model runs under
+    :class:`~bnn_zoo.core.handlers.flipout`: each such layer adds the guide's weight
+    perturbation ``dW = W - M`` with random signs per data point and input or output unit
+    (channel), so the objective and the expected gradient are those of plain weight
+    sampling (:class:`MeanFieldELBO`) for any of these layers, convolutions included, and
+    the gradient variance is lower on a minibatch. A model without such layers gets the
+    plain :class:`MeanFieldELBO`.
+    """
+
+    handler = flipout
