@@ -122,8 +122,6 @@ class ParameterLayout(_FlatWeights):
     """
 
     sites: tuple[tuple[str, tuple[int, ...]], ...]
-    #: An MLP can be traced by ``torch.jit`` (its MAP fit may run with ``jit=True``).
-    traceable = True
     #: Every layer's Jacobian is ``a ⊗ J_z`` (one location), in the order of ``theta``.
     outer_product_jacobian = True
 
@@ -246,8 +244,6 @@ class ModuleLayout(_FlatWeights):
 
     sites: tuple[tuple[str, tuple[int, ...]], ...]
     net: nn.Module = field(repr=False)
-    #: ``torch.func`` refuses ``torch.jit`` tracing: the MAP fit runs with ``jit=False``.
-    traceable = False
     #: Layers of any kind, torch's weights stored ``(d_out, d_in)``: Jacobians by torch.func.
     outer_product_jacobian = False
 

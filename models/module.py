@@ -203,10 +203,11 @@ class BayesianModule(ObservationNoise, PyroModule):
 
     def init_to_net(self, site: dict) -> Tensor:
         """``init_loc_fn`` for autoguides: start every weight at the net's own value (torch's
-        initialisation of its layers, or pretrained weights)."""
+        initialisation of its layers, or pretrained weights). The value is a copy: an
+        autoguide trains its initial value in place, which must not change the net."""
         ref = site["fn"].mean
         value = self.net.get_parameter(site["name"]).detach()
-        return value.to(dtype=ref.dtype, device=ref.device).expand(ref.shape)
+        return value.to(dtype=ref.dtype, device=ref.device).expand(ref.shape).clone()
 
     def sample_weights(self, like: Tensor) -> dict[str, Tensor]:
         """Sample every parameter tensor from the prior (or the guide, under replay)."""
@@ -296,7 +297,7 @@ class BayesianModule(ObservationNoise, PyroModule):
 
 def digits_cnn(channels: int = 8, classes: int = 10) -> nn.Sequential:
     """A small CNN for scikit-learn's 8x8 digits: inputs ``(N, 64)`` as the zoo's data come
-    (``bnn_zoo.fit`` takes ``(N, D)`` inputs), unflattened to images ``(N, 1, 8, 8)``, then
+    (as scikit-learn gives them), unflattened to images ``(N, 1, 8, 8)``, then
     ``Conv2d(1, channels, 3) -> ReLU -> flatten -> Linear(channels * 6 * 6, classes)``."""
     return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, channels, 3), nn.ReLU(),
                          nn.Flatten(), nn.Linear(channels * 6 * 6, classes))

@@ -171,7 +171,6 @@ BAD_NET_CASES = {
                        ["net", "'0.weight'", "torch.float64", "torch.float32", "net.to"]),
     "net on another device": (dict(net=tiny_cnn().to("meta")), ValueError,
                               ["net", "'0.weight'", "meta", "cpu"]),
-    "jit": (dict(net=tiny_cnn, jit=True), ValueError, ["jit=False", "net="]),
     "ensemble of one module": (dict(net=tiny_cnn(), entry="ensemble"), ValueError,
                                ["factory", "'ensemble'", "members"]),
 }

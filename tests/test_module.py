@@ -178,3 +178,15 @@ def test_site_wise_guides_start_at_the_nets_own_weights():
     guide = BayesByBackpropGuide(model)
     for name, value in net.named_parameters():
         torch.testing.assert_close(deep_getattr(guide.loc, name).detach(), value.detach())
+
+
+def test_autoguides_started_by_init_to_net_leave_the_net_unchanged():
+    """AutoDelta trains its initial values in place: init_to_net must hand it copies."""
+    x, y = digits(32)
+    net = digits_cnn(channels=2)
+    before = {name: p.detach().clone() for name, p in net.named_parameters()}
+    model = BayesianModule(net, task="classification")
+    guide = AutoDelta(model, init_loc_fn=model.init_to_net)
+    bnn_zoo.fit(model, guide, x, y, steps=3, lr=0.1, seed=0)
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(p.detach(), before[name], rtol=0, atol=0)

@@ -408,8 +408,7 @@ class Laplace:
             budget: Budget, progress: bool | None) -> LaplaceFit:
         """MAP by SVI under ``budget``, then the Laplace posterior of ``build_model()``: a
         :class:`~bnn_zoo.models.BayesianMLP` or a :class:`~bnn_zoo.models.BayesianModule`
-        (any torch module; trained with ``jit=False``, and ``kron`` needs its layers to be
-        ``nn.Linear`` or ``nn.Conv2d``)."""
+        (any torch module; ``kron`` needs its layers to be ``nn.Linear`` or ``nn.Conv2d``)."""
         if budget.distributed:
             raise ValueError("The Laplace method does not train data-parallel; expected "
                              "distributed=False.")
@@ -418,11 +417,8 @@ class Laplace:
             raise ValueError(f"Expected a {task} model from build_model, but got a "
                              f"{model.task} one.")
         guide = self.build_guide(model, x, generator=torch.Generator().manual_seed(seed))
-        # A torch module runs through torch.func, which torch.jit cannot trace: its MAP
-        # trains untraced whatever the budget says.
         result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
-                     batch_size=budget.batch_size, seed=seed, progress=progress,
-                     jit=budget.jit and guide.layout.traceable)
+                     batch_size=budget.batch_size, seed=seed, progress=progress, jit=budget.jit)
         with torch.no_grad():
             theta = guide.theta()
         post = laplace_posterior(model, theta, x, y, curvature=self.curvature,

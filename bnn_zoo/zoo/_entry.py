@@ -287,8 +287,7 @@ class Entry:
         :class:`~bnn_zoo.models.BayesianModule` ``(net, task=task, **model_options)``
         (options ``prior``, ``noise_scale``, ``init_noise_scale``; the entry's own prior by
         default), ``x`` may have any shape (N, ...) and is standardised elementwise (each
-        pixel of an image with its own training mean and standard deviation), and the fit
-        runs with ``jit=False``. A module is used as given, not copied, and never changed:
+        pixel of an image with its own training mean and standard deviation). A module is used as given, not copied, and never changed:
         its parameter values are where the guides start. It must be on ``x``'s device and
         dtype. A factory is called for every model built (each fit, each ensemble member,
         each restore) and its network moved to ``x``'s device and dtype; an ensemble needs
@@ -324,11 +323,6 @@ class Entry:
         overrides = check_keywords("budget option", budget_overrides,
                                    {f.name for f in fields(Budget)})
         budget = replace(self.budget, **overrides)
-        if net is not None:
-            if overrides.get("jit") is True:
-                raise ValueError("Expected jit=False with net=: a BayesianModule cannot be "
-                                 "traced by torch.jit (torch.func refuses it).")
-            budget = replace(budget, jit=False)
         options = {name: check_keywords(name, value or {}, None) for name, value in
                    (("model_options", model_options), ("guide_options", guide_options),
                     ("method_options", method_options))}
