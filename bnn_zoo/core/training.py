@@ -32,6 +32,7 @@ import pyro
 import pyro.infer
 import pyro.util
 import torch
+from pyro.poutine.messenger import Messenger
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -149,7 +150,7 @@ class SVIStep:
             if not callable(obj):
                 raise TypeError(f"Expected {name} to be a Pyro {name} (a callable taking x and "
                                 f"y), but got {obj!r}.")
-        x, y = check_data(x, y)
+        x, y = self.check_data(x, y)
         seed = check_seed("seed", seed, allow_none=True)
         check_positive_int("max_plate_nesting", max_plate_nesting)
         check_bool("jit", jit)
@@ -163,7 +164,7 @@ class SVIStep:
         if not (isinstance(elbo, type) and issubclass(elbo, pyro.infer.ELBO)):
             raise TypeError(f"Expected elbo to be a pyro.infer.ELBO subclass, but got {elbo!r}.")
         self.model, self.guide, self.x, self.y = model, guide, x, y
-        self.n = x.shape[0]
+        self.n = x.shape[-2]
         self.n_global = global_size(self.n, x.device) if distributed else self.n
         self.batch = self.n if batch_size is None else min(batch_size, self.n)
         self.num_batches = math.ceil(self.n / self.batch)
@@ -193,6 +194,21 @@ class SVIStep:
         self.last_good = [p.detach().clone() for p in self.params]
         self._compiled: dict[tuple[int, float], Callable[..., Tensor]] = {}
 
+    def check_data(self, x: object, y: object) -> tuple[Tensor, Tensor]:
+        """The checked training data (:func:`~bnn_zoo.core.checks.check_data`); a subclass
+        for other layouts (replicas: :class:`bnn_zoo.core.replicas.ReplicaSVIStep`) replaces
+        it, with :meth:`handlers` and :meth:`trace_inputs`."""
+        return check_data(x, y)
+
+    def handlers(self) -> list[Messenger]:
+        """Effect handlers installed around every loss evaluation (none here)."""
+        return []
+
+    def trace_inputs(self) -> tuple[Tensor, ...]:
+        """Tensors besides the parameters and data that :meth:`compiled_loss` takes as
+        inputs of its trace (none here)."""
+        return ()
+
     def loss(self, i: int, idx: Tensor) -> Tensor:
         """Negative ELBO of minibatch ``i`` of the epoch with indices ``idx``."""
         with contextlib.ExitStack() as stack:
@@ -200,6 +216,8 @@ class SVIStep:
                 stack.enter_context(subsample_data(idx, scale=self.n_global / self.n))
             if self.kl_weighting != "uniform":
                 stack.enter_context(scale_global_sites(self.num_batches * self.weights[i]))
+            for handler in self.handlers():
+                stack.enter_context(handler)
             return self.loss_fn.differentiable_loss(self.model, self.guide, self.x, self.y)
 
     def compiled_loss(self, i: int, idx: Tensor) -> Tensor:
@@ -214,7 +232,7 @@ class SVIStep:
         key = (idx.shape[0], self.weights[i])
         fn = self._compiled.get(key)
         if fn is None:
-            inputs = (*self.params, self.x, self.y, idx)
+            inputs = (*self.params, *self.trace_inputs(), self.x, self.y, idx)
             devices = [self.x.device] if self.x.device.type == "cuda" else []
             # Tracing runs the loss once; forking the RNG keeps that run's noise out of the
             # random stream, so a JIT fit draws exactly the noise of an eager fit.
@@ -225,7 +243,7 @@ class SVIStep:
                 fn = torch.jit.trace(lambda *args: self.loss(i, args[-1]), inputs,
                                      check_trace=False)
             self._compiled[key] = fn
-        return fn(*self.params, self.x, self.y, idx)
+        return fn(*self.params, *self.trace_inputs(), self.x, self.y, idx)
 
     def next_batch(self) -> tuple[int, Tensor]:
         if self.position == self.num_batches:
