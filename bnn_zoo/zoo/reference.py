@@ -49,7 +49,7 @@ register(Entry(
     description="MAP point estimate (Pyro AutoDelta)",
     tasks=("regression", "classification"),
     model=fan_in_mlp,
-    method=SVI(map_guide),
+    method=SVI(map_guide, replicas=True),
     budget=MAP_BUDGET,
     tunable_noise=True,
 ))
@@ -59,7 +59,7 @@ register(Entry(
     description="mean-field Gaussian (Pyro AutoNormal)",
     tasks=("regression", "classification"),
     model=fan_in_mlp,
-    method=SVI(auto_normal, elbo=MeanFieldELBO),
+    method=SVI(auto_normal, elbo=MeanFieldELBO, replicas=True),
     budget=MEAN_FIELD_BUDGET,
     tunable_noise=True,
 ))
