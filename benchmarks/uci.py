@@ -16,7 +16,10 @@ with the published VI, PBP, MC dropout and deep-ensembles rows beside it),
 ``uci_summary.md``/``.csv``/``.json`` (per entry: on how many data sets its test
 log-likelihood beats VI's and PBP's, and its total fit time) and ``uci_ll.png``.
 Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped on a
-rerun.
+rerun. With ``--replicas auto`` (the default) the splits of a data set are fitted together,
+as replicas in one vectorised pass, by every entry that can batch them (``map``,
+``mean_field``, ``bbb``; ``ensemble`` trains its members as replicas within each fit), and
+one by one by the others; ``--replicas off`` fits every split alone.
 
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/uci.py --splits 5 --threads 1
 """
@@ -132,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                           seed=args.seed, out=args.out, device=args.device,
                                           overrides=protocol_overrides(overrides, args.validation),
                                           num_samples=args.num_samples,
-                                          reference=args.reference)
+                                          reference=args.reference, replicas=args.replicas)
     measured = {r["data"] for r in records}
     summary, table = compare.write_comparison(
         records, args.out, name="uci", reference=args.reference, columns=COLUMNS,

@@ -16,6 +16,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 # file name -> flags that make it run in seconds ("{out}" becomes a temporary folder)
 TINY_ARGS: dict[str, list[str]] = {
     "speed.py": ["--repeats", "1", "--inner", "1", "--nets", "13-50-1", "--out", "{out}"],
+    "replicas.py": ["--replicas", "2", "--steps", "3", "--repeats", "1", "--points", "20",
+                    "--out", "{out}"],
     "compare_guides.py": ["--data", "sine", "--entries", "map", "--steps", "10",
                           "--num-samples", "5", "--reference", "none", "--out", "{out}"],
     "uci.py": ["--data", "yacht", "--splits", "1", "--entries", "map", "--steps", "10",

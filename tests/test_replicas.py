@@ -14,6 +14,7 @@ from bnn_zoo.core.elbo import LocalReparameterizationELBO
 from bnn_zoo.core.replicas import ReplicaSVIStep, fit_replicas, weight_replicas
 from bnn_zoo.core.training import TrainingDiverged
 from bnn_zoo.guides.bbb import BayesByBackpropGuide
+from bnn_zoo.harness import compare
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.zoo.reference import map_guide
@@ -204,8 +205,9 @@ def test_ensemble_members_as_replicas_equal_members_one_by_one():
 def test_fit_many_falls_back_to_one_by_one_where_the_method_cannot_batch():
     x, y = regression_sets(2, dtype=torch.float32)
     entry = zoo.get("lowrank")
-    assert not getattr(entry.method, "replicas", False)
     options = {"model_options": {"hidden": (4,)}, "steps": 5, "jit": False}
+    assert not zoo.batches_replicas(entry, **options)
+    assert zoo.batches_replicas(zoo.get("map"), **options)
     many = entry.fit_many(x, y, seeds=[0, 1], **options)
     for r, fitted in enumerate(many):
         alone = entry.fit(x[r], y[r], seed=r, **options)
@@ -236,3 +238,26 @@ def test_fit_replicas_rejects_unbatched_data_and_shared_parameters():
     model.noise_scale = PyroParam(torch.tensor(0.5), constraint=constraints.positive)
     with pytest.raises(ValueError, match=r"noise_scale_unconstrained \(\) would be shared"):
         fit_replicas(model, guide, torch.randn(2, 10, 2), torch.randn(2, 10), steps=1)
+
+
+def test_comparison_fits_the_splits_of_a_data_set_as_replicas(tmp_path, capsys):
+    # sine's splits have equal sizes; full-batch MAP, so the splits fitted together match
+    # those fitted one by one up to float32 round-off.
+    kwargs = dict(splits=3, out=tmp_path, num_samples=10,
+                  overrides={"steps": 5, "jit": False, "batch_size": None,
+                             "model_options": {"hidden": (4,)}})
+    together = compare.run_comparison(["sine"], ["map", "lowrank"], **kwargs)
+    assert [(r["entry"], r["split"], r["status"]) for r in together] == [
+        ("map", 0, "ok"), ("map", 1, "ok"), ("map", 2, "ok"),
+        ("lowrank", 0, "ok"), ("lowrank", 1, "ok"), ("lowrank", 2, "ok")]
+    assert [r["settings"]["overrides"].get("replicas") for r in together] == [True] * 3 + [None] * 3
+    apart = compare.run_comparison(["sine"], ["map"], replicas="off", **kwargs)
+    for a, b in zip(together, apart):
+        assert a["seed"] == b["seed"] == a["split"]
+        assert a["metrics"]["rmse"] == pytest.approx(b["metrics"]["rmse"], rel=1e-4)
+    assert len(list((tmp_path / "runs" / "map").glob("*.json"))) == 6  # separate cache keys
+    capsys.readouterr()
+    compare.run_comparison(["sine"], ["map"], **kwargs)
+    assert capsys.readouterr().out.count("[cached]") == 3
+    with pytest.raises(ValueError, match="'lowrank'.*cannot batch"):
+        compare.run_comparison(["sine"], ["lowrank"], replicas="on", **kwargs)

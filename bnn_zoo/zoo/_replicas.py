@@ -30,10 +30,31 @@ from bnn_zoo.zoo._entry import Entry, Fitted
 __all__ = ["batches_replicas", "fit_many", "training_sets"]
 
 
-def batches_replicas(entry: Entry, method: object, budget: Budget) -> bool:
-    """Whether ``entry.fit_many`` trains its fits as replicas in one pass: the method
-    declares ``replicas=True`` and the budget is not data-parallel."""
-    return bool(getattr(method, "replicas", False)) and not budget.distributed
+def _configure(entry: Entry, model_options: Mapping[str, Any] | None,
+               guide_options: Mapping[str, Any] | None,
+               method_options: Mapping[str, Any] | None, budget_overrides: dict
+               ) -> tuple[dict, dict, object, Budget, bool]:
+    """The checked options, model options, method and budget of a fit, and whether its
+    fits batch: the method declares ``replicas=True`` and the budget is not distributed."""
+    overrides = check_keywords("budget option", budget_overrides,
+                               {f.name for f in fields(Budget)})
+    budget = replace(entry.budget, **overrides)
+    options = {name: check_keywords(name, value or {}, None) for name, value in
+               (("model_options", model_options), ("guide_options", guide_options),
+                ("method_options", method_options))}
+    model_kw, method = entry.configure(**options)
+    batches = bool(getattr(method, "replicas", False)) and not budget.distributed
+    return options, model_kw, method, budget, batches
+
+
+def batches_replicas(entry: Entry, *, model_options: Mapping[str, Any] | None = None,
+                     guide_options: Mapping[str, Any] | None = None,
+                     method_options: Mapping[str, Any] | None = None,
+                     **budget_overrides: Any) -> bool:
+    """Whether ``entry.fit_many`` with these options (those of :meth:`Entry.fit`) trains
+    its fits as replicas in one pass rather than one by one."""
+    return _configure(entry, model_options, guide_options, method_options,
+                      budget_overrides)[-1]
 
 
 def training_sets(xs: object, ys: object, seeds: object
@@ -84,14 +105,9 @@ def fit_many(entry: Entry, xs: object, ys: object, *, seeds: Sequence[int],
     classification the number of classes is that of all the sets together.
     """
     xs, ys, seeds = training_sets(xs, ys, seeds)
-    overrides = check_keywords("budget option", budget_overrides,
-                               {f.name for f in fields(Budget)})
-    budget = replace(entry.budget, **overrides)
-    options = {name: check_keywords(name, value or {}, None) for name, value in
-               (("model_options", model_options), ("guide_options", guide_options),
-                ("method_options", method_options))}
-    model_kw, method = entry.configure(**options)
-    if not batches_replicas(entry, method, budget):
+    options, model_kw, method, budget, batches = _configure(
+        entry, model_options, guide_options, method_options, budget_overrides)
+    if not batches:
         return [entry.fit(x, y, task=task, seed=seed, progress=progress, **options,
                           **budget_overrides) for x, y, seed in zip(xs, ys, seeds)]
     if task is not None:
