@@ -11,7 +11,14 @@ from pyro.nn import PyroParam
 
 from bnn_zoo import zoo
 from bnn_zoo.core.elbo import LocalReparameterizationELBO
-from bnn_zoo.core.replicas import ReplicaSVIStep, fit_replicas, weight_replicas
+from bnn_zoo.core.predictive import predict
+from bnn_zoo.core.replicas import (
+    ReplicaSVIStep,
+    fit_replicas,
+    predict_replicas,
+    split_replicas,
+    weight_replicas,
+)
 from bnn_zoo.core.training import TrainingDiverged
 from bnn_zoo.guides.bbb import BayesByBackpropGuide
 from bnn_zoo.harness import compare
@@ -261,3 +268,36 @@ def test_comparison_fits_the_splits_of_a_data_set_as_replicas(tmp_path, capsys):
     assert capsys.readouterr().out.count("[cached]") == 3
     with pytest.raises(ValueError, match="'lowrank'.*cannot batch"):
         compare.run_comparison(["sine"], ["lowrank"], replicas="on", **kwargs)
+
+
+def test_predict_replicas_equals_each_split_out_single_fit():
+    # MAP replicas trained in one pass, split into single-fit pairs: the batched
+    # predictive of replica r is that of its single pair (point weights: no noise).
+    x, y = regression_sets(3, n=15)
+    model = BayesianMLP(3, 1, (4,)).double().replicated(3)
+    guide = map_guide(model)
+    fit_replicas(model, guide, x, y, steps=20, lr=1e-2, progress=False)
+    singles = [BayesianMLP(3, 1, (4,)).double() for _ in range(3)]
+    single_guides = [map_guide(m) for m in singles]
+    for g, xr, yr in zip(single_guides, x, y):
+        with torch.no_grad(), pyro.get_param_store().scope():
+            g(xr, yr)  # AutoDelta builds its parameters on the first call
+    split_replicas(model, singles)
+    split_replicas(guide, single_guides)
+    batched = predict_replicas(model, guide, x, num_samples=2)
+    for r in range(3):
+        alone = predict(singles[r], single_guides[r], x[r], num_samples=2)
+        torch.testing.assert_close(batched[r].loc, alone.loc, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(batched[r].scale, alone.scale)
+
+
+def test_replicated_pair_works_with_plain_pyro_svi_and_predictive():
+    x, y = regression_sets(2, n=10)
+    model = BayesianMLP(3, 1, (4,)).double().replicated(2)
+    guide = BayesByBackpropGuide(model).double()
+    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}),
+                         pyro.infer.Trace_ELBO(max_plate_nesting=2))
+    assert all(torch.isfinite(torch.tensor(svi.step(x, y))) for _ in range(3))
+    samples = pyro.infer.Predictive(model, guide=guide, num_samples=4)(x)
+    assert samples["obs"].shape == (4, 2, 10)
+    assert samples["layers.0.weight"].shape == (4, 2, 1, 3, 4)

@@ -47,11 +47,17 @@ from bnn_zoo.core.checks import (
     check_seed,
     check_tensor,
 )
+from bnn_zoo.core.predictive import (
+    CategoricalPredictive,
+    GaussianMixturePredictive,
+    Predictive,
+    sample_predictive,
+)
 from bnn_zoo.core.training import FitResult, SVIStep, TrainingDiverged
 
 __all__ = ["REPLICA_DIM", "REPLICA_PLATE", "ReplicaSVIStep", "check_replica_data",
-           "fit_replicas", "replica_plate", "split_replicas", "stack_replicas",
-           "weight_replicas"]
+           "fit_replicas", "predict_replicas", "replica_plate", "split_replicas",
+           "stack_replicas", "weight_replicas"]
 
 #: The name and dimension of the replica plate: left of the data plate (``dim=-1``).
 REPLICA_PLATE = "replicas"
@@ -128,7 +134,7 @@ class ReplicaSVIStep(SVIStep):
                                   requires_grad=True)
         super().__init__(model, guide, x, y, max_plate_nesting=max_plate_nesting + 1,
                          **options)
-        names = {id(p): name for name, p in _named(self.modules)}
+        names = {id(p): name for m in self.modules for name, p in m.named_parameters()}
         shared = [f"{names[id(p)]} {tuple(p.shape)}" for p in self.params
                   if p.dim() == 0 or p.shape[0] != self.replicas]
         if shared:
@@ -186,10 +192,6 @@ class ReplicaSVIStep(SVIStep):
             "losses. Try a smaller lr or a narrower initial guide.")
 
 
-def _named(modules: list[nn.Module]) -> list[tuple[str, Tensor]]:
-    return [(name, p) for m in modules for name, p in m.named_parameters()]
-
-
 def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
                  lr: float = 1e-2, batch_size: int | None = None, num_particles: int = 1,
                  elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO,
@@ -241,6 +243,23 @@ def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, step
         seconds = (time.perf_counter() - started) / step.replicas
     by_replica = [list(column) for column in zip(*history)]
     return [FitResult(losses=losses, seconds=seconds, steps=steps) for losses in by_replica]
+
+
+def predict_replicas(model: Callable, guide: Callable, x: Tensor, *, num_samples: int = 100,
+                     max_plate_nesting: int = 1) -> list[Predictive]:
+    """The posterior predictive of every replica of a replica-batched pair at inputs ``x``
+    (R, N, D), replica ``r`` at ``x[r]``: R predictives, each as
+    :func:`bnn_zoo.core.predictive.predict` gives it for one fit, all drawn in one pass.
+    ``max_plate_nesting`` counts the model's plates without the replica plate."""
+    x = check_tensor("x", as_data_tensor("x", x), ndim=3, floating=True)
+    check_positive_int("max_plate_nesting", max_plate_nesting)
+    pred = sample_predictive(model, guide, x, num_samples=num_samples,
+                             max_plate_nesting=max_plate_nesting + 1)
+    if isinstance(pred, GaussianMixturePredictive):
+        # (S, R, N); a pair without latent weights gives (R, N), the same for every sample
+        loc, scale = (t.expand(num_samples, *x.shape[:2]) for t in (pred.loc, pred.scale))
+        return [GaussianMixturePredictive(loc[:, r], scale[:, r]) for r in range(x.shape[0])]
+    return [CategoricalPredictive(pred.probs[:, r]) for r in range(x.shape[0])]
 
 
 def _is_replicated(batched: Tensor, single: Tensor, replicas: int) -> bool:
