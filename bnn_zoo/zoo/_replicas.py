@@ -19,7 +19,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_choice, check_class_labels, check_data, check_seed
+from bnn_zoo.core.checks import (
+    check_bool,
+    check_choice,
+    check_class_labels,
+    check_data,
+    check_seed,
+)
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.evaluation.noise_tuning import holdout, tune_noise
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
@@ -105,6 +111,7 @@ def fit_many(entry: Entry, xs: object, ys: object, *, seeds: Sequence[int],
     classification the number of classes is that of all the sets together.
     """
     xs, ys, seeds = training_sets(xs, ys, seeds)
+    check_bool("progress", progress, allow_none=True)
     options, model_kw, method, budget, batches = _configure(
         entry, model_options, guide_options, method_options, budget_overrides)
     if not batches:
