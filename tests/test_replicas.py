@@ -152,7 +152,7 @@ def test_replica_losses_sum_to_the_batch_loss():
     step = ReplicaSVIStep(model, guide, x, y, lr=1e-3)
     with pyro.get_param_store().scope(step.param_state):
         total = pyro.infer.Trace_ELBO(max_plate_nesting=2).differentiable_loss(model, guide, x, y)
-    losses = step()
+    losses = step.advance()
     assert losses.shape == (3,)
     torch.testing.assert_close(losses.sum(), total.detach(), rtol=1e-12, atol=1e-9)
 

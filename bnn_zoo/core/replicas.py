@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import time
 from collections.abc import Callable, Sequence
 
 import pyro
@@ -38,7 +36,6 @@ import torch
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from bnn_zoo.core.checks import (
     as_data_tensor,
@@ -53,15 +50,17 @@ from bnn_zoo.core.predictive import (
     Predictive,
     sample_predictive,
 )
-from bnn_zoo.core.training import FitResult, SVIStep, TrainingDiverged
+from bnn_zoo.core.training import FitResult, SVIStep, run_steps
 
-__all__ = ["REPLICA_DIM", "REPLICA_PLATE", "ReplicaSVIStep", "check_replica_data",
-           "fit_replicas", "predict_replicas", "replica_plate", "split_replicas",
-           "stack_replicas", "weight_replicas"]
+__all__ = ["REPLICA_CHECK_EVERY", "REPLICA_DIM", "REPLICA_PLATE", "ReplicaSVIStep",
+           "check_replica_data", "fit_replicas", "predict_replicas", "replica_plate",
+           "split_replicas", "stack_replicas", "weight_replicas"]
 
 #: The name and dimension of the replica plate: left of the data plate (``dim=-1``).
 REPLICA_PLATE = "replicas"
 REPLICA_DIM = -2
+#: Steps between read-backs of the replicas' losses (and checks of the NaN guard).
+REPLICA_CHECK_EVERY = 100
 
 
 def replica_plate(replicas: int | None, device: torch.device | None = None
@@ -116,11 +115,11 @@ class ReplicaSVIStep(SVIStep):
     guide must have a leading dimension R (a parameter shared by the replicas would couple
     the fits: a ``ValueError`` naming it).
 
-    A call returns the R losses of the step as a tensor on the device, without reading
-    anything back to the host; it records whether every replica's loss and gradient norm
-    stayed finite, and sets the gradient of a replica where they did not to zero (so its
-    parameters stay finite, and Pyro's validation quiet, until the check). :meth:`check`
-    reads that back (every few steps and at the end, in
+    A call (:meth:`advance`) returns the R losses of the step as a tensor on the device,
+    without reading anything back to the host; it records whether every replica's loss and
+    gradient norm stayed finite, and sets the gradient of a replica where they did not to
+    zero (so its parameters stay finite, and Pyro's validation quiet, until the check).
+    :meth:`~SVIStep.check` reads that back (every few steps and at the end, in
     :func:`fit_replicas`): if some replica diverged, the parameters of all of them are
     restored to those of the last check and :class:`TrainingDiverged` names the replicas.
     """
@@ -143,7 +142,6 @@ class ReplicaSVIStep(SVIStep):
                              "the replicas; put the model's sites in replica_plate(R) and give "
                              "the guide parameters per replica.")
         self.finite = torch.ones(self.replicas, dtype=torch.bool, device=x.device)
-        self.checked_step = 0
 
     def check_data(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         return check_replica_data(x, y)
@@ -154,42 +152,34 @@ class ReplicaSVIStep(SVIStep):
     def trace_inputs(self) -> tuple[Tensor, ...]:
         return (self.replica_weights,)
 
-    def __call__(self) -> Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
+    def advance(self) -> Tensor:
+        """:meth:`SVIStep.advance` for R replicas: returns the (R,) losses of the step (each
+        replica's own, read from the replica weights' gradient) and keeps finiteness, and
+        zeroes the gradients, per replica."""
         self.replica_weights.grad = None
-        with pyro.get_param_store().scope(self.param_state):
-            loss = (self.compiled_loss if self.jit else self.loss)(*self.next_batch())
-        loss.backward()
+        self.backward()
         losses = self.replica_weights.grad.detach().reshape(self.replicas)
         grads = [p.grad for p in self.params if p.grad is not None]
         squares = sum(g.reshape(self.replicas, -1).square().sum(1) for g in grads)
         finite = torch.isfinite(losses) & torch.isfinite(squares)
         self.finite &= finite
-        for g in grads:  # a diverged replica keeps finite values until the check raises
+        for g in grads:
             g.masked_fill_(~finite.view(-1, *[1] * (g.dim() - 1)), 0.0)
         self.optimizer.step()
         self.step_count += 1
         return losses
 
-    def check(self) -> None:
-        """Raise :class:`TrainingDiverged` naming the replicas whose loss or gradient turned
-        NaN/inf since the last check, after restoring every parameter to its value at that
-        check; otherwise remember the current values as the last good ones."""
-        finite = self.finite.tolist()
-        with torch.no_grad():
-            if all(finite):
-                for param, good in zip(self.params, self.last_good):
-                    good.copy_(param)
-                self.checked_step = self.step_count
-                return
-            for param, good in zip(self.params, self.last_good):
-                param.copy_(good)
-        bad = [r for r, ok in enumerate(finite) if not ok]
-        raise TrainingDiverged(
-            f"Replica {', '.join(map(str, bad))} of {self.replicas}: the loss or gradient "
-            f"became NaN/inf between steps {self.checked_step} and {self.step_count}; the "
-            f"parameters are restored to step {self.checked_step}, the last check with finite "
-            "losses. Try a smaller lr or a narrower initial guide.")
+    def __call__(self) -> list[float]:
+        """A step, then :meth:`~SVIStep.check`: the R losses, read back."""
+        losses = self.advance()
+        self.check()
+        return losses.tolist()
+
+    def divergence_message(self, bad: list[int]) -> str:
+        return (f"Replica {', '.join(map(str, bad))} of {self.replicas}: the loss or gradient "
+                f"became NaN/inf between steps {self.checked_step} and {self.step_count}; the "
+                f"parameters are restored to step {self.checked_step}, the last check with "
+                "finite losses. Try a smaller lr or a narrower initial guide.")
 
 
 def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
@@ -197,7 +187,8 @@ def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, step
                  elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO,
                  kl_weighting: str = "uniform", seed: int | None = None,
                  progress: bool | None = None, max_plate_nesting: int = 1, jit: bool = False,
-                 validate: bool | None = None, check_every: int = 100) -> list[FitResult]:
+                 validate: bool | None = None,
+                 check_every: int = REPLICA_CHECK_EVERY) -> list[FitResult]:
     """R independent SVI fits in one vectorised pass: :func:`bnn_zoo.core.training.fit`
     for a replica-batched model and guide (see the module doc).
 
@@ -207,7 +198,7 @@ def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, step
     after ``.replicated(R)``); the guide must hold its parameters per replica. Every replica
     takes the same minibatch indices, drawn from ``seed``. Losses stay on the device and
     are read back, and the NaN guard checked, every ``check_every`` steps and at the end
-    (see :meth:`ReplicaSVIStep.check`). The other arguments are those of ``fit``.
+    (see :meth:`SVIStep.check`; 1: every step). The other arguments are those of ``fit``.
 
     Returns one :class:`FitResult` per replica: its loss history, and as ``seconds`` the
     batch's wall time shared equally by the R fits (so sums over fits are wall times).
@@ -226,21 +217,9 @@ def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, step
                               num_particles=num_particles, elbo=elbo,
                               kl_weighting=kl_weighting, seed=seed,
                               max_plate_nesting=max_plate_nesting, jit=jit)
-        show = sys.stderr.isatty() if progress is None else progress
         history: list[list[float]] = []
-        pending: list[Tensor] = []
-        started = time.perf_counter()
-        with tqdm(total=steps, disable=not show, desc=f"SVI x{step.replicas}",
-                  leave=False) as bar:
-            while step.step_count < steps:
-                pending.append(step())
-                if step.step_count % check_every == 0 or step.step_count == steps:
-                    step.check()
-                    history += torch.stack(pending).tolist()
-                    pending = []
-                    bar.update(step.step_count - bar.n)
-                    bar.set_postfix(loss=f"{sum(history[-1]) / step.replicas:.4g}")
-        seconds = (time.perf_counter() - started) / step.replicas
+        seconds = run_steps(step, steps, history, progress=progress, check_every=check_every,
+                            desc=f"SVI x{step.replicas}") / step.replicas
     by_replica = [list(column) for column in zip(*history)]
     return [FitResult(losses=losses, seconds=seconds, steps=steps) for losses in by_replica]
 

@@ -20,7 +20,12 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo.core.predictive import predict
-from bnn_zoo.core.replicas import fit_replicas, split_replicas, stack_replicas
+from bnn_zoo.core.replicas import (
+    REPLICA_CHECK_EVERY,
+    fit_replicas,
+    split_replicas,
+    stack_replicas,
+)
 from bnn_zoo.core.training import FitResult, fit
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_state
 
@@ -113,7 +118,7 @@ class SVI:
         all weights in one vector, such as ``AutoLowRankMultivariateNormal``).
 
     The budget's ``steps``, ``lr``, ``batch_size``, ``num_particles``, ``kl_weighting``,
-    ``jit`` and ``distributed`` go to :func:`bnn_zoo.core.training.fit`.
+    ``jit``, ``distributed`` and ``check_every`` go to :func:`bnn_zoo.core.training.fit`.
     """
 
     guide: Callable[..., Callable]
@@ -148,7 +153,8 @@ class SVI:
         result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
                      batch_size=budget.batch_size, num_particles=budget.num_particles,
                      kl_weighting=budget.kl_weighting, elbo=self.elbo, seed=seed,
-                     progress=progress, jit=budget.jit, distributed=budget.distributed)
+                     progress=progress, jit=budget.jit, distributed=budget.distributed,
+                     check_every=budget.check_every or 1)
         return SVIPosterior(model, guide, result)
 
     def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
@@ -181,7 +187,8 @@ class SVI:
                                batch_size=budget.batch_size,
                                num_particles=budget.num_particles,
                                kl_weighting=budget.kl_weighting, elbo=self.elbo, seed=seeds[0],
-                               progress=progress, jit=budget.jit)
+                               progress=progress, jit=budget.jit,
+                               check_every=budget.check_every or REPLICA_CHECK_EVERY)
         split_replicas(model, models)
         split_replicas(guide, guides)
         return [SVIPosterior(*pair) for pair in zip(models, guides, results)]
