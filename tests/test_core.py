@@ -148,7 +148,8 @@ def test_losses_kept_on_the_device_change_nothing_but_when_they_are_read():
         assert torch.equal(value, fits[1][1][name]), name
 
 
-def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("check_every", [1, 3])  # 3: losses flushed before each checkpoint
+def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path, check_every):
     x, y = small_problem()
 
     def run(steps: int, checkpoint=None):
@@ -156,7 +157,7 @@ def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
         model = BayesianMLP(1, 1, (6,))
         guide = AutoNormal(model)
         result = bnn_zoo.fit(model, guide, x, y, steps=steps, lr=0.02, batch_size=16, seed=1,
-                             checkpoint=checkpoint, checkpoint_every=5)
+                             checkpoint=checkpoint, checkpoint_every=5, check_every=check_every)
         return result, parameters(guide)
 
     straight, expected = run(20)

@@ -346,6 +346,10 @@ class SVIStep:
         self.perm = state["perm"].to(self.x.device)
         self.order.set_state(state["order"])
         _set_rng_state(state["rng"])
+        with torch.no_grad():  # the loaded parameters are those a failed check goes back to
+            for param, good in zip(self.params, self.last_good):
+                good.copy_(param)
+        self.checked_step = self.step_count
 
     def run_description(self) -> dict:
         """What a checkpoint must share with the run that resumes it: the shapes of every
