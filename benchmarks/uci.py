@@ -27,7 +27,10 @@ Writes under ``--out``:
   published one, with standard-error bars.
 
 Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped on a
-rerun.
+rerun. With ``--replicas auto`` (the default) the splits of a data set are fitted together,
+as replicas in one vectorised pass, by every entry that can batch them (``map``,
+``mean_field``, ``bbb``; ``ensemble`` trains its members as replicas within each fit), and
+one by one by the others; ``--replicas off`` fits every split alone.
 
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/uci.py --splits 5 --threads 1
 """
@@ -197,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                           seed=args.seed, out=args.out, device=args.device,
                                           overrides=protocol_overrides(overrides, args.validation),
                                           num_samples=args.num_samples,
-                                          reference=args.reference)
+                                          reference=args.reference, replicas=args.replicas)
     measured = {r["data"] for r in records}
     write_csv(args.out / "uci.csv", tidy_rows(records))
     summary, table = compare.write_comparison(

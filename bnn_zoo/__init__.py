@@ -18,9 +18,11 @@ from __future__ import annotations
 from bnn_zoo import zoo
 from bnn_zoo.core import data
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
+from bnn_zoo.core.replicas import fit_replicas, predict_replicas
 from bnn_zoo.core.training import FitResult, TrainingDiverged, fit
 from bnn_zoo.evaluation.metrics import evaluate, metrics
 
 __all__ = ["CategoricalPredictive", "FitResult", "GaussianMixturePredictive",
-           "TrainingDiverged", "data", "evaluate", "fit", "metrics", "predict", "zoo"]
+           "TrainingDiverged", "data", "evaluate", "fit", "fit_replicas", "metrics", "predict",
+           "predict_replicas", "zoo"]
 __version__ = "0.1.0"

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from bnn_zoo.core.checks import check_positive
 from bnn_zoo.core.nn import tensor_options
+from bnn_zoo.core.replicas import replica_plate
 from bnn_zoo.models.mlp import fan_in_init
 
 __all__ = ["BayesByBackpropGuide", "deep_getattr", "softplus_inverse"]
@@ -61,6 +62,11 @@ class BayesByBackpropGuide(PyroModule):
     The parameters are created on the device and in the dtype of the model's own
     tensors (its noise scale), so ``BayesByBackpropGuide(model.to("cuda"))`` lives on
     the GPU from the start.
+
+    For a model of R replicas (its ``replicas`` attribute, e.g.
+    ``BayesianMLP.replicated(R)``; :mod:`bnn_zoo.core.replicas`) every parameter gets the
+    leading shape (R, 1), one independent Gaussian per replica (means drawn independently
+    per replica), sampled in the replica plate.
     """
 
     def __init__(self, model: nn.Module, *, init_scale: float = 1e-2,
@@ -68,6 +74,9 @@ class BayesByBackpropGuide(PyroModule):
         super().__init__()
         check_positive("init_scale", init_scale)
         self.site_shapes = dict(model.sites)
+        self.replicas: int | None = getattr(model, "replicas", None)
+        copies = 1 if self.replicas is None else self.replicas
+        lead = () if self.replicas is None else (self.replicas, 1)
         rho = softplus_inverse(init_scale)
         options = tensor_options(model)
         # PyroParams in PyroModule containers, named by site as in Pyro's AutoNormal
@@ -81,9 +90,11 @@ class BayesByBackpropGuide(PyroModule):
         for name, shape in self.site_shapes.items():
             # Drawn on the CPU (where ``generator`` lives), so the initial means are the
             # same on every device, then moved to the model's device and dtype.
-            start = offered[name] if name in offered else fan_in_init(shape, generator=generator)
+            starts = [offered[name] if name in offered else fan_in_init(shape, generator=generator)
+                      for _ in range(copies)]
+            start = torch.stack(starts).reshape(*lead, *shape)
             deep_setattr(self.loc, name, PyroParam(start.to(**options)))
-            deep_setattr(self.rho, name, PyroParam(torch.full(shape, rho, **options)))
+            deep_setattr(self.rho, name, PyroParam(torch.full((*lead, *shape), rho, **options)))
 
     def distributions(self) -> dict[str, dist.Normal]:
         """The variational Gaussian of every site, keyed by site name (no event dims)."""
@@ -92,5 +103,6 @@ class BayesByBackpropGuide(PyroModule):
                 for name in self.site_shapes}
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> dict[str, Tensor]:
-        return {name: pyro.sample(name, q.to_event(len(q.batch_shape)))
-                for name, q in self.distributions().items()}
+        with replica_plate(self.replicas, x.device):
+            return {name: pyro.sample(name, q.to_event(len(self.site_shapes[name])))
+                    for name, q in self.distributions().items()}

@@ -21,16 +21,19 @@ __all__ = ["observe"]
 
 
 def observe(x: Tensor, y: Tensor | None, network: Callable[[Tensor], Tensor], *,
-            regression: bool, noise_scale: Callable[[], Tensor] | None = None) -> Tensor:
+            regression: bool, noise_scale: Callable[[], Tensor] | None = None,
+            data_dim: int = 0) -> Tensor:
     """Run ``network`` on (the minibatch of) ``x`` inside the data plate and observe ``y``.
 
     ``network(x)`` returns the outputs (*S, N, K); ``noise_scale()`` gives ``sigma`` for
-    regression. Returns the outputs ``f``.
+    regression. Returns the outputs ``f``. ``data_dim`` is the dimension of ``x`` and ``y``
+    that runs over the data points: 1 for replicas, ``x`` of shape (R, N, D) and ``y``
+    (R, N) (see :mod:`bnn_zoo.core.replicas`).
     """
-    with pyro.plate("data", x.shape[0], device=x.device) as idx:
-        if idx.shape[0] != x.shape[0]:
-            x = x.index_select(0, idx)
-            y = None if y is None else y.index_select(0, idx)
+    with pyro.plate("data", x.shape[data_dim], device=x.device) as idx:
+        if idx.shape[0] != x.shape[data_dim]:
+            x = x.index_select(data_dim, idx)
+            y = None if y is None else y.index_select(data_dim, idx)
         f = pyro.deterministic("f", network(x))
         if regression:
             pyro.sample("obs", dist.Normal(f.squeeze(-1), noise_scale().to(f.dtype)), obs=y)

@@ -17,16 +17,19 @@ unbiased (see :class:`bnn_zoo.core.handlers.subsample_data`).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import pyro
 import torch
-from pyro.nn import PyroModule
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_choice
+from bnn_zoo.core.checks import check_choice, check_positive_int
 from bnn_zoo.core.nn import activation as activation_fn
 from bnn_zoo.core.nn import layer_names, layer_sizes, mlp_forward
+from bnn_zoo.core.replicas import replica_plate
 from bnn_zoo.models.likelihood import observe
 from bnn_zoo.models.noise import ObservationNoise
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
@@ -61,6 +64,9 @@ class BayesianMLP(ObservationNoise, PyroModule):
     prior : :class:`GaussianPrior` (default ``N(0, 1)``) or :class:`ScaleMixturePrior`.
     noise_scale : regression only; a float fixes ``sigma``, ``None`` learns it
         (initialised at ``init_noise_scale``).
+
+    :meth:`replicated` gives the same model for R independent fits in one pass
+    (:mod:`bnn_zoo.core.replicas`).
     """
 
     def __init__(self, in_dim: int, out_dim: int = 1, hidden: Sequence[int] = (50,), *,
@@ -83,6 +89,28 @@ class BayesianMLP(ObservationNoise, PyroModule):
             )
         self.prior = prior
         self.init_noise(noise_scale if task == "regression" else 1.0, init_noise_scale)
+        #: ``None`` for a single fit; R for a model of R replicas (see :meth:`replicated`).
+        self.replicas: int | None = None
+
+    def replicated(self, replicas: int) -> BayesianMLP:
+        """A copy of this model for ``replicas`` independent fits in one pass.
+
+        The copy takes inputs ``x`` (R, N, D) and targets ``y`` (R, N) and samples every
+        site inside ``pyro.plate("replicas", R, dim=-2)``
+        (:func:`~bnn_zoo.core.replicas.replica_plate`), so the weights of replica ``r`` have
+        the leading index ``r`` and see only ``x[r]``, ``y[r]``; a learned noise scale
+        becomes one per replica, shape (R, 1), starting at this model's value.
+        """
+        check_positive_int("replicas", replicas)
+        if self.replicas is not None:
+            raise ValueError("Expected a single-fit model, but this one is already replicated "
+                             f"({self.replicas} replicas).")
+        twin = copy.deepcopy(self)
+        twin.replicas = replicas
+        if self.learn_noise:
+            start = self.noise_scale.detach().expand(replicas, 1).clone()
+            twin.noise_scale = PyroParam(start, constraint=constraints.positive)
+        return twin
 
     @property
     def sites(self) -> list[tuple[str, tuple[int, ...]]]:
@@ -109,13 +137,15 @@ class BayesianMLP(ObservationNoise, PyroModule):
         return mlp_forward(x, params, self.act)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
-        if x.dim() != 2 or x.shape[-1] != self.sizes[0]:
-            raise ValueError(
-                f"Expected x of shape (N, {self.sizes[0]}), but got {tuple(x.shape)}."
-            )
-        params = self.sample_weights(x)
-        return observe(x, y, lambda inputs: self.network(inputs, params),
-                       regression=self.task == "regression", noise_scale=self.observation_scale)
+        batch = () if self.replicas is None else (self.replicas,)
+        if x.shape[:-2] != batch or x.dim() != len(batch) + 2 or x.shape[-1] != self.sizes[0]:
+            expected = ", ".join(map(str, (*batch, "N", self.sizes[0])))
+            raise ValueError(f"Expected x of shape ({expected}), but got {tuple(x.shape)}.")
+        with replica_plate(self.replicas, x.device):
+            params = self.sample_weights(x)
+            return observe(x, y, lambda inputs: self.network(inputs, params),
+                           regression=self.task == "regression",
+                           noise_scale=self.observation_scale, data_dim=len(batch))
 
 
 def fan_in_init(shape: tuple[int, ...], *, dtype: torch.dtype | None = None,
@@ -136,8 +166,11 @@ def init_to_fan_in(site: dict) -> Tensor:
     """``init_loc_fn`` for autoguides: :func:`fan_in_init` for every weight site.
 
     Pyro's default ``init_to_feasible`` starts every weight at 0, where a ReLU
-    network has no gradient to break the symmetry between units.
+    network has no gradient to break the symmetry between units. A site with batch
+    dimensions (a replica plate) gets an independent draw per batch element.
     """
     ref = site["fn"].mean
-    return fan_in_init(tuple(site["fn"].event_shape), dtype=ref.dtype, device=ref.device).expand(
-        ref.shape)
+    event_shape = tuple(site["fn"].event_shape)
+    draws = [fan_in_init(event_shape, dtype=ref.dtype, device=ref.device)
+             for _ in range(site["fn"].batch_shape.numel())]
+    return torch.stack(draws).reshape(ref.shape)

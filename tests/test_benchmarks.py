@@ -16,6 +16,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 # file name -> flags that make it run in seconds ("{out}" becomes a temporary folder)
 TINY_ARGS: dict[str, list[str]] = {
     "speed.py": ["--repeats", "1", "--inner", "1", "--nets", "13-50-1", "--out", "{out}"],
+    "replicas.py": ["--replicas", "2", "--steps", "3", "--repeats", "1", "--points", "20",
+                    "--out", "{out}"],
     "compare_guides.py": ["--data", "sine", "--entries", "map", "--steps", "10",
                           "--num-samples", "5", "--reference", "none", "--out", "{out}"],
     "uci.py": ["--data", "yacht", "--splits", "1", "--entries", "map", "--steps", "10",
@@ -80,10 +82,10 @@ def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path,
     with open(tmp_path / "uci.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["entry"], r["dataset"], r["split"]) for r in rows] == [
-        ("map", "yacht", "0"), ("mean_field_clf", "yacht", "0"), ("map", "yacht", "1"),
+        ("map", "yacht", "0"), ("map", "yacht", "1"), ("mean_field_clf", "yacht", "0"),
         ("mean_field_clf", "yacht", "1")]
     assert {"ll", "rmse", "coverage_90", "fit_seconds"} <= rows[0].keys()
-    assert rows[1]["status"] == "skipped" and "not 'regression'" in rows[1]["reason"]
+    assert rows[2]["status"] == "skipped" and "not 'regression'" in rows[2]["reason"]
     assert "not 'regression'" in (tmp_path / "uci_summary.md").read_text()  # the hole says why
     best = (tmp_path / "uci_best.md").read_text()
     assert "| uci/yacht | map | 2 |" in best and "deep ensembles" in best

@@ -118,7 +118,38 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_finite_parameters():
     assert torch.isfinite(z) and 0.5 < z <= 1.0
 
 
-def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.filterwarnings("ignore:Encountered NaN:UserWarning")
+def test_deferred_nan_guard_restores_the_parameters_of_the_last_check():
+    # check_every=4: losses read back every 4 steps; the NaN step is found at the next
+    # check and the parameters go back to that of the check before, a multiple of 4 steps.
+    x, y = torch.zeros(10, 1), torch.full((10,), 5.0)
+    guide = AutoDelta(nan_beyond_one)
+    with pytest.raises(TrainingDiverged, match=r"restored to step (\d+)") as info:
+        bnn_zoo.fit(nan_beyond_one, guide, x, y, steps=500, lr=0.1, validate=False,
+                    check_every=4)
+    checked = int(info.value.args[0].split("restored to step ")[1].split(",")[0])
+    assert checked % 4 == 0
+    z = guide.median()["z"]
+    assert torch.isfinite(z) and z <= 1.0
+
+
+def test_losses_kept_on_the_device_change_nothing_but_when_they_are_read():
+    x, y = small_problem()
+    fits = []
+    for check_every in (1, 7):
+        pyro.set_rng_seed(0)
+        model = BayesianMLP(1, 1, (8,))
+        guide = zoo.get("bbb").guide(model)
+        result = bnn_zoo.fit(model, guide, x, y, steps=30, batch_size=16, seed=2,
+                             check_every=check_every)
+        fits.append((result.losses, parameters(guide)))
+    assert fits[0][0] == fits[1][0] and len(fits[1][0]) == 30
+    for name, value in fits[0][1].items():
+        assert torch.equal(value, fits[1][1][name]), name
+
+
+@pytest.mark.parametrize("check_every", [1, 3])  # 3: losses flushed before each checkpoint
+def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path, check_every):
     x, y = small_problem()
 
     def run(steps: int, checkpoint=None):
@@ -126,7 +157,7 @@ def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
         model = BayesianMLP(1, 1, (6,))
         guide = AutoNormal(model)
         result = bnn_zoo.fit(model, guide, x, y, steps=steps, lr=0.02, batch_size=16, seed=1,
-                             checkpoint=checkpoint, checkpoint_every=5)
+                             checkpoint=checkpoint, checkpoint_every=5, check_every=check_every)
         return result, parameters(guide)
 
     straight, expected = run(20)

@@ -6,6 +6,7 @@ was lost or half-written. Tiny budgets throughout (``--steps 5``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import multiprocessing
@@ -24,6 +25,7 @@ from bnn_zoo import data
 from bnn_zoo.core import files
 from bnn_zoo.harness import cli, compare, flags, runs, tables
 from bnn_zoo.harness.figures import save_figure
+from bnn_zoo.zoo import Entry
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "5", "--num-samples", "5"]
@@ -196,14 +198,17 @@ def test_installed_script_exit_code():
 # ---------------------------------------------------------------------------------------
 
 def _broken_map(monkeypatch) -> None:
-    """The ``map`` entry's fit raises, as a broken entry would."""
+    """The ``map`` entry's fit raises, as a broken entry would (fitted alone or as replicas)."""
     real = runs.zoo.get
 
-    class Broken:
+    class Broken(Entry):
         def fit(self, *args, **kwargs):
             raise RuntimeError("the optimiser exploded")
 
-    monkeypatch.setattr(runs.zoo, "get", lambda name: Broken() if name == "map" else real(name))
+        fit_many = fit
+
+    broken = Broken(**{f.name: getattr(real("map"), f.name) for f in dataclasses.fields(Entry)})
+    monkeypatch.setattr(runs.zoo, "get", lambda name: broken if name == "map" else real(name))
 
 
 # case: (argv, exit code, words on stderr, setup(monkeypatch))
@@ -512,8 +517,9 @@ def test_two_comparisons_into_one_out_folder(tmp_path):
 
 
 def test_ctrl_c_leaves_whole_files_and_the_rerun_resumes(tmp_path):
+    # One by one: fitted as replicas, the 20 splits would finish together, before the signal.
     argv = ["compare", "--entries", "map", "--splits", "20", *TINY, "--threads", "1",
-            "--out", str(tmp_path)]
+            "--replicas", "off", "--out", str(tmp_path)]
     process = _bnn_zoo(*argv)
     first = process.stdout.readline()  # the first finished run
     assert first.startswith("[ok] map on sine split 0"), first

@@ -147,6 +147,16 @@ def predict(model: Callable, guide: Callable, x: Tensor, *, num_samples: int = 1
     dtype, as numpy and scikit-learn users expect.
     """
     x, _ = check_data(x, any_shape=True)  # the model checks its own inputs
+    return sample_predictive(model, guide, x, num_samples=num_samples,
+                             max_plate_nesting=max_plate_nesting)
+
+
+@torch.no_grad()
+def sample_predictive(model: Callable, guide: Callable, x: Tensor, *, num_samples: int,
+                      max_plate_nesting: int) -> Predictive:
+    """:func:`predict` for checked inputs ``x`` of any layout the model takes (replicas:
+    (R, N, D), see :func:`bnn_zoo.core.replicas.predict_replicas`); the samples run along
+    a plate left of the model's ``max_plate_nesting`` plates."""
     check_module_device("model", model, x.device)
     check_module_device("guide", guide, x.device)
     check_positive_int("num_samples", num_samples)

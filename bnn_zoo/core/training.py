@@ -32,6 +32,7 @@ import pyro
 import pyro.infer
 import pyro.util
 import torch
+from pyro.poutine.messenger import Messenger
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -149,7 +150,7 @@ class SVIStep:
             if not callable(obj):
                 raise TypeError(f"Expected {name} to be a Pyro {name} (a callable taking x and "
                                 f"y), but got {obj!r}.")
-        x, y = check_data(x, y, any_shape=True)  # the model checks its own inputs
+        x, y = self.check_data(x, y)
         seed = check_seed("seed", seed, allow_none=True)
         check_positive_int("max_plate_nesting", max_plate_nesting)
         check_bool("jit", jit)
@@ -163,7 +164,7 @@ class SVIStep:
         if not (isinstance(elbo, type) and issubclass(elbo, pyro.infer.ELBO)):
             raise TypeError(f"Expected elbo to be a pyro.infer.ELBO subclass, but got {elbo!r}.")
         self.model, self.guide, self.x, self.y = model, guide, x, y
-        self.n = x.shape[0]
+        self.n = x.shape[-2]
         self.n_global = global_size(self.n, x.device) if distributed else self.n
         self.batch = self.n if batch_size is None else min(batch_size, self.n)
         self.num_batches = math.ceil(self.n / self.batch)
@@ -191,7 +192,25 @@ class SVIStep:
         self.step_count = 0
         self.jit = jit
         self.last_good = [p.detach().clone() for p in self.params]
+        self.finite = torch.ones((), dtype=torch.bool, device=x.device)
+        self.checked_step = 0
         self._compiled: dict[tuple[int, float], Callable[..., Tensor]] = {}
+
+    def check_data(self, x: object, y: object) -> tuple[Tensor, Tensor]:
+        """The checked training data (:func:`~bnn_zoo.core.checks.check_data`); a subclass
+        for other layouts (replicas: :class:`bnn_zoo.core.replicas.ReplicaSVIStep`) replaces
+        it, with :meth:`handlers` and :meth:`trace_inputs`. ``x`` may have any shape (N, ...):
+        the model checks its own inputs."""
+        return check_data(x, y, any_shape=True)
+
+    def handlers(self) -> list[Messenger]:
+        """Effect handlers installed around every loss evaluation (none here)."""
+        return []
+
+    def trace_inputs(self) -> tuple[Tensor, ...]:
+        """Tensors besides the parameters and data that :meth:`compiled_loss` takes as
+        inputs of its trace (none here)."""
+        return ()
 
     def loss(self, i: int, idx: Tensor) -> Tensor:
         """Negative ELBO of minibatch ``i`` of the epoch with indices ``idx``."""
@@ -200,6 +219,8 @@ class SVIStep:
                 stack.enter_context(subsample_data(idx, scale=self.n_global / self.n))
             if self.kl_weighting != "uniform":
                 stack.enter_context(scale_global_sites(self.num_batches * self.weights[i]))
+            for handler in self.handlers():
+                stack.enter_context(handler)
             return self.loss_fn.differentiable_loss(self.model, self.guide, self.x, self.y)
 
     def compiled_loss(self, i: int, idx: Tensor) -> Tensor:
@@ -214,7 +235,7 @@ class SVIStep:
         key = (idx.shape[0], self.weights[i])
         fn = self._compiled.get(key)
         if fn is None:
-            inputs = (*self.params, self.x, self.y, idx)
+            inputs = (*self.params, *self.trace_inputs(), self.x, self.y, idx)
             devices = [self.x.device] if self.x.device.type == "cuda" else []
             # Tracing runs the loss once; forking the RNG keeps that run's noise out of the
             # random stream, so a JIT fit draws exactly the noise of an eager fit.
@@ -225,7 +246,7 @@ class SVIStep:
                 fn = torch.jit.trace(lambda *args: self.loss(i, args[-1]), inputs,
                                      check_trace=False)
             self._compiled[key] = fn
-        return fn(*self.params, self.x, self.y, idx)
+        return fn(*self.params, *self.trace_inputs(), self.x, self.y, idx)
 
     def next_batch(self) -> tuple[int, Tensor]:
         if self.position == self.num_batches:
@@ -238,11 +259,17 @@ class SVIStep:
         self.position += 1
         return i, self.perm[i * self.batch:(i + 1) * self.batch]
 
-    def __call__(self) -> float:
+    def backward(self) -> Tensor:
+        """Zero the gradients, evaluate the loss of the next minibatch and backpropagate;
+        return the loss."""
         self.optimizer.zero_grad(set_to_none=True)
         with pyro.get_param_store().scope(self.param_state):
             loss = (self.compiled_loss if self.jit else self.loss)(*self.next_batch())
         loss.backward()
+        return loss
+
+    def __call__(self) -> float:
+        loss = self.backward()
         if self.average is not None:
             loss = self.average(loss)
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params
@@ -264,6 +291,48 @@ class SVIStep:
         self.step_count += 1
         return value
 
+    def advance(self) -> Tensor:
+        """One step like :meth:`__call__`, without reading anything back to the host, so a
+        GPU step never waits for it: returns the loss as a 0-dim tensor on the device and
+        records whether the loss and the gradient norm stayed finite; a step where they did
+        not has its gradients zeroed (so the parameters stay finite) and is reported by the
+        next :meth:`check`."""
+        loss = self.backward()
+        if self.average is not None:
+            loss = self.average(loss)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        finite = torch.isfinite(loss.detach()) & torch.isfinite(
+            torch.nn.utils.get_total_norm(grads))
+        self.finite &= finite
+        for grad in grads:
+            grad.masked_fill_(~finite, 0.0)
+        self.optimizer.step()
+        self.step_count += 1
+        return loss.detach()
+
+    def check(self) -> None:
+        """Read back whether every step since the last check was finite (see
+        :meth:`advance`): if so, remember the parameters as the last good ones; if not,
+        restore the parameters of the last check and raise :class:`TrainingDiverged`."""
+        finite = self.finite.reshape(-1).tolist()
+        with torch.no_grad():
+            if all(finite):
+                for param, good in zip(self.params, self.last_good):
+                    good.copy_(param)
+                self.checked_step = self.step_count
+                return
+            for param, good in zip(self.params, self.last_good):
+                param.copy_(good)
+        raise TrainingDiverged(self.divergence_message([i for i, ok in enumerate(finite)
+                                                        if not ok]))
+
+    def divergence_message(self, bad: list[int]) -> str:
+        """The message of :meth:`check` when the entries ``bad`` of ``finite`` are false."""
+        return (f"The loss or a gradient became NaN/inf between steps {self.checked_step} and "
+                f"{self.step_count}; the parameters are restored to step {self.checked_step}, "
+                "the last check with a finite loss. Try a smaller lr or a narrower initial "
+                "guide.")
+
     def state_dict(self) -> dict:
         return {"modules": [m.state_dict() for m in self.modules],
                 "optimizer": self.optimizer.state_dict(), "step": self.step_count,
@@ -278,6 +347,10 @@ class SVIStep:
         self.perm = state["perm"].to(self.x.device)
         self.order.set_state(state["order"])
         _set_rng_state(state["rng"])
+        with torch.no_grad():  # the loaded parameters are those a failed check goes back to
+            for param, good in zip(self.params, self.last_good):
+                good.copy_(param)
+        self.checked_step = self.step_count
 
     def run_description(self) -> dict:
         """What a checkpoint must share with the run that resumes it: the shapes of every
@@ -297,7 +370,8 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
         seed: int | None = None, progress: bool | None = None,
         checkpoint: str | Path | None = None, checkpoint_every: int = 1000,
         max_plate_nesting: int = 1, jit: bool = False,
-        validate: bool | None = None, distributed: bool = False) -> FitResult:
+        validate: bool | None = None, distributed: bool = False,
+        check_every: int = 1) -> FitResult:
     """Fit ``guide`` to ``model`` by stochastic variational inference.
 
     Parameters
@@ -338,11 +412,19 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
         union of the shards, gradients are averaged over the processes before each
         step, and only rank 0 shows progress and writes ``checkpoint`` (which every
         process resumes from, so it must be on a file system they all see).
+    check_every : steps between read-backs of the loss to the host. 1 (default): every
+        step's loss is read back and checked before the step is applied, so a NaN/inf
+        loss or gradient leaves exactly the last finite parameters. ``k > 1``: the losses
+        stay on the device (a GPU step never waits for the host) and are read back, and
+        the NaN guard checked, every ``k`` steps, before a checkpoint and at the end; a
+        non-finite step's gradients are zeroed, and the parameters are restored to those
+        of the last check (see :meth:`SVIStep.advance`, :meth:`SVIStep.check`).
 
     Raises
     ------
     TrainingDiverged : if the loss or a gradient turns NaN/inf; the parameters
-        are restored to the last values whose loss and gradient were finite.
+        are restored to the last values whose loss and gradient were finite (with
+        ``check_every > 1``, to those of the last check).
     ValueError : if ``y`` (or any observed value) does not have the shape of its
         likelihood (e.g. (N, 1) targets for an (N,) likelihood, which Pyro would
         broadcast), checked on the first trace; if ``checkpoint`` does not belong to this
@@ -350,6 +432,7 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
     """
     check_positive_int("steps", steps)
     check_positive_int("checkpoint_every", checkpoint_every)
+    check_positive_int("check_every", check_every)
     seed = check_seed("seed", seed, allow_none=True)
     check_bool("progress", progress, allow_none=True)
     check_bool("validate", validate, allow_none=True)
@@ -363,7 +446,7 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
                             num_particles=num_particles, elbo=elbo, kl_weighting=kl_weighting,
                             seed=seed, max_plate_nesting=max_plate_nesting, jit=jit,
                             distributed=distributed),
-                    steps, progress, path, checkpoint_every)
+                    steps, progress, path, checkpoint_every, check_every)
 
 
 def _checkpoint_path(checkpoint: object) -> Path | None:
@@ -427,30 +510,59 @@ def _resume(step: SVIStep, path: Path, steps: int) -> list[float]:
 
 
 def _fit(step: SVIStep, steps: int, progress: bool | None, path: Path | None,
-         checkpoint_every: int) -> FitResult:
+         checkpoint_every: int, check_every: int = 1) -> FitResult:
     losses: list[float] = []
     if path is not None and path.exists():
         losses = _resume(step, path, steps)
     start_step = step.step_count
+    seconds = run_steps(step, steps, losses, progress=progress, path=path,
+                        checkpoint_every=checkpoint_every, check_every=check_every)
+    return FitResult(losses=losses, seconds=seconds, steps=steps - start_step,
+                     parameters=_named_parameters(step.modules))
+
+
+def run_steps(step: SVIStep, steps: int, losses: list, *, progress: bool | None,
+              path: Path | None = None, checkpoint_every: int = 1000, check_every: int = 1,
+              desc: str = "SVI") -> float:
+    """Run ``step`` until it has done ``steps`` steps, appending each step's loss to
+    ``losses`` (a float, or what the step's :meth:`~SVIStep.check` reads back); return the
+    wall time. ``check_every == 1``: every step is read back and checked before it is
+    applied (``step()``); otherwise the losses stay on the device (:meth:`SVIStep.advance`)
+    and are read back and checked every ``check_every`` steps, before a checkpoint and at
+    the end. Writes the checkpoint ``path`` every ``checkpoint_every`` steps and at the end
+    (rank 0 only)."""
     show = (sys.stderr.isatty() if progress is None else progress) and is_main_process()
     if not is_main_process():
         path = None  # every process resumes from the checkpoint; rank 0 alone writes it
+    pending: list[Tensor] = []
+
+    def flush() -> None:
+        step.check()
+        losses.extend(torch.stack(pending).tolist())
+        pending.clear()
 
     def save() -> None:
         save_atomic({"format": CHECKPOINT_FORMAT, "run": step.run_description(),
                      **step.state_dict(), "losses": losses}, path)
 
     started = time.perf_counter()
-    with tqdm(total=steps, initial=start_step, disable=not show, desc="SVI", leave=False) as bar:
+    with tqdm(total=steps, initial=step.step_count, disable=not show, desc=desc,
+              leave=False) as bar:
         while step.step_count < steps:
-            losses.append(step())
+            if check_every == 1:
+                losses.append(step())
+            else:
+                pending.append(step.advance())
+                if step.step_count % check_every == 0 or step.step_count == steps:
+                    flush()
             bar.update()
-            if show and step.step_count % 50 == 0:
-                bar.set_postfix(loss=f"{losses[-1]:.4g}")
+            if show and step.step_count % 50 == 0 and losses:
+                bar.set_postfix(loss=f"{torch.tensor(losses[-1]).mean():.4g}")
             if path is not None and step.step_count % checkpoint_every == 0:
+                if pending:
+                    flush()
                 save()
     seconds = time.perf_counter() - started
     if path is not None:
         save()
-    return FitResult(losses=losses, seconds=seconds, steps=steps - start_step,
-                     parameters=_named_parameters(step.modules))
+    return seconds

@@ -23,16 +23,20 @@ import torch
 
 from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
-from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.checks import check_choice, check_positive_int
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import FIGURE_KINDS, figure_path, write_figures
 from bnn_zoo.harness.outputs import check_writable
-from bnn_zoo.harness.runs import cached_run
+from bnn_zoo.harness.runs import cached_runs
 from bnn_zoo.harness.summary import REFERENCE, summarise
 from bnn_zoo.harness.tables import write_tables
 
-__all__ = ["TABLE_COLUMNS", "default_entries", "failures", "notes", "output_files",
+__all__ = ["REPLICAS", "TABLE_COLUMNS", "default_entries", "failures", "notes", "output_files",
            "run_comparison", "run_from_args", "split_indices", "write_comparison"]
+
+#: ``replicas`` of :func:`run_comparison`: fit the splits of a data set together as replicas
+#: where the entry can (``auto``), demand it (``on``), or fit one by one (``off``).
+REPLICAS = ("auto", "on", "off")
 
 TABLE_COLUMNS = {
     "regression": ("rmse", "ll", "coverage_90", "w2_to_ref", "ll_gap", "fit_seconds",
@@ -86,7 +90,8 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
                    out: str | Path = "results/compare", device: str | torch.device = "cpu",
                    overrides: dict | Callable[[str], dict] | None = None,
                    num_samples: int = 200, reference: str | None = None,
-                   log: bool = True, net: zoo.Network | None = None) -> list[dict]:
+                   log: bool = True, net: zoo.Network | None = None,
+                   replicas: str = "auto") -> list[dict]:
     """Fit each entry on each split of each data set; return the records.
 
     Parameters
@@ -108,8 +113,17 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         and by default only those that do run. A :class:`~bnn_zoo.zoo.NamedNetwork` (from
         :data:`bnn_zoo.zoo.NETWORKS`) keys the cache by its name; another factory by its
         ``repr``.
+    replicas : ``"auto"``: an entry that batches its fits (:func:`bnn_zoo.zoo.batches_replicas`)
+        fits the splits of a data set with equal training sizes that are not cached
+        together, as replicas in one pass (``entry.fit_many``, even for one split, so that
+        the cache key, which records it, is the same however many splits a run asks for),
+        the others (and every fit of a ``net``) one by one; ``"on"``: the same, and a ``ValueError`` for an entry that
+        cannot batch; ``"off"``: every split one by one (``entry.fit``). Replicas share the
+        minibatch order of the first split fitted and draw their noise jointly, so a split's
+        result depends on which splits were fitted with it (in distribution it does not).
     """
     check_positive_int("num_samples", num_samples)
+    check_choice("replicas", replicas, REPLICAS)
     data = list(data)
     _check_names(data, entries, reference, net)
     plan = {name: split_indices(name, splits) for name in data}
@@ -117,18 +131,28 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
     check_writable("out", out, folders=["runs", *(f"runs/{e}" for e in cached)])
     records = []
     for name, indices in plan.items():
-        for split in indices:
-            dataset = data_module.load(name, split).to(device)
-            chosen = (list(entries) if entries is not None
-                      else default_entries(dataset.task, net=net is not None))
-            if reference is not None and reference not in chosen:
-                chosen = [reference, *chosen]
-            for entry in chosen:
-                own = overrides(entry) if callable(overrides) else overrides
-                own = {**(own or {}), **({} if net is None else {"net": net})}
-                records.append(cached_run(entry, dataset, split=split, seed=seed + split,
-                                          overrides=own, num_samples=num_samples,
-                                          out=out, log=log))
+        datasets = [data_module.load(name, split).to(device) for split in indices]
+        chosen = (list(entries) if entries is not None
+                  else default_entries(datasets[0].task, net=net is not None))
+        if reference is not None and reference not in chosen:
+            chosen = [reference, *chosen]
+        equal = len({tuple(d.x_train.shape) for d in datasets}) == 1
+        for entry in chosen:
+            own = (overrides(entry) if callable(overrides) else overrides) or {}
+            together = (replicas != "off" and equal and net is None
+                        and zoo.batches_replicas(zoo.get(entry), **own))
+            if replicas == "on" and not together:
+                raise ValueError(f"Expected entry {entry!r} to fit the splits of {name} as "
+                                 "replicas (replicas='on'), but it cannot batch them "
+                                 + ("on a user's network." if net is not None else
+                                    "with these options." if equal else
+                                    "(their training sets differ in size)."))
+            if net is not None:
+                own = {**own, "net": net}
+            records += cached_runs(entry, datasets, splits=indices,
+                                   seeds=[seed + split for split in indices], overrides=own,
+                                   num_samples=num_samples, out=out, log=log,
+                                   together=together)
     return records
 
 
@@ -181,7 +205,8 @@ def run_from_args(args: argparse.Namespace) -> list[dict]:
     records = run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
                              out=args.out, device=args.device,
                              overrides=flags.budget_overrides(args),
-                             num_samples=args.num_samples, reference=args.reference, net=net)
+                             num_samples=args.num_samples, reference=args.reference, net=net,
+                             replicas=args.replicas)
     preamble = "" if net is None else (
         f"Every entry fits the network `{args.net}` in place of its own model "
         "(`entry.fit(..., net=...)`).")

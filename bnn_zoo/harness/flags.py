@@ -232,7 +232,7 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
                          threads: int | None = None) -> argparse.ArgumentParser:
     """The flags of a comparison (``python -m bnn_zoo compare`` and the scripts built on
     :func:`bnn_zoo.harness.compare.run_comparison`): the shared flags, ``--data``,
-    ``--entries``, ``--steps``, ``--num-samples`` and ``--reference``."""
+    ``--entries``, ``--steps``, ``--num-samples``, ``--reference`` and ``--replicas``."""
     add_data_flag(parser, data)
     add_entries_flag(parser, entries)
     add_fit_flags(parser)
@@ -240,6 +240,10 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
                         action=_Requested,
                         help=f"reference entry to measure distances to, e.g. {REFERENCE}, "
                              f"or none (default: {reference})")
+    parser.add_argument("--replicas", choices=("auto", "on", "off"), default="auto",
+                        help="fit the splits of a data set together as replicas in one pass: "
+                             "where the entry can (auto, the default), for every entry or "
+                             "fail (on), never (off)")
     return add_shared_flags(parser, out=out, splits=splits, threads=threads)
 
 

@@ -21,7 +21,7 @@ import hashlib
 import json
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyro
@@ -36,8 +36,8 @@ from bnn_zoo.evaluation.metrics import auroc, reliability_bins, shifted_inputs
 from bnn_zoo.harness.figures import BAND_MASS
 from bnn_zoo.zoo import UnsupportedProblem
 
-__all__ = ["CacheWarning", "cache_path", "cached_run", "data_digest", "run_one",
-           "run_settings"]
+__all__ = ["CacheWarning", "cache_path", "cached_run", "cached_runs", "data_digest", "run_many",
+           "run_one", "run_settings"]
 
 GRID_POINTS = 200
 #: How far a band figure reaches beyond the training inputs, as a fraction of their range.
@@ -91,6 +91,18 @@ def run_settings(dataset: data_module.Dataset, overrides: dict | None, num_sampl
             "data_digest": data_digest(dataset)}
 
 
+def _base_record(entry: str, dataset: data_module.Dataset, split: int, seed: int,
+                 overrides: dict | None, num_samples: int) -> dict:
+    return {"entry": entry, "data": dataset.name, "task": dataset.task, "split": split,
+            "seed": seed, "settings": run_settings(dataset, overrides, num_samples)}
+
+
+def _failed(record: dict, error: Exception) -> dict:
+    if isinstance(error, UnsupportedProblem):
+        return {**record, "status": "skipped", "reason": str(error)}
+    return {**record, "status": "failed", "reason": f"{type(error).__name__}: {error}"}
+
+
 def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
             overrides: dict | None = None, num_samples: int = 200) -> dict:
     """Fit ``entry`` on ``dataset`` and return its record (metrics and what the figures
@@ -100,17 +112,46 @@ def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
     An entry that raises :class:`~bnn_zoo.zoo.UnsupportedProblem` gives a record with
     ``status="skipped"`` and the reason; any other error ``status="failed"``.
     """
-    record = {"entry": entry, "data": dataset.name, "task": dataset.task, "split": split,
-              "seed": seed, "settings": run_settings(dataset, overrides, num_samples)}
+    record = _base_record(entry, dataset, split, seed, overrides, num_samples)
     started = time.perf_counter()
     try:
         fitted = zoo.get(entry).fit(dataset.x_train, dataset.y_train, task=dataset.task,
                                     seed=seed, progress=False, **(overrides or {}))
-    except UnsupportedProblem as error:
-        return {**record, "status": "skipped", "reason": str(error)}
     except Exception as error:  # a benchmark reports a broken entry and goes on
-        return {**record, "status": "failed", "reason": f"{type(error).__name__}: {error}"}
-    pyro.set_rng_seed(seed)
+        return _failed(record, error)
+    return _evaluated(record, fitted, dataset, num_samples, time.perf_counter() - started)
+
+
+def run_many(entry: str, datasets: Sequence[data_module.Dataset], *, splits: Sequence[int],
+             seeds: Sequence[int], overrides: dict | None = None,
+             num_samples: int = 200) -> Iterator[dict]:
+    """The records of ``entry`` on the splits ``datasets`` (of equal training size) with
+    ``seeds``, fitted together by ``entry.fit_many`` (as replicas where the entry batches
+    them) on the first ``next``, then each evaluated as it is asked for (so that a caller
+    caches each finished one at once); ``status`` as in :func:`run_one`, one failure
+    failing every split."""
+    records = [_base_record(entry, d, k, s, overrides, num_samples)
+               for d, k, s in zip(datasets, splits, seeds)]
+    started = time.perf_counter()
+    try:
+        fits = zoo.get(entry).fit_many([d.x_train for d in datasets],
+                                       [d.y_train for d in datasets], seeds=list(seeds),
+                                       task=datasets[0].task, progress=False,
+                                       **(overrides or {}))
+    except Exception as error:  # a benchmark reports a broken entry and goes on
+        yield from (_failed(record, error) for record in records)
+        return
+    share = (time.perf_counter() - started) / len(datasets)
+    for record, fitted, dataset in zip(records, fits, datasets):
+        yield _evaluated(record, fitted, dataset, num_samples, share)
+
+
+def _evaluated(record: dict, fitted: zoo.Fitted, dataset: data_module.Dataset,
+               num_samples: int, fit_seconds: float) -> dict:
+    """``record`` with the test metrics and predictive summaries of ``fitted``, and as
+    ``seconds`` ``fit_seconds`` plus the time they took."""
+    started = time.perf_counter()
+    pyro.set_rng_seed(record["seed"])
     record["metrics"] = fitted.evaluate(dataset.x_test, dataset.y_test, num_samples)
     record["diagnostics"] = dict(fitted.diagnostics)
     record["losses"] = _thin(fitted.result.losses) if fitted.result is not None else []
@@ -126,10 +167,10 @@ def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
     else:
         bins = reliability_bins(pred.mean, dataset.y_test)
         record["reliability"] = {k: _tolist(v) for k, v in bins.items()}
-        shifted = shifted_inputs(dataset.x_test, dataset.x_train.std(0), seed=split)
+        shifted = shifted_inputs(dataset.x_test, dataset.x_train.std(0), seed=record["split"])
         record["metrics"]["auroc_shift"] = auroc(
             pred.entropy, fitted.predict(shifted, num_samples).entropy)
-    record["seconds"] = time.perf_counter() - started
+    record["seconds"] = fit_seconds + time.perf_counter() - started
     return {**record, "status": "ok"}
 
 
@@ -182,20 +223,52 @@ def cached_run(entry: str, dataset: data_module.Dataset, *, split: int, seed: in
     """The record of ``entry`` on ``dataset``: read from the cache under ``out`` when a
     readable one with the same settings exists, otherwise fitted (:func:`run_one`) and,
     unless it failed, cached."""
-    settings = run_settings(dataset, overrides, num_samples)
-    path = cache_path(out, entry, dataset.name, split, seed, settings)
-    expected = {"entry": entry, "data": dataset.name, "split": split, "seed": seed,
-                "settings": settings}
-    record = _read_cached(path, expected) if path.exists() else None
-    status = "cached"
-    if record is None:
-        record = run_one(entry, dataset, split=split, seed=seed, overrides=overrides,
-                         num_samples=num_samples)
-        status = record["status"]
-        if status != "failed":
-            _write_cached(path, record)
-    if log:
-        detail = (f"{record['seconds']:.1f} s" if record["status"] == "ok"
-                  else record.get("reason", ""))
-        print(f"[{status}] {entry} on {dataset.name} split {split}: {detail}", flush=True)
-    return record
+    return cached_runs(entry, [dataset], splits=[split], seeds=[seed], overrides=overrides,
+                       num_samples=num_samples, out=out, log=log, together=False)[0]
+
+
+def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: Sequence[int],
+                seeds: Sequence[int], overrides: dict | None, num_samples: int,
+                out: str | Path, log: bool = True, together: bool = False) -> list[dict]:
+    """The records of ``entry`` on the splits ``datasets`` (with ``splits``, ``seeds``):
+    each read from the cache under ``out`` when a readable one with the same settings
+    exists; the others fitted, all in one :func:`run_many` with ``together=True`` (the
+    setting ``replicas: True`` then joins the cache key: its minibatch order is that of
+    the first split fitted with it), else one by one (:func:`run_one`); and, unless they
+    failed, cached."""
+    if together:
+        overrides = {**(overrides or {}), "replicas": True}
+    records: list[dict | None] = []
+    paths = []
+    for dataset, split, seed in zip(datasets, splits, seeds):
+        settings = run_settings(dataset, overrides, num_samples)
+        path = cache_path(out, entry, dataset.name, split, seed, settings)
+        expected = {"entry": entry, "data": dataset.name, "split": split, "seed": seed,
+                    "settings": settings}
+        records.append(_read_cached(path, expected) if path.exists() else None)
+        paths.append(path)
+    missing = [i for i, record in enumerate(records) if record is None]
+    fit_options = {k: v for k, v in (overrides or {}).items() if k != "replicas"}
+    if together and missing:
+        fitted = run_many(entry, [datasets[i] for i in missing],
+                          splits=[splits[i] for i in missing], seeds=[seeds[i] for i in missing],
+                          overrides=fit_options, num_samples=num_samples)
+    else:
+        fitted = (run_one(entry, datasets[i], split=splits[i], seed=seeds[i],
+                          overrides=fit_options, num_samples=num_samples) for i in missing)
+    for i in range(len(records)):
+        status = "cached"
+        if records[i] is None:  # fitted in order, each cached as soon as it is finished
+            record = next(fitted)
+            record["settings"] = run_settings(datasets[i], overrides, num_samples)
+            records[i] = record
+            status = record["status"]
+            if status != "failed":
+                _write_cached(paths[i], record)
+        if log:
+            record = records[i]
+            detail = (f"{record['seconds']:.1f} s" if record["status"] == "ok"
+                      else record.get("reason", ""))
+            print(f"[{status}] {entry} on {datasets[i].name} split {splits[i]}: {detail}",
+                  flush=True)
+    return records

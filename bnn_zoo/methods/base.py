@@ -50,6 +50,10 @@ class Budget:
     process. ``validation > 0`` (regression, entries with ``tunable_noise``) holds that
     fraction of the training points out of the fit and sets the predictive's noise scale to
     the one that maximises their log-likelihood (see :mod:`bnn_zoo.evaluation.noise_tuning`).
+    ``check_every`` is the number of steps between read-backs of the losses to the host
+    (the NaN guard's checks; see :func:`bnn_zoo.core.training.fit`); ``None``: the
+    runner's default, every step for a single fit, every 100 steps for replicas
+    (:func:`bnn_zoo.core.replicas.fit_replicas`).
     """
 
     steps: int = 3000
@@ -60,6 +64,7 @@ class Budget:
     jit: bool = False
     distributed: bool = False
     validation: float = 0.0
+    check_every: int | None = None
 
     def __post_init__(self) -> None:
         """Check every field (``dataclasses.replace`` runs this again), so a wrong type or
@@ -67,7 +72,8 @@ class Budget:
         inside a method: ``steps``, ``num_particles`` ints >= 1, ``lr`` a finite number
         > 0, ``batch_size`` ``None`` or an int >= 1, ``kl_weighting`` one of
         :data:`~bnn_zoo.core.training.KL_WEIGHTINGS`, ``jit`` and ``distributed`` bools
-        (not 0/1), ``validation`` a number in [0, 1)."""
+        (not 0/1), ``validation`` a number in [0, 1), ``check_every`` ``None`` or an int
+        >= 1."""
         check_positive_int("steps", self.steps)
         check_positive("lr", self.lr)
         check_positive_int("batch_size", self.batch_size, allow_none=True)
@@ -76,6 +82,7 @@ class Budget:
         check_bool("jit", self.jit)
         check_bool("distributed", self.distributed)
         check_fraction("validation", self.validation)
+        check_positive_int("check_every", self.check_every, allow_none=True)
 
 
 @runtime_checkable

@@ -1,7 +1,10 @@
 """Deep ensembles (Lakshminarayanan et al. 2017, without adversarial training) as a method.
 
-``members`` independent SVI fits of ``member`` (seeds ``members * seed + m``); the
-predictive is their equal-weight mixture
+``members`` independent SVI fits of ``member`` (seeds ``members * seed + m``), trained as
+replicas in one vectorised pass where the member declares ``replicas=True``
+(:meth:`bnn_zoo.methods.svi.SVI.fit_many`: each member starts from its own seed's initial
+values, and all take the minibatch order of the first member's seed), one by one otherwise;
+the predictive is their equal-weight mixture
 
     p(y | x) = 1/M sum_m p_m(y | x),  e.g. 1/M sum_m N(y; f_m(x), sigma_m^2)  (regression).
 
@@ -112,12 +115,17 @@ class Ensemble:
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> EnsemblePosterior:
-        fits = []
-        for m in range(self.members):
-            member_seed = self.members * seed + m
-            pyro.set_rng_seed(member_seed)
-            fits.append(self.member.fit(build_model, x, y, task=task, seed=member_seed,
-                                        budget=budget, progress=progress))
+        seeds = [self.members * seed + m for m in range(self.members)]
+        if self.member.replicas and not budget.distributed:
+            fits = self.member.fit_many(build_model, x.expand(self.members, *x.shape),
+                                        y.expand(self.members, *y.shape), task=task,
+                                        seeds=seeds, budget=budget, progress=progress)
+        else:
+            fits = []
+            for member_seed in seeds:
+                pyro.set_rng_seed(member_seed)
+                fits.append(self.member.fit(build_model, x, y, task=task, seed=member_seed,
+                                            budget=budget, progress=progress))
         losses = torch.tensor([f.result.losses for f in fits]).mean(0).tolist()
         result = FitResult(losses=losses, seconds=sum(f.result.seconds for f in fits),
                            steps=sum(f.result.steps for f in fits))

@@ -10,15 +10,22 @@ predictive, and :func:`bnn_zoo.core.predictive.predict` gives it as a distributi
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyro
 import pyro.infer
+import torch
 from torch import Tensor, nn
 
 from bnn_zoo.core.predictive import predict
+from bnn_zoo.core.replicas import (
+    REPLICA_CHECK_EVERY,
+    fit_replicas,
+    split_replicas,
+    stack_replicas,
+)
 from bnn_zoo.core.training import FitResult, fit
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_state
 
@@ -63,6 +70,13 @@ def result_from_state(state: dict | None) -> FitResult | None:
     return None if state is None else FitResult(**state)
 
 
+def _initialise(guide: nn.Module, x: Tensor, y: Tensor) -> None:
+    """Run ``guide`` once, without gradients and in a private parameter store, so that its
+    lazily built parameters exist (Pyro's autoguides build them on the first call)."""
+    with torch.no_grad(), pyro.get_param_store().scope():
+        guide(x, y)
+
+
 def module_state(obj: Callable) -> dict[str, Tensor]:
     """The ``state_dict`` of a model or guide (empty for a plain function)."""
     return obj.state_dict() if isinstance(obj, nn.Module) else {}
@@ -96,14 +110,21 @@ class SVI:
     elbo : a ``pyro.infer.ELBO`` subclass (``Trace_ELBO`` by default).
     guide_options : keyword options of the guide factory; ``entry.fit(...,
         guide_options={...})`` adds to them through :meth:`with_guide_options`.
+    replicas : declares that :meth:`fit_many` trains many fits as replicas in one
+        vectorised pass (:mod:`bnn_zoo.core.replicas`): the built model has
+        ``replicated(R)`` (as :class:`~bnn_zoo.models.BayesianMLP`) and the guide follows
+        its replica plate with parameters per replica (the zoo's Bayes-by-Backprop and
+        mean-field guides, Pyro's ``AutoDelta`` and ``AutoNormal``; not a guide that joins
+        all weights in one vector, such as ``AutoLowRankMultivariateNormal``).
 
     The budget's ``steps``, ``lr``, ``batch_size``, ``num_particles``, ``kl_weighting``,
-    ``jit`` and ``distributed`` go to :func:`bnn_zoo.core.training.fit`.
+    ``jit``, ``distributed`` and ``check_every`` go to :func:`bnn_zoo.core.training.fit`.
     """
 
     guide: Callable[..., Callable]
     elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO
     guide_options: Mapping[str, Any] = field(default_factory=dict)
+    replicas: bool = False
 
     def __post_init__(self) -> None:
         if not callable(self.guide):
@@ -128,12 +149,59 @@ class SVI:
             budget: Budget, progress: bool | None) -> SVIPosterior:
         """Build model and guide and run :func:`bnn_zoo.core.training.fit` on them."""
         model = build_model()
-        guide = self.build_guide(model, x)
+        return self._train(model, self.build_guide(model, x), x, y, seed=seed, budget=budget,
+                           progress=progress)
+
+    def _train(self, model: Callable, guide: Callable, x: Tensor, y: Tensor, *, seed: int,
+               budget: Budget, progress: bool | None) -> SVIPosterior:
         result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
                      batch_size=budget.batch_size, num_particles=budget.num_particles,
                      kl_weighting=budget.kl_weighting, elbo=self.elbo, seed=seed,
-                     progress=progress, jit=budget.jit, distributed=budget.distributed)
+                     progress=progress, jit=budget.jit, distributed=budget.distributed,
+                     check_every=budget.check_every or 1)
         return SVIPosterior(model, guide, result)
+
+    def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
+                 seeds: Sequence[int], budget: Budget, progress: bool | None
+                 ) -> list[SVIPosterior]:
+        """R fits as replicas in one pass (needs ``replicas=True``): replica ``r`` fits
+        ``x[r]`` (N, D), ``y[r]`` (N,) from the initial values that :meth:`fit` with
+        ``seeds[r]`` would start from; all replicas take the minibatch order of
+        ``seeds[0]``. Returns each replica's posterior as a single-fit pair, as :meth:`fit`
+        returns it. A model without ``replicated`` (a user's network,
+        :class:`~bnn_zoo.models.BayesianModule`) trains its fits one after the other, each as
+        :meth:`fit` with its seed would. ``budget.distributed`` is not supported (a
+        ``ValueError``)."""
+        if not self.replicas:
+            raise ValueError("This SVI method does not declare replicas=True; fit one by one.")
+        if budget.distributed:
+            raise ValueError("Expected distributed=False for fits as replicas.")
+        models, guides = [], []
+        for r, seed in enumerate(seeds):
+            # The seeding of Entry.fit and then fit: the guide is built (Bayes by Backprop
+            # draws its means) and its lazy parameters created (autoguides) from the seed.
+            pyro.set_rng_seed(seed)
+            models.append(build_model())
+            guides.append(self.build_guide(models[-1], x[r]))
+            pyro.set_rng_seed(seed)
+            _initialise(guides[-1], x[r], y[r])
+        if not callable(getattr(models[0], "replicated", None)):
+            return [self._train(m, g, x[r], y[r], seed=seed, budget=budget, progress=progress)
+                    for r, (m, g, seed) in enumerate(zip(models, guides, seeds))]
+        model = models[0].replicated(len(seeds))
+        guide = self.build_guide(model, x)
+        _initialise(guide, x, y)
+        stack_replicas(model, models)
+        stack_replicas(guide, guides)
+        results = fit_replicas(model, guide, x, y, steps=budget.steps, lr=budget.lr,
+                               batch_size=budget.batch_size,
+                               num_particles=budget.num_particles,
+                               kl_weighting=budget.kl_weighting, elbo=self.elbo, seed=seeds[0],
+                               progress=progress, jit=budget.jit,
+                               check_every=budget.check_every or REPLICA_CHECK_EVERY)
+        split_replicas(model, models)
+        split_replicas(guide, guides)
+        return [SVIPosterior(*pair) for pair in zip(models, guides, results)]
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> SVIPosterior:

@@ -21,9 +21,10 @@ import torch
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
 from bnn_zoo.zoo._entry import FILE_FORMAT, Entry, Fitted
 from bnn_zoo.zoo._networks import NETWORKS, NamedNetwork, Network
+from bnn_zoo.zoo._replicas import batches_replicas
 
 __all__ = ["NETWORKS", "Budget", "Entry", "Fitted", "NamedNetwork", "Network",
-           "UnsupportedProblem", "get", "load", "names", "register"]
+           "UnsupportedProblem", "batches_replicas", "get", "load", "names", "register"]
 
 _REGISTRY: dict[str, Entry] = {}
 _LOADED = False

@@ -361,6 +361,16 @@ class Entry:
                       time.perf_counter() - started, x[0].numel(), out_dim, options,
                       in_shape, net_sites)
 
+    def fit_many(self, xs: object, ys: object, *, seeds: list[int] | tuple[int, ...],
+                 **options: Any) -> list[Fitted]:
+        """R independent fits (R training sets of equal size, or one set with R seeds) in
+        one vectorised pass where the method can batch them, one by one where not; each
+        :class:`Fitted` as from :meth:`fit` (see :func:`bnn_zoo.zoo._replicas.fit_many`,
+        which takes the options of :meth:`fit`)."""
+        from bnn_zoo.zoo._replicas import fit_many  # it builds Fitted: imported when called
+
+        return fit_many(self, xs, ys, seeds=seeds, **options)
+
     def restore(self, state: dict, *, source: str = "<state>",
                 net: Network | None = None) -> Fitted:
         """The :class:`Fitted` of a saved ``state`` (see :meth:`Fitted.save`), rebuilt

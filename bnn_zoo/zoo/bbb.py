@@ -61,7 +61,7 @@ register(Entry(
     tasks=("regression", "classification"),
     source="004_ab4f0efce319fcd8.txt",
     model=mlp,
-    method=SVI(BayesByBackpropGuide, elbo=LocalReparameterizationELBO),
+    method=SVI(BayesByBackpropGuide, elbo=LocalReparameterizationELBO, replicas=True),
     # One particle with the local reparameterisation trick fits sine better in 1500 steps
     # (test LL 0.79) than 8 weight-sampling particles in 3000 (0.68).
     budget=Budget(steps=4000, lr=3e-2, batch_size=256, jit=True),

@@ -20,7 +20,7 @@ register(Entry(
     description="deep ensemble: 5 MAP networks from different seeds (Lakshminarayanan 2017)",
     tasks=("regression", "classification"),
     model=fan_in_mlp,
-    method=Ensemble(member=SVI(map_guide), members=5),
+    method=Ensemble(member=SVI(map_guide, replicas=True), members=5),
     budget=MAP_BUDGET,
     tunable_noise=True,
     accepts_net=True,

@@ -1,0 +1,81 @@
+"""Wall time of R fits of an entry as replicas in one pass against one fit, in one run.
+
+The ``bbb`` entry (13-50-1 net, its own budget but ``--steps`` steps) on a synthetic
+regression set of boston's size (455 training points, 13 inputs): one ``entry.fit``, then
+``entry.fit_many`` of ``--replicas`` R sets of the same size, each timed end to end
+(standardisation, building, JIT tracing, training), after a warm-up, alternated
+``--repeats`` times; medians. The floor
+of issue 16: 20 replicas cost at most 3x one fit (``ratio`` <= 3), i.e. a replica costs at
+most 3/20 of a fit done alone.
+
+    python benchmarks/replicas.py --out results/replicas
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Sequence
+
+import pyro
+import torch
+
+from bnn_zoo import zoo
+from bnn_zoo.harness import flags
+from bnn_zoo.harness.tables import write_tables
+
+#: The floor of issue 16: R = 20 replicas of ``bbb`` in at most this many one-fit times.
+FLOOR = 3.0
+
+
+def data(replicas: int, n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """R regression sets (R, n, d), (R, n): a random 1-hidden-layer function plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(replicas, n, d, generator=g)
+    w = torch.randn(replicas, d, 1, generator=g)
+    y = torch.tanh(x @ w).squeeze(-1) + 0.1 * torch.randn(replicas, n, generator=g)
+    return x, y
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entry", type=flags.entry_name, default="bbb")
+    parser.add_argument("--replicas", type=flags.positive_int, default=20)
+    parser.add_argument("--steps", type=flags.positive_int, default=4000,
+                        help="training steps of every fit (default: 4000, bbb's budget)")
+    parser.add_argument("--repeats", type=flags.positive_int, default=3)
+    parser.add_argument("--points", type=flags.positive_int, default=455)
+    parser.add_argument("--inputs", type=flags.positive_int, default=13)
+    flags.add_shared_flags(parser, out="results/replicas", threads=1, without=("splits",))
+    args = flags.parse(parser, argv)
+    entry = zoo.get(args.entry)
+    x, y = data(args.replicas, args.points, args.inputs, args.seed)
+    x, y = x.to(args.device), y.to(args.device)
+    seeds = [args.seed + r for r in range(args.replicas)]
+    options = {"steps": args.steps, "progress": False}
+    entry.fit(x[0], y[0], steps=2, progress=False)  # warm-up: first-call imports and caches
+    entry.fit_many(x[:2], y[:2], seeds=seeds[:2], steps=2, progress=False)
+    one, many = [], []
+    for _ in range(args.repeats):
+        pyro.set_rng_seed(args.seed)
+        started = time.perf_counter()
+        entry.fit(x[0], y[0], seed=args.seed, **options)
+        one.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        entry.fit_many(x, y, seeds=seeds, **options)
+        many.append(time.perf_counter() - started)
+    one_s, many_s = statistics.median(one), statistics.median(many)
+    row = {"entry": args.entry, "replicas": args.replicas, "steps": args.steps,
+           "batched": zoo.batches_replicas(entry), "one_fit_s": one_s, "replicas_s": many_s,
+           "ratio": many_s / one_s, "floor": FLOOR,
+           "speedup_vs_one_by_one": args.replicas * one_s / many_s,
+           "device": str(x.device)}
+    print(write_tables(args.out, "replicas", [row], keys=("entry", "replicas", "steps"),
+                       columns=("batched", "one_fit_s", "replicas_s", "ratio", "floor",
+                                "speedup_vs_one_by_one", "device")))
+    return [row]
+
+
+if __name__ == "__main__":
+    main()

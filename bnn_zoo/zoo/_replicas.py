@@ -1,0 +1,156 @@
+"""``Entry.fit_many``: R independent fits of one entry, as replicas in one pass where the
+entry's method can batch them (:mod:`bnn_zoo.core.replicas`), one by one where not.
+
+Whether an entry batches is declared by its method, not tried: a method with
+``replicas=True`` (:class:`~bnn_zoo.methods.svi.SVI` of the zoo's MLP with the ``map``,
+``mean_field`` and ``bbb`` guides) has a ``fit_many``; every other method (Laplace, NUTS,
+exact GP, ensembles, whose members are replicas within one fit) and a data-parallel
+budget (``distributed=True``) fit one by one through :meth:`Entry.fit`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from bnn_zoo.core.checks import (
+    check_bool,
+    check_choice,
+    check_class_labels,
+    check_data,
+    check_seed,
+)
+from bnn_zoo.core.scaling import Standardizer
+from bnn_zoo.evaluation.noise_tuning import holdout, tune_noise
+from bnn_zoo.methods.base import Budget, UnsupportedProblem
+from bnn_zoo.methods.svi import check_keywords
+from bnn_zoo.models.mlp import TASKS
+from bnn_zoo.zoo._entry import Entry, Fitted
+from bnn_zoo.zoo._networks import Network
+
+__all__ = ["batches_replicas", "fit_many", "training_sets"]
+
+
+def _configure(entry: Entry, model_options: Mapping[str, Any] | None,
+               guide_options: Mapping[str, Any] | None,
+               method_options: Mapping[str, Any] | None, budget_overrides: dict
+               ) -> tuple[dict, dict, object, Budget, bool]:
+    """The checked options, model options, method and budget of a fit, and whether its
+    fits batch: the method declares ``replicas=True`` and the budget is not distributed."""
+    overrides = check_keywords("budget option", budget_overrides,
+                               {f.name for f in fields(Budget)})
+    budget = replace(entry.budget, **overrides)
+    options = {name: check_keywords(name, value or {}, None) for name, value in
+               (("model_options", model_options), ("guide_options", guide_options),
+                ("method_options", method_options))}
+    model_kw, method = entry.configure(**options)
+    batches = bool(getattr(method, "replicas", False)) and not budget.distributed
+    return options, model_kw, method, budget, batches
+
+
+def batches_replicas(entry: Entry, *, model_options: Mapping[str, Any] | None = None,
+                     guide_options: Mapping[str, Any] | None = None,
+                     method_options: Mapping[str, Any] | None = None,
+                     **budget_overrides: Any) -> bool:
+    """Whether ``entry.fit_many`` with these options (those of :meth:`Entry.fit`) trains
+    its fits as replicas in one pass rather than one by one."""
+    return _configure(entry, model_options, guide_options, method_options,
+                      budget_overrides)[-1]
+
+
+def training_sets(xs: object, ys: object, seeds: object
+                  ) -> tuple[list[Tensor], list[Tensor], list[int]]:
+    """The R training sets and seeds of :func:`fit_many`, checked.
+
+    ``xs`` is a sequence of R inputs (N, D) or one array (R, N, D), ``ys`` likewise R
+    targets (N,) or (R, N); or ``xs`` (N, D) and ``ys`` (N,) are one training set that every
+    seed fits. ``seeds`` is a sequence of R ints >= 0. Every set must have the same size.
+    """
+    if isinstance(seeds, (str, bytes, Mapping)) or not isinstance(seeds, Sequence) or not seeds:
+        raise TypeError(f"Expected seeds to be a non-empty sequence of ints >= 0, but got "
+                        f"{seeds!r}.")
+    seeds = [check_seed(f"seeds[{r}]", seed) for r, seed in enumerate(seeds)]
+    if isinstance(xs, (Tensor, np.ndarray)) and xs.ndim == 2:
+        x, y = check_data(xs, ys)
+        return [x] * len(seeds), [y] * len(seeds), seeds
+    xs, ys = list(xs), list(ys)
+    if not (len(xs) == len(ys) == len(seeds)):
+        raise ValueError(f"Expected one seed per training set, but got {len(xs)} inputs, "
+                         f"{len(ys)} targets and {len(seeds)} seeds.")
+    pairs = [check_data(x, y) for x, y in zip(xs, ys)]
+    shapes = [(tuple(x.shape), tuple(y.shape)) for x, y in pairs]
+    if len(set(shapes)) > 1:
+        raise ValueError(f"Expected training sets of equal size (fit_many stacks them), but "
+                         f"got x, y shapes {shapes}.")
+    if len({(x.dtype, x.device, y.dtype) for x, y in pairs}) > 1:
+        raise ValueError("Expected every training set with the same dtypes and device.")
+    return [x for x, _ in pairs], [y for _, y in pairs], seeds
+
+
+def fit_many(entry: Entry, xs: object, ys: object, *, seeds: Sequence[int],
+             task: str | None = None, progress: bool | None = False,
+             model_options: Mapping[str, Any] | None = None,
+             guide_options: Mapping[str, Any] | None = None,
+             method_options: Mapping[str, Any] | None = None, net: Network | None = None,
+             **budget_overrides: Any) -> list[Fitted]:
+    """R independent fits of ``entry``: fit ``r`` on ``xs[r]``, ``ys[r]`` (see
+    :func:`training_sets`) from ``seeds[r]``; the options are those of :meth:`Entry.fit`.
+    Fits of a user's network (``net``) run one by one.
+
+    Each :class:`~bnn_zoo.zoo.Fitted` behaves as one from ``entry.fit``: standardised with
+    its own training statistics, predicting, evaluating and saving alike. Where the entry
+    batches (:func:`batches_replicas`), fit ``r`` starts from the initial values of
+    ``entry.fit(xs[r], ys[r], seed=seeds[r])`` and follows its trajectory up to round-off
+    when the fit is deterministic (MAP on full batches); in general every fit takes the
+    minibatch order of ``seeds[0]`` and noise of its own, so fits agree with ``entry.fit``
+    in distribution. Its ``fit_seconds`` is the batch's wall time shared equally. For
+    classification the number of classes is that of all the sets together.
+    """
+    xs, ys, seeds = training_sets(xs, ys, seeds)
+    check_bool("progress", progress, allow_none=True)
+    options, model_kw, method, budget, batches = _configure(
+        entry, model_options, guide_options, method_options, budget_overrides)
+    if not batches or net is not None:
+        return [entry.fit(x, y, task=task, seed=seed, progress=progress, net=net, **options,
+                          **budget_overrides) for x, y, seed in zip(xs, ys, seeds)]
+    if task is not None:
+        check_choice("task", task, TASKS)
+    task = task or ("classification" if not ys[0].is_floating_point() else "regression")
+    if task not in entry.tasks:
+        raise UnsupportedProblem(
+            f"Entry {entry.name!r} supports {', '.join(entry.tasks)}, not {task!r}.")
+    if ys[0].dim() != 1 or (task == "regression" and not ys[0].is_floating_point()):
+        raise ValueError(f"Expected each y to be a vector (N,) of {task} targets, got "
+                         f"{ys[0].dtype} of shape {tuple(ys[0].shape)}.")
+    if task == "classification":
+        ys = [check_class_labels(f"ys[{r}]", y) for r, y in enumerate(ys)]
+    started = time.perf_counter()
+    x_scalers = [Standardizer.fit(x) for x in xs]
+    y_scalers = [Standardizer.fit(y) if task == "regression" else None for y in ys]
+    fit_sets = [(xs_.transform(x), y if ys_ is None else ys_.transform(y))
+                for x, y, xs_, ys_ in zip(xs, ys, x_scalers, y_scalers)]
+    validate_noise = budget.validation > 0 and task == "regression"
+    if validate_noise:
+        if not entry.tunable_noise:
+            raise ValueError(f"Entry {entry.name!r} has no single noise scale to tune: "
+                             "expected validation=0.")
+        fit_sets = [holdout(x, y, budget.validation, seed=seed)
+                    for (x, y), seed in zip(fit_sets, seeds)]
+    x = torch.stack([s[0] for s in fit_sets])
+    y = torch.stack([s[1] for s in fit_sets])
+    out_dim = 1 if task == "regression" else int(y.max()) + 1
+    build_model = entry.model_factory(x.shape[-1], out_dim, task, model_kw, x)
+    posteriors = method.fit_many(build_model, x, y, task=task, seeds=seeds, budget=budget,
+                                 progress=progress)
+    if validate_noise:
+        posteriors = [tune_noise(p, s[2], s[3]) for p, s in zip(posteriors, fit_sets)]
+    seconds = (time.perf_counter() - started) / len(seeds)
+    return [Fitted(entry.name, task, x_scaler, y_scaler, posterior, seconds, x.shape[-1],
+                   out_dim, options)
+            for x_scaler, y_scaler, posterior in zip(x_scalers, y_scalers, posteriors)]
