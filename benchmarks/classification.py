@@ -5,7 +5,8 @@ budget (``entry.fit``, through :func:`bnn_zoo.harness.compare.run_comparison`, w
 caches finished runs under ``--out/runs``), then on the held-out split report
 accuracy, NLL per point, Brier score, ECE (15 bins), mean predictive entropy (nats),
 the AUROC of the predictive entropy for telling test points from a shifted copy of them
-(Gaussian noise of one training standard deviation per feature), fit time and milliseconds per SVI step, mean ± standard error over ``--splits``.
+(Gaussian noise of one training standard deviation per feature), fit time and
+milliseconds per SVI step, mean ± standard error over ``--splits``.
 Writes, under ``--out``:
 
 * ``classification.md`` (also printed), ``classification.csv`` and

@@ -13,6 +13,7 @@ from torch import nn
 
 import bnn_zoo
 from bnn_zoo import data, zoo
+from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.harness import cli
 from bnn_zoo.models import BayesianMLP, BayesianModule
@@ -250,3 +251,11 @@ def test_bad_net_flag_exits_2_with_one_line(argv, words, tmp_path, capsys):
     assert "Traceback" not in "\n".join(err)
     for word in words:
         assert word in err[-1], (word, err[-1])
+
+
+def test_minibatches_of_image_batches_index_the_images():
+    """The runner minibatches along the first dimension of (N, C, H, W) inputs."""
+    x, y = images(40)
+    model = BayesianModule(tiny_cnn(), task="classification")
+    step = SVIStep(model, BayesByBackpropGuide(model), x, y, lr=0.01, batch_size=16)
+    assert (step.n, step.batch, step.num_batches) == (40, 16, 3)

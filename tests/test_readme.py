@@ -53,7 +53,8 @@ def test_readme_tables_render_filters_and_refuse_bad_markers(tmp_path):
     rows = [{"data": "a", "entry": "x", "runs": 2, "ll": 1.0, "ll_se": 0.5},
             {"data": "b", "entry": "x", "runs": 2, "ll": -2.0, "ll_se": 0.25}]
     write_tables(tmp_path, "t", rows, keys=("data", "entry"), columns=("ll",))
-    text = "before\n<!-- table: t.json keys=entry columns=ll where=data:b -->\nstale\n<!-- end table -->\n"
+    text = ("before\n<!-- table: t.json keys=entry columns=ll where=data:b -->\nstale\n"
+            "<!-- end table -->\n")
     out = render(text, tmp_path)
     assert "| x | 2 | -2.000 ± 0.250 |" in out and "1.000" not in out and "stale" not in out
     assert out.startswith("before\n") and render(out, tmp_path) == out

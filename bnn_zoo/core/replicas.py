@@ -124,6 +124,8 @@ class ReplicaSVIStep(SVIStep):
     restored to those of the last check and :class:`TrainingDiverged` names the replicas.
     """
 
+    data_dim = 1  # x (R, N, D), y (R, N)
+
     def __init__(self, model: Callable, guide: Callable, x: Tensor, y: Tensor, *,
                  max_plate_nesting: int = 1, **options) -> None:
         x, y = check_replica_data(x, y)

@@ -140,6 +140,9 @@ class SVIStep:
     are averaged over the processes before the step (see :mod:`bnn_zoo.core.distributed`).
     """
 
+    #: The dimension of ``x`` and ``y`` that indexes the data points (minibatches).
+    data_dim = 0
+
     def __init__(self, model: Callable, guide: Callable, x: Tensor, y: Tensor, *, lr: float,
                  batch_size: int | None = None, num_particles: int = 1,
                  elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO,
@@ -164,7 +167,7 @@ class SVIStep:
         if not (isinstance(elbo, type) and issubclass(elbo, pyro.infer.ELBO)):
             raise TypeError(f"Expected elbo to be a pyro.infer.ELBO subclass, but got {elbo!r}.")
         self.model, self.guide, self.x, self.y = model, guide, x, y
-        self.n = x.shape[-2]
+        self.n = x.shape[self.data_dim]
         self.n_global = global_size(self.n, x.device) if distributed else self.n
         self.batch = self.n if batch_size is None else min(batch_size, self.n)
         self.num_batches = math.ceil(self.n / self.batch)

@@ -117,10 +117,11 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         fits the splits of a data set with equal training sizes that are not cached
         together, as replicas in one pass (``entry.fit_many``, even for one split, so that
         the cache key, which records it, is the same however many splits a run asks for),
-        the others (and every fit of a ``net``) one by one; ``"on"``: the same, and a ``ValueError`` for an entry that
-        cannot batch; ``"off"``: every split one by one (``entry.fit``). Replicas share the
-        minibatch order of the first split fitted and draw their noise jointly, so a split's
-        result depends on which splits were fitted with it (in distribution it does not).
+        the others (and every fit of a ``net``) one by one; ``"on"``: the same, and a
+        ``ValueError`` for an entry that cannot batch; ``"off"``: every split one by one
+        (``entry.fit``). Replicas share the minibatch order of the first split fitted and
+        draw their noise jointly, so a split's result depends on which splits were fitted
+        with it (in distribution it does not).
     """
     check_positive_int("num_samples", num_samples)
     check_choice("replicas", replicas, REPLICAS)

@@ -5,7 +5,8 @@
 loss curve, the predictive's moments at the test inputs (regression; for distances to a
 reference), a predictive band on a grid (1-D inputs) or, for classification, reliability
 bins and ``auroc_shift``: the AUROC of the predictive entropy for telling the test points
-from a covariate-shifted copy of them (:func:`~bnn_zoo.evaluation.metrics.shifted_inputs`). :func:`cached_run` keeps each finished record as JSON under
+from a covariate-shifted copy of them (:func:`~bnn_zoo.evaluation.metrics.shifted_inputs`).
+:func:`cached_run` keeps each finished record as JSON under
 ``<out>/runs/<entry>/``, named by the entry, data set, split, seed and a digest of every
 other setting that changes the result (the entry's options, ``num_samples``, the device,
 the dtype and a digest of the data's values), so a rerun after a crash, or with more

@@ -261,6 +261,44 @@ class Entry:
 
         return build_model, tuple(build_model().sites)
 
+    def check_targets(self, y: Tensor, task: str | None, name: str = "y"
+                      ) -> tuple[str, Tensor]:
+        """The task (``task``, or inferred from ``y``'s dtype) and the checked targets
+        ``y`` (named ``name`` in errors): float vectors (N,) for regression, labels
+        0..C-1 of shape (N,) for classification; a task the entry does not support raises
+        :class:`UnsupportedProblem`."""
+        if task is not None:
+            check_choice("task", task, TASKS)
+        task = task or ("classification" if not y.is_floating_point() else "regression")
+        if task not in self.tasks:
+            raise UnsupportedProblem(
+                f"Entry {self.name!r} supports {', '.join(self.tasks)}, not {task!r}.")
+        if task == "regression" and (y.dim() != 1 or not y.is_floating_point()):
+            raise ValueError(f"Expected {name} to be a float vector (N,) for regression, got "
+                             f"{y.dtype} of shape {tuple(y.shape)}.")
+        if task == "classification":
+            if y.dim() != 1:
+                raise ValueError(f"Expected {name} to be class labels 0..C-1 of shape (N,) for "
+                                 f"classification, got shape {tuple(y.shape)}.")
+            y = check_class_labels(name, y)
+        return task, y
+
+    def settings(self, model_options: Mapping[str, Any] | None,
+                 guide_options: Mapping[str, Any] | None,
+                 method_options: Mapping[str, Any] | None,
+                 budget_overrides: Mapping[str, Any], *, net: bool = False
+                 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any], Method, Budget]:
+        """The checked options of a fit (as :class:`Fitted` records them), the model
+        options, the configured method (:meth:`configure`) and the budget with
+        ``budget_overrides`` (fields of :class:`Budget`) in place."""
+        overrides = check_keywords("budget option", budget_overrides,
+                                   {f.name for f in fields(Budget)})
+        options = {name: check_keywords(name, value or {}, None) for name, value in
+                   (("model_options", model_options), ("guide_options", guide_options),
+                    ("method_options", method_options))}
+        model_kw, method = self.configure(**options, net=net)
+        return options, model_kw, method, replace(self.budget, **overrides)
+
     def fit(self, x: Tensor, y: Tensor, *, task: str | None = None, seed: int = 0,
             progress: bool | None = False, model_options: Mapping[str, Any] | None = None,
             guide_options: Mapping[str, Any] | None = None,
@@ -287,8 +325,9 @@ class Entry:
         :class:`~bnn_zoo.models.BayesianModule` ``(net, task=task, **model_options)``
         (options ``prior``, ``noise_scale``, ``init_noise_scale``; the entry's own prior by
         default), ``x`` may have any shape (N, ...) and is standardised elementwise (each
-        pixel of an image with its own training mean and standard deviation). A module is used as given, not copied, and never changed:
-        its parameter values are where the guides start. It must be on ``x``'s device and
+        pixel of an image with its own training mean and standard deviation). A module is
+        used as given, not copied, and never changed: its parameter values are where the
+        guides start. It must be on ``x``'s device and
         dtype. A factory is called for every model built (each fit, each ensemble member,
         each restore) and its network moved to ``x``'s device and dtype; an ensemble needs
         one, so that its members start apart.
@@ -306,27 +345,9 @@ class Entry:
         x, y = check_data(x, y, any_shape=True)
         seed = check_seed("seed", seed)
         check_bool("progress", progress, allow_none=True)
-        if task is not None:
-            check_choice("task", task, TASKS)
-        task = task or ("classification" if not y.is_floating_point() else "regression")
-        if task not in self.tasks:
-            raise UnsupportedProblem(
-                f"Entry {self.name!r} supports {', '.join(self.tasks)}, not {task!r}.")
-        if task == "regression" and (y.dim() != 1 or not y.is_floating_point()):
-            raise ValueError(f"Expected y to be a float vector (N,) for regression, got "
-                             f"{y.dtype} of shape {tuple(y.shape)}.")
-        if task == "classification":
-            if y.dim() != 1:
-                raise ValueError("Expected y to be class labels 0..C-1 of shape (N,) for "
-                                 f"classification, got shape {tuple(y.shape)}.")
-            y = check_class_labels("y", y)
-        overrides = check_keywords("budget option", budget_overrides,
-                                   {f.name for f in fields(Budget)})
-        budget = replace(self.budget, **overrides)
-        options = {name: check_keywords(name, value or {}, None) for name, value in
-                   (("model_options", model_options), ("guide_options", guide_options),
-                    ("method_options", method_options))}
-        model_kw, method = self.configure(**options, net=net is not None)
+        task, y = self.check_targets(y, task)
+        options, model_kw, method, budget = self.settings(
+            model_options, guide_options, method_options, budget_overrides, net=net is not None)
         if isinstance(net, nn.Module) and isinstance(method, Ensemble) and method.members > 1:
             raise ValueError(f"Expected net to be a factory for entry {self.name!r}: its "
                              f"{method.members} members would all start at the one module's "

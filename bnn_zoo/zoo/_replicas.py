@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -21,16 +20,12 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import (
     check_bool,
-    check_choice,
-    check_class_labels,
     check_data,
     check_seed,
 )
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.evaluation.noise_tuning import holdout, tune_noise
-from bnn_zoo.methods.base import Budget, UnsupportedProblem
-from bnn_zoo.methods.svi import check_keywords
-from bnn_zoo.models.mlp import TASKS
+from bnn_zoo.methods.base import Budget
 from bnn_zoo.zoo._entry import Entry, Fitted
 from bnn_zoo.zoo._networks import Network
 
@@ -43,13 +38,8 @@ def _configure(entry: Entry, model_options: Mapping[str, Any] | None,
                ) -> tuple[dict, dict, object, Budget, bool]:
     """The checked options, model options, method and budget of a fit, and whether its
     fits batch: the method declares ``replicas=True`` and the budget is not distributed."""
-    overrides = check_keywords("budget option", budget_overrides,
-                               {f.name for f in fields(Budget)})
-    budget = replace(entry.budget, **overrides)
-    options = {name: check_keywords(name, value or {}, None) for name, value in
-               (("model_options", model_options), ("guide_options", guide_options),
-                ("method_options", method_options))}
-    model_kw, method = entry.configure(**options)
+    options, model_kw, method, budget = entry.settings(model_options, guide_options,
+                                                       method_options, budget_overrides)
     batches = bool(getattr(method, "replicas", False)) and not budget.distributed
     return options, model_kw, method, budget, batches
 
@@ -119,17 +109,8 @@ def fit_many(entry: Entry, xs: object, ys: object, *, seeds: Sequence[int],
     if not batches or net is not None:
         return [entry.fit(x, y, task=task, seed=seed, progress=progress, net=net, **options,
                           **budget_overrides) for x, y, seed in zip(xs, ys, seeds)]
-    if task is not None:
-        check_choice("task", task, TASKS)
-    task = task or ("classification" if not ys[0].is_floating_point() else "regression")
-    if task not in entry.tasks:
-        raise UnsupportedProblem(
-            f"Entry {entry.name!r} supports {', '.join(entry.tasks)}, not {task!r}.")
-    if ys[0].dim() != 1 or (task == "regression" and not ys[0].is_floating_point()):
-        raise ValueError(f"Expected each y to be a vector (N,) of {task} targets, got "
-                         f"{ys[0].dtype} of shape {tuple(ys[0].shape)}.")
-    if task == "classification":
-        ys = [check_class_labels(f"ys[{r}]", y) for r, y in enumerate(ys)]
+    task, ys[0] = entry.check_targets(ys[0], task, "ys[0]")
+    ys = [ys[0], *(entry.check_targets(y, task, f"ys[{r}]")[1] for r, y in enumerate(ys[1:], 1))]
     started = time.perf_counter()
     x_scalers = [Standardizer.fit(x) for x in xs]
     y_scalers = [Standardizer.fit(y) if task == "regression" else None for y in ys]
