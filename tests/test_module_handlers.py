@@ -342,26 +342,11 @@ def test_flipout_affine_has_the_moments_of_weight_sampling():
     assert (((a * c).mean(0) / (var[0] * var[1]).sqrt()).abs() < Z / math.sqrt(n)).all()
 
 
-def test_flipout_elbo_on_the_zoos_mlp_is_unbiased_less_noisy_and_traceable():
-    """FlipoutELBO on BayesianMLP: the ELBO's expectation is weight sampling's (the two Monte
-    Carlo means within Z standard errors of their difference), its estimates spread less
-    (the standard deviations differ by more than Z times the standard error of their
-    difference, sigma / sqrt(2 (K - 1)) each for Gaussian estimates), and the traced step
-    gives the eager losses."""
+def test_flipout_elbo_on_the_zoos_mlp_is_traceable():
+    """The traced FlipoutELBO step on BayesianMLP gives the eager losses (its unbiasedness
+    and lower variance there: tests/test_bbb.py)."""
     x = torch.randn(64, 2, dtype=torch.float64)
     y = torch.sin(x.sum(-1))
-    model = BayesianMLP(2, 1, (8,), noise_scale=0.3).double()
-    guide = BayesByBackpropGuide(model, init_scale=0.3).double()
-    estimates = {}
-    for elbo_class in (MeanFieldELBO, FlipoutELBO):
-        elbo = elbo_class(num_particles=100, vectorize_particles=True, max_plate_nesting=1)
-        estimates[elbo_class] = torch.stack(
-            [elbo.differentiable_loss(model, guide, x, y).detach() for _ in range(40)])
-    plain, flip = estimates[MeanFieldELBO], estimates[FlipoutELBO]
-    se = (plain.var() / len(plain) + flip.var() / len(flip)).sqrt()
-    assert abs(plain.mean() - flip.mean()) < Z * se
-    se_std = ((plain.var() + flip.var()) / (2 * (len(plain) - 1))).sqrt()
-    assert plain.std() - flip.std() > Z * se_std
     losses = []
     for jit in (False, True):
         pyro.set_rng_seed(0)
