@@ -7,6 +7,11 @@
 * ``two_moons``: scikit-learn's two interleaving half circles, noise 0.1.
 * ``diabetes`` (regression), ``breast_cancer``, ``digits``, ``wine``
   (classification): scikit-learn's bundled sets, a seeded 80/20 split per ``split``.
+* ``mnist1d`` (classification): MNIST-1D (Greydanus 2020, "Scaling down deep learning"),
+  the 5000 signals of length 40 (10 classes) that the optional ``mnist1d`` package
+  (``pip install bnn-zoo[mnist1d]``) generates offline with its standard arguments (seed
+  42); like ``digits``, a seeded stratified 80/20 split per ``split`` (4000 training,
+  1000 test points; split 0 is not the package's own split, whose draw is as random).
 * ``uci/<name>``: the UCI regression benchmark with the standard splits of
   Hernandez-Lobato & Adams (2015), read from ``$BNN_ZOO_DATA/<name>/data/``, or
   downloaded once into ``$BNN_ZOO_CACHE`` (default ``~/.cache/bnn_zoo/uci``)
@@ -18,7 +23,9 @@ split's statistics, so metrics come out in these units.
 
 from __future__ import annotations
 
+import functools
 import os
+import random
 import shutil
 import urllib.request
 import warnings
@@ -72,7 +79,8 @@ class Dataset:
 
 def names() -> list[str]:
     """Every name :func:`load` accepts."""
-    return ["sine", "gap", "two_moons", *SKLEARN_SETS, *(f"uci/{n}" for n in UCI_SETS)]
+    return ["sine", "gap", "two_moons", *SKLEARN_SETS, "mnist1d",
+            *(f"uci/{n}" for n in UCI_SETS)]
 
 
 def _tensors(arrays, dtype: torch.dtype, task: str) -> list[Tensor]:
@@ -126,6 +134,37 @@ def _sklearn(name: str, split: int, dtype: torch.dtype) -> Dataset:
 
     bunch = getattr(sklearn.datasets, f"load_{name}")()
     return _split(bunch.data, bunch.target, split, SKLEARN_SETS[name], name, dtype)
+
+
+@functools.cache
+def _mnist1d_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-1D's 5000 signals (5000, 40) and labels (5000,), generated (about 10 s, once
+    per process) by ``mnist1d.data.make_dataset`` with the package's standard arguments;
+    never ``get_dataset``, which downloads. ``make_dataset`` reseeds Python's and numpy's
+    global generators; their states are restored, so loading changes no global state.
+    (Importing the package imports ``matplotlib.pyplot``, which selects no backend and
+    changes no ``rcParams``.)"""
+    try:
+        import mnist1d.data
+    except ImportError as error:
+        raise ImportError("The mnist1d data set needs the mnist1d package: "
+                          "pip install bnn-zoo[mnist1d]") from error
+    # The legacy global generators are what make_dataset reseeds, hence what is saved.
+    python_state, numpy_state = random.getstate(), np.random.get_state()  # noqa: NPY002
+    try:
+        made = mnist1d.data.make_dataset(mnist1d.data.get_dataset_args())
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)  # noqa: NPY002
+    x = np.concatenate([made["x"], made["x_test"]])
+    y = np.concatenate([made["y"], made["y_test"]])
+    x.flags.writeable = y.flags.writeable = False
+    return x, y
+
+
+def _mnist1d(split: int, dtype: torch.dtype) -> Dataset:
+    x, y = _mnist1d_arrays()
+    return _split(x, y, split, "classification", "mnist1d", dtype)
 
 
 def uci_root() -> Path | None:
@@ -238,6 +277,8 @@ def load(name: str, split: int = 0, *, dtype: torch.dtype = torch.float32) -> Da
         return _two_moons(split, dtype)
     if name in SKLEARN_SETS:
         return _sklearn(name, split, dtype)
+    if name == "mnist1d":
+        return _mnist1d(split, dtype)
     if name.startswith("uci/"):
         return _uci(name[4:], split, dtype)
     raise ValueError(f"Unknown data set {name!r}; expected one of: {', '.join(names())}.")

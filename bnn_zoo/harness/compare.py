@@ -7,8 +7,9 @@ caches them under ``<out>/runs``); :func:`run_from_args` runs what the compariso
 (mean ± standard error over splits, distances to a reference predictive:
 :mod:`bnn_zoo.harness.summary`) as ``compare.md``, ``.csv`` and ``.json``
 (:mod:`bnn_zoo.harness.tables`) with the figures (:mod:`bnn_zoo.harness.figures`).
-With a network (``--net cnn``: :data:`bnn_zoo.zoo.NETWORKS`) every entry that takes one fits
-it in place of its own model (``entry.fit(..., net=...)``), e.g. the guides on a CNN.
+With a network (``--net cnn``: :data:`bnn_zoo.zoo.NETWORK_CHOICES`, a CNN for each data set)
+every entry that takes one fits it in place of its own model (``entry.fit(..., net=...)``),
+e.g. the guides on a CNN.
 ``python -m bnn_zoo compare``, ``benchmarks/compare_guides.py``,
 ``benchmarks/classification.py`` and ``benchmarks/uci.py`` are built on it.
 """
@@ -16,7 +17,7 @@ it in place of its own model (``entry.fit(..., net=...)``), e.g. the guides on a
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -71,16 +72,20 @@ def split_indices(name: str, splits: int | Sequence[int]) -> list[int]:
 
 
 def _check_names(data: Sequence[str], entries: Sequence[str] | None,
-                 reference: str | None, net: zoo.Network | None) -> None:
-    """Unknown data sets and entries, and data sets a bundled network does not take, fail
-    before any fit."""
+                 reference: str | None, net: zoo.Network | Mapping | None) -> None:
+    """Unknown data sets and entries, and data sets a bundled network does not take (or
+    ``net``, a mapping, names none for), fail before any fit."""
     for name in data:
         if name not in data_module.names():
             raise ValueError(f"Unknown data set {name!r}; expected one of: "
                              f"{', '.join(data_module.names())}.")
-        if isinstance(net, zoo.NamedNetwork) and name not in net.data:
-            raise ValueError(f"The network {net.name!r} takes the data sets "
-                             f"{', '.join(net.data)}, not {name!r}.")
+        if isinstance(net, Mapping) and name not in net:
+            known = ", ".join(f"{d} ({getattr(n, 'name', n)!r})" for d, n in net.items())
+            raise ValueError(f"net has networks for {known}, not for {name!r}.")
+        chosen = net[name] if isinstance(net, Mapping) else net
+        if isinstance(chosen, zoo.NamedNetwork) and name not in chosen.data:
+            raise ValueError(f"The network {chosen.name!r} takes the data sets "
+                             f"{', '.join(chosen.data)}, not {name!r}.")
     for name in [*(entries or ()), *([reference] if reference is not None else [])]:
         zoo.get(name)
 
@@ -90,7 +95,7 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
                    out: str | Path = "results/compare", device: str | torch.device = "cpu",
                    overrides: dict | Callable[[str], dict] | None = None,
                    num_samples: int = 200, reference: str | None = None,
-                   log: bool = True, net: zoo.Network | None = None,
+                   log: bool = True, net: zoo.Network | Mapping[str, zoo.Network] | None = None,
                    replicas: str = "auto") -> list[dict]:
     """Fit each entry on each split of each data set; return the records.
 
@@ -112,7 +117,8 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         net=net)``; ``None``: the entries' own models); entries that take none are skipped,
         and by default only those that do run. A :class:`~bnn_zoo.zoo.NamedNetwork` (from
         :data:`bnn_zoo.zoo.NETWORKS`) keys the cache by its name; another factory by its
-        ``repr``.
+        ``repr``. A mapping from data set names to networks (a value of
+        :data:`bnn_zoo.zoo.NETWORK_CHOICES`) gives each data set its own.
     replicas : ``"auto"``: an entry that batches its fits (:func:`bnn_zoo.zoo.batches_replicas`)
         fits the splits of a data set with equal training sizes that are not cached
         together, as replicas in one pass (``entry.fit_many``, even for one split, so that
@@ -149,7 +155,7 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
                                     "with these options." if equal else
                                     "(their training sets differ in size)."))
             if net is not None:
-                own = {**own, "net": net}
+                own = {**own, "net": net[name] if isinstance(net, Mapping) else net}
             records += cached_runs(entry, datasets, splits=indices,
                                    seeds=[seed + split for split in indices], overrides=own,
                                    num_samples=num_samples, out=out, log=log,
@@ -209,8 +215,9 @@ def run_from_args(args: argparse.Namespace) -> list[dict]:
                              num_samples=args.num_samples, reference=args.reference, net=net,
                              replicas=args.replicas)
     preamble = "" if net is None else (
-        f"Every entry fits the network `{args.net}` in place of its own model "
-        "(`entry.fit(..., net=...)`).")
+        f"Every entry fits the network `{args.net}` ("
+        + ", ".join(f"`{net[d].name}` on {d}" for d in args.data)
+        + ") in place of its own model (`entry.fit(..., net=...)`).")
     _, table = write_comparison(records, args.out, reference=args.reference or REFERENCE,
                                 preamble=preamble)
     figures = write_figures(records, args.out)

@@ -6,7 +6,7 @@ torch's CPU thread count. :func:`add_data_flag`, :func:`add_entries_flag`,
 :func:`add_fit_flags` and :func:`add_comparison_flags` add the flags of scripts that fit
 zoo entries on data sets; :func:`budget_overrides` turns ``--steps`` into the keyword
 arguments of ``entry.fit``; :func:`add_net_flag` adds ``--net`` and :func:`network` gives the
-network it names.
+networks it names, one per data set.
 
 Every value is checked while parsing, before any work starts: numbers by the argparse
 types :func:`int_at_least`, :func:`positive_int`, :func:`random_seed` and
@@ -248,19 +248,22 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
 
 
 def add_net_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``--net``: ``mlp`` (each entry's own model) or a bundled network of
-    :data:`bnn_zoo.zoo.NETWORKS` that every entry taking one fits in its place."""
-    parser.add_argument("--net", default="mlp", choices=["mlp", *zoo.NETWORKS],
-                        help="mlp: each entry's own model; cnn: the small CNN for the 8x8 "
-                             "digits (bnn_zoo.models.digits_cnn) in its place, for the "
+    """``--net``: ``mlp`` (each entry's own model) or a name of
+    :data:`bnn_zoo.zoo.NETWORK_CHOICES`: the bundled network for each data set, that every
+    entry taking one fits in its place."""
+    parser.add_argument("--net", default="mlp", choices=["mlp", *zoo.NETWORK_CHOICES],
+                        help="mlp: each entry's own model; cnn: a small CNN for the data set "
+                             "(digits: bnn_zoo.models.digits_cnn, mnist1d: "
+                             "bnn_zoo.zoo.NETWORKS['mnist1d_cnn']) in its place, for the "
                              "entries that take a network (default: mlp)")
     return parser
 
 
-def network(args: argparse.Namespace) -> zoo.NamedNetwork | None:
-    """The network ``--net`` names (``None`` for ``mlp`` or without the flag)."""
+def network(args: argparse.Namespace) -> dict[str, zoo.NamedNetwork] | None:
+    """The networks ``--net`` names, by data set (``None`` for ``mlp`` or without the
+    flag)."""
     name = getattr(args, "net", "mlp")
-    return None if name == "mlp" else zoo.NETWORKS[name]
+    return None if name == "mlp" else zoo.NETWORK_CHOICES[name]
 
 
 def budget_overrides(args: argparse.Namespace) -> dict:

@@ -2,9 +2,9 @@
 
 ``names()`` lists the entries, ``get(name)`` returns an :class:`Entry`, ``load(path)``
 reads back a :class:`Fitted` written by ``Fitted.save``; ``NETWORKS`` holds the bundled
-networks an entry may take in place of its model (``entry.fit(..., net=NETWORKS["cnn"])``,
-``compare --net cnn``). Entries live in the modules of
-this package, each a short declaration calling :func:`register`; they are imported on
+networks an entry may take in place of its model (``entry.fit(..., net=NETWORKS["cnn"])``),
+``NETWORK_CHOICES`` the one ``compare --net cnn`` fits on each data set. Entries live in
+the modules of this package, each a short declaration calling :func:`register`; they are imported on
 first use. This is the one place in ``bnn_zoo`` that names
 models and guides: the CLI and the benchmarks reach them only through it.
 """
@@ -20,10 +20,10 @@ import torch
 
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
 from bnn_zoo.zoo._entry import FILE_FORMAT, Entry, Fitted
-from bnn_zoo.zoo._networks import NETWORKS, NamedNetwork, Network
+from bnn_zoo.zoo._networks import NETWORK_CHOICES, NETWORKS, NamedNetwork, Network
 from bnn_zoo.zoo._replicas import batches_replicas
 
-__all__ = ["NETWORKS", "Budget", "Entry", "Fitted", "NamedNetwork", "Network",
+__all__ = ["NETWORKS", "NETWORK_CHOICES", "Budget", "Entry", "Fitted", "NamedNetwork", "Network",
            "UnsupportedProblem", "batches_replicas", "get", "load", "names", "register"]
 
 _REGISTRY: dict[str, Entry] = {}

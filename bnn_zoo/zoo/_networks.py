@@ -19,7 +19,8 @@ from bnn_zoo.core.checks import same_device
 from bnn_zoo.methods.svi import accepted_keywords
 from bnn_zoo.models.module import BayesianModule, digits_cnn
 
-__all__ = ["NETWORKS", "NamedNetwork", "Network", "net_model_defaults", "network_builder"]
+__all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cnn",
+           "net_model_defaults", "network_builder"]
 
 #: What ``net=`` takes: a module (used as given) or a factory (called for every model).
 Network = nn.Module | Callable[[], nn.Module]
@@ -89,6 +90,19 @@ class NamedNetwork:
         return self.build()
 
 
-#: The networks of ``python -m bnn_zoo compare --net NAME``: ``cnn`` is
-#: :func:`~bnn_zoo.models.digits_cnn` (8 channels of 3x3 filters on the 8x8 digits).
-NETWORKS = {"cnn": NamedNetwork("cnn", ("digits",), digits_cnn)}
+def mnist1d_cnn(channels: int = 16, classes: int = 10) -> nn.Sequential:
+    """A small 1-D CNN for MNIST-1D (Greydanus 2020): inputs ``(N, 40)`` unflattened to
+    ``(N, 1, 40)``, then ``Conv1d(1, C, 5, stride=2) -> ReLU -> Conv1d(C, C, 3, stride=2)
+    -> ReLU -> flatten -> Linear(C * 8, classes)`` (lengths 40 -> 18 -> 8)."""
+    return nn.Sequential(nn.Unflatten(1, (1, 40)), nn.Conv1d(1, channels, 5, stride=2),
+                         nn.ReLU(), nn.Conv1d(channels, channels, 3, stride=2), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(channels * 8, classes))
+
+
+#: The bundled networks: ``cnn`` is :func:`~bnn_zoo.models.digits_cnn` (8 channels of 3x3
+#: filters on the 8x8 digits), ``mnist1d_cnn`` is :func:`mnist1d_cnn`.
+NETWORKS = {"cnn": NamedNetwork("cnn", ("digits",), digits_cnn),
+            "mnist1d_cnn": NamedNetwork("mnist1d_cnn", ("mnist1d",), mnist1d_cnn)}
+
+#: ``python -m bnn_zoo compare --net NAME``: the network NAME fits on each data set.
+NETWORK_CHOICES = {"cnn": {"digits": NETWORKS["cnn"], "mnist1d": NETWORKS["mnist1d_cnn"]}}
