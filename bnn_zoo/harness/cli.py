@@ -7,8 +7,8 @@
   metrics with time (mean ± standard error over splits), writing CSV/JSON and
   figures (predictive bands for 1-D data) under ``--out``; with no flags it runs
   :data:`QUICK_ENTRIES` on ``sine``, with ``--entries all`` every entry of the task
-  (see :mod:`bnn_zoo.harness.compare`); ``--net cnn`` (with ``--data digits``) fits a
-  small CNN in place of each entry's MLP, by default with :data:`NET_ENTRIES`;
+  (see :mod:`bnn_zoo.harness.compare`); ``--net cnn`` (with ``--data digits`` or
+  ``mnist1d``) fits a small CNN in place of each entry's MLP, by default with :data:`NET_ENTRIES`;
 * ``priors``: prior diagnostics, the Gaussian limit and the unit tails (see
   :mod:`bnn_zoo.harness.prior_command`).
 
