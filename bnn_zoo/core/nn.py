@@ -154,7 +154,10 @@ def local_reparameterization_noise(layer: nn.Module, x: Tensor,
     it has under weight sampling. ``variance`` holds ``S^2`` (``"weight"``) and ``s^2``
     (``"bias"``, absent for a layer without bias). The variance is floored at the
     smallest normal number so that a unit whose inputs are all zero (a layer without bias)
-    gets a zero gradient, not the infinite one of ``sqrt`` at 0.
+    gets a zero gradient, not the infinite one of ``sqrt`` at 0. The floor is
+    ``threshold(var, tiny, tiny)``, which has the values of ``var.clamp_min(tiny)`` (NaN
+    included) and a fused backward (``clamp_min``'s ``where`` cost as much as the rest of
+    the noise on the digits CNN); the gradient differs only at ``var == tiny`` exactly.
 
     .. warning:: The units of a convolution at different positions (and a ``Linear``
         applied to every step of a sequence) share their weights, so under weight sampling
@@ -162,7 +165,8 @@ def local_reparameterization_noise(layer: nn.Module, x: Tensor,
         exact, but the objective is not that of weight sampling (use flipout for that).
     """
     var = layer_forward(layer, x * x, variance["weight"], variance.get("bias"))
-    std = var.clamp_min(torch.finfo(var.dtype).tiny).sqrt()
+    tiny = torch.finfo(var.dtype).tiny
+    std = nn.functional.threshold(var, tiny, tiny).sqrt()
     return std * torch.randn_like(std)
 
 
