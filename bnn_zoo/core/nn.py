@@ -155,9 +155,10 @@ def local_reparameterization_noise(layer: nn.Module, x: Tensor,
     (``"bias"``, absent for a layer without bias). The variance is floored at the
     smallest normal number so that a unit whose inputs are all zero (a layer without bias)
     gets a zero gradient, not the infinite one of ``sqrt`` at 0. The floor is
-    ``threshold(var, tiny, tiny)``, which has the values of ``var.clamp_min(tiny)`` (NaN
-    included) and a fused backward (``clamp_min``'s ``where`` cost as much as the rest of
-    the noise on the digits CNN); the gradient differs only at ``var == tiny`` exactly.
+    ``threshold(var, tiny, tiny)``: the values of ``var.clamp_min(tiny)`` (NaN included)
+    with a fused backward (on the digits CNN's convolution, floor and ``sqrt`` forward and
+    backward take ~135 us against ~190 us with ``clamp_min``, whose backward is a ``where``);
+    the gradient differs from ``clamp_min``'s only at ``var == tiny`` exactly (and at NaN).
 
     .. warning:: The units of a convolution at different positions (and a ``Linear``
         applied to every step of a sequence) share their weights, so under weight sampling
