@@ -16,7 +16,7 @@ import bnn_zoo
 from bnn_zoo import data, zoo
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.core.training import SVIStep, TrainingDiverged
+from bnn_zoo.core.training import SVIStep, TrainingDiverged, _grad_norm
 from bnn_zoo.evaluation.metrics import expected_calibration_error, metrics
 from bnn_zoo.models import BayesianMLP, GaussianPrior
 
@@ -131,6 +131,32 @@ def test_deferred_nan_guard_restores_the_parameters_of_the_last_check():
     assert checked % 4 == 0
     z = guide.median()["z"]
     assert torch.isfinite(z) and z <= 1.0
+
+
+def test_grad_norm_is_torchs_total_norm_bit_for_bit():
+    params = [torch.randn(s, requires_grad=True) for s in [(8, 1, 3, 3), (8,), (10, 288), (3,)]]
+    for p in params[:3]:  # the last has no gradient and is left out, as torch leaves it out
+        p.grad = torch.randn_like(p) * 1e3
+    expected = torch.nn.utils.get_total_norm([p.grad for p in params[:3]])
+    assert torch.equal(_grad_norm(params), expected)
+    assert torch.equal(_grad_norm([torch.zeros(2, requires_grad=True)]), torch.zeros(()))
+
+
+def sqrt_cusp(x, y=None):
+    """A model whose loss is finite at ``z = 0`` but whose gradient there is not
+    (``d sqrt(|z|) / dz``)."""
+    z = pyro.sample("z", dist.Normal(0.0, 10.0))
+    pyro.factor("cusp", -z.abs().sqrt())
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Normal(z, 1.0), obs=y)
+
+
+def test_non_finite_gradient_with_finite_loss_stops_and_keeps_the_parameters():
+    x, y = torch.zeros(10, 1), torch.zeros(10)
+    guide = AutoDelta(sqrt_cusp, init_loc_fn=lambda site: torch.zeros(()))
+    with pytest.raises(TrainingDiverged, match=r"gradient norm nan\) at step 0"):
+        bnn_zoo.fit(sqrt_cusp, guide, x, y, steps=5, lr=0.1, validate=False)
+    assert guide.median()["z"] == 0.0
 
 
 def test_losses_kept_on_the_device_change_nothing_but_when_they_are_read():

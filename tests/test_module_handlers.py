@@ -28,7 +28,7 @@ from torch.func import functional_call
 import bnn_zoo
 from bnn_zoo.core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFieldELBO
 from bnn_zoo.core.handlers import flipout, local_reparameterization
-from bnn_zoo.core.nn import flipout_affine
+from bnn_zoo.core.nn import flipout_affine, local_reparameterization_noise
 from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP, BayesianModule, digits_cnn
@@ -257,6 +257,24 @@ def test_layer_without_bias_has_finite_gradients_at_zero_input():
     f = outputs(local_reparameterization, model, {"0.weight": (loc, scale)}, torch.zeros(4, 3))
     grads = torch.autograd.grad(f.sum(), [loc, scale])
     assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_variance_floor_has_the_values_of_clamp_min():
+    """The floor of local_reparameterization_noise (``threshold``, for its cheaper backward)
+    gives ``clamp_min``'s values, NaN and values below or at the floor included, and its
+    gradient wherever the variance is not exactly the floor."""
+    tiny = torch.finfo(torch.float32).tiny
+    layer, x = nn.Linear(1, 1, bias=False), torch.ones(1, 1)  # the variance is S^2 * 1^2
+    for value in [math.nan, 0.0, tiny / 2, tiny, 2 * tiny, 1e-3, 2.0, math.inf]:
+        var = torch.tensor([[value]], requires_grad=True)
+        torch.manual_seed(0)
+        noise = local_reparameterization_noise(layer, x, {"weight": var})
+        torch.manual_seed(0)
+        expected = var.clamp_min(tiny).sqrt() * torch.randn(1, 1)
+        torch.testing.assert_close(noise, expected, rtol=0, atol=0, equal_nan=True)
+        if value == value and value != tiny:  # at NaN and at the floor the gradients differ
+            grads = [torch.autograd.grad(t.sum(), var)[0] for t in (noise, expected)]
+            torch.testing.assert_close(*grads, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("particles", [1, 3])

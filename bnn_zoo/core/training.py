@@ -127,6 +127,18 @@ def _set_rng_state(state: dict) -> None:
                                        has_gauss, cached)})
 
 
+def _grad_norm(params: list[Tensor]) -> Tensor:
+    """The 2-norm of the gradients of ``params`` (those that have one) taken together, as
+    ``torch.nn.utils.get_total_norm`` computes it (the norm of the per-tensor norms, the same
+    ops and values) without its grouping by device and dtype on every call: the tensors of
+    an :class:`SVIStep` share one device and dtype. That grouping, and reading the norm
+    back with ``torch.isfinite``, made up half of the NaN guard's time per step."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
 class SVIStep:
     """One optimiser step of SVI on ``model``/``guide``, as :func:`fit` runs it.
 
@@ -275,21 +287,16 @@ class SVIStep:
         loss = self.backward()
         if self.average is not None:
             loss = self.average(loss)
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params
-                                                   if p.grad is not None])
-        value = loss.item()
-        if not math.isfinite(value) or not bool(torch.isfinite(grad_norm)):
-            with torch.no_grad():
-                for param, good in zip(self.params, self.last_good):
-                    param.copy_(good)
-            raise TrainingDiverged(
-                f"The loss became {value} (gradient norm {grad_norm.item()}) at step "
-                f"{self.step_count}; the parameters are restored to the last step with a "
-                "finite loss. Try a smaller lr or a narrower initial guide."
-            )
+        value, norm = loss.item(), _grad_norm(self.params).item()
         with torch.no_grad():
-            for param, good in zip(self.params, self.last_good):
-                good.copy_(param)
+            if not (math.isfinite(value) and math.isfinite(norm)):
+                torch._foreach_copy_(self.params, self.last_good)
+                raise TrainingDiverged(
+                    f"The loss became {value} (gradient norm {norm}) at step "
+                    f"{self.step_count}; the parameters are restored to the last step with a "
+                    "finite loss. Try a smaller lr or a narrower initial guide."
+                )
+            torch._foreach_copy_(self.last_good, self.params)
         self.optimizer.step()
         self.step_count += 1
         return value
@@ -303,12 +310,11 @@ class SVIStep:
         loss = self.backward()
         if self.average is not None:
             loss = self.average(loss)
-        grads = [p.grad for p in self.params if p.grad is not None]
-        finite = torch.isfinite(loss.detach()) & torch.isfinite(
-            torch.nn.utils.get_total_norm(grads))
+        finite = torch.isfinite(loss.detach()) & torch.isfinite(_grad_norm(self.params))
         self.finite &= finite
-        for grad in grads:
-            grad.masked_fill_(~finite, 0.0)
+        for param in self.params:
+            if param.grad is not None:
+                param.grad.masked_fill_(~finite, 0.0)
         self.optimizer.step()
         self.step_count += 1
         return loss.detach()
