@@ -26,8 +26,6 @@ give each step's time, its ratio to ``torch_map`` and the zoo-to-hand-written ra
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import pyro
@@ -42,6 +40,7 @@ from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides.bbb import softplus_inverse
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.tables import write_tables
+from bnn_zoo.harness.timing import interleaved_medians
 from bnn_zoo.models import BayesianModule, digits_cnn
 
 ESTIMATORS = {"sample": MeanFieldELBO, "lrt": LocalReparameterizationELBO,
@@ -146,29 +145,6 @@ def zoo_bbb_step(x: Tensor, y: Tensor, batch: int, channels: int, estimator: str
                    jit=jit)
 
 
-def time_steps(steps: dict[str, Callable[[], object]], repeats: int, inner: int,
-               device: torch.device) -> dict[str, float]:
-    """Median milliseconds per call of each step, the steps interleaved within each repeat
-    (so that a change in machine load hits them all), after five warm-up calls each."""
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for fn in steps.values():
-        for _ in range(5):
-            fn()
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            sync()
-            start = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            sync()
-            times[name].append((time.perf_counter() - start) / inner * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=flags.positive_int, default=15)
@@ -192,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             steps[f"torch_{est}"] = torch_bbb_step(xb, yb, n, args.channels, est)
             steps[f"zoo_{est}"] = zoo_bbb_step(x, y, batch, args.channels, est, jit)
             steps[f"zoo_{est}_eager"] = zoo_bbb_step(x, y, batch, args.channels, est, False)
-        ms = time_steps(steps, args.repeats, args.inner, args.device)
+        ms = interleaved_medians(steps, repeats=args.repeats, inner=args.inner,
+                                 device=args.device)
     rows = [{"estimator": est, "device": str(args.device), "batch": batch,
              "torch_map_ms": ms["torch_map"], "torch_bbb_ms": ms[f"torch_{est}"],
              "zoo_bbb_ms": ms[f"zoo_{est}"], "zoo_eager_ms": ms[f"zoo_{est}_eager"],

@@ -21,8 +21,6 @@ Ratios to ``torch_map`` and to the hand-written step are printed and written as
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -37,6 +35,7 @@ from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.tables import write_tables
+from bnn_zoo.harness.timing import interleaved_medians
 from bnn_zoo.models import BayesianMLP
 
 STEPS = ("torch_map", "torch_bbb", "zoo_bbb", "zoo_bbb_jit", "zoo_bbb_lrt_jit")
@@ -99,20 +98,6 @@ def zoo_bbb_step(sizes, x, y, n, classification, jit=False,
                    batch_size=n // 10, jit=jit)
 
 
-def time_steps(steps: dict[str, Callable[[], None]], repeats: int, inner: int) -> dict:
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for fn in steps.values():  # warm-up
-        for _ in range(5):
-            fn()
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            start = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            times[name].append((time.perf_counter() - start) / inner * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=flags.positive_int, default=15)
@@ -138,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "zoo_bbb_lrt_jit": zoo_bbb_step(sizes, x, y, n, classification, jit=True,
                                             elbo=LocalReparameterizationELBO),
         }
-        ms = time_steps(steps, args.repeats, args.inner)
+        ms = interleaved_medians(steps, repeats=args.repeats, inner=args.inner)
         rows.append({"net": net, "batch": batch, **{f"{k}_ms": v for k, v in ms.items()},
                      **{f"{k}_per_map": v / ms["torch_map"] for k, v in ms.items()},
                      "zoo_vs_hand": ms["zoo_bbb"] / ms["torch_bbb"],
