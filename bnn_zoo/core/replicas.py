@@ -132,7 +132,7 @@ class ReplicaSVIStep(SVIStep):
         check_positive_int("max_plate_nesting", max_plate_nesting)
         self.replicas = x.shape[0]
         self.replica_weights = torch.ones(self.replicas, 1, dtype=x.dtype, device=x.device,
-                                  requires_grad=True)
+                                          requires_grad=True)
         super().__init__(model, guide, x, y, max_plate_nesting=max_plate_nesting + 1,
                          **options)
         names = {id(p): name for m in self.modules for name, p in m.named_parameters()}

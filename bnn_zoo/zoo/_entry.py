@@ -299,6 +299,26 @@ class Entry:
         model_kw, method = self.configure(**options, net=net)
         return options, model_kw, method, replace(self.budget, **overrides)
 
+    def training_data(self, x: Tensor, y: Tensor, task: str, budget: Budget, seed: int
+                      ) -> tuple[Standardizer, Standardizer | None, Tensor, Tensor,
+                                 tuple[Tensor, Tensor] | None]:
+        """The scalers of ``x`` and (regression) ``y``, fitted on the training data (on all
+        shards with ``budget.distributed``), the standardised data the method fits, and the
+        held-out ``(x, y)`` on which the noise is tuned (``budget.validation > 0``, regression
+        only; ``None`` otherwise), split off with ``seed``."""
+        fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
+        x_scaler = fit_scaler(x)
+        y_scaler = fit_scaler(y) if task == "regression" else None
+        xs = x_scaler.transform(x)
+        ys = y_scaler.transform(y) if y_scaler is not None else y
+        if budget.validation == 0 or task != "regression":
+            return x_scaler, y_scaler, xs, ys, None
+        if not self.tunable_noise:
+            raise ValueError(f"Entry {self.name!r} has no single noise scale to tune: "
+                             "expected validation=0.")
+        xs, ys, x_val, y_val = holdout(xs, ys, budget.validation, seed=seed)
+        return x_scaler, y_scaler, xs, ys, (x_val, y_val)
+
     def fit(self, x: Tensor, y: Tensor, *, task: str | None = None, seed: int = 0,
             progress: bool | None = False, model_options: Mapping[str, Any] | None = None,
             guide_options: Mapping[str, Any] | None = None,
@@ -352,17 +372,7 @@ class Entry:
             raise ValueError(f"Expected net to be a factory for entry {self.name!r}: its "
                              f"{method.members} members would all start at the one module's "
                              "weights; pass net=lambda: MyNet() so that each starts apart.")
-        fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
-        x_scaler = fit_scaler(x)
-        y_scaler = fit_scaler(y) if task == "regression" else None
-        xs = x_scaler.transform(x)
-        ys = y_scaler.transform(y) if y_scaler is not None else y
-        validate_noise = budget.validation > 0 and task == "regression"
-        if validate_noise:
-            if not self.tunable_noise:
-                raise ValueError(f"Entry {self.name!r} has no single noise scale to tune: "
-                                 "expected validation=0.")
-            xs, ys, x_val, y_val = holdout(xs, ys, budget.validation, seed=seed)
+        x_scaler, y_scaler, xs, ys, validation = self.training_data(x, y, task, budget, seed)
         out_dim = 1 if task == "regression" else int(y.max()) + 1
         if budget.distributed and task == "classification":
             out_dim = distributed.global_max(out_dim, y.device)
@@ -376,8 +386,8 @@ class Entry:
         started = time.perf_counter()
         posterior = method.fit(build_model, xs, ys, task=task, seed=seed, budget=budget,
                                progress=progress)
-        if validate_noise:
-            posterior = tune_noise(posterior, x_val, y_val, distributed=budget.distributed)
+        if validation is not None:
+            posterior = tune_noise(posterior, *validation, distributed=budget.distributed)
         return Fitted(self.name, task, x_scaler, y_scaler, posterior,
                       time.perf_counter() - started, x[0].numel(), out_dim, options,
                       in_shape, net_sites)

@@ -23,8 +23,7 @@ from bnn_zoo.core.checks import (
     check_data,
     check_seed,
 )
-from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.evaluation.noise_tuning import holdout, tune_noise
+from bnn_zoo.evaluation.noise_tuning import tune_noise
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.zoo._entry import Entry, Fitted
 from bnn_zoo.zoo._networks import Network
@@ -109,29 +108,19 @@ def fit_many(entry: Entry, xs: object, ys: object, *, seeds: Sequence[int],
     if not batches or net is not None:
         return [entry.fit(x, y, task=task, seed=seed, progress=progress, net=net, **options,
                           **budget_overrides) for x, y, seed in zip(xs, ys, seeds)]
-    task, ys[0] = entry.check_targets(ys[0], task, "ys[0]")
-    ys = [ys[0], *(entry.check_targets(y, task, f"ys[{r}]")[1] for r, y in enumerate(ys[1:], 1))]
+    task, _ = entry.check_targets(ys[0], task, "ys[0]")
+    ys = [entry.check_targets(y, task, f"ys[{r}]")[1] for r, y in enumerate(ys)]
     started = time.perf_counter()
-    x_scalers = [Standardizer.fit(x) for x in xs]
-    y_scalers = [Standardizer.fit(y) if task == "regression" else None for y in ys]
-    fit_sets = [(xs_.transform(x), y if ys_ is None else ys_.transform(y))
-                for x, y, xs_, ys_ in zip(xs, ys, x_scalers, y_scalers)]
-    validate_noise = budget.validation > 0 and task == "regression"
-    if validate_noise:
-        if not entry.tunable_noise:
-            raise ValueError(f"Entry {entry.name!r} has no single noise scale to tune: "
-                             "expected validation=0.")
-        fit_sets = [holdout(x, y, budget.validation, seed=seed)
-                    for (x, y), seed in zip(fit_sets, seeds)]
-    x = torch.stack([s[0] for s in fit_sets])
-    y = torch.stack([s[1] for s in fit_sets])
+    prepared = [entry.training_data(x, y, task, budget, seed)
+                for x, y, seed in zip(xs, ys, seeds)]
+    x = torch.stack([p[2] for p in prepared])
+    y = torch.stack([p[3] for p in prepared])
     out_dim = 1 if task == "regression" else int(y.max()) + 1
     build_model = entry.model_factory(x.shape[-1], out_dim, task, model_kw, x)
     posteriors = method.fit_many(build_model, x, y, task=task, seeds=seeds, budget=budget,
                                  progress=progress)
-    if validate_noise:
-        posteriors = [tune_noise(p, s[2], s[3]) for p, s in zip(posteriors, fit_sets)]
+    posteriors = [posterior if p[4] is None else tune_noise(posterior, *p[4])
+                  for posterior, p in zip(posteriors, prepared)]
     seconds = (time.perf_counter() - started) / len(seeds)
-    return [Fitted(entry.name, task, x_scaler, y_scaler, posterior, seconds, x.shape[-1],
-                   out_dim, options)
-            for x_scaler, y_scaler, posterior in zip(x_scalers, y_scalers, posteriors)]
+    return [Fitted(entry.name, task, p[0], p[1], posterior, seconds, x.shape[-1], out_dim,
+                   options) for p, posterior in zip(prepared, posteriors)]
