@@ -288,15 +288,14 @@ class SVIStep:
         if self.average is not None:
             loss = self.average(loss)
         value, norm = loss.item(), _grad_norm(self.params).item()
-        with torch.no_grad():
-            if not (math.isfinite(value) and math.isfinite(norm)):
-                torch._foreach_copy_(self.params, self.last_good)
-                raise TrainingDiverged(
-                    f"The loss became {value} (gradient norm {norm}) at step "
-                    f"{self.step_count}; the parameters are restored to the last step with a "
-                    "finite loss. Try a smaller lr or a narrower initial guide."
-                )
-            torch._foreach_copy_(self.last_good, self.params)
+        if not (math.isfinite(value) and math.isfinite(norm)):
+            self.restore_parameters()
+            raise TrainingDiverged(
+                f"The loss became {value} (gradient norm {norm}) at step "
+                f"{self.step_count}; the parameters are restored to the last step with a "
+                "finite loss. Try a smaller lr or a narrower initial guide."
+            )
+        self.remember_parameters()
         self.optimizer.step()
         self.step_count += 1
         return value
@@ -324,16 +323,23 @@ class SVIStep:
         :meth:`advance`): if so, remember the parameters as the last good ones; if not,
         restore the parameters of the last check and raise :class:`TrainingDiverged`."""
         finite = self.finite.reshape(-1).tolist()
-        with torch.no_grad():
-            if all(finite):
-                for param, good in zip(self.params, self.last_good):
-                    good.copy_(param)
-                self.checked_step = self.step_count
-                return
-            for param, good in zip(self.params, self.last_good):
-                param.copy_(good)
+        if all(finite):
+            self.remember_parameters()
+            self.checked_step = self.step_count
+            return
+        self.restore_parameters()
         raise TrainingDiverged(self.divergence_message([i for i, ok in enumerate(finite)
                                                         if not ok]))
+
+    @torch.no_grad()
+    def remember_parameters(self) -> None:
+        """Copy the parameters into ``last_good`` (one foreach op)."""
+        torch._foreach_copy_(self.last_good, self.params)
+
+    @torch.no_grad()
+    def restore_parameters(self) -> None:
+        """Copy ``last_good`` back into the parameters."""
+        torch._foreach_copy_(self.params, self.last_good)
 
     def divergence_message(self, bad: list[int]) -> str:
         """The message of :meth:`check` when the entries ``bad`` of ``finite`` are false."""
@@ -356,9 +362,7 @@ class SVIStep:
         self.perm = state["perm"].to(self.x.device)
         self.order.set_state(state["order"])
         _set_rng_state(state["rng"])
-        with torch.no_grad():  # the loaded parameters are those a failed check goes back to
-            for param, good in zip(self.params, self.last_good):
-                good.copy_(param)
+        self.remember_parameters()  # the loaded parameters: where a failed check goes back to
         self.checked_step = self.step_count
 
     def run_description(self) -> dict:

@@ -77,12 +77,6 @@ class ConditionedGP(nn.Module):
             return pyro.sample("obs", dist.Normal(pred.loc[0], pred.scale[0]), obs=y)
 
 
-def _restore_last_finite(step: SVIStep) -> None:
-    with torch.no_grad():
-        for param, good in zip(step.params, step.last_good):
-            param.copy_(good)
-
-
 def _check_final_evidence(gp: nn.Module, x: Tensor, y: Tensor) -> None:
     """The optimiser's last update is not checked by a step of its own: check it here."""
     with torch.no_grad(), pyro.get_param_store().scope():
@@ -115,7 +109,7 @@ def fit_evidence(gp: nn.Module, x: Tensor, y: Tensor, *, steps: int, lr: float, 
             losses.append(step())
         _check_final_evidence(gp, x, y)
     except (NotPositiveDefinite, TrainingDiverged) as error:
-        _restore_last_finite(step)
+        step.restore_parameters()
         # Pyro appends the trace's shapes to errors raised inside the model: keep line one.
         reason = str(error).splitlines()[0]
         raise TrainingDiverged(
