@@ -240,12 +240,11 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
     if together:
         overrides = {**(overrides or {}), "replicas": True}
     records: list[dict | None] = []
-    paths = []
-    for dataset, split, seed in zip(datasets, splits, seeds):
-        settings = run_settings(dataset, overrides, num_samples)
-        path = cache_path(out, entry, dataset.name, split, seed, settings)
+    paths, settings = [], [run_settings(dataset, overrides, num_samples) for dataset in datasets]
+    for dataset, split, seed, own in zip(datasets, splits, seeds, settings):
+        path = cache_path(out, entry, dataset.name, split, seed, own)
         expected = {"entry": entry, "data": dataset.name, "split": split, "seed": seed,
-                    "settings": settings}
+                    "settings": own}
         records.append(_read_cached(path, expected) if path.exists() else None)
         paths.append(path)
     missing = [i for i, record in enumerate(records) if record is None]
@@ -261,7 +260,7 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
         status = "cached"
         if records[i] is None:  # fitted in order, each cached as soon as it is finished
             record = next(fitted)
-            record["settings"] = run_settings(datasets[i], overrides, num_samples)
+            record["settings"] = settings[i]  # with ``replicas`` where it joins the key
             records[i] = record
             status = record["status"]
             if status != "failed":
