@@ -389,9 +389,10 @@ def test_local_reparameterization_handler_acts_only_on_layers_from_gaussian_site
     torch.testing.assert_close(out, h @ w + b.unsqueeze(-2))
 
 
-def test_local_reparameterization_jit_loss_equals_eager_loss():
-    """``SVIStep(..., jit=True)`` traces the model under the handler: the same losses as the
-    eager step under the same seeds."""
+@pytest.mark.parametrize("elbo", [LocalReparameterizationELBO, FlipoutELBO])
+def test_handler_elbo_jit_loss_equals_eager_loss(elbo):
+    """``SVIStep(..., jit=True)`` traces the model under the handler (local
+    reparameterisation, flipout): the same losses as the eager step under the same seeds."""
     x = torch.randn(40, 2)
     y = torch.sin(x.sum(-1))
     losses = []
@@ -400,7 +401,7 @@ def test_local_reparameterization_jit_loss_equals_eager_loss():
         model = BayesianMLP(2, 1, (5,))
         guide = BayesByBackpropGuide(model, init_scale=0.1)
         step = SVIStep(model, guide, x, y, lr=0.01, batch_size=16, num_particles=3, seed=0,
-                       elbo=LocalReparameterizationELBO, jit=jit)
+                       elbo=elbo, jit=jit)
         pyro.set_rng_seed(1)
         losses.append([step() for _ in range(6)])
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)

@@ -31,7 +31,7 @@ from bnn_zoo.core.handlers import flipout, local_reparameterization
 from bnn_zoo.core.nn import flipout_affine, local_reparameterization_noise
 from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
-from bnn_zoo.models import BayesianMLP, BayesianModule, digits_cnn
+from bnn_zoo.models import BayesianModule, digits_cnn
 
 F = nn.functional
 Z = 4.5  # standard errors allowed by the Monte Carlo checks (see the module docstring)
@@ -358,23 +358,6 @@ def test_flipout_affine_has_the_moments_of_weight_sampling():
     assert ((draws.var(0) - var).abs() < Z * var * math.sqrt(2 / n)).all()
     a, c = draws[:, 0] - mean[0], draws[:, 1] - mean[1]
     assert (((a * c).mean(0) / (var[0] * var[1]).sqrt()).abs() < Z / math.sqrt(n)).all()
-
-
-def test_flipout_elbo_on_the_zoos_mlp_is_traceable():
-    """The traced FlipoutELBO step on BayesianMLP gives the eager losses (its unbiasedness
-    and lower variance there: tests/test_bbb.py)."""
-    x = torch.randn(64, 2, dtype=torch.float64)
-    y = torch.sin(x.sum(-1))
-    losses = []
-    for jit in (False, True):
-        pyro.set_rng_seed(0)
-        model = BayesianMLP(2, 1, (5,))
-        guide = BayesByBackpropGuide(model, init_scale=0.1)
-        step = SVIStep(model, guide, x.float(), y.float(), lr=0.01, batch_size=16,
-                       num_particles=3, seed=0, elbo=FlipoutELBO, jit=jit)
-        pyro.set_rng_seed(1)
-        losses.append([step() for _ in range(6)])
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
 @pytest.mark.parametrize("moments, error, match", [
