@@ -7,7 +7,9 @@ deterministic site ``f``, and the likelihood at site ``obs`` inside
 
 * regression: ``y_n ~ N(f(x_n), sigma^2)``, with ``sigma`` fixed or learned as
   a point estimate (type-II maximum likelihood); ``beta = sigma^-2`` is the
-  noise precision of Bishop (PRML 5.7);
+  noise precision of Bishop (PRML 5.7); with ``noise="heteroscedastic"`` the network has
+  a second output and ``sigma(x_n) = softplus(s(x_n)) + 10^-3`` (Lakshminarayanan et al.
+  2017; :mod:`bnn_zoo.models.likelihood`);
 * classification: ``y_n ~ Categorical(softmax(f(x_n)))``.
 
 Minibatches come from the data plate: ``bnn_zoo.fit`` sets the plate's
@@ -34,9 +36,10 @@ from bnn_zoo.models.likelihood import observe
 from bnn_zoo.models.noise import ObservationNoise
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 
-__all__ = ["TASKS", "BayesianMLP", "fan_in_init", "init_to_fan_in"]
+__all__ = ["NOISE_MODELS", "TASKS", "BayesianMLP", "fan_in_init", "init_to_fan_in"]
 
 TASKS = ("regression", "classification")
+NOISE_MODELS = ("homoscedastic", "heteroscedastic")
 
 
 def drop_plate_dim(value: Tensor, event_dim: int) -> Tensor:
@@ -64,6 +67,9 @@ class BayesianMLP(ObservationNoise, PyroModule):
     prior : :class:`GaussianPrior` (default ``N(0, 1)``) or :class:`ScaleMixturePrior`.
     noise_scale : regression only; a float fixes ``sigma``, ``None`` learns it
         (initialised at ``init_noise_scale``).
+    noise : ``"homoscedastic"`` (default: one ``sigma``) or ``"heteroscedastic"``
+        (regression only: a second output gives each point its own ``sigma(x)``; then
+        ``noise_scale`` must be ``None`` and the model has no :meth:`observation_scale`).
 
     :meth:`replicated` gives the same model for R independent fits in one pass
     (:mod:`bnn_zoo.core.replicas`).
@@ -72,10 +78,16 @@ class BayesianMLP(ObservationNoise, PyroModule):
     def __init__(self, in_dim: int, out_dim: int = 1, hidden: Sequence[int] = (50,), *,
                  activation: str = "relu", task: str = "regression",
                  prior: GaussianPrior | ScaleMixturePrior | None = None,
-                 noise_scale: float | None = None, init_noise_scale: float = 0.5) -> None:
+                 noise_scale: float | None = None, init_noise_scale: float = 0.5,
+                 noise: str = "homoscedastic") -> None:
         super().__init__()
         self.task = check_choice("task", task, TASKS)
-        self.sizes = layer_sizes(in_dim, tuple(hidden), out_dim)
+        self.heteroscedastic = check_choice("noise", noise, NOISE_MODELS) == "heteroscedastic"
+        if self.heteroscedastic and (task != "regression" or noise_scale is not None):
+            raise ValueError("Expected noise='heteroscedastic' only for regression and with "
+                             f"noise_scale=None, but got task={task!r}, "
+                             f"noise_scale={noise_scale!r}.")
+        self.sizes = layer_sizes(in_dim, tuple(hidden), out_dim + self.heteroscedastic)
         if task == "regression" and out_dim != 1:
             raise ValueError(f"Expected out_dim == 1 for regression, but got {out_dim}.")
         if task == "classification" and out_dim < 2:
@@ -88,7 +100,10 @@ class BayesianMLP(ObservationNoise, PyroModule):
                 f"Expected prior to be GaussianPrior or ScaleMixturePrior, got {prior!r}."
             )
         self.prior = prior
-        self.init_noise(noise_scale if task == "regression" else 1.0, init_noise_scale)
+        if not self.heteroscedastic:
+            self.init_noise(noise_scale if task == "regression" else 1.0, init_noise_scale)
+        else:
+            self.learn_noise = False
         #: ``None`` for a single fit; R for a model of R replicas (see :meth:`replicated`).
         self.replicas: int | None = None
 
@@ -145,7 +160,8 @@ class BayesianMLP(ObservationNoise, PyroModule):
             params = self.sample_weights(x)
             return observe(x, y, lambda inputs: self.network(inputs, params),
                            regression=self.task == "regression",
-                           noise_scale=self.observation_scale, data_dim=len(batch))
+                           noise_scale=self.observation_scale,
+                           heteroscedastic=self.heteroscedastic, data_dim=len(batch))
 
 
 def fan_in_init(shape: tuple[int, ...], *, dtype: torch.dtype | None = None,

@@ -297,7 +297,12 @@ class Entry:
                    (("model_options", model_options), ("guide_options", guide_options),
                     ("method_options", method_options))}
         model_kw, method = self.configure(**options, net=net)
-        return options, model_kw, method, replace(self.budget, **overrides)
+        budget = replace(self.budget, **overrides)
+        if budget.validation > 0 and model_kw.get("noise") == "heteroscedastic":
+            raise ValueError("validation tunes one noise scale, and a heteroscedastic model "
+                             "has one per point: expected validation=0 with "
+                             "noise='heteroscedastic'.")
+        return options, model_kw, method, budget
 
     def training_data(self, x: Tensor, y: Tensor, task: str, budget: Budget, seed: int
                       ) -> tuple[Standardizer, Standardizer | None, Tensor, Tensor,

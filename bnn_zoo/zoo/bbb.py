@@ -34,11 +34,12 @@ from bnn_zoo.zoo import Entry, register
 
 def mlp(in_dim: int, out_dim: int, *, task: str = "regression", hidden: Sequence[int] = (50,),
         activation: str = "relu", prior: GaussianPrior | ScaleMixturePrior | None = None,
-        noise_scale: float | None = None) -> BayesianMLP:
+        noise_scale: float | None = None, noise: str = "homoscedastic") -> BayesianMLP:
     """The zoo's default Bayesian MLP: one hidden ReLU layer of 50 units, N(0, 1) prior,
-    learned noise."""
+    learned noise (one scale; ``noise="heteroscedastic"``: one per input, see
+    :class:`~bnn_zoo.models.BayesianMLP`)."""
     return BayesianMLP(in_dim, out_dim, hidden, activation=activation, task=task, prior=prior,
-                       noise_scale=noise_scale)
+                       noise_scale=noise_scale, noise=noise)
 
 
 def init_loc_fn(model: Callable) -> Callable[[dict], object]:
