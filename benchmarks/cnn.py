@@ -3,9 +3,9 @@ PyTorch (issue 19's floor: the zoo's step at most 1.2x the hand-written one).
 
 The network is :func:`bnn_zoo.models.module.digits_cnn` (``Conv2d(1, C, 3) -> ReLU ->
 Linear(C * 36, 10)`` on scikit-learn's 8x8 digits), minibatches of ``--batch`` out of the
-first ``B * floor(1797 / B)`` digits (so every minibatch is full; all steps walk them alike, a
-fresh permutation every epoch), ``N(0, 1)`` prior, Adam, Pyro's validation off (as
-``bnn_zoo.fit`` trains). Timed in the same run, interleaved, medians:
+first ``B * floor(1797 / B)`` digits (so every minibatch is full; all steps walk them alike,
+a fresh permutation every epoch), ``N(0, 1)`` prior, fused Adam (as ``SVIStep``), Pyro's
+validation off (as ``bnn_zoo.fit`` trains). Timed in the same run, interleaved, medians:
 
 * ``torch_map``: a deterministic plain-PyTorch step of the same CNN (cross-entropy scaled
   by ``N / B`` plus the Gaussian prior's ``|w|^2 / 2``);
@@ -105,7 +105,7 @@ HAND_FORWARD = {"sample": cnn_sample, "lrt": cnn_lrt, "flipout": cnn_flipout}
 def torch_map_step(x: Tensor, y: Tensor, batch: int, channels: int) -> Callable[[], None]:
     params = [p.detach().clone().to(x.device).requires_grad_()
               for p in digits_cnn(channels).parameters()]
-    opt = torch.optim.Adam(params, lr=1e-3)
+    opt = torch.optim.Adam(params, lr=1e-3, fused=True)
     n, next_batch = x.shape[0], epoch_batches(x.shape[0], batch, device=x.device)
 
     def step() -> None:
@@ -124,7 +124,7 @@ def torch_bbb_step(x: Tensor, y: Tensor, batch: int, channels: int, estimator: s
     locs = [p.detach().clone().to(x.device).requires_grad_()
             for p in digits_cnn(channels).parameters()]
     rhos = [torch.full_like(m, softplus_inverse(INIT_SCALE)).requires_grad_() for m in locs]
-    opt = torch.optim.Adam(locs + rhos, lr=1e-3)
+    opt = torch.optim.Adam(locs + rhos, lr=1e-3, fused=True)
     forward = HAND_FORWARD[estimator]
     n, next_batch = x.shape[0], epoch_batches(x.shape[0], batch, device=x.device)
 

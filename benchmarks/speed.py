@@ -17,10 +17,11 @@ the same ``10 B`` points in minibatches of ``B`` (a fresh permutation every epoc
 * ``zoo_bbb_lrt_jit``: the JIT-traced loss with :class:`LocalReparameterizationELBO`, as
   the ``bbb`` entry trains.
 
-All with Pyro's validation off, as ``bnn_zoo.fit`` trains by default, and the same
-``torch.optim.Adam`` settings. Ratios to ``torch_map`` and the zoo-to-hand-written ratios of
-like estimators (``zoo_lrt_jit_vs_hand``: issue 16's floor, at most 1.1) are printed and
-written as ``speed.md``, ``.csv``, ``.json`` and a bar chart ``speed.png`` under ``--out``.
+All with Pyro's validation off, as ``bnn_zoo.fit`` trains by default, and
+``torch.optim.Adam(fused=True)``, as :class:`~bnn_zoo.core.training.SVIStep` steps. Ratios
+to ``torch_map`` and the zoo-to-hand-written ratios of like estimators
+(``zoo_lrt_jit_vs_hand``: issue 16's floor, at most 1.1) are printed and written as
+``speed.md``, ``.csv``, ``.json`` and a bar chart ``speed.png`` under ``--out``.
 
     python benchmarks/speed.py --out results/speed
 """
@@ -96,7 +97,7 @@ def lrt_forward(x: Tensor, locs: Sequence[Tensor], scales: Sequence[Tensor]) -> 
 
 def torch_map_step(sizes, x, y, batch, classification) -> Callable[[], None]:
     params = torch_params(sizes)
-    opt = torch.optim.Adam(params, lr=1e-3)
+    opt = torch.optim.Adam(params, lr=1e-3, fused=True)
     n, next_batch = x.shape[0], epoch_batches(x.shape[0], batch)
 
     def step():
@@ -115,7 +116,7 @@ def torch_bbb_step(sizes, x, y, batch, classification, forward: Forward = sample
                    ) -> Callable[[], None]:
     locs = torch_params(sizes)
     rhos = [torch.full_like(p, softplus_inverse(INIT_SCALE)).requires_grad_() for p in locs]
-    opt = torch.optim.Adam(locs + rhos, lr=1e-3)
+    opt = torch.optim.Adam(locs + rhos, lr=1e-3, fused=True)
     n, next_batch = x.shape[0], epoch_batches(x.shape[0], batch)
 
     def step():
