@@ -220,6 +220,8 @@ class SVIStep:
         self.jit = jit
         self.last_good = [p.detach().clone() for p in self.params]
         self.finite = torch.ones((), dtype=torch.bool, device=x.device)
+        self._found_inf = torch.zeros((), device=x.device)
+        self._one = torch.ones((), device=x.device)
         self.checked_step = 0
         self._compiled: dict[tuple[int, float], Callable[..., Tensor]] = {}
 
@@ -299,8 +301,9 @@ class SVIStep:
         loss = self.backward()
         if self.average is not None:
             loss = self.average(loss)
-        value, norm = loss.item(), _grad_norm(self.params).item()
-        if not (math.isfinite(value) and math.isfinite(norm)):
+        value = loss.item()
+        if not (math.isfinite(value) and self.gradients_finite()):
+            norm = _grad_norm(self.params).item()
             self.restore_parameters()
             raise TrainingDiverged(
                 f"The loss became {value} (gradient norm {norm}) at step "
@@ -311,6 +314,18 @@ class SVIStep:
         self.optimizer.step()
         self.step_count += 1
         return value
+
+    def gradients_finite(self) -> bool:
+        """Whether every gradient is finite: one foreach check of all of them (the kernel of
+        ``torch.amp.GradScaler``, unscaling by exactly 1) read back once, where the norm of
+        the gradients takes a reduction per tensor; the norm is computed only for the
+        message when the check fails."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return True
+        self._found_inf.zero_()
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found_inf, self._one)
+        return not self._found_inf.item()
 
     def advance(self) -> Tensor:
         """One step like :meth:`__call__`, without reading anything back to the host, so a
