@@ -6,6 +6,7 @@ operations; see :mod:`bnn_zoo.core.elbo.mean_field`)."""
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pyro
 import pyro.distributions as dist
@@ -210,3 +211,20 @@ def test_local_reparameterization_draws_what_other_layers_or_the_kl_use():
     model, guide = mlp_pair(ScaleMixturePrior())
     elbo.differentiable_loss(model, guide, x, y)
     assert elbo._unused[2] == set()
+
+
+def test_skipped_draws_with_vectorised_particles_and_plain_pyro_svi():
+    """With vectorised particles the placeholders take the particles' shape, and Pyro's own
+    ``SVI`` trains the pair through the ELBO (first step finds the unused draws, later
+    steps skip them) to a finite loss that falls."""
+    model, guide = mlp_pair(GaussianPrior(1.0))
+    x = torch.randn(30, 3, **F64)
+    y = x.sum(-1) + 0.1 * torch.randn(30, **F64)
+    elbo = LocalReparameterizationELBO(num_particles=4, vectorize_particles=True,
+                                       max_plate_nesting=1)
+    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), elbo)
+    losses = [svi.step(x, y) for _ in range(60)]
+    assert elbo._unused[2] == {name for name, _ in model.sites}
+    assert all(t.shape[0] == 4 for t in elbo._placeholders.values())
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-10:]) < sum(losses[:10])
