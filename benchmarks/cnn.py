@@ -3,7 +3,9 @@ PyTorch (issue 19's floor: the zoo's step at most 1.2x the hand-written one).
 
 The network is :func:`bnn_zoo.models.module.digits_cnn` (``Conv2d(1, C, 3) -> ReLU ->
 Linear(C * 36, 10)`` on scikit-learn's 8x8 digits), minibatches of ``--batch`` out of the
-1797 digits, ``N(0, 1)`` prior, Adam. Timed in the same run, interleaved, medians:
+first ``B * floor(1797 / B)`` digits (so every minibatch is full; all steps walk them alike,
+a fresh permutation every epoch), ``N(0, 1)`` prior, fused Adam (as ``SVIStep``), Pyro's
+validation off (as ``bnn_zoo.fit`` trains). Timed in the same run, interleaved, medians:
 
 * ``torch_map``: a deterministic plain-PyTorch step of the same CNN (cross-entropy scaled
   by ``N / B`` plus the Gaussian prior's ``|w|^2 / 2``);
@@ -40,7 +42,7 @@ from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides.bbb import softplus_inverse
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.tables import write_tables
-from bnn_zoo.harness.timing import interleaved_medians
+from bnn_zoo.harness.timing import epoch_batches, interleaved_medians
 from bnn_zoo.models import BayesianModule, digits_cnn
 
 ESTIMATORS = {"sample": MeanFieldELBO, "lrt": LocalReparameterizationELBO,
@@ -100,14 +102,16 @@ def cnn_sample(x: Tensor, locs: Sequence[Tensor], scales: Sequence[Tensor]) -> T
 HAND_FORWARD = {"sample": cnn_sample, "lrt": cnn_lrt, "flipout": cnn_flipout}
 
 
-def torch_map_step(x: Tensor, y: Tensor, n: int, channels: int) -> Callable[[], None]:
+def torch_map_step(x: Tensor, y: Tensor, batch: int, channels: int) -> Callable[[], None]:
     params = [p.detach().clone().to(x.device).requires_grad_()
               for p in digits_cnn(channels).parameters()]
-    opt = torch.optim.Adam(params, lr=1e-3)
+    opt = torch.optim.Adam(params, lr=1e-3, fused=True)
+    n, next_batch = x.shape[0], epoch_batches(x.shape[0], batch, device=x.device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss = n / x.shape[0] * F.cross_entropy(cnn_forward(x, params), y, reduction="sum")
+        idx = next_batch()
+        loss = n / batch * F.cross_entropy(cnn_forward(x[idx], params), y[idx], reduction="sum")
         loss = loss + 0.5 * sum((p**2).sum() for p in params)
         loss.backward()
         opt.step()
@@ -115,21 +119,23 @@ def torch_map_step(x: Tensor, y: Tensor, n: int, channels: int) -> Callable[[], 
     return step
 
 
-def torch_bbb_step(x: Tensor, y: Tensor, n: int, channels: int, estimator: str
+def torch_bbb_step(x: Tensor, y: Tensor, batch: int, channels: int, estimator: str
                    ) -> Callable[[], None]:
     locs = [p.detach().clone().to(x.device).requires_grad_()
             for p in digits_cnn(channels).parameters()]
     rhos = [torch.full_like(m, softplus_inverse(INIT_SCALE)).requires_grad_() for m in locs]
-    opt = torch.optim.Adam(locs + rhos, lr=1e-3)
+    opt = torch.optim.Adam(locs + rhos, lr=1e-3, fused=True)
     forward = HAND_FORWARD[estimator]
+    n, next_batch = x.shape[0], epoch_batches(x.shape[0], batch, device=x.device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
+        idx = next_batch()
         scales = [F.softplus(r) for r in rhos]
-        f = forward(x, locs, scales)
+        f = forward(x[idx], locs, scales)
         # KL(N(m, s^2) || N(0, 1)) in closed form, as the zoo's MeanFieldELBO computes it.
         kl = sum((0.5 * (s**2 + m**2 - 1) - s.log()).sum() for m, s in zip(locs, scales))
-        loss = n / x.shape[0] * F.cross_entropy(f, y, reduction="sum") + kl
+        loss = n / batch * F.cross_entropy(f, y[idx], reduction="sum") + kl
         loss.backward()
         opt.step()
 
@@ -145,6 +151,19 @@ def zoo_bbb_step(x: Tensor, y: Tensor, batch: int, channels: int, estimator: str
                    jit=jit)
 
 
+def build_steps(x: Tensor, y: Tensor, batch: int, channels: int, estimators: Sequence[str],
+                jit: bool) -> dict[str, Callable[[], object]]:
+    """``torch_map`` and, per estimator, ``torch_<est>``, ``zoo_<est>`` (traced if ``jit``)
+    and ``zoo_<est>_eager``, all walking minibatches of ``batch`` of ``x``, ``y``; build them
+    with Pyro's validation off (as they are timed)."""
+    steps: dict[str, Callable[[], object]] = {"torch_map": torch_map_step(x, y, batch, channels)}
+    for est in estimators:
+        steps[f"torch_{est}"] = torch_bbb_step(x, y, batch, channels, est)
+        steps[f"zoo_{est}"] = zoo_bbb_step(x, y, batch, channels, est, jit)
+        steps[f"zoo_{est}_eager"] = zoo_bbb_step(x, y, batch, channels, est, False)
+    return steps
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=flags.positive_int, default=15)
@@ -158,18 +177,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = flags.parse(parser, argv)
     pyro.set_rng_seed(args.seed)
     x, y = digits(args.device)
-    n, batch = x.shape[0], min(args.batch, x.shape[0])
-    xb, yb = x[:batch], y[:batch]
-    steps: dict[str, Callable[[], object]] = {
-        "torch_map": torch_map_step(xb, yb, n, args.channels)}
+    batch = min(args.batch, x.shape[0])
+    x, y = x[: batch * (x.shape[0] // batch)], y[: batch * (x.shape[0] // batch)]
     jit = zoo.get("bbb").budget.jit
     with pyro.validation_enabled(False):  # as bnn_zoo.fit trains by default
-        for est in args.estimators:
-            steps[f"torch_{est}"] = torch_bbb_step(xb, yb, n, args.channels, est)
-            steps[f"zoo_{est}"] = zoo_bbb_step(x, y, batch, args.channels, est, jit)
-            steps[f"zoo_{est}_eager"] = zoo_bbb_step(x, y, batch, args.channels, est, False)
+        steps = build_steps(x, y, batch, args.channels, args.estimators, jit)
         ms = interleaved_medians(steps, repeats=args.repeats, inner=args.inner,
                                  device=args.device)
+    n = x.shape[0]
     rows = [{"estimator": est, "device": str(args.device), "batch": batch,
              "torch_map_ms": ms["torch_map"], "torch_bbb_ms": ms[f"torch_{est}"],
              "zoo_bbb_ms": ms[f"zoo_{est}"], "zoo_eager_ms": ms[f"zoo_{est}_eager"],

@@ -1,18 +1,26 @@
 """Milliseconds per SVI step of the ``bbb`` entry's model and guide against plain PyTorch.
 
-Three steps of the same network, timed in the same run, interleaved, medians:
+Steps of the same network, timed in the same run, interleaved, medians; every step walks
+the same ``10 B`` points in minibatches of ``B`` (a fresh permutation every epoch):
 
-* ``torch_map``: a deterministic plain-PyTorch step (MSE-style Gaussian NLL, Adam);
-* ``torch_bbb``: a hand-written Bayes-by-Backprop step (reparameterised diagonal
-  Gaussian, closed-form KL, Adam) -- what the zoo's pair computes, without Pyro;
-* ``zoo_bbb``: ``BayesianMLP`` + ``BayesByBackpropGuide`` through the loss that
-  ``bnn_zoo.fit`` uses, one fused Adam.
-
+* ``torch_map``: a deterministic plain-PyTorch step (Gaussian or categorical NLL scaled by
+  ``N / B`` plus the ``N(0, 1)`` prior's ``|w|^2 / 2``, Adam);
+* ``torch_bbb``: a hand-written Bayes-by-Backprop step (one weight sample ``w = mu +
+  softplus(rho) * eps`` for the minibatch, closed-form KL, Adam) -- what the zoo's pair
+  computes under :class:`~bnn_zoo.core.elbo.MeanFieldELBO`, without Pyro;
+* ``torch_bbb_lrt``: the hand-written step with the local reparameterisation trick
+  (Kingma et al. 2015): each layer's pre-activations drawn from their Gaussian, mean
+  ``h @ M + m``, variance ``h^2 @ S^2 + s^2``, one noise draw per point and unit;
+* ``zoo_bbb``: ``BayesianMLP`` + ``BayesByBackpropGuide`` through
+  :class:`~bnn_zoo.core.training.SVIStep` (what ``bnn_zoo.fit`` runs) with ``MeanFieldELBO``;
 * ``zoo_bbb_jit``: the same with the JIT-traced loss;
-* ``zoo_bbb_lrt_jit``: the JIT-traced loss with the local reparameterisation trick,
-  as the ``bbb`` entry trains.
+* ``zoo_bbb_lrt_jit``: the JIT-traced loss with :class:`LocalReparameterizationELBO`, as
+  the ``bbb`` entry trains.
 
-Ratios to ``torch_map`` and to the hand-written step are printed and written as
+All with Pyro's validation off, as ``bnn_zoo.fit`` trains by default, and
+``torch.optim.Adam(fused=True)``, as :class:`~bnn_zoo.core.training.SVIStep` steps. Ratios
+to ``torch_map`` and the zoo-to-hand-written ratios of like estimators
+(``zoo_lrt_jit_vs_hand``: issue 16's floor, at most 1.1) are printed and written as
 ``speed.md``, ``.csv``, ``.json`` and a bar chart ``speed.png`` under ``--out``.
 
     python benchmarks/speed.py --out results/speed
@@ -27,22 +35,34 @@ from pathlib import Path
 import pyro
 import torch
 from matplotlib.figure import Figure
+from torch import Tensor
+from torch.nn import functional as F
 
 from bnn_zoo.core.elbo import LocalReparameterizationELBO, MeanFieldELBO
 from bnn_zoo.core.nn import mlp_forward
 from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
+from bnn_zoo.guides.bbb import softplus_inverse
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.tables import write_tables
-from bnn_zoo.harness.timing import interleaved_medians
+from bnn_zoo.harness.timing import epoch_batches, interleaved_medians
 from bnn_zoo.models import BayesianMLP
 
-STEPS = ("torch_map", "torch_bbb", "zoo_bbb", "zoo_bbb_jit", "zoo_bbb_lrt_jit")
+STEPS = ("torch_map", "torch_bbb", "torch_bbb_lrt", "zoo_bbb", "zoo_bbb_jit", "zoo_bbb_lrt_jit")
+#: zoo step -> the hand-written step with the same estimator
+LIKE = {"zoo_bbb": "torch_bbb", "zoo_bbb_jit": "torch_bbb", "zoo_bbb_lrt_jit": "torch_bbb_lrt"}
+RATIOS = {"zoo_vs_hand": "zoo_bbb", "zoo_jit_vs_hand": "zoo_bbb_jit",
+          "zoo_lrt_jit_vs_hand": "zoo_bbb_lrt_jit"}
 NETS = {"13-50-1": ([13, 50, 1], 100), "784-400-400-10": ([784, 400, 400, 10], 128)}
+INIT_SCALE = 1e-2  # the bbb guide's default initial posterior scale
+#: The floor of issue 16: the bbb entry's step at most this multiple of the hand-written one.
+FLOOR = 1.1
+
+Forward = Callable[[Tensor, Sequence[Tensor], Sequence[Tensor]], Tensor]
 
 
-def torch_params(sizes: list[int]) -> list[torch.Tensor]:
+def torch_params(sizes: list[int]) -> list[Tensor]:
     params = []
     for d_in, d_out in zip(sizes[:-1], sizes[1:]):
         params += [(torch.randn(d_in, d_out) / d_in**0.5).requires_grad_(),
@@ -50,20 +70,41 @@ def torch_params(sizes: list[int]) -> list[torch.Tensor]:
     return params
 
 
-def nll(f: torch.Tensor, y: torch.Tensor, classification: bool) -> torch.Tensor:
+def nll(f: Tensor, y: Tensor, classification: bool) -> Tensor:
     if classification:
-        return torch.nn.functional.cross_entropy(f, y, reduction="sum")
+        return F.cross_entropy(f, y, reduction="sum")
     return 0.5 * ((f.squeeze(-1) - y) ** 2).sum()
 
 
-def torch_map_step(sizes, x, y, n, classification) -> Callable[[], None]:
+def sample_forward(x: Tensor, locs: Sequence[Tensor], scales: Sequence[Tensor]) -> Tensor:
+    """The MLP with one weight sample ``M + S * eps`` for the whole minibatch."""
+    ws = [m + s * torch.randn_like(s) for m, s in zip(locs, scales)]
+    return mlp_forward(x, list(zip(ws[::2], ws[1::2])))
+
+
+def lrt_forward(x: Tensor, locs: Sequence[Tensor], scales: Sequence[Tensor]) -> Tensor:
+    """The MLP with every layer's pre-activations drawn from their Gaussian: mean
+    ``h @ M + m``, variance ``h^2 @ S^2 + s^2``, fresh noise per point and unit."""
+    h, last = x, len(locs) // 2 - 1
+    for i in range(last + 1):
+        mean = torch.addmm(locs[2 * i + 1], h, locs[2 * i])
+        var = torch.addmm(scales[2 * i + 1] ** 2, h**2, scales[2 * i] ** 2)
+        h = mean + var.sqrt() * torch.randn_like(mean)
+        if i < last:
+            h = torch.relu(h)
+    return h
+
+
+def torch_map_step(sizes, x, y, batch, classification) -> Callable[[], None]:
     params = torch_params(sizes)
-    opt = torch.optim.Adam(params, lr=1e-3)
+    opt = torch.optim.Adam(params, lr=1e-3, fused=True)
+    n, next_batch = x.shape[0], epoch_batches(x.shape[0], batch)
 
     def step():
-        opt.zero_grad()
-        f = mlp_forward(x, list(zip(params[::2], params[1::2])))
-        loss = n / x.shape[0] * nll(f, y, classification)
+        opt.zero_grad(set_to_none=True)
+        idx = next_batch()
+        f = mlp_forward(x[idx], list(zip(params[::2], params[1::2])))
+        loss = n / batch * nll(f, y[idx], classification)
         loss = loss + 0.5 * sum((p**2).sum() for p in params)
         loss.backward()
         opt.step()
@@ -71,31 +112,54 @@ def torch_map_step(sizes, x, y, n, classification) -> Callable[[], None]:
     return step
 
 
-def torch_bbb_step(sizes, x, y, n, classification) -> Callable[[], None]:
+def torch_bbb_step(sizes, x, y, batch, classification, forward: Forward = sample_forward
+                   ) -> Callable[[], None]:
     locs = torch_params(sizes)
-    rhos = [torch.full_like(p, -4.6).requires_grad_() for p in locs]
-    opt = torch.optim.Adam(locs + rhos, lr=1e-3)
+    rhos = [torch.full_like(p, softplus_inverse(INIT_SCALE)).requires_grad_() for p in locs]
+    opt = torch.optim.Adam(locs + rhos, lr=1e-3, fused=True)
+    n, next_batch = x.shape[0], epoch_batches(x.shape[0], batch)
 
     def step():
-        opt.zero_grad()
-        sigmas = [torch.nn.functional.softplus(r) for r in rhos]
-        ws = [m + s * torch.randn_like(s) for m, s in zip(locs, sigmas)]
-        f = mlp_forward(x, list(zip(ws[::2], ws[1::2])))
-        kl = sum((0.5 * (s**2 + m**2 - 1) - torch.log(s)).sum() for m, s in zip(locs, sigmas))
-        loss = n / x.shape[0] * nll(f, y, classification) + kl
+        opt.zero_grad(set_to_none=True)
+        idx = next_batch()
+        scales = [F.softplus(r) for r in rhos]
+        f = forward(x[idx], locs, scales)
+        # KL(N(m, s^2) || N(0, 1)) in closed form
+        kl = sum((0.5 * (s**2 + m**2 - 1) - s.log()).sum() for m, s in zip(locs, scales))
+        loss = n / batch * nll(f, y[idx], classification) + kl
         loss.backward()
         opt.step()
 
     return step
 
 
-def zoo_bbb_step(sizes, x, y, n, classification, jit=False,
+def zoo_bbb_step(sizes, x, y, batch, classification, jit=False,
                  elbo=MeanFieldELBO) -> Callable[[], None]:
     task = "classification" if classification else "regression"
     model = BayesianMLP(sizes[0], sizes[-1], sizes[1:-1], task=task, noise_scale=1.0)
-    guide = BayesByBackpropGuide(model)
-    return SVIStep(model, guide, x, y, lr=1e-3, elbo=elbo,
-                   batch_size=n // 10, jit=jit)
+    guide = BayesByBackpropGuide(model, init_scale=INIT_SCALE)
+    return SVIStep(model, guide, x, y, lr=1e-3, elbo=elbo, batch_size=batch, jit=jit)
+
+
+def build_steps(net: str, steps: Sequence[str] = STEPS) -> dict[str, Callable[[], object]]:
+    """The named steps on the net ``net`` (a key of ``NETS``), with data of ``10 B`` random
+    points; build them with Pyro's validation off (as they are timed)."""
+    sizes, batch = NETS[net]
+    classification = sizes[-1] > 1
+    n = 10 * batch
+    x = torch.randn(n, sizes[0])
+    y = torch.randint(sizes[-1], (n,)) if classification else torch.randn(n)
+    builders = {
+        "torch_map": lambda: torch_map_step(sizes, x, y, batch, classification),
+        "torch_bbb": lambda: torch_bbb_step(sizes, x, y, batch, classification),
+        "torch_bbb_lrt": lambda: torch_bbb_step(sizes, x, y, batch, classification,
+                                                lrt_forward),
+        "zoo_bbb": lambda: zoo_bbb_step(sizes, x, y, batch, classification),
+        "zoo_bbb_jit": lambda: zoo_bbb_step(sizes, x, y, batch, classification, jit=True),
+        "zoo_bbb_lrt_jit": lambda: zoo_bbb_step(sizes, x, y, batch, classification, jit=True,
+                                                elbo=LocalReparameterizationELBO),
+    }
+    return {name: builders[name]() for name in steps}
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -108,43 +172,34 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = flags.parse(parser, argv)
     pyro.set_rng_seed(args.seed)
     rows = []
-    for net in args.nets:
-        sizes, batch = NETS[net]
-        classification = sizes[-1] > 1
-        n = 10 * batch
-        x = torch.randn(n, sizes[0])
-        y = torch.randint(sizes[-1], (n,)) if classification else torch.randn(n)
-        xb, yb = x[:batch], y[:batch]
-        steps = {
-            "torch_map": torch_map_step(sizes, xb, yb, n, classification),
-            "torch_bbb": torch_bbb_step(sizes, xb, yb, n, classification),
-            "zoo_bbb": zoo_bbb_step(sizes, x, y, n, classification),
-            "zoo_bbb_jit": zoo_bbb_step(sizes, x, y, n, classification, jit=True),
-            "zoo_bbb_lrt_jit": zoo_bbb_step(sizes, x, y, n, classification, jit=True,
-                                            elbo=LocalReparameterizationELBO),
-        }
-        ms = interleaved_medians(steps, repeats=args.repeats, inner=args.inner)
-        rows.append({"net": net, "batch": batch, **{f"{k}_ms": v for k, v in ms.items()},
-                     **{f"{k}_per_map": v / ms["torch_map"] for k, v in ms.items()},
-                     "zoo_vs_hand": ms["zoo_bbb"] / ms["torch_bbb"],
-                     "zoo_jit_vs_hand": ms["zoo_bbb_jit"] / ms["torch_bbb"],
-                     "zoo_lrt_jit_vs_hand": ms["zoo_bbb_lrt_jit"] / ms["torch_bbb"]})
-    columns = [*(f"{k}_ms" for k in STEPS), *(f"{k}_per_map" for k in STEPS[1:]),
-               "zoo_vs_hand", "zoo_jit_vs_hand", "zoo_lrt_jit_vs_hand"]
-    print(write_tables(args.out, "speed", rows, keys=("net", "batch"), columns=columns))
+    with pyro.validation_enabled(False):  # as bnn_zoo.fit trains by default
+        for net in args.nets:
+            ms = interleaved_medians(build_steps(net), repeats=args.repeats, inner=args.inner)
+            rows.append({"net": net, "batch": NETS[net][1],
+                         **{f"{k}_ms": v for k, v in ms.items()},
+                         **{f"{k}_per_map": v / ms["torch_map"] for k, v in ms.items()},
+                         **{ratio: ms[zoo] / ms[LIKE[zoo]] for ratio, zoo in RATIOS.items()}})
+    columns = [*(f"{k}_ms" for k in STEPS), *(f"{k}_per_map" for k in STEPS[1:]), *RATIOS]
+    preamble = (f"{args.threads} thread(s), median of {args.repeats} x {args.inner} steps; "
+                "zoo_vs_hand and zoo_jit_vs_hand: zoo_bbb(_jit) / torch_bbb (weight sampling); "
+                "zoo_lrt_jit_vs_hand: zoo_bbb_lrt_jit / torch_bbb_lrt (local "
+                f"reparameterisation; issue 16's floor: at most {FLOOR})")
+    print(write_tables(args.out, "speed", rows, keys=("net", "batch"), columns=columns,
+                       preamble=preamble))
     plot(rows, args.out / "speed.png")
     return {"rows": rows}
 
 
 def plot(rows: list[dict], path: Path) -> None:
     """Bar chart of each step's time as a multiple of the plain-PyTorch MAP step."""
-    fig = Figure(figsize=(6, 3.5), layout="constrained")
+    fig = Figure(figsize=(7, 3.5), layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / len(rows)
     for i, r in enumerate(rows):
         ax.bar([j + i * width for j in range(len(STEPS))],
                [r[f"{k}_per_map"] for k in STEPS], width, label=r["net"])
-    ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(STEPS))], STEPS)
+    ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(STEPS))], STEPS,
+                  rotation=20)
     ax.set_ylabel("time per step / plain-PyTorch MAP step")
     ax.axhline(1.0, color="k", lw=0.5)
     ax.legend()

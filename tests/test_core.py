@@ -16,7 +16,7 @@ import bnn_zoo
 from bnn_zoo import data, zoo
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.core.training import SVIStep, TrainingDiverged, _grad_norm
+from bnn_zoo.core.training import SVIStep, TrainingDiverged, _fusable, _grad_norm
 from bnn_zoo.evaluation.metrics import expected_calibration_error, metrics
 from bnn_zoo.models import BayesianMLP, GaussianPrior
 
@@ -157,6 +157,33 @@ def test_non_finite_gradient_with_finite_loss_stops_and_keeps_the_parameters():
     with pytest.raises(TrainingDiverged, match=r"gradient norm nan\) at step 0"):
         bnn_zoo.fit(sqrt_cusp, guide, x, y, steps=5, lr=0.1, validate=False)
     assert guide.median()["z"] == 0.0
+
+
+def test_gradient_check_finds_a_non_finite_gradient_and_changes_none():
+    """``SVIStep.gradients_finite`` (one foreach check, unscaling by exactly 1) leaves every
+    gradient as it was, bit for bit, and finds a single infinite or NaN entry."""
+    x, y = small_problem()
+    model = BayesianMLP(1, 1, (8,), noise_scale=0.1)
+    step = SVIStep(model, AutoNormal(model), x, y, lr=0.01)
+    step.backward()
+    grads = [p.grad.clone() for p in step.params]
+    assert step.gradients_finite()
+    for before, p in zip(grads, step.params):
+        assert torch.equal(before, p.grad)
+    for bad in (math.inf, math.nan):
+        step.params[-1].grad.view(-1)[0] = bad
+        assert not step.gradients_finite()
+
+
+def test_fused_adam_where_the_parameters_allow_it():
+    """The step's Adam is fused (one kernel) on the CPU; on a device without the fused
+    kernel (meta) it is torch's default."""
+    x, y = small_problem()
+    model = BayesianMLP(1, 1, (8,), noise_scale=0.1)
+    step = SVIStep(model, AutoNormal(model), x, y, lr=0.01)
+    assert step.optimizer.param_groups[0]["fused"] is True
+    assert _fusable([torch.zeros(2, device="meta", requires_grad=True)]) is None
+    assert _fusable([torch.zeros(2, requires_grad=True)]) is True
 
 
 def test_losses_kept_on_the_device_change_nothing_but_when_they_are_read():

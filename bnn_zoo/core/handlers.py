@@ -147,7 +147,9 @@ class _GaussianLayers(Messenger):
         if pair is not None and not msg["is_observed"]:
             value = msg["value"]
             try:
-                expanded = tuple(t.expand(value.shape) for t in pair)
+                # (no op where the shapes agree: a traced loss would keep it every step)
+                expanded = tuple(t if t.shape == value.shape else t.expand(value.shape)
+                                 for t in pair)
             except RuntimeError:
                 raise ValueError(
                     f"Expected the moments of site {msg['name']!r} to broadcast to the shape "
@@ -158,6 +160,8 @@ class _GaussianLayers(Messenger):
     def _moments_of(self, value: Tensor) -> tuple[Tensor, Tensor] | None:
         for draw, (loc, scale) in self._draws:
             if value is draw or value._base is draw:
+                if loc.shape == value.shape and scale.shape == value.shape:
+                    return loc, scale
                 return loc.reshape(value.shape), scale.reshape(value.shape)
         return None
 

@@ -59,6 +59,11 @@ def layer_names(num_layers: int) -> list[tuple[str, str]]:
 
 
 def _affine(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    if h.dim() == 2 and weight.dim() == 2 and bias.dim() == 1:
+        # matmul's kernel for one weight sample (so the values are matmul's to the bit, as
+        # replicas, which take matmul's batched path, reproduce them), without the branches
+        # of matmul's autodiff graph when the loss is traced.
+        return torch.mm(h, weight) + bias
     return torch.matmul(h, weight) + bias.unsqueeze(-2)
 
 

@@ -12,10 +12,11 @@ import time
 from collections.abc import Callable, Mapping
 
 import torch
+from torch import Tensor
 
 from bnn_zoo.core.checks import check_positive_int
 
-__all__ = ["interleaved_medians"]
+__all__ = ["epoch_batches", "interleaved_medians"]
 
 
 def interleaved_medians(steps: Mapping[str, Callable[[], object]], *, repeats: int,
@@ -45,3 +46,26 @@ def interleaved_medians(steps: Mapping[str, Callable[[], object]], *, repeats: i
             sync()
             times[name].append((time.perf_counter() - start) / inner * 1e3)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def epoch_batches(n: int, batch: int, *, seed: int = 0,
+                  device: torch.device | str = "cpu") -> Callable[[], Tensor]:
+    """The minibatch indices a hand-written step visits, as :class:`~bnn_zoo.core.training.
+    SVIStep` does: each call returns the next ``batch`` indices of a permutation of
+    ``range(n)``, drawn afresh (on the CPU) every ``ceil(n / batch)`` calls, so that a
+    hand-written step gathers its minibatches like the zoo's step it is compared with."""
+    check_positive_int("n", n)
+    check_positive_int("batch", batch)
+    order = torch.Generator().manual_seed(seed)
+    starts = range(0, n, batch)
+    state = {"perm": torch.arange(n), "next": len(starts)}
+
+    def next_batch() -> Tensor:
+        if state["next"] == len(starts):
+            state["perm"] = torch.randperm(n, generator=order).to(device)
+            state["next"] = 0
+        start = starts[state["next"]]
+        state["next"] += 1
+        return state["perm"][start:start + batch]
+
+    return next_batch

@@ -18,7 +18,9 @@ from bnn_zoo.core.elbo.mean_field import (
     LocalReparameterizationELBO as LocalReparameterizationELBO,
 )
 from bnn_zoo.core.elbo.mean_field import MeanFieldELBO as MeanFieldELBO
+from bnn_zoo.core.elbo.mean_field import gaussian_kl as gaussian_kl
 from bnn_zoo.core.elbo.mixture import MixtureELBO as MixtureELBO
 
 __all__ = ["Algorithm1ELBO", "CollapsedELBO", "DifferentiableLossELBO", "ExpectedLikelihoodELBO",
-           "FlipoutELBO", "LocalReparameterizationELBO", "MeanFieldELBO", "MixtureELBO"]
+           "FlipoutELBO", "LocalReparameterizationELBO", "MeanFieldELBO", "MixtureELBO",
+           "gaussian_kl"]

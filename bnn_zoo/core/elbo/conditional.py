@@ -99,13 +99,13 @@ class ExpectedLikelihoodELBO(MeanFieldELBO):
 
     conditional_site: str = "beta"
 
-    def _elbo_particle(self, model_trace, guide_trace) -> Tensor:
+    def _loss_particle(self, model_trace, guide_trace) -> Tensor | None:
         if self.conditional_site not in model_trace.nodes:
             raise ValueError(f"Expected the model to have the sample site conditional_site="
                              f"{self.conditional_site!r}, but it has none.")
         dropped = model_trace.copy()
         dropped.remove_node(self.conditional_site)
-        return super()._elbo_particle(dropped, guide_trace)
+        return super()._loss_particle(dropped, guide_trace)
 
 
 class Algorithm1ELBO(ExpectedLikelihoodELBO):

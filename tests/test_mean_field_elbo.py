@@ -1,0 +1,230 @@
+"""The mean-field ELBO's own closed-form Gaussian KL and its loss against torch's
+``kl_divergence`` and Pyro's ``TraceMeanField_ELBO``, in float64: the same values and
+gradients up to rounding (``MeanFieldELBO`` computes the same objective with fewer tensor
+operations; see :mod:`bnn_zoo.core.elbo.mean_field`)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro import poutine
+from torch.distributions import Normal, kl_divergence
+
+from bnn_zoo.core.elbo import LocalReparameterizationELBO, MeanFieldELBO, gaussian_kl
+from bnn_zoo.core.handlers import scale_global_sites, subsample_data
+from bnn_zoo.core.nn import affine
+from bnn_zoo.guides import BayesByBackpropGuide
+from bnn_zoo.models import BayesianMLP, BayesianModule, GaussianPrior, ScaleMixturePrior
+
+F64 = {"dtype": torch.float64}
+# float64 rounding of sums of a few hundred O(1) terms
+TOL = {"rtol": 1e-12, "atol": 1e-10}
+
+
+@pytest.mark.parametrize("p_shape, expand", [
+    ((), True),            # the zoo's priors: N(0, s).expand(shape), an expanded scalar
+    ((4, 3), False),       # a prior with a mean and scale per weight
+    ((1, 3), True),        # expanded along one dimension only
+    ((2, 1, 1), True),     # a prior with batch dimensions the guide lacks (broadcast up)
+])
+def test_gaussian_kl_is_torchs_kl_divergence(p_shape, expand):
+    q_loc, q_scale = torch.randn(4, 3, **F64), torch.rand(4, 3, **F64) + 0.05
+    p_loc, p_scale = torch.randn(p_shape, **F64), torch.rand(p_shape, **F64) + 0.5
+    if expand:
+        shape = torch.broadcast_shapes(p_shape, (4, 3))
+        p_loc, p_scale = p_loc.expand(shape), p_scale.expand(shape)
+    expected = kl_divergence(Normal(q_loc, q_scale), Normal(p_loc, p_scale))
+    kl = gaussian_kl(q_loc, q_scale, p_loc, p_scale)
+    assert kl.shape == expected.shape
+    torch.testing.assert_close(kl, expected, **TOL)
+
+
+def test_gaussian_kl_is_zero_at_the_prior_and_grows_with_the_mean_gap():
+    loc, scale = torch.randn(5, **F64), torch.rand(5, **F64) + 0.1
+    torch.testing.assert_close(gaussian_kl(loc, scale, loc, scale), torch.zeros(5, **F64),
+                               rtol=0, atol=1e-15)
+    # KL(N(m, s^2) || N(0, s^2)) = m^2 / (2 s^2)
+    torch.testing.assert_close(gaussian_kl(loc, scale, torch.zeros(5, **F64), scale),
+                               loc**2 / (2 * scale**2), **TOL)
+
+
+def mlp_pair(prior=None, replicas=None):
+    model = BayesianMLP(3, 1, (6,), prior=prior, noise_scale=None).double()
+    if replicas is not None:
+        model = model.replicated(replicas)
+    guide = BayesByBackpropGuide(model, init_scale=0.2).double()
+    with torch.no_grad():
+        for rho in guide.rho.parameters():
+            rho.uniform_(-3.0, 0.0)
+    return model, guide
+
+
+def loss_and_grads(elbo, model, guide, x, y, seed=3, handlers=()):
+    """The loss on the noise of ``seed`` and its gradient in every parameter, by name."""
+    pyro.set_rng_seed(seed)
+    with poutine.trace(param_only=True) as params, contextlib.ExitStack() as stack:
+        for handler in handlers:
+            stack.enter_context(handler)
+        loss = elbo.differentiable_loss(model, guide, x, y)
+    names = sorted(params.trace.nodes)
+    tensors = [params.trace.nodes[name]["value"].unconstrained() for name in names]
+    return loss.detach(), dict(zip(names, torch.autograd.grad(loss, tensors)))
+
+
+@pytest.mark.parametrize("case", ["full", "minibatch_kl_weight", "particles", "replicas",
+                                  "fan_in_prior"])
+def test_mean_field_elbo_is_pyros_trace_mean_field_elbo(case):
+    """The loss and every gradient equal ``TraceMeanField_ELBO``'s on the same noise, with
+    the zoo's minibatch and KL-weight handlers (float scales), vectorised particles, and
+    replicas (a batch dimension on every site)."""
+    prior = GaussianPrior(0.7, fan_in=True) if case == "fan_in_prior" else GaussianPrior(1.3)
+    replicas = 2 if case == "replicas" else None
+    model, guide = mlp_pair(prior, replicas)
+    lead = () if replicas is None else (replicas,)
+    x, y = torch.randn(*lead, 10, 3, **F64), torch.randn(*lead, 10, **F64)
+    particles = 3 if case == "particles" else 1
+    kwargs = {"num_particles": particles, "vectorize_particles": particles > 1,
+              "max_plate_nesting": 1 if replicas is None else 2}
+    handlers = ()
+    if case == "minibatch_kl_weight":
+        handlers = (subsample_data(torch.tensor([1, 4, 7, 8])), scale_global_sites(0.3))
+    ours = loss_and_grads(MeanFieldELBO(**kwargs), model, guide, x, y, handlers=handlers)
+    pyros = loss_and_grads(pyro.infer.TraceMeanField_ELBO(**kwargs), model, guide, x, y,
+                           handlers=handlers)
+    torch.testing.assert_close(ours[0], pyros[0], **TOL)
+    assert ours[1].keys() == pyros[1].keys() and len(ours[1]) >= 8
+    for name, grad in ours[1].items():
+        torch.testing.assert_close(grad, pyros[1][name], **TOL)
+
+
+def test_tensor_site_scales_weight_each_batch_element_after_the_event_sum():
+    """A latent site with batch dimensions under a tensor scale: the KL of each batch
+    element (summed over the event dims) is weighted by its own scale, as in Pyro."""
+    loc = torch.randn(3, 4, **F64, requires_grad=True)
+    scale = torch.rand(3, 4, **F64) + 0.1
+    weights = torch.tensor([0.5, 1.0, 2.0], **F64)
+
+    def model():
+        with pyro.plate("groups", 3), poutine.scale(scale=weights):
+            pyro.sample("w", dist.Normal(torch.zeros((), **F64), 2.0).expand([3, 4]).to_event(1))
+
+    def guide():
+        with pyro.plate("groups", 3), poutine.scale(scale=weights):
+            pyro.sample("w", dist.Normal(loc, scale).to_event(1))
+
+    ours = MeanFieldELBO().differentiable_loss(model, guide)
+    pyros = pyro.infer.TraceMeanField_ELBO().differentiable_loss(model, guide)
+    expected = (kl_divergence(Normal(loc, scale), Normal(0.0, 2.0)).sum(-1) * weights).sum()
+    torch.testing.assert_close(ours, expected, **TOL)
+    torch.testing.assert_close(pyros, expected, **TOL)
+
+
+def test_scale_mixture_prior_keeps_the_monte_carlo_kl():
+    """Without a closed form (the scale-mixture prior) the term is ``log p(w) - log q(w)``
+    at the guide's draw, as before: equal to ``Trace_ELBO`` on the same noise."""
+    model, guide = mlp_pair(ScaleMixturePrior())
+    x, y = torch.randn(10, 3, **F64), torch.randn(10, **F64)
+    ours = loss_and_grads(MeanFieldELBO(), model, guide, x, y)
+    pyros = loss_and_grads(pyro.infer.Trace_ELBO(), model, guide, x, y)
+    torch.testing.assert_close(ours[0], pyros[0], **TOL)
+    assert ours[1].keys() == pyros[1].keys() and len(ours[1]) >= 8
+    for name, grad in ours[1].items():
+        torch.testing.assert_close(grad, pyros[1][name], **TOL)
+
+
+def test_local_reparameterization_loss_keeps_the_closed_form_kl():
+    """Under local reparameterisation the KL terms are those of the plain objective: the
+    loss less the (scaled) negative log-likelihood at the network output is the KL."""
+    class Recording(LocalReparameterizationELBO):
+        def _loss_particle(self, model_trace, guide_trace):
+            self.model_trace = model_trace
+            return super()._loss_particle(model_trace, guide_trace)
+
+    model, guide = mlp_pair(GaussianPrior(1.3))
+    x, y = torch.randn(10, 3, **F64), torch.randn(10, **F64)
+    elbo = Recording()
+    loss = elbo.differentiable_loss(model, guide, x, y)
+    prior = Normal(torch.tensor(0.0, **F64), torch.tensor(1.3, **F64))
+    expected_kl = sum(kl_divergence(q, prior).sum()
+                      for q in guide.distributions().values())
+    obs = elbo.model_trace.nodes["obs"]
+    torch.testing.assert_close(loss + obs["fn"].log_prob(obs["value"]).sum(), expected_kl,
+                               **TOL)
+
+
+@pytest.mark.parametrize("h_lead, w_lead, b_lead", [
+    ((), (), ()), ((2,), (2,), (2,)), ((), (2,), (2,)), ((3, 2), (2,), (2,)), ((), (), (2,))])
+def test_affine_is_matmul_plus_bias(h_lead, w_lead, b_lead):
+    """The affine layer (``mm`` for one weight sample, ``matmul`` broadcasting otherwise)."""
+    h = torch.randn(*h_lead, 5, 3, **F64)
+    w, b = torch.randn(*w_lead, 3, 4, **F64), torch.randn(*b_lead, 4, **F64)
+    torch.testing.assert_close(affine(h, w, b), h @ w + b.unsqueeze(-2), **TOL)
+
+
+def test_local_reparameterization_skips_the_draws_it_does_not_use():
+    """After its first loss the ELBO no longer draws the weights (the layers take the
+    moments, the KL is closed form): their guide values are NaN placeholders, and the loss
+    is the closed form of the objective on the local noise alone, which a hand-written
+    local reparameterisation reproduces from the same random stream."""
+    model, guide = mlp_pair(GaussianPrior(1.3))
+    model.noise_scale = torch.nn.Parameter(torch.tensor(0.8, **F64))  # a fixed value
+    x, y = torch.randn(10, 3, **F64), torch.randn(10, **F64)
+    elbo = LocalReparameterizationELBO()
+    elbo.differentiable_loss(model, guide, x, y)
+    assert elbo._unused[2] == {name for name, _ in model.sites}
+    pyro.set_rng_seed(11)
+    loss = elbo.differentiable_loss(model, guide, x, y)
+    assert all(t.isnan().all() for t in elbo._placeholders.values())
+    assert len(elbo._placeholders) == 4
+
+    pyro.set_rng_seed(11)
+    q = guide.distributions()
+    h = x
+    for layer in range(2):
+        w, b = q[f"layers.{layer}.weight"], q[f"layers.{layer}.bias"]
+        mean, var = h @ w.loc + b.loc, h**2 @ w.scale**2 + b.scale**2
+        h = mean + var.sqrt() * torch.randn_like(mean)
+        h = torch.relu(h) if layer == 0 else h.squeeze(-1)
+    nll = -Normal(h, 0.8).log_prob(y).sum()
+    prior = Normal(torch.tensor(0.0, **F64), torch.tensor(1.3, **F64))
+    kl = sum(kl_divergence(p, prior).sum() for p in q.values())
+    torch.testing.assert_close(loss, nll + kl, **TOL)
+
+
+def test_local_reparameterization_draws_what_other_layers_or_the_kl_use():
+    """A weight that a layer outside the handler reads (a LayerNorm's), and every weight
+    under a prior without a closed-form KL, is still drawn."""
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 1))
+    model = BayesianModule(net.double(), noise_scale=1.0)
+    guide = BayesByBackpropGuide(model)
+    x, y = torch.randn(10, 3, **F64), torch.randn(10, **F64)
+    elbo = LocalReparameterizationELBO()
+    for _ in range(2):
+        assert torch.isfinite(elbo.differentiable_loss(model, guide, x, y))
+    assert elbo._unused[2] == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+    model, guide = mlp_pair(ScaleMixturePrior())
+    elbo.differentiable_loss(model, guide, x, y)
+    assert elbo._unused[2] == set()
+
+
+def test_skipped_draws_with_vectorised_particles_and_plain_pyro_svi():
+    """With vectorised particles the placeholders take the particles' shape, and Pyro's own
+    ``SVI`` trains the pair through the ELBO (first step finds the unused draws, later
+    steps skip them) to a finite loss that falls."""
+    model, guide = mlp_pair(GaussianPrior(1.0))
+    x = torch.randn(30, 3, **F64)
+    y = x.sum(-1) + 0.1 * torch.randn(30, **F64)
+    elbo = LocalReparameterizationELBO(num_particles=4, vectorize_particles=True,
+                                       max_plate_nesting=1)
+    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), elbo)
+    losses = [svi.step(x, y) for _ in range(60)]
+    assert elbo._unused[2] == {name for name, _ in model.sites}
+    assert all(t.shape[0] == 4 for t in elbo._placeholders.values())
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-10:]) < sum(losses[:10])
