@@ -29,7 +29,9 @@ Writes under ``--out``:
 Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped on a
 rerun. With ``--replicas auto`` (the default) the splits of a data set are fitted together,
 as replicas in one vectorised pass, by every entry that can batch them (``map``,
-``mean_field``, ``bbb``, and ``ensemble``, whose splits x members all train as replicas), and
+``mean_field``, ``bbb``, ``ensemble`` and ``deep_ensemble``, whose splits x members all
+train as replicas, and the ``laplace`` entries their MAP phases, then each split's
+posterior alone), and
 one by one by the others; ``--replicas off`` fits every split alone.
 
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/uci.py --splits 5 --threads 1

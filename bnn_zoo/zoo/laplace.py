@@ -18,6 +18,10 @@ trained untraced; ``kron`` and ``kron_separate`` need every parameterised layer 
 ``nn.Linear`` or ``nn.Conv2d``, the other structures take any layer; see
 :mod:`bnn_zoo.guides.layouts`).
 
+``entry.fit_many`` (and ``benchmarks/uci.py``) trains the MAP phases of many fits (the
+splits of a data set) as replicas in one pass, then builds each fit's posterior
+(:meth:`~bnn_zoo.methods.laplace.Laplace.fit_many`).
+
 Every field of :class:`~bnn_zoo.methods.laplace.Laplace` can be replaced through
 ``entry.fit(..., method_options={...})``, e.g. ``{"evidence": "fixed_point"}``,
 ``{"per_layer_alpha": True}``, ``{"predictive": "mc"}``, ``{"curvature": "kron_separate"}``,

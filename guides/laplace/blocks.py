@@ -123,6 +123,8 @@ class DenseBlock:
         self.indefinite = indefinite
         self.clipped = clipped
         self.jitter = jitter
+        #: ``(alpha, beta, L, jitter)`` of the last factorisation (see :meth:`cholesky`).
+        self._factor: tuple[Tensor, Tensor, Tensor, float] | None = None
 
     @classmethod
     def from_hessian(cls, index: slice | Tensor, hessian: Tensor, indefinite: str = "raise"
@@ -141,15 +143,28 @@ class DenseBlock:
                    state["indefinite"], state["clipped"], state["jitter"])
 
     def cholesky(self, alpha: Tensor, beta: Tensor) -> Tensor:
-        """The lower Cholesky factor of ``diag(alpha) + beta H`` (+ jitter), float64."""
+        """The lower Cholesky factor of ``diag(alpha) + beta H`` (+ jitter), float64.
+
+        The last factor is kept and returned again for equal ``alpha`` and ``beta`` (the
+        evidence loop and the predictive ask for it several times), unless a gradient is
+        being taken through it."""
+        tracked = torch.is_grad_enabled() and (alpha.requires_grad or beta.requires_grad)
+        if not tracked and self._factor is not None and all(
+                torch.equal(a, b) for a, b in zip(self._factor[:2], (alpha, beta))):
+            self.jitter = self._factor[3]
+            return self._factor[2]
         precision = beta.double() * self.hessian + torch.diag_embed(alpha.double())
         chol, self.jitter = cholesky_with_jitter(precision)
         if chol is not None:
+            if not tracked:
+                self._factor = (alpha.detach().clone(), beta.detach().clone(), chol,
+                                self.jitter)
             return chol
         if self.indefinite == "clip" and not self.clipped:
             evals, evecs = torch.linalg.eigh(self.hessian)
             self.clipped = max(int((evals < 0).sum()), 1)
             self.hessian = (evecs * evals.clamp_min(0)) @ evecs.T
+            self._factor = None
             return self.cholesky(alpha, beta)
         smallest = float(torch.linalg.eigvalsh(precision.detach())[0])
         raise NotPositiveDefiniteError(

@@ -11,6 +11,7 @@ from pyro.nn import PyroModule, PyroParam
 from torch import Tensor, nn
 
 from bnn_zoo.core.checks import check_positive
+from bnn_zoo.core.replicas import replica_plate
 from bnn_zoo.guides.laplace.posterior import LaplacePosterior
 from bnn_zoo.guides.layouts import layout_of
 
@@ -36,6 +37,12 @@ class LaplaceGuide(PyroModule):
     Random biases spread the kinks of a ReLU net over the inputs (with zero biases every
     kink starts at ``x = 0``), as the core's ``fan_in_init`` does with ``U(-1, 1)``; here
     their spread is a parameter, ``bias_scale``.
+
+    For a model of R replicas (its ``replicas`` attribute, e.g.
+    ``BayesianMLP.replicated(R)``; :mod:`bnn_zoo.core.replicas`) every location gets the
+    leading shape (R, 1), one point mass per replica (drawn independently per replica),
+    sampled in the replica plate: the MAPs of R fits train in one pass. Such a guide
+    takes no posterior (each replica's is fitted from its own single-fit guide).
     """
 
     def __init__(self, model: nn.Module, *, bias_scale: float = 1.0,
@@ -47,21 +54,27 @@ class LaplaceGuide(PyroModule):
         # A model whose weights have a layout of their own (a wrapped torch module) offers
         # its initial values; the MLP's (d_in, d_out) weights are drawn.
         offered = model.initial_weights() if hasattr(model, "initial_weights") else {}
+        self.replicas: int | None = getattr(model, "replicas", None)
+        lead = () if self.replicas is None else (self.replicas, 1)
         for name, shape in self.layout.sites:
             if name in offered:
-                start = offered[name].detach().cpu()
+                start = offered[name].detach().cpu().expand(*lead, *shape).clone()
             else:
                 scale = 1 / math.sqrt(shape[0]) if len(shape) == 2 else bias_scale
-                start = torch.randn(shape, generator=generator) * scale
+                start = torch.randn(*lead, *shape, generator=generator) * scale
             setattr(self, self.keys[name], PyroParam(start))
         self.posterior: LaplacePosterior | None = None
 
     def theta(self) -> Tensor:
-        """(P,) the current means as one flat vector."""
+        """(P,) the current means as one flat vector ((R, 1, P) for R replicas)."""
         return self.layout.flatten({name: getattr(self, key) for name, key in self.keys.items()})
 
     def set_posterior(self, posterior: LaplacePosterior) -> None:
         """Sample ``posterior`` from now on; its MAP becomes the guide's locations."""
+        if self.replicas is not None:
+            raise ValueError(f"Expected a single-fit guide for a posterior, but this one holds "
+                             f"{self.replicas} replicas; split them first "
+                             "(bnn_zoo.core.replicas.split_replicas).")
         if posterior.layout != self.layout:
             raise ValueError("Expected a posterior of the guide's network "
                              f"{self.layout.description}, but got one of "
@@ -81,5 +94,6 @@ class LaplaceGuide(PyroModule):
                               infer={"is_auxiliary": True})
             theta = theta + self.posterior.offset(eps)
         values = self.layout.unflatten(theta)
-        return {name: pyro.sample(name, dist.Delta(values[name], event_dim=len(shape)))
-                for name, shape in self.layout.sites}
+        with replica_plate(self.replicas, x.device):
+            return {name: pyro.sample(name, dist.Delta(values[name], event_dim=len(shape)))
+                    for name, shape in self.layout.sites}

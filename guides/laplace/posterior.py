@@ -75,9 +75,9 @@ class LaplacePosterior:
     num_outputs : ``N K``, the number of observed numbers (regression: ``N``).
     act : hidden activation of an MLP (``None`` for a torch module, which has its own).
     prior_mean : (P,) prior mean ``m`` (zeros by default).
-    history : ``(alpha, beta, log evidence)`` after each evidence iteration.
+    history : ``(alpha, beta, log evidence)`` after each refit of the evidence loop.
     converged : whether the evidence loop converged (``None`` without evidence tuning).
-    iterations : the evidence updates the loop made (0 without evidence tuning).
+    iterations : the refits the evidence loop made (0 without evidence tuning).
     """
 
     layout: Layout
