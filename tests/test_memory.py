@@ -85,7 +85,7 @@ def test_hwm_blocks_do_not_nest_and_auto_falls_back_to_sampling():
         with PeakMemory("cpu") as inner:
             kept = allocate(16)
             time.sleep(0.02)
-        assert inner._used == "sample"
+        assert inner.used_method == "sample"
         assert inner.mib == pytest.approx(16, abs=CPU_TOL)
     del kept
 

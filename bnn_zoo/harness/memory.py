@@ -101,6 +101,8 @@ class PeakMemory:
         self.interval = check_positive("interval", interval)
         self.trim = trim
         self.mib: float | None = None  # set when the block ends
+        #: the CPU method that measured the block ("hwm" or "sample"; None on CUDA)
+        self.used_method: str | None = None
         self._start = 0
         self._peak = 0
         self._stop = threading.Event()
@@ -131,7 +133,7 @@ class PeakMemory:
                         f"block is open or {_CLEAR_REFS} is not writable; use "
                         "method='sample'.")
                 method = "sample"
-        self._used = method
+        self.used_method = method
         self._start = _rss_bytes()
         self._peak = self._start
         if method == "sample":
@@ -149,7 +151,7 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device)
-        elif self._used == "hwm":
+        elif self.used_method == "hwm":
             peak = _status_kib("VmHWM") * 1024
             _hwm_in_use.release()
         else:
