@@ -21,9 +21,10 @@ Estimators: ``sample`` (one weight sample per minibatch, :class:`MeanFieldELBO`)
 (local reparameterisation, :class:`LocalReparameterizationELBO`, the ``bbb`` entry's ELBO)
 and ``flipout`` (:class:`FlipoutELBO`). ``cnn.md``, ``.csv`` and ``.json`` under ``--out``
 give each step's time, its ratio to ``torch_map``, the zoo-to-hand-written ratio and its
-peak memory (``*_mib``: after the timing, each step alone for ``--inner`` more steps, the
-peak above what was in use before them, by :class:`~bnn_zoo.harness.memory.PeakMemory`:
-the resident set size on the CPU, the CUDA allocator's count on a GPU)::
+peak memory (``*_mib``: after the timing, ``--inner`` more calls of each step alone, the
+largest peak of a call above what was in use before it, by
+:func:`~bnn_zoo.harness.memory.step_peaks`: the resident set size on the CPU, the CUDA
+allocator's count on a GPU)::
 
     python benchmarks/cnn.py --out results/cnn
 """
@@ -207,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 f"{args.threads} thread(s), median of {args.repeats} x {args.inner} steps; zoo "
                 f"steps {'traced (jit)' if jit else 'eager'} as the bbb entry trains, and eager; "
                 "the floor (issue 19): zoo_vs_hand <= 1.2; *_mib: peak MiB above the step's "
-                f"state over {args.inner} steps")
+                f"state, largest of {args.inner} steps")
     print(write_tables(args.out, "cnn", rows, keys=("estimator", "device", "batch"),
                        columns=columns, preamble=preamble))
     return {"rows": rows}

@@ -22,9 +22,10 @@ All with Pyro's validation off, as ``bnn_zoo.fit`` trains by default, and
 to ``torch_map`` and the zoo-to-hand-written ratios of like estimators
 (``zoo_lrt_jit_vs_hand``: issue 16's floor, at most 1.1) are printed and written as
 ``speed.md``, ``.csv``, ``.json`` and a bar chart ``speed.png`` under ``--out``, with each
-step's peak memory (``<step>_mib``): after the timing, each step alone for ``--inner``
-more steps, the peak above what was in use before them (its parameters and optimiser
-state), by :class:`~bnn_zoo.harness.memory.PeakMemory` (the process's resident set size).
+step's peak memory (``<step>_mib``): after the timing, ``--inner`` more calls of each step
+alone, the largest peak of a call above what was in use before it (beyond the step's
+parameters and optimiser state), by :func:`~bnn_zoo.harness.memory.step_peaks` (the
+process's resident set size).
 
     python benchmarks/speed.py --out results/speed
 """
@@ -192,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 "zoo_vs_hand and zoo_jit_vs_hand: zoo_bbb(_jit) / torch_bbb (weight sampling); "
                 "zoo_lrt_jit_vs_hand: zoo_bbb_lrt_jit / torch_bbb_lrt (local "
                 f"reparameterisation; issue 16's floor: at most {FLOOR}); *_mib: peak MiB above "
-                f"the step's state over {args.inner} steps (resident set size)")
+                f"the step's state, largest of {args.inner} steps (resident set size)")
     print(write_tables(args.out, "speed", rows, keys=("net", "batch"), columns=columns,
                        preamble=preamble))
     plot(rows, args.out / "speed.png")
