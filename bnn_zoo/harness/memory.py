@@ -5,8 +5,9 @@
   (tensor memory held by the caching allocator, not what it has reserved from the driver).
 * On the CPU: the process's resident set size (RSS), read from Linux's ``/proc``. The
   kernel's high-water mark ``VmHWM`` is reset to the current RSS by writing ``5`` to
-  ``/proc/self/clear_refs`` (Linux >= 4.0) and read at the end: exact to the page (4 KiB),
-  with no thread and no cost inside the block. Where that file cannot be written, a thread
+  ``/proc/self/clear_refs`` (Linux >= 4.0) and read at the end: to the page (4 KiB), up
+  to the kernel's per-CPU counting (see ``tests/test_memory.py``), with no thread and no
+  cost inside the block. Where that file cannot be written, a thread
   reads ``/proc/self/statm`` every ``interval`` seconds instead, which can miss a spike
   shorter than the interval. ``resource.getrusage``'s maximum RSS cannot serve: it only
   ever grows over the life of the process, so it gives no block's peak.
@@ -24,7 +25,7 @@ call alone for that reason).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
 import re
 import threading
@@ -66,13 +67,10 @@ def _can_reset_hwm() -> bool:
     return True
 
 
-def _malloc_trim() -> None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)  # glibc only
-    if trim is not None:
-        trim(0)
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` among the process's symbols, or None (another C library)."""
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 class PeakMemory:
@@ -120,8 +118,8 @@ class PeakMemory:
         if not _STATM.exists():
             raise RuntimeError("PeakMemory on the CPU reads /proc/self (Linux); it is not "
                                "available on this system.")
-        if self.trim:
-            _malloc_trim()
+        if self.trim and _malloc_trim() is not None:
+            _malloc_trim()(0)
         method = self.method
         if method in ("auto", "hwm"):
             acquired = _hwm_in_use.acquire(blocking=False)
