@@ -20,7 +20,11 @@ validation off (as ``bnn_zoo.fit`` trains). Timed in the same run, interleaved, 
 Estimators: ``sample`` (one weight sample per minibatch, :class:`MeanFieldELBO`), ``lrt``
 (local reparameterisation, :class:`LocalReparameterizationELBO`, the ``bbb`` entry's ELBO)
 and ``flipout`` (:class:`FlipoutELBO`). ``cnn.md``, ``.csv`` and ``.json`` under ``--out``
-give each step's time, its ratio to ``torch_map`` and the zoo-to-hand-written ratio::
+give each step's time, its ratio to ``torch_map``, the zoo-to-hand-written ratio and its
+peak memory (``*_mib``: after the timing, ``--inner`` more calls of each step alone, the
+largest peak of a call above what was in use before it, by
+:func:`~bnn_zoo.harness.memory.step_peaks`: the resident set size on the CPU, the CUDA
+allocator's count on a GPU)::
 
     python benchmarks/cnn.py --out results/cnn
 """
@@ -41,6 +45,7 @@ from bnn_zoo.core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFiel
 from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides.bbb import softplus_inverse
 from bnn_zoo.harness import flags
+from bnn_zoo.harness.memory import step_peaks
 from bnn_zoo.harness.tables import write_tables
 from bnn_zoo.harness.timing import epoch_batches, interleaved_medians
 from bnn_zoo.models import BayesianModule, digits_cnn
@@ -184,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         steps = build_steps(x, y, batch, args.channels, args.estimators, jit)
         ms = interleaved_medians(steps, repeats=args.repeats, inner=args.inner,
                                  device=args.device)
+        mib = step_peaks(steps, calls=args.inner, device=args.device)
     n = x.shape[0]
     rows = [{"estimator": est, "device": str(args.device), "batch": batch,
              "torch_map_ms": ms["torch_map"], "torch_bbb_ms": ms[f"torch_{est}"],
@@ -191,14 +197,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
              "torch_bbb_per_map": ms[f"torch_{est}"] / ms["torch_map"],
              "zoo_bbb_per_map": ms[f"zoo_{est}"] / ms["torch_map"],
              "zoo_vs_hand": ms[f"zoo_{est}"] / ms[f"torch_{est}"],
-             "zoo_eager_vs_hand": ms[f"zoo_{est}_eager"] / ms[f"torch_{est}"]}
+             "zoo_eager_vs_hand": ms[f"zoo_{est}_eager"] / ms[f"torch_{est}"],
+             "torch_map_mib": mib["torch_map"], "torch_bbb_mib": mib[f"torch_{est}"],
+             "zoo_bbb_mib": mib[f"zoo_{est}"], "zoo_eager_mib": mib[f"zoo_{est}_eager"]}
             for est in args.estimators]
     columns = ("torch_map_ms", "torch_bbb_ms", "zoo_bbb_ms", "zoo_eager_ms", "torch_bbb_per_map",
-               "zoo_bbb_per_map", "zoo_vs_hand", "zoo_eager_vs_hand")
+               "zoo_bbb_per_map", "zoo_vs_hand", "zoo_eager_vs_hand", "torch_map_mib",
+               "torch_bbb_mib", "zoo_bbb_mib", "zoo_eager_mib")
     preamble = (f"digits CNN ({args.channels} channels), batch {batch} of {n}, "
                 f"{args.threads} thread(s), median of {args.repeats} x {args.inner} steps; zoo "
                 f"steps {'traced (jit)' if jit else 'eager'} as the bbb entry trains, and eager; "
-                "the floor (issue 19): zoo_vs_hand <= 1.2")
+                "the floor (issue 19): zoo_vs_hand <= 1.2; *_mib: peak MiB above the step's "
+                f"state, largest of {args.inner} steps")
     print(write_tables(args.out, "cnn", rows, keys=("estimator", "device", "batch"),
                        columns=columns, preamble=preamble))
     return {"rows": rows}

@@ -4,7 +4,10 @@ The ``bbb`` entry (13-50-1 net, its own budget but ``--steps`` steps) on a synth
 regression set of boston's size (455 training points, 13 inputs): one ``entry.fit``, then
 ``entry.fit_many`` of ``--replicas`` R sets of the same size, each timed end to end
 (standardisation, building, JIT tracing, training), after a warm-up, alternated
-``--repeats`` times; medians. The floor
+``--repeats`` times; medians. Beside the times, the peak memory of each (``one_fit_mib``,
+``replicas_mib``: the largest over the repeats of the peak above what was in use before the
+fit, by :class:`~bnn_zoo.harness.memory.PeakMemory`: the resident set size on the CPU, the
+CUDA allocator's count on a GPU). The floor
 of issue 16: 20 replicas cost at most 3x one fit (``ratio`` <= 3), i.e. a replica costs at
 most 3/20 of a fit done alone.
 
@@ -23,6 +26,7 @@ import torch
 
 from bnn_zoo import zoo
 from bnn_zoo.harness import flags
+from bnn_zoo.harness.memory import PeakMemory
 from bnn_zoo.harness.tables import write_tables
 
 #: The floor of issue 16: R = 20 replicas of ``bbb`` in at most this many one-fit times.
@@ -56,24 +60,30 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     options = {"steps": args.steps, "progress": False}
     entry.fit(x[0], y[0], steps=2, progress=False)  # warm-up: first-call imports and caches
     entry.fit_many(x[:2], y[:2], seeds=seeds[:2], steps=2, progress=False)
-    one, many = [], []
+    one, many, one_mib, many_mib = [], [], [], []
     for _ in range(args.repeats):
         pyro.set_rng_seed(args.seed)
-        started = time.perf_counter()
-        entry.fit(x[0], y[0], seed=args.seed, **options)
-        one.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        entry.fit_many(x, y, seeds=seeds, **options)
-        many.append(time.perf_counter() - started)
+        with PeakMemory(x.device) as peak:  # its reset and read stay outside the clock
+            started = time.perf_counter()
+            entry.fit(x[0], y[0], seed=args.seed, **options)
+            one.append(time.perf_counter() - started)
+        one_mib.append(peak.mib)
+        with PeakMemory(x.device) as peak:
+            started = time.perf_counter()
+            entry.fit_many(x, y, seeds=seeds, **options)
+            many.append(time.perf_counter() - started)
+        many_mib.append(peak.mib)
     one_s, many_s = statistics.median(one), statistics.median(many)
     row = {"entry": args.entry, "replicas": args.replicas, "steps": args.steps,
            "batched": zoo.batches_replicas(entry), "one_fit_s": one_s, "replicas_s": many_s,
            "ratio": many_s / one_s, "floor": FLOOR,
            "speedup_vs_one_by_one": args.replicas * one_s / many_s,
+           "one_fit_mib": max(one_mib), "replicas_mib": max(many_mib),
            "device": str(x.device)}
     print(write_tables(args.out, "replicas", [row], keys=("entry", "replicas", "steps"),
                        columns=("batched", "one_fit_s", "replicas_s", "ratio", "floor",
-                                "speedup_vs_one_by_one", "device")))
+                                "speedup_vs_one_by_one", "one_fit_mib", "replicas_mib",
+                                "device")))
     return [row]
 
 

@@ -21,7 +21,11 @@ All with Pyro's validation off, as ``bnn_zoo.fit`` trains by default, and
 ``torch.optim.Adam(fused=True)``, as :class:`~bnn_zoo.core.training.SVIStep` steps. Ratios
 to ``torch_map`` and the zoo-to-hand-written ratios of like estimators
 (``zoo_lrt_jit_vs_hand``: issue 16's floor, at most 1.1) are printed and written as
-``speed.md``, ``.csv``, ``.json`` and a bar chart ``speed.png`` under ``--out``.
+``speed.md``, ``.csv``, ``.json`` and a bar chart ``speed.png`` under ``--out``, with each
+step's peak memory (``<step>_mib``): after the timing, ``--inner`` more calls of each step
+alone, the largest peak of a call above what was in use before it (beyond the step's
+parameters and optimiser state), by :func:`~bnn_zoo.harness.memory.step_peaks` (the
+process's resident set size).
 
     python benchmarks/speed.py --out results/speed
 """
@@ -45,6 +49,7 @@ from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.guides.bbb import softplus_inverse
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import save_figure
+from bnn_zoo.harness.memory import step_peaks
 from bnn_zoo.harness.tables import write_tables
 from bnn_zoo.harness.timing import epoch_batches, interleaved_medians
 from bnn_zoo.models import BayesianMLP
@@ -174,16 +179,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
     rows = []
     with pyro.validation_enabled(False):  # as bnn_zoo.fit trains by default
         for net in args.nets:
-            ms = interleaved_medians(build_steps(net), repeats=args.repeats, inner=args.inner)
+            steps = build_steps(net)
+            ms = interleaved_medians(steps, repeats=args.repeats, inner=args.inner)
+            mib = step_peaks(steps, calls=args.inner)
             rows.append({"net": net, "batch": NETS[net][1],
                          **{f"{k}_ms": v for k, v in ms.items()},
                          **{f"{k}_per_map": v / ms["torch_map"] for k, v in ms.items()},
-                         **{ratio: ms[zoo] / ms[LIKE[zoo]] for ratio, zoo in RATIOS.items()}})
-    columns = [*(f"{k}_ms" for k in STEPS), *(f"{k}_per_map" for k in STEPS[1:]), *RATIOS]
+                         **{ratio: ms[zoo] / ms[LIKE[zoo]] for ratio, zoo in RATIOS.items()},
+                         **{f"{k}_mib": v for k, v in mib.items()}})
+    columns = [*(f"{k}_ms" for k in STEPS), *(f"{k}_per_map" for k in STEPS[1:]), *RATIOS,
+               *(f"{k}_mib" for k in STEPS)]
     preamble = (f"{args.threads} thread(s), median of {args.repeats} x {args.inner} steps; "
                 "zoo_vs_hand and zoo_jit_vs_hand: zoo_bbb(_jit) / torch_bbb (weight sampling); "
                 "zoo_lrt_jit_vs_hand: zoo_bbb_lrt_jit / torch_bbb_lrt (local "
-                f"reparameterisation; issue 16's floor: at most {FLOOR})")
+                f"reparameterisation; issue 16's floor: at most {FLOOR}); *_mib: peak MiB above "
+                f"the step's state, largest of {args.inner} steps (resident set size)")
     print(write_tables(args.out, "speed", rows, keys=("net", "batch"), columns=columns,
                        preamble=preamble))
     plot(rows, args.out / "speed.png")

@@ -107,3 +107,28 @@ def test_uci_best_published_and_wins_by_hand():
     assert wins["a"]["ll_above_best"] == 1 and wins["b"]["ll_above_best"] == 0
     assert wins["b"]["ll_above_pbp"] == 1 and wins["a"]["data_sets"] == 1
     assert wins["a"]["fit_minutes"] == pytest.approx(1.0)
+
+
+def test_speed_reports_each_steps_peak_memory_beside_its_time(tmp_path):
+    """Each hand-written step allocates its gradients afresh (``set_to_none``), so its peak
+    is at least their size: P float32 weights for ``torch_map``, 2P (means and scales) for
+    ``torch_bbb``; less 1 MiB for the kernel's per-CPU RSS counters (see test_memory)."""
+    script = runpy.run_path(str(BENCHMARKS / "speed.py"), run_name="speed")
+    (row,) = script["main"](["--repeats", "1", "--inner", "2", "--nets", "784-400-400-10",
+                             "--out", str(tmp_path)])["rows"]
+    weights_mib = sum(a * b + b for a, b in [(784, 400), (400, 400), (400, 10)]) * 4 / 2**20
+    assert row["torch_map_mib"] >= weights_mib - 1
+    assert row["torch_bbb_mib"] >= 2 * weights_mib - 1
+    for step in script["STEPS"]:
+        assert 0 <= row[f"{step}_mib"] < 1024 and row[f"{step}_ms"] > 0
+    assert "zoo_bbb_lrt_jit_mib" in (tmp_path / "speed.md").read_text()
+
+
+def test_replicas_reports_the_peak_memory_of_both_fits(tmp_path):
+    script = runpy.run_path(str(BENCHMARKS / "replicas.py"), run_name="replicas")
+    (row,) = script["main"](["--replicas", "2", "--steps", "3", "--repeats", "1", "--points",
+                             "20", "--out", str(tmp_path)])
+    # A fit builds a model, a guide and an optimiser, so it takes some memory; 1 GiB is
+    # far above what 2 replicas of a 13-50-1 net on 20 points can take.
+    assert 0 < row["one_fit_mib"] < 1024 and 0 < row["replicas_mib"] < 1024
+    assert "replicas_mib" in (tmp_path / "replicas.md").read_text()
