@@ -29,7 +29,7 @@ Writes under ``--out``:
 Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped on a
 rerun. With ``--replicas auto`` (the default) the splits of a data set are fitted together,
 as replicas in one vectorised pass, by every entry that can batch them (``map``,
-``mean_field``, ``bbb``; ``ensemble`` trains its members as replicas within each fit), and
+``mean_field``, ``bbb``, and ``ensemble``, whose splits x members all train as replicas), and
 one by one by the others; ``--replicas off`` fits every split alone.
 
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/uci.py --splits 5 --threads 1

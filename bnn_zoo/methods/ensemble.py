@@ -3,8 +3,11 @@
 ``members`` independent SVI fits of ``member`` (seeds ``members * seed + m``), trained as
 replicas in one vectorised pass where the member declares ``replicas=True``
 (:meth:`bnn_zoo.methods.svi.SVI.fit_many`: each member starts from its own seed's initial
-values, and all take the minibatch order of the first member's seed), one by one otherwise;
-the predictive is their equal-weight mixture
+values, and all take the minibatch order of the first member's seed), one by one otherwise.
+:meth:`Ensemble.fit_many` trains the ``R x members`` members of R ensembles (R training
+sets, e.g. the splits of a UCI set) as replicas in one pass, member ``m`` of fit ``r`` from
+seed ``members * seeds[r] + m`` as in :meth:`Ensemble.fit`. The predictive is the members'
+equal-weight mixture
 
     p(y | x) = 1/M sum_m p_m(y | x),  e.g. 1/M sum_m N(y; f_m(x), sigma_m^2)  (regression).
 
@@ -16,7 +19,7 @@ member per sample, ``parallel=False``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -113,23 +116,61 @@ class Ensemble:
     def with_guide_options(self, options: Mapping[str, Any]) -> Ensemble:
         return replace(self, member=self.member.with_guide_options(options))
 
-    def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
-            budget: Budget, progress: bool | None) -> EnsemblePosterior:
-        seeds = [self.members * seed + m for m in range(self.members)]
-        if self.member.replicas and not budget.distributed:
-            fits = self.member.fit_many(build_model, x.expand(self.members, *x.shape),
-                                        y.expand(self.members, *y.shape), task=task,
-                                        seeds=seeds, budget=budget, progress=progress)
-        else:
-            fits = []
-            for member_seed in seeds:
-                pyro.set_rng_seed(member_seed)
-                fits.append(self.member.fit(build_model, x, y, task=task, seed=member_seed,
-                                            budget=budget, progress=progress))
+    @property
+    def replicas(self) -> bool:
+        """Whether :meth:`fit_many` trains many ensembles as replicas in one pass: when the
+        member does (:attr:`bnn_zoo.methods.svi.SVI.replicas`)."""
+        return self.member.replicas
+
+    def _member_seeds(self, seed: int) -> list[int]:
+        return [self.members * seed + m for m in range(self.members)]
+
+    def _posterior(self, fits: list[SVIPosterior]) -> EnsemblePosterior:
+        """The ensemble of the member fits ``fits``: their mean loss curve, and as time and
+        steps the sums over members."""
         losses = torch.tensor([f.result.losses for f in fits]).mean(0).tolist()
         result = FitResult(losses=losses, seconds=sum(f.result.seconds for f in fits),
                            steps=sum(f.result.steps for f in fits))
         return EnsemblePosterior(fits, result, self.samples_per_member)
+
+    def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
+            budget: Budget, progress: bool | None) -> EnsemblePosterior:
+        """``members`` fits of ``member`` on ``x`` (N, D), ``y`` (N,) from the seeds
+        ``members * seed + m``: as replicas in one pass where :attr:`replicas` (and the
+        budget is not distributed), one by one otherwise."""
+        if self.replicas and not budget.distributed:
+            return self.fit_many(build_model, x[None], y[None], task=task, seeds=[seed],
+                                 budget=budget, progress=progress)[0]
+        fits = []
+        for member_seed in self._member_seeds(seed):
+            pyro.set_rng_seed(member_seed)
+            fits.append(self.member.fit(build_model, x, y, task=task, seed=member_seed,
+                                        budget=budget, progress=progress))
+        return self._posterior(fits)
+
+    def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
+                 seeds: Sequence[int], budget: Budget, progress: bool | None
+                 ) -> list[EnsemblePosterior]:
+        """R ensembles in one replica pass (needs :attr:`replicas`): ensemble ``r`` fits
+        ``x[r]`` (N, D), ``y[r]`` (N,) with ``members`` members from the seeds
+        ``members * seeds[r] + m``, the seeds :meth:`fit` with ``seeds[r]`` uses, so all
+        ``R * members`` members train as replicas of one
+        :meth:`~bnn_zoo.methods.svi.SVI.fit_many` (member ``m`` of fit ``r`` is replica
+        ``r * members + m``, on its fit's data only). Every replica takes the minibatch
+        order of the first member's seed ``members * seeds[0]``, so on full batches
+        (deterministic MAP members) ensemble ``r`` equals :meth:`fit` with ``seeds[r]`` up
+        to round-off, and otherwise in distribution. ``budget.distributed`` is not
+        supported (a ``ValueError``)."""
+        if not self.replicas:
+            raise ValueError("This ensemble's member does not declare replicas=True; fit "
+                             "one ensemble at a time.")
+        member_seeds = [s for seed in seeds for s in self._member_seeds(seed)]
+        # (R, N, ...) -> (R * members, N, ...): member m of fit r sees x[r], y[r] only.
+        fits = self.member.fit_many(build_model, x.repeat_interleave(self.members, 0),
+                                    y.repeat_interleave(self.members, 0), task=task,
+                                    seeds=member_seeds, budget=budget, progress=progress)
+        return [self._posterior(fits[r * self.members:(r + 1) * self.members])
+                for r in range(len(seeds))]
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> EnsemblePosterior:

@@ -3,9 +3,10 @@ entry's method can batch them (:mod:`bnn_zoo.core.replicas`), one by one where n
 
 Whether an entry batches is declared by its method, not tried: a method with
 ``replicas=True`` (:class:`~bnn_zoo.methods.svi.SVI` of the zoo's MLP with the ``map``,
-``mean_field`` and ``bbb`` guides) has a ``fit_many``; every other method (Laplace, NUTS,
-exact GP, ensembles, whose members are replicas within one fit) and a data-parallel
-budget (``distributed=True``) fit one by one through :meth:`Entry.fit`.
+``mean_field`` and ``bbb`` guides, and :class:`~bnn_zoo.methods.ensemble.Ensemble` of such
+members, whose R fits of M members train as R x M replicas) has a ``fit_many``; every other
+method (Laplace, NUTS, exact GP) and a data-parallel budget (``distributed=True``) fit one by
+one through :meth:`Entry.fit`.
 """
 
 from __future__ import annotations
