@@ -20,7 +20,13 @@ from bnn_zoo import zoo
 from bnn_zoo.core import data
 from bnn_zoo.harness import compare
 from bnn_zoo.harness.summary import reference_rows
-from bnn_zoo.methods.nuts import NUTSPosterior, PosteriorSamples, r_hat_ess
+from bnn_zoo.methods.nuts import (
+    NUTSPosterior,
+    PosteriorSamples,
+    _average_ranks,
+    bulk_ess,
+    r_hat_ess,
+)
 from bnn_zoo.models.mlp import BayesianMLP
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -69,6 +75,25 @@ def test_ess_of_white_noise_and_of_an_ar1_chain_match_their_closed_forms():
     assert ess == pytest.approx(chains * draws * (1 - rho) / (1 + rho), rel=0.15)
     with pytest.raises(ValueError, match="chains, draws >= 4"):
         r_hat_ess(torch.zeros(2, 3, 1))
+
+
+def test_bulk_ess_is_that_of_rank_normal_scores_so_unchanged_by_monotone_maps():
+    # Bulk ESS sees the draws only through their ranks: exp (increasing) leaves it as it is,
+    # while the ESS of the raw draws changes.
+    from pyro.ops.stats import effective_sample_size
+
+    x = white_noise(2, 301, quantities=3, seed=4).cumsum(1) * 0.1 + white_noise(2, 301, 3, 5)
+    torch.testing.assert_close(bulk_ess(x.exp()), bulk_ess(x), rtol=1e-12, atol=0)
+    raw = effective_sample_size(x, chain_dim=0, sample_dim=1)
+    assert not torch.allclose(effective_sample_size(x.exp(), chain_dim=0, sample_dim=1), raw)
+
+
+def test_average_ranks_match_scipy_with_ties():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    g = torch.Generator().manual_seed(6)
+    x = torch.randint(0, 5, (40, 3), generator=g).double()  # many ties
+    expected = torch.from_numpy(scipy_stats.rankdata(x.numpy(), axis=0, method="average"))
+    torch.testing.assert_close(_average_ranks(x), expected)
 
 
 def prior_draws(model, x: torch.Tensor, num: int, seed: int) -> dict[str, torch.Tensor]:

@@ -12,9 +12,10 @@ Steps:
 3. the predictive averages the likelihood over ``num_samples`` draws spread evenly over
    all chains: ``p(y|x) ~ 1/S sum_s p(y | x, w_s)``.
 
-The posterior's diagnostics are the largest split R-hat and the smallest effective sample
-size over all weights and over the network outputs at training inputs (Gelman et al.,
-BDA3 11.4-11.5; see :func:`chain_diagnostics`), the number of divergent transitions, the
+The posterior's diagnostics are the largest split R-hat and the smallest bulk effective
+sample size over all weights and over the network outputs at training inputs (Gelman et al.,
+BDA3 11.4-11.5; Vehtari et al. 2021; see :func:`chain_diagnostics`), the number of
+divergent transitions, the
 sampling time and the fixed noise; :meth:`NUTSPosterior.predictive_diagnostics` gives the
 same over the network outputs at any inputs (the test inputs, in the comparison). NUTS
 costs up to ``2^max_tree_depth`` gradients per draw, so data sets above ``max_points``
@@ -44,8 +45,8 @@ from bnn_zoo.core.predictive import GaussianMixturePredictive, predict
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, UnsupportedProblem
 from bnn_zoo.methods.svi import SVI, module_state
 
-__all__ = ["NUTS", "NUTSPosterior", "PosteriorSamples", "chain_diagnostics", "output_draws",
-           "r_hat_ess"]
+__all__ = ["NUTS", "NUTSPosterior", "PosteriorSamples", "bulk_ess", "chain_diagnostics",
+           "output_draws", "r_hat_ess"]
 
 
 class PosteriorSamples:
@@ -91,23 +92,52 @@ class PosteriorSamples:
         return guide
 
 
-def r_hat_ess(stacked: Tensor) -> tuple[float, float]:
-    """Largest split R-hat and smallest effective sample size over the quantities of the
-    draws ``stacked`` (C chains, S draws, P quantities).
+def _average_ranks(draws: Tensor) -> Tensor:
+    """The ranks 1..M of ``draws`` (M, P) within each column, ties given their average."""
+    m = draws.shape[0]
+    order = draws.argsort(0)
+    ordered = draws.gather(0, order)
+    positions = torch.arange(1, m + 1, dtype=draws.dtype, device=draws.device)
+    positions = positions[:, None].expand_as(draws)
+    starts = torch.ones_like(draws, dtype=torch.bool)
+    starts[1:] = ordered[1:] != ordered[:-1]
+    group = starts.long().cumsum(0) - 1  # index of each sorted draw's run of equal values
+    totals = torch.zeros_like(draws).scatter_add_(0, group, positions)
+    counts = torch.zeros_like(draws).scatter_add_(0, group, torch.ones_like(draws))
+    average = (totals / counts.clamp(min=1)).gather(0, group)
+    return torch.empty_like(draws).scatter_(0, order, average)
 
-    Split R-hat (BDA3 11.4): each chain is cut in halves, giving ``m = 2C`` sequences of
-    ``n = S/2`` draws with within-sequence variance ``W`` and between-sequence variance
-    ``B`` (``n`` times the variance of their means); ``R = sqrt(((n-1)/n W + B/n) / W)``,
-    1 for chains that agree. The ESS is ``C S / (1 + 2 sum_t rho_t)`` with the
-    autocorrelations ``rho_t`` summed in Geyer's initial positive sequence (BDA3 11.5).
-    Both are Pyro's (:func:`pyro.ops.stats.split_gelman_rubin`,
-    :func:`pyro.ops.stats.effective_sample_size`).
+
+def bulk_ess(stacked: Tensor) -> Tensor:
+    """Bulk effective sample size of every quantity of the draws ``stacked`` (C, S, P)
+    (Vehtari et al. 2021, eq. 13): the draws of all chains are replaced by their normal
+    scores ``z = Phi^-1((r - 3/8) / (C S + 1/4))`` (``r`` the rank among all ``C S`` draws,
+    ties averaged), every chain is split in halves (the middle draw dropped for odd S),
+    and the ESS of those ``2C`` sequences is ``2C n / (1 + 2 sum_t rho_t)`` with Geyer's
+    initial positive sequence (BDA3 11.5; :func:`pyro.ops.stats.effective_sample_size`).
+    Unchanged by any increasing transform of the draws."""
+    c, s, p = stacked.shape
+    ranks = _average_ranks(stacked.reshape(c * s, p)).reshape(c, s, p)
+    scores = torch.special.ndtri((ranks - 0.375) / (c * s + 0.25))
+    half = s // 2
+    split = torch.cat([scores[:, :half], scores[:, s - half:]])
+    return effective_sample_size(split, chain_dim=0, sample_dim=1)
+
+
+def r_hat_ess(stacked: Tensor) -> tuple[float, float]:
+    """Largest split R-hat and smallest bulk effective sample size (:func:`bulk_ess`) over
+    the quantities of the draws ``stacked`` (C chains, S draws, P quantities).
+
+    Split R-hat (BDA3 11.4; :func:`pyro.ops.stats.split_gelman_rubin`): each chain is cut
+    in halves, giving ``m = 2C`` sequences of ``n = S/2`` draws with within-sequence
+    variance ``W`` and between-sequence variance ``B`` (``n`` times the variance of their
+    means); ``R = sqrt(((n-1)/n W + B/n) / W)``, 1 for chains that agree.
     """
     if stacked.dim() != 3 or stacked.shape[1] < 4:
         raise ValueError(f"Expected draws of shape (chains, draws >= 4, quantities), got "
                          f"{tuple(stacked.shape)}.")
     return (float(split_gelman_rubin(stacked, chain_dim=0, sample_dim=1).max()),
-            float(effective_sample_size(stacked, chain_dim=0, sample_dim=1).min()))
+            float(bulk_ess(stacked).min()))
 
 
 def output_draws(chains: list[dict[str, Tensor]], model: Callable, x: Tensor) -> Tensor:
