@@ -217,3 +217,20 @@ def test_compare_guides_on_uci_writes_the_reference_tables(uci_data, tmp_path, m
     settings = {r["entry"]: r["settings"]["overrides"] for r in runs}
     assert settings["map"]["validation"] == settings["ensemble"]["validation"] == 0.1
     assert "validation" not in settings["nuts"]
+
+
+def test_nuts_starts_from_its_own_map_fit_whatever_the_global_param_store_holds():
+    # Another fit's values under the MAP guide's parameter names in Pyro's global store (as
+    # a comparison of several data sets leaves them) must neither leak into the start nor
+    # break it: the chains are those of a fit from an empty store.
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(30, 2, generator=g), torch.randn(30, generator=g)
+    options = {"steps": 3, "jit": False, "method_options": {**TINY_NUTS, "max_tree_depth": 2}}
+    clean = zoo.get("nuts").fit(x, y, **options)
+    pyro.clear_param_store()
+    pyro.param("AutoDelta.layers.0.weight", torch.zeros(2, 50))
+    pyro.param("AutoDelta.layers.1.bias", torch.full((1,), 5.0))
+    stale = zoo.get("nuts").fit(x, y, **options)
+    for name, value in clean.posterior.samples.samples.items():
+        torch.testing.assert_close(stale.posterior.samples.samples[name], value, msg=name)
+    assert stale.diagnostics["noise_scale"] == clean.diagnostics["noise_scale"]

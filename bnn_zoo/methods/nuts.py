@@ -237,10 +237,14 @@ class NUTS:
                                      f"training points, got {x.shape[0]}.")
         start = self.start.fit(build_model, x, y, task=task, seed=seed, budget=budget,
                                progress=progress)
-        init = {k: v.detach() for k, v in start.guide.median().items()}
         noise = {}
-        if task == "regression":
-            noise["noise_scale"] = float(start.model.observation_scale().detach())
+        # Read in a private parameter store: outside one, a PyroModule takes the values that
+        # the global store holds under its parameters' names (a previous fit's, of another
+        # data set) in place of its own.
+        with pyro.get_param_store().scope():
+            init = {k: v.detach() for k, v in start.guide.median().items()}
+            if task == "regression":
+                noise["noise_scale"] = float(start.model.observation_scale().detach())
         model = build_model(**noise)
         chains, divergences = [], 0
         started = time.perf_counter()
