@@ -6,11 +6,22 @@ splits, and writes under ``--out``: ``compare.md`` (mean ± standard error over
 splits of test RMSE, log-likelihood, 90% coverage, the mean 2-Wasserstein distance
 of each predictive to NUTS's and the log-likelihood gap, fit time and SVI steps per
 second; accuracy/NLL/ECE/Brier for classification), ``compare.csv``,
-``compare.json``, and figures (predictive bands side by side for 1-D data,
-reliability diagrams, ELBO curves). Finished runs are cached in ``--out/runs``.
+``compare.json``, ``reference.md``/``.csv``/``.json`` (the distances to NUTS and
+NUTS's split R-hat and effective sample size over the predictive at the test inputs
+and over the weights, split by split and over all splits), and figures (predictive
+bands side by side for 1-D data, reliability diagrams, ELBO curves). Finished runs
+are cached in ``--out/runs``.
+
+The UCI sets (``uci/yacht``, ...) run under the protocol of ``benchmarks/uci.py``
+(:func:`bnn_zoo.harness.compare.data_overrides`): one hidden layer of 50 units (100 on
+protein), standardisation inside ``entry.fit``, the data's own splits (split ``k`` with
+seed ``k``), and the noise of every entry with a single learned noise scale tuned on 10%
+of the training split (``--validation``).
 
     python benchmarks/compare_guides.py --data sine gap --splits 3
     python benchmarks/compare_guides.py --data two_moons --reference none
+    python benchmarks/compare_guides.py --data uci/yacht uci/bostonHousing --splits 3 \\
+        --entries map mean_field bbb laplace ensemble --out benchmarks/results/uci/reference
 """
 
 from __future__ import annotations
@@ -26,7 +37,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     flags.add_comparison_flags(parser, data=("sine", "gap"), out="results/compare_guides",
                                reference=REFERENCE)
-    return compare.run_from_args(flags.parse(parser, argv))
+    parser.add_argument("--validation", type=float, default=None,
+                        help="share of the training split on which entries with a single "
+                             "learned noise scale tune it (default: the UCI protocol's "
+                             f"{compare.UCI_VALIDATION} on UCI sets, 0 on the others)")
+    args = flags.parse(parser, argv)
+    if args.validation is not None and not 0.0 <= args.validation < 1.0:
+        parser.error(f"--validation must be in [0, 1), got {args.validation}")
+    return compare.run_from_args(args, validation=args.validation)
 
 
 if __name__ == "__main__":

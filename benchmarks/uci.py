@@ -9,7 +9,9 @@ tuned on the test splits). An entry with a single learned noise scale
 (``Entry.tunable_noise``: the SVI entries) fits on 90% of the training split and
 takes the noise that maximises the log-likelihood of the other 10%
 (``--validation``; see :mod:`bnn_zoo.evaluation.noise_tuning`); the others keep their own noise
-model (Laplace's evidence, the GP's marginal likelihood).
+model (Laplace's evidence, the GP's marginal likelihood). The protocol's settings are
+:func:`bnn_zoo.harness.compare.data_overrides`, which ``benchmarks/compare_guides.py`` applies
+to the UCI sets too.
 
 Writes under ``--out``:
 
@@ -41,12 +43,11 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from bnn_zoo import zoo
 from bnn_zoo.core.data import UCI_SETS
 from bnn_zoo.harness import compare, flags, published
 from bnn_zoo.harness.figures import save_figure
@@ -58,20 +59,6 @@ COLUMNS = ("rmse", "ll", "coverage_90", "fit_seconds")
 FIGURE_FLOOR = -1.5
 #: The metrics of a run in ``uci.csv``.
 METRICS = ("ll", "rmse", "coverage_50", "coverage_90", "coverage_95", "fit_seconds")
-#: The protocol's model options per data set (one hidden layer of 50 units elsewhere).
-MODEL_OPTIONS = {"protein-tertiary-structure": {"hidden": (100,)}}
-#: The share of each training split held out to tune the observation noise.
-VALIDATION_FRACTION = 0.1
-
-
-def protocol_overrides(overrides: dict, validation: float) -> Callable[[str], dict]:
-    """Per entry: ``overrides``, plus ``validation`` where the entry has a tunable noise."""
-    def for_entry(entry: str) -> dict:
-        if validation > 0 and zoo.get(entry).tunable_noise:
-            return {**overrides, "validation": validation}
-        return overrides
-
-    return for_entry
 
 
 def published_rows() -> list[dict]:
@@ -186,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     flags.add_comparison_flags(parser, data=DEFAULT_SETS, out="results/uci", splits=20,
                                threads=1)
-    parser.add_argument("--validation", type=float, default=VALIDATION_FRACTION,
+    parser.add_argument("--validation", type=float, default=compare.UCI_VALIDATION,
                         help="share of the training split on which entries with a single "
                              "learned noise scale tune it (0: keep the learned noise)")
     args = flags.parse(parser, argv)
@@ -194,13 +181,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         parser.error(f"--validation must be in [0, 1), got {args.validation}")
     records = []
     for name in args.data:
-        name = name.removeprefix("uci/")
-        overrides = flags.budget_overrides(args)
-        if name in MODEL_OPTIONS:
-            overrides["model_options"] = MODEL_OPTIONS[name]
-        records += compare.run_comparison([f"uci/{name}"], args.entries, splits=args.splits,
+        name = f"uci/{name.removeprefix('uci/')}"
+        overrides = compare.data_overrides(name, flags.budget_overrides(args), args.validation)
+        records += compare.run_comparison([name], args.entries, splits=args.splits,
                                           seed=args.seed, out=args.out, device=args.device,
-                                          overrides=protocol_overrides(overrides, args.validation),
+                                          overrides=overrides,
                                           num_samples=args.num_samples,
                                           reference=args.reference, replicas=args.replicas)
     measured = {r["data"] for r in records}

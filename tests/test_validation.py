@@ -4,8 +4,6 @@ Budget.validation)."""
 from __future__ import annotations
 
 import math
-import runpy
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ from pyro import poutine
 
 from bnn_zoo import zoo
 from bnn_zoo.evaluation.noise_tuning import holdout, validated_noise_scale, with_noise_scale
+from bnn_zoo.harness import compare
 
 
 def test_one_component_optimum_is_the_rms_residual():
@@ -104,9 +103,7 @@ def test_entry_without_a_single_noise_scale_refuses_validation():
 
 
 def test_uci_protocol_tunes_the_noise_of_tunable_entries_only():
-    uci = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "uci.py"),
-                         run_name="uci")
-    protocol_overrides = uci["protocol_overrides"]
+    protocol_overrides = compare.protocol_overrides  # benchmarks/uci.py's, via data_overrides
     for_entry = protocol_overrides({"steps": 5}, 0.1)
     assert for_entry("bbb") == {"steps": 5, "validation": 0.1}
     assert for_entry("laplace") == {"steps": 5}

@@ -6,7 +6,11 @@ caches them under ``<out>/runs``); :func:`run_from_args` runs what the compariso
 (:func:`bnn_zoo.harness.flags.add_comparison_flags`) ask for and writes the summary
 (mean ± standard error over splits, distances to a reference predictive:
 :mod:`bnn_zoo.harness.summary`) as ``compare.md``, ``.csv`` and ``.json``
-(:mod:`bnn_zoo.harness.tables`) with the figures (:mod:`bnn_zoo.harness.figures`).
+(:mod:`bnn_zoo.harness.tables`) with the figures (:mod:`bnn_zoo.harness.figures`), and,
+when the reference ran, ``reference.md``/... split by split (:func:`write_reference`).
+On the UCI sets every comparison follows the UCI protocol of ``benchmarks/uci.py``
+(:func:`data_overrides`): its model per data set, and the noise tuned on held-out training
+data where asked (:func:`protocol_overrides`).
 With a network (``--net cnn``: :data:`bnn_zoo.zoo.NETWORK_CHOICES`, a CNN for each data set)
 every entry that takes one fits it in place of its own model (``entry.fit(..., net=...)``),
 e.g. the guides on a CNN.
@@ -29,21 +33,52 @@ from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import FIGURE_KINDS, figure_path, write_figures
 from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.runs import cached_runs
-from bnn_zoo.harness.summary import REFERENCE, summarise
+from bnn_zoo.harness.summary import REFERENCE, REFERENCE_COLUMNS, reference_rows, summarise
 from bnn_zoo.harness.tables import write_tables
 
-__all__ = ["REPLICAS", "TABLE_COLUMNS", "default_entries", "failures", "notes", "output_files",
-           "run_comparison", "run_from_args", "split_indices", "write_comparison"]
+__all__ = ["REPLICAS", "TABLE_COLUMNS", "UCI_MODEL_OPTIONS", "UCI_VALIDATION", "data_overrides",
+           "default_entries", "failures", "notes", "output_files", "protocol_overrides",
+           "run_comparison", "run_from_args", "split_indices", "write_comparison",
+           "write_reference"]
 
 #: ``replicas`` of :func:`run_comparison`: fit the splits of a data set together as replicas
 #: where the entry can (``auto``), demand it (``on``), or fit one by one (``off``).
 REPLICAS = ("auto", "on", "off")
+
+#: The UCI protocol's model options per data set (one hidden layer of 50 units elsewhere).
+UCI_MODEL_OPTIONS = {"uci/protein-tertiary-structure": {"hidden": (100,)}}
+#: The UCI protocol's share of each training split held out to tune the observation noise.
+UCI_VALIDATION = 0.1
 
 TABLE_COLUMNS = {
     "regression": ("rmse", "ll", "coverage_90", "w2_to_ref", "ll_gap", "fit_seconds",
                    "steps_per_second"),
     "classification": ("accuracy", "nll", "ece", "brier", "fit_seconds", "steps_per_second"),
 }
+
+
+def protocol_overrides(overrides: dict, validation: float) -> Callable[[str], dict]:
+    """Per entry: ``overrides``, plus ``validation`` (the share of each training split held
+    out to tune the noise) where the entry has a tunable noise (``Entry.tunable_noise``)."""
+    def for_entry(entry: str) -> dict:
+        if validation > 0 and zoo.get(entry).tunable_noise:
+            return {**overrides, "validation": validation}
+        return overrides
+
+    return for_entry
+
+
+def data_overrides(name: str, overrides: dict, validation: float | None = None
+                   ) -> Callable[[str], dict]:
+    """The overrides of every entry on data set ``name`` (:func:`protocol_overrides`): on a
+    UCI set (``uci/...``) the UCI protocol's, its model options (:data:`UCI_MODEL_OPTIONS`)
+    and ``validation`` (``None``: :data:`UCI_VALIDATION`); on another set ``overrides`` and
+    ``validation`` (``None``: 0, the noise learned with the weights)."""
+    if name.startswith("uci/"):
+        if name in UCI_MODEL_OPTIONS:
+            overrides = {**overrides, "model_options": UCI_MODEL_OPTIONS[name]}
+        return protocol_overrides(overrides, UCI_VALIDATION if validation is None else validation)
+    return protocol_overrides(overrides, validation or 0.0)
 
 
 def default_entries(task: str, *, reference: str | None = REFERENCE,
@@ -171,9 +206,10 @@ def failures(records: Sequence[dict], requested: Collection[str] = ()) -> list[d
 
 
 def output_files(data: Sequence[str], name: str = "compare") -> list[str]:
-    """The files a comparison on ``data`` writes under its results folder (tables and
-    figures), relative to it."""
-    return [*(f"{name}{suffix}" for suffix in (".md", ".csv", ".json")),
+    """The files a comparison on ``data`` writes under its results folder (tables, the
+    reference tables and figures), relative to it."""
+    return [*(f"{table}{suffix}" for table in (name, "reference")
+              for suffix in (".md", ".csv", ".json")),
             *(figure_path("", kind, d).name for d in data for kind in FIGURE_KINDS)]
 
 
@@ -204,16 +240,42 @@ def write_comparison(records: list[dict], out: str | Path, *, name: str = "compa
     return summary, table
 
 
-def run_from_args(args: argparse.Namespace) -> list[dict]:
+def write_reference(records: list[dict], out: str | Path, reference: str) -> str | None:
+    """Write ``reference.md``, ``.csv`` and ``.json`` under ``out``: per data set, every
+    entry's distances to ``reference`` and the reference's convergence diagnostics split by
+    split and over all splits (:func:`~bnn_zoo.harness.summary.reference_rows`); return the
+    Markdown, or ``None`` (nothing written) when the reference has no finished regression
+    run."""
+    if not any(r["entry"] == reference and r["status"] == "ok" and r["task"] == "regression"
+               for r in records):
+        return None
+    preamble = (f"Distances to `{reference}` split by split (`all`: mean ± standard error "
+                "over the splits; for the diagnostics, the worst split). `r_hat_pred_max`, "
+                "`ess_pred_min`: the largest split R-hat and smallest bulk effective sample "
+                "size over the network output at the test inputs, chain by chain; `_f`: the "
+                "same at (up to 50) training inputs; `r_hat_max`, `ess_min`: over the "
+                "weights.")
+    return write_tables(out, "reference", reference_rows(records, reference),
+                        keys=("data", "entry", "split"), section="data",
+                        columns=REFERENCE_COLUMNS, preamble=preamble)
+
+
+def run_from_args(args: argparse.Namespace, *, validation: float | None = 0.0) -> list[dict]:
     """Run the comparison that the parsed comparison flags ask for, print the table and
-    write the files and figures under ``args.out``."""
+    write the files and figures under ``args.out``. Each data set runs with its
+    :func:`data_overrides` (``validation``: the share of each training split on which
+    entries with a tunable noise tune it; ``None``: the UCI protocol's on UCI sets, none
+    elsewhere)."""
     check_writable("--out", args.out, files=output_files(args.data), folders=["runs"])
     net = flags.network(args)
-    records = run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
-                             out=args.out, device=args.device,
-                             overrides=flags.budget_overrides(args),
-                             num_samples=args.num_samples, reference=args.reference, net=net,
-                             replicas=args.replicas)
+    records = []
+    for name in args.data:
+        records += run_comparison([name], args.entries, splits=args.splits, seed=args.seed,
+                                  out=args.out, device=args.device,
+                                  overrides=data_overrides(name, flags.budget_overrides(args),
+                                                           validation),
+                                  num_samples=args.num_samples, reference=args.reference,
+                                  net=net, replicas=args.replicas)
     preamble = "" if net is None else (
         f"Every entry fits the network `{args.net}` ("
         + ", ".join(f"`{net[d].name}` on {d}" for d in args.data)
@@ -222,5 +284,10 @@ def run_from_args(args: argparse.Namespace) -> list[dict]:
                                 preamble=preamble)
     figures = write_figures(records, args.out)
     print(table)
+    if args.reference is not None:
+        reference = write_reference(records, args.out, args.reference)
+        if reference is not None:
+            print(reference)
+            print(f"Wrote {args.out}/reference.md, .csv, .json")
     print(f"Wrote {args.out}/compare.md, .csv, .json" + "".join(f", {p.name}" for p in figures))
     return records

@@ -1,7 +1,8 @@
 """Runs: one entry fitted on one split and evaluated, and the cache of finished runs.
 
 :func:`run_one` fits through the zoo's contract (``entry.fit``, ``Fitted.evaluate``,
-``Fitted.predict``) and returns a JSON-ready record: metrics, diagnostics, the thinned
+``Fitted.predict``) and returns a JSON-ready record: metrics, diagnostics (with those a
+posterior computes at the test inputs: NUTS's R-hat and ESS over the predictive), the thinned
 loss curve, the predictive's moments at the test inputs (regression; for distances to a
 reference), a predictive band on a grid (1-D inputs) or, for classification, reliability
 bins and ``auroc_shift``: the AUROC of the predictive entropy for telling the test points
@@ -154,7 +155,7 @@ def _evaluated(record: dict, fitted: zoo.Fitted, dataset: data_module.Dataset,
     started = time.perf_counter()
     pyro.set_rng_seed(record["seed"])
     record["metrics"] = fitted.evaluate(dataset.x_test, dataset.y_test, num_samples)
-    record["diagnostics"] = dict(fitted.diagnostics)
+    record["diagnostics"] = fitted.diagnostics_at(dataset.x_test)
     record["losses"] = _thin(fitted.result.losses) if fitted.result is not None else []
     pred = fitted.predict(dataset.x_test, num_samples)
     if isinstance(pred, GaussianMixturePredictive):

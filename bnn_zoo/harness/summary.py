@@ -12,7 +12,8 @@ at every test input the two predictives are moment-matched by Gaussians
     W_2 = sqrt((m_1 - m_2)^2 + (s_1 - s_2)^2)       (Dowson & Landau 1982),
 
 averaged over the test points (``w2_to_ref``, in the units of ``y``), together with
-the gap of test log-likelihoods ``ll - ll_ref`` (``ll_gap``).
+the gap of test log-likelihoods ``ll - ll_ref`` (``ll_gap``). :func:`reference_rows` lays
+them out split by split, beside the reference's convergence diagnostics.
 """
 
 from __future__ import annotations
@@ -23,13 +24,21 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["REFERENCE", "RUNS", "aggregate", "gaussian_w2", "mean_se", "reference_distances",
-           "summarise"]
+__all__ = ["REFERENCE", "REFERENCE_COLUMNS", "REFERENCE_DIAGNOSTICS", "RUNS", "aggregate",
+           "gaussian_w2", "mean_se", "reference_distances", "reference_rows", "summarise"]
 
 #: The entry whose predictive the others are measured against, when it was run.
 REFERENCE = "nuts"
 #: The column that counts the runs behind a summary row.
 RUNS = "runs"
+#: The reference's convergence diagnostics that :func:`reference_rows` shows, each with how
+#: it combines over splits (the worst: the largest R-hat, the smallest effective sample size,
+#: the most divergences): over the predictive at the test inputs (``_pred``), over the network
+#: output at training inputs (``_f``) and over the weights (see :mod:`bnn_zoo.methods.nuts`).
+REFERENCE_DIAGNOSTICS = {"r_hat_pred_max": max, "ess_pred_min": min, "r_hat_f_max": max,
+                         "ess_f_min": min, "r_hat_max": max, "ess_min": min, "divergences": max}
+#: The metrics of :func:`reference_rows`, then the diagnostics.
+REFERENCE_COLUMNS = ("ll", "rmse", "w2_to_ref", "ll_gap", *REFERENCE_DIAGNOSTICS)
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -123,3 +132,28 @@ def summarise(records: Sequence[dict], *, reference: str | None = None) -> list[
         for key in [k for k in row if k.startswith("diag_") and k.endswith("_se")]:
             del row[key]
     return summary
+
+
+def reference_rows(records: Sequence[dict], reference: str) -> list[dict]:
+    """The distances of every regression entry to ``reference`` split by split: per (data,
+    entry) one row per finished split (``split`` its index) with the metrics of
+    :data:`REFERENCE_COLUMNS` and the reference's diagnostics of
+    :data:`REFERENCE_DIAGNOSTICS`, then a row ``split="all"`` with the metrics' mean and
+    standard error over those splits and each diagnostic's worst value over them."""
+    reference_distances(records, reference)
+    metrics = [c for c in REFERENCE_COLUMNS if c not in REFERENCE_DIAGNOSTICS]
+    per_split = [{"data": r["data"], "entry": r["entry"], "split": r["split"],
+                  **{k: r["metrics"][k] for k in metrics if k in r["metrics"]},
+                  **{k: r["diagnostics"][k] for k in REFERENCE_DIAGNOSTICS
+                     if k in r.get("diagnostics", {})}}
+                 for r in records if r["status"] == "ok" and r["task"] == "regression"]
+    rows = []
+    for over in aggregate(per_split, ("data", "entry"), ignore=("split",)):
+        group = [row for row in per_split
+                 if (row["data"], row["entry"]) == (over["data"], over["entry"])]
+        for name, worst in REFERENCE_DIAGNOSTICS.items():
+            over.pop(f"{name}_se", None)
+            if name in over:
+                over[name] = worst(row[name] for row in group if name in row)
+        rows += [*group, {**over, "split": "all"}]
+    return rows

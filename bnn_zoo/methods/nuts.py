@@ -12,11 +12,14 @@ Steps:
 3. the predictive averages the likelihood over ``num_samples`` draws spread evenly over
    all chains: ``p(y|x) ~ 1/S sum_s p(y | x, w_s)``.
 
-The posterior's diagnostics are the largest split R-hat and the smallest effective sample
-size over all weights and over the network outputs at training inputs (Gelman et al.,
-BDA3 11.4-11.5; see :func:`chain_diagnostics`), the number of divergent transitions, the
-sampling time and the fixed noise. NUTS costs up to ``2^max_tree_depth`` gradients per
-draw, so data sets above ``max_points`` training points raise
+The posterior's diagnostics are the largest split R-hat and the smallest bulk effective
+sample size over all weights and over the network outputs at training inputs (Gelman et al.,
+BDA3 11.4-11.5; Vehtari et al. 2021; see :func:`chain_diagnostics`), the number of
+divergent transitions, the
+sampling time and the fixed noise; :meth:`NUTSPosterior.predictive_diagnostics` gives the
+same over the network outputs at any inputs (the test inputs, in the comparison). NUTS
+costs up to ``2^max_tree_depth`` gradients per draw, so data sets above ``max_points``
+training points raise
 :class:`~bnn_zoo.methods.base.UnsupportedProblem`.
 """
 
@@ -42,7 +45,8 @@ from bnn_zoo.core.predictive import GaussianMixturePredictive, predict
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, UnsupportedProblem
 from bnn_zoo.methods.svi import SVI, module_state
 
-__all__ = ["NUTS", "NUTSPosterior", "PosteriorSamples", "chain_diagnostics"]
+__all__ = ["NUTS", "NUTSPosterior", "PosteriorSamples", "bulk_ess", "chain_diagnostics",
+           "output_draws", "r_hat_ess"]
 
 
 class PosteriorSamples:
@@ -88,42 +92,98 @@ class PosteriorSamples:
         return guide
 
 
-def _r_hat_ess(stacked: Tensor) -> tuple[float, float]:
-    """Largest split R-hat and smallest ESS of the draws ``stacked`` (C, S, P)."""
+def _average_ranks(draws: Tensor) -> Tensor:
+    """The ranks 1..M of ``draws`` (M, P) within each column, ties given their average."""
+    m = draws.shape[0]
+    order = draws.argsort(0)
+    ordered = draws.gather(0, order)
+    positions = torch.arange(1, m + 1, dtype=draws.dtype, device=draws.device)
+    positions = positions[:, None].expand_as(draws)
+    starts = torch.ones_like(draws, dtype=torch.bool)
+    starts[1:] = ordered[1:] != ordered[:-1]
+    group = starts.long().cumsum(0) - 1  # index of each sorted draw's run of equal values
+    totals = torch.zeros_like(draws).scatter_add_(0, group, positions)
+    counts = torch.zeros_like(draws).scatter_add_(0, group, torch.ones_like(draws))
+    average = (totals / counts.clamp(min=1)).gather(0, group)
+    return torch.empty_like(draws).scatter_(0, order, average)
+
+
+def bulk_ess(stacked: Tensor) -> Tensor:
+    """Bulk effective sample size of every quantity of the draws ``stacked`` (C, S, P)
+    (Vehtari et al. 2021, eq. 13): the draws of all chains are replaced by their normal
+    scores ``z = Phi^-1((r - 3/8) / (C S + 1/4))`` (``r`` the rank among all ``C S`` draws,
+    ties averaged), every chain is split in halves (the middle draw dropped for odd S),
+    and the ESS of those ``2C`` sequences is ``2C n / (1 + 2 sum_t rho_t)`` with Geyer's
+    initial positive sequence (BDA3 11.5; :func:`pyro.ops.stats.effective_sample_size`).
+    Unchanged by any increasing transform of the draws."""
+    c, s, p = stacked.shape
+    ranks = _average_ranks(stacked.reshape(c * s, p)).reshape(c, s, p)
+    scores = torch.special.ndtri((ranks - 0.375) / (c * s + 0.25))
+    half = s // 2
+    split = torch.cat([scores[:, :half], scores[:, s - half:]])
+    return effective_sample_size(split, chain_dim=0, sample_dim=1)
+
+
+def r_hat_ess(stacked: Tensor) -> tuple[float, float]:
+    """Largest split R-hat and smallest bulk effective sample size (:func:`bulk_ess`) over
+    the quantities of the draws ``stacked`` (C chains, S draws, P quantities).
+
+    Split R-hat (BDA3 11.4; :func:`pyro.ops.stats.split_gelman_rubin`): each chain is cut
+    in halves, giving ``m = 2C`` sequences of ``n = S/2`` draws with within-sequence
+    variance ``W`` and between-sequence variance ``B`` (``n`` times the variance of their
+    means); ``R = sqrt(((n-1)/n W + B/n) / W)``, 1 for chains that agree.
+    """
+    if stacked.dim() != 3 or stacked.shape[1] < 4:
+        raise ValueError(f"Expected draws of shape (chains, draws >= 4, quantities), got "
+                         f"{tuple(stacked.shape)}.")
     return (float(split_gelman_rubin(stacked, chain_dim=0, sample_dim=1).max()),
-            float(effective_sample_size(stacked, chain_dim=0, sample_dim=1).min()))
+            float(bulk_ess(stacked).min()))
+
+
+def output_draws(chains: list[dict[str, Tensor]], model: Callable, x: Tensor) -> Tensor:
+    """The network output at ``x`` (N, D) under every draw of every chain: (C, S, N) (the
+    Gaussian predictive's means; class probabilities flattened to (C, S, N * classes))."""
+    outputs = []
+    for chain in chains:
+        draws = next(iter(chain.values())).shape[0]
+        pred = predict(model, PosteriorSamples(chain).draws(draws), x, num_samples=draws)
+        outputs.append(pred.loc if isinstance(pred, GaussianMixturePredictive)
+                       else pred.probs.flatten(1))
+    return torch.stack(outputs)
 
 
 def chain_diagnostics(chains: list[dict[str, Tensor]], model: Callable,
                       x: Tensor) -> dict[str, float]:
-    """Largest split R-hat and smallest effective sample size over every weight, and
-    over the network output ``f`` at (up to 50) training inputs.
+    """Largest split R-hat and smallest effective sample size (:func:`r_hat_ess`) over
+    every weight, and over the network output ``f`` at (up to 50) training inputs.
 
     A BNN's posterior is symmetric under permutations of hidden units, so chains in
     permuted modes give a large R-hat on the weights while agreeing on the function;
     the ``_f`` diagnostics are the ones that say whether the predictive is sound.
     """
-    per_site = [_r_hat_ess(torch.stack([c[n] for c in chains]).flatten(2)) for n in chains[0]]
-    outputs = []
-    for chain in chains:
-        draws = next(iter(chain.values())).shape[0]
-        pred = predict(model, PosteriorSamples(chain).draws(draws), x[:50], num_samples=draws)
-        outputs.append(pred.loc if isinstance(pred, GaussianMixturePredictive)
-                       else pred.probs.flatten(1))
-    r_hat_f, ess_f = _r_hat_ess(torch.stack(outputs))
+    per_site = [r_hat_ess(torch.stack([c[n] for c in chains]).flatten(2)) for n in chains[0]]
+    r_hat_f, ess_f = r_hat_ess(output_draws(chains, model, x[:50]))
     return {"r_hat_max": max(r for r, _ in per_site), "ess_min": min(e for _, e in per_site),
             "r_hat_f_max": r_hat_f, "ess_f_min": ess_f}
 
 
 @dataclass
 class NUTSPosterior:
-    """The model (noise fixed at the start's) and the pooled draws of every chain."""
+    """The model (noise fixed at the start's) and the pooled draws of ``chains`` chains of
+    equal length, chain after chain."""
 
     model: Callable
     samples: PosteriorSamples
     model_options: dict[str, float]
     diagnostics: dict[str, float] = field(default_factory=dict)
     result: None = None
+    chains: int = 1
+
+    def __post_init__(self) -> None:
+        check_positive_int("chains", self.chains)
+        if self.samples.total % self.chains:
+            raise ValueError(f"Expected {self.chains} chains of equal length, but got "
+                             f"{self.samples.total} draws in all.")
 
     @property
     def guide(self) -> PosteriorSamples:
@@ -133,9 +193,20 @@ class NUTSPosterior:
         """The likelihood averaged over ``num_samples`` draws spread evenly over the chains."""
         return predict(self.model, self.samples.draws(num_samples), x, num_samples=num_samples)
 
+    def predictive_diagnostics(self, x: Tensor) -> dict[str, float]:
+        """Largest split R-hat (``r_hat_pred_max``) and smallest effective sample size
+        (``ess_pred_min``) over the network outputs ``f(x_i)`` at standardised inputs ``x``
+        (N, D), chain by chain (:func:`r_hat_ess`): whether the chains agree on the
+        predictive at those inputs."""
+        per_chain = [dict(zip(self.samples.samples, values)) for values in
+                     zip(*(v.chunk(self.chains) for v in self.samples.samples.values()))]
+        r_hat, ess = r_hat_ess(output_draws(per_chain, self.model, x))
+        return {"r_hat_pred_max": r_hat, "ess_pred_min": ess}
+
     def state_dict(self) -> dict:
         return {"model": module_state(self.model), "samples": self.samples.samples,
-                "model_options": self.model_options, "diagnostics": self.diagnostics}
+                "model_options": self.model_options, "diagnostics": self.diagnostics,
+                "chains": self.chains}
 
 
 @dataclass(frozen=True)
@@ -166,10 +237,14 @@ class NUTS:
                                      f"training points, got {x.shape[0]}.")
         start = self.start.fit(build_model, x, y, task=task, seed=seed, budget=budget,
                                progress=progress)
-        init = {k: v.detach() for k, v in start.guide.median().items()}
         noise = {}
-        if task == "regression":
-            noise["noise_scale"] = float(start.model.observation_scale().detach())
+        # Read in a private parameter store: outside one, a PyroModule takes the values that
+        # the global store holds under its parameters' names (a previous fit's, of another
+        # data set) in place of its own.
+        with pyro.get_param_store().scope():
+            init = {k: v.detach() for k, v in start.guide.median().items()}
+            if task == "regression":
+                noise["noise_scale"] = float(start.model.observation_scale().detach())
         model = build_model(**noise)
         chains, divergences = [], 0
         started = time.perf_counter()
@@ -192,7 +267,7 @@ class NUTS:
         samples = PosteriorSamples({k: torch.cat([c[k] for c in chains]) for k in chains[0]})
         diagnostics = {**chain_diagnostics(chains, model, x), "divergences": float(divergences),
                        "sampling_seconds": seconds, **noise}
-        return NUTSPosterior(model, samples, noise, diagnostics)
+        return NUTSPosterior(model, samples, noise, diagnostics, chains=self.chains)
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> NUTSPosterior:
@@ -200,7 +275,8 @@ class NUTS:
         model = build_model(**state["model_options"])
         model.load_state_dict(state["model"])
         samples = {k: v.to(device=x.device) for k, v in state["samples"].items()}
+        # A file saved before the chains were recorded: its draws as one chain.
         return NUTSPosterior(model, PosteriorSamples(samples), state["model_options"],
-                             state["diagnostics"])
+                             state["diagnostics"], chains=state.get("chains", 1))
 
 

@@ -116,6 +116,19 @@ class Fitted:
     def diagnostics(self) -> dict[str, float]:
         return self.posterior.diagnostics
 
+    def diagnostics_at(self, x: Tensor) -> dict[str, float]:
+        """:attr:`diagnostics`, and those the posterior computes at inputs ``x`` (N, D) in
+        original units where it has any (``nuts``: the R-hat and effective sample size of
+        the network output at ``x``,
+        :meth:`~bnn_zoo.methods.nuts.NUTSPosterior.predictive_diagnostics`)."""
+        at_inputs = getattr(self.posterior, "predictive_diagnostics", None)
+        if at_inputs is None:
+            return dict(self.diagnostics)
+        x, _ = check_data(x)
+        check_device("x", x.device, expected=self.x_scaler.mean.device)
+        x = self.x_scaler.transform(x.to(self.x_scaler.mean.dtype))
+        return {**self.diagnostics, **at_inputs(x)}
+
     def predict(self, x: Tensor, num_samples: int = 200) -> Predictive:
         """Posterior predictive at ``x`` (N, D) (a fit with ``net=``: (N, *in_shape)) in
         original units.
