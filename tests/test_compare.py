@@ -169,6 +169,16 @@ def test_run_comparison_caches_and_resumes(tmp_path, capsys):
     assert (tmp_path / "compare.csv").read_text().startswith("data,entry,task,runs")
 
 
+def test_cached_only_fits_nothing_and_lists_the_missing_runs(tmp_path, capsys):
+    kwargs = dict(out=tmp_path, overrides=TINY, num_samples=20)
+    compare.run_comparison(["sine"], ["map"], splits=1, **kwargs)
+    records = compare.run_comparison(["sine"], ["map"], splits=3, cached_only=True, **kwargs)
+    assert [r["status"] for r in records] == ["ok", "skipped", "skipped"]
+    assert all(r["reason"] == runs.NOT_CACHED for r in records[1:])
+    assert len(list((tmp_path / "runs" / "map").glob("*.json"))) == 1  # nothing new cached
+    assert capsys.readouterr().out.count("[skipped]") == 2
+
+
 def test_cache_key_holds_every_setting_that_changes_a_result():
     dataset = data.load("sine")
     base = runs.run_settings(dataset, {"steps": 20}, 200)

@@ -131,7 +131,7 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
                    overrides: dict | Callable[[str], dict] | None = None,
                    num_samples: int = 200, reference: str | None = None,
                    log: bool = True, net: zoo.Network | Mapping[str, zoo.Network] | None = None,
-                   replicas: str = "auto") -> list[dict]:
+                   replicas: str = "auto", cached_only: bool = False) -> list[dict]:
     """Fit each entry on each split of each data set; return the records.
 
     Parameters
@@ -163,6 +163,8 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         (``entry.fit``). Replicas share the minibatch order of the first split fitted and
         draw their noise jointly, so a split's result depends on which splits were fitted
         with it (in distribution it does not).
+    cached_only : fit nothing: a run missing from the cache is recorded as skipped, with
+        that reason (to rewrite the tables of finished runs while others are missing).
     """
     check_positive_int("num_samples", num_samples)
     check_choice("replicas", replicas, REPLICAS)
@@ -194,7 +196,7 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
             records += cached_runs(entry, datasets, splits=indices,
                                    seeds=[seed + split for split in indices], overrides=own,
                                    num_samples=num_samples, out=out, log=log,
-                                   together=together)
+                                   together=together, fit_missing=not cached_only)
     return records
 
 

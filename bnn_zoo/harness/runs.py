@@ -48,6 +48,8 @@ CURVE_POINTS = 200
 #: The fields a cached record must have to be reused, and those of a finished (``ok``) one.
 RECORD_FIELDS = ("entry", "data", "task", "split", "seed", "status", "settings")
 OK_FIELDS = ("metrics", "diagnostics", "losses", "seconds")
+#: The reason of a run that a comparison with ``fit_missing=False`` found missing from its cache.
+NOT_CACHED = "not run: no cached result (tables written from the cache only)"
 
 
 class CacheWarning(RuntimeWarning):
@@ -231,13 +233,15 @@ def cached_run(entry: str, dataset: data_module.Dataset, *, split: int, seed: in
 
 def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: Sequence[int],
                 seeds: Sequence[int], overrides: dict | None, num_samples: int,
-                out: str | Path, log: bool = True, together: bool = False) -> list[dict]:
+                out: str | Path, log: bool = True, together: bool = False,
+                fit_missing: bool = True) -> list[dict]:
     """The records of ``entry`` on the splits ``datasets`` (with ``splits``, ``seeds``):
     each read from the cache under ``out`` when a readable one with the same settings
     exists; the others fitted, all in one :func:`run_many` with ``together=True`` (the
     setting ``replicas: True`` then joins the cache key: its minibatch order is that of
     the first split fitted with it), else one by one (:func:`run_one`); and, unless they
-    failed, cached."""
+    failed, cached. With ``fit_missing=False`` nothing is fitted: a run missing from the
+    cache is recorded as skipped, with the reason, and not cached."""
     if together:
         overrides = {**(overrides or {}), "replicas": True}
     records: list[dict | None] = []
@@ -250,7 +254,11 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
         paths.append(path)
     missing = [i for i, record in enumerate(records) if record is None]
     fit_options = {k: v for k, v in (overrides or {}).items() if k != "replicas"}
-    if together and missing:
+    if not fit_missing:
+        fitted = ({**_base_record(entry, datasets[i], splits[i], seeds[i], fit_options,
+                                  num_samples),
+                   "status": "skipped", "reason": NOT_CACHED} for i in missing)
+    elif together and missing:
         fitted = run_many(entry, [datasets[i] for i in missing],
                           splits=[splits[i] for i in missing], seeds=[seeds[i] for i in missing],
                           overrides=fit_options, num_samples=num_samples)
@@ -264,7 +272,7 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
             record["settings"] = settings[i]  # with ``replicas`` where it joins the key
             records[i] = record
             status = record["status"]
-            if status != "failed":
+            if status != "failed" and fit_missing:
                 _write_cached(paths[i], record)
         if log:
             record = records[i]
