@@ -270,6 +270,8 @@ def run_from_args(args: argparse.Namespace, *, validation: float | None = 0.0) -
     elsewhere)."""
     check_writable("--out", args.out, files=output_files(args.data), folders=["runs"])
     net = flags.network(args)
+    for name in args.data:  # every data set's splits found (UCI files) before any fit
+        split_indices(name, args.splits)
     records = []
     for name in args.data:
         records += run_comparison([name], args.entries, splits=args.splits, seed=args.seed,
