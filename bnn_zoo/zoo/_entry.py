@@ -124,10 +124,20 @@ class Fitted:
         at_inputs = getattr(self.posterior, "predictive_diagnostics", None)
         if at_inputs is None:
             return dict(self.diagnostics)
-        x, _ = check_data(x)
+        return {**self.diagnostics, **at_inputs(self.standardised_inputs(x))}
+
+    def standardised_inputs(self, x: Tensor) -> Tensor:
+        """``x`` (N, D) (a fit with ``net=``: (N, *in_shape)) in original units, checked
+        against the fit's inputs and device, cast to the fit's dtype and standardised with
+        its training statistics: what the posterior takes."""
+        x, _ = check_data(x, any_shape=self.in_shape is not None)
         check_device("x", x.device, expected=self.x_scaler.mean.device)
-        x = self.x_scaler.transform(x.to(self.x_scaler.mean.dtype))
-        return {**self.diagnostics, **at_inputs(x)}
+        if self.in_shape is not None and tuple(x.shape[1:]) != self.in_shape:
+            raise ValueError(f"Expected x of shape (N, {', '.join(map(str, self.in_shape))}) "
+                             f"as in the fit, got {tuple(x.shape)}.")
+        if self.in_shape is None and x.shape[1] != self.in_dim:
+            raise ValueError(f"Expected x with {self.in_dim} columns, got {x.shape[1]}.")
+        return self.x_scaler.transform(x.to(self.x_scaler.mean.dtype))
 
     def predict(self, x: Tensor, num_samples: int = 200) -> Predictive:
         """Posterior predictive at ``x`` (N, D) (a fit with ``net=``: (N, *in_shape)) in
@@ -136,16 +146,8 @@ class Fitted:
         ``x`` may be a tensor or a numpy array; inputs of another floating dtype than the
         fit's (float64 inputs of a float32 fit) are cast to the fit's dtype.
         """
-        x, _ = check_data(x, any_shape=self.in_shape is not None)
-        check_device("x", x.device, expected=self.x_scaler.mean.device)
         check_positive_int("num_samples", num_samples)
-        if self.in_shape is not None and tuple(x.shape[1:]) != self.in_shape:
-            raise ValueError(f"Expected x of shape (N, {', '.join(map(str, self.in_shape))}) "
-                             f"as in the fit, got {tuple(x.shape)}.")
-        if self.in_shape is None and x.shape[1] != self.in_dim:
-            raise ValueError(f"Expected x with {self.in_dim} columns, got {x.shape[1]}.")
-        x = x.to(self.x_scaler.mean.dtype)
-        pred = self.posterior.predict(self.x_scaler.transform(x), num_samples)
+        pred = self.posterior.predict(self.standardised_inputs(x), num_samples)
         if self.y_scaler is not None:
             pred = pred.affine(self.y_scaler.mean, self.y_scaler.std)
         return pred
