@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyro
 import pyro.infer
@@ -53,8 +54,8 @@ from bnn_zoo.core.predictive import (
 from bnn_zoo.core.training import FitResult, SVIStep, run_steps
 
 __all__ = ["REPLICA_CHECK_EVERY", "REPLICA_DIM", "REPLICA_PLATE", "ReplicaSVIStep",
-           "check_replica_data", "fit_replicas", "predict_replicas", "replica_plate",
-           "split_replicas", "stack_replicas", "weight_replicas"]
+           "check_replica_data", "fit_replicas", "fit_single_pairs", "predict_replicas",
+           "replica_plate", "split_replicas", "stack_replicas", "weight_replicas"]
 
 #: The name and dimension of the replica plate: left of the data plate (``dim=-1``).
 REPLICA_PLATE = "replicas"
@@ -224,6 +225,25 @@ def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, step
                             desc=f"SVI x{step.replicas}") / step.replicas
     by_replica = [list(column) for column in zip(*history)]
     return [FitResult(losses=losses, seconds=seconds, steps=steps) for losses in by_replica]
+
+
+def fit_single_pairs(models: Sequence[nn.Module], guides: Sequence[nn.Module],
+                     build_guide: Callable[[nn.Module], nn.Module], x: Tensor, y: Tensor,
+                     **options: Any) -> list[FitResult]:
+    """Train R single-fit pairs ``(models[r], guides[r])`` as the replicas of one pass and
+    write the trained values back into them: the batched model is
+    ``models[0].replicated(R)``, its guide ``build_guide(batched_model)`` (with its
+    parameters created), both take the singles' values (:func:`stack_replicas`), train by
+    :func:`fit_replicas` on ``x`` (R, N, D), ``y`` (R, N) with ``options``, and give the
+    results back (:func:`split_replicas`). Returns the R :class:`FitResult`."""
+    model = models[0].replicated(len(models))
+    guide = build_guide(model)
+    stack_replicas(model, models)
+    stack_replicas(guide, guides)
+    results = fit_replicas(model, guide, x, y, **options)
+    split_replicas(model, models)
+    split_replicas(guide, guides)
+    return results
 
 
 def predict_replicas(model: Callable, guide: Callable, x: Tensor, *, num_samples: int = 100,

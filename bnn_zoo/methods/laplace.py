@@ -56,12 +56,7 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
 from bnn_zoo.core.predictive import predict
-from bnn_zoo.core.replicas import (
-    REPLICA_CHECK_EVERY,
-    fit_replicas,
-    split_replicas,
-    stack_replicas,
-)
+from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
 from bnn_zoo.core.training import FitResult, fit
 from bnn_zoo.guides.curvature import (
     MAX_DENSE_BYTES,
@@ -523,16 +518,11 @@ class Laplace:
             model, guide = self._model_and_guide(build_model, x[r], task, seed)
             models.append(model)
             guides.append(guide)
-        model = models[0].replicated(len(seeds))
-        guide = self.build_guide(model, x)
-        stack_replicas(model, models)
-        stack_replicas(guide, guides)
-        results = fit_replicas(model, guide, x, y, steps=budget.steps, lr=budget.lr,
-                               batch_size=budget.batch_size, seed=seeds[0], progress=progress,
-                               jit=budget.jit,
-                               check_every=budget.check_every or REPLICA_CHECK_EVERY)
-        split_replicas(model, models)
-        split_replicas(guide, guides)
+        results = fit_single_pairs(models, guides, lambda model: self.build_guide(model, x),
+                                   x, y, steps=budget.steps, lr=budget.lr,
+                                   batch_size=budget.batch_size, seed=seeds[0],
+                                   progress=progress, jit=budget.jit,
+                                   check_every=budget.check_every or REPLICA_CHECK_EVERY)
         return [self._posterior(*pair, x[r], y[r], result)
                 for r, (pair, result) in enumerate(zip(zip(models, guides), results))]
 

@@ -20,12 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo.core.predictive import predict
-from bnn_zoo.core.replicas import (
-    REPLICA_CHECK_EVERY,
-    fit_replicas,
-    split_replicas,
-    stack_replicas,
-)
+from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
 from bnn_zoo.core.training import FitResult, fit
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_state
 
@@ -188,19 +183,17 @@ class SVI:
         if not callable(getattr(models[0], "replicated", None)):
             return [self._train(m, g, x[r], y[r], seed=seed, budget=budget, progress=progress)
                     for r, (m, g, seed) in enumerate(zip(models, guides, seeds))]
-        model = models[0].replicated(len(seeds))
-        guide = self.build_guide(model, x)
-        _initialise(guide, x, y)
-        stack_replicas(model, models)
-        stack_replicas(guide, guides)
-        results = fit_replicas(model, guide, x, y, steps=budget.steps, lr=budget.lr,
-                               batch_size=budget.batch_size,
-                               num_particles=budget.num_particles,
-                               kl_weighting=budget.kl_weighting, elbo=self.elbo, seed=seeds[0],
-                               progress=progress, jit=budget.jit,
-                               check_every=budget.check_every or REPLICA_CHECK_EVERY)
-        split_replicas(model, models)
-        split_replicas(guide, guides)
+        def batched_guide(model: nn.Module) -> Callable:
+            guide = self.build_guide(model, x)
+            _initialise(guide, x, y)
+            return guide
+
+        results = fit_single_pairs(models, guides, batched_guide, x, y, steps=budget.steps,
+                                   lr=budget.lr, batch_size=budget.batch_size,
+                                   num_particles=budget.num_particles,
+                                   kl_weighting=budget.kl_weighting, elbo=self.elbo,
+                                   seed=seeds[0], progress=progress, jit=budget.jit,
+                                   check_every=budget.check_every or REPLICA_CHECK_EVERY)
         return [SVIPosterior(*pair) for pair in zip(models, guides, results)]
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
