@@ -127,6 +127,14 @@ class BayesianMLP(ObservationNoise, PyroModule):
             twin.noise_scale = PyroParam(start, constraint=constraints.positive)
         return twin
 
+    def observation_scale(self) -> Tensor:
+        """The noise standard deviation ``sigma``; a heteroscedastic model has none (each
+        input has its own ``sigma(x)``, site ``noise_scale``): a ``ValueError``."""
+        if self.heteroscedastic:
+            raise ValueError("This model's noise is heteroscedastic: each point has its own "
+                             "sigma(x) (site 'noise_scale'), and there is no single one.")
+        return super().observation_scale()
+
     @property
     def sites(self) -> list[tuple[str, tuple[int, ...]]]:
         """``(name, shape)`` of every weight sample site, in forward order."""

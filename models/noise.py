@@ -31,7 +31,4 @@ class ObservationNoise:
 
     def observation_scale(self) -> Tensor:
         """The noise standard deviation ``sigma``."""
-        if getattr(self, "heteroscedastic", False):
-            raise ValueError("This model's noise is heteroscedastic: each point has its own "
-                             "sigma(x) (site 'noise_scale'), and there is no single one.")
         return self.noise_scale if self.learn_noise else self.fixed_noise_scale
