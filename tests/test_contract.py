@@ -26,7 +26,8 @@ TINY_BUDGET = {"steps": 4, "batch_size": None, "jit": False}
 TINY_METHOD = {"nuts": {"warmup": 4, "samples": 4, "max_tree_depth": 3},
                "ensemble": {"members": 2},
                # the L-BFGS refinement of the MAP is most of a tiny Laplace fit's time
-               **{n: {"refine": False} for n in zoo.names() if n.startswith("laplace")}}
+               **{n: {"refine": False} for n in zoo.names() if n.startswith("laplace")},
+               "laplace_ensemble": {"members": 2}}
 CASES = [(name, task) for name in zoo.names() for task in zoo.get(name).tasks]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 

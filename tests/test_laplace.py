@@ -865,7 +865,7 @@ def test_uci_concrete(uci_data):
 
 
 def test_benchmark_script_runs_with_tiny_flags(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "laplace.py"), "--out",
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "laplace_variants.py"), "--out",
                           str(tmp_path), "--datasets", "sine", "--variants", "laplace_kron",
                           "--steps", "50", "--splits", "1"], check=True, timeout=300,
                          capture_output=True, text=True)

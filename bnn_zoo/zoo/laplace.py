@@ -5,7 +5,7 @@ Each entry runs :class:`~bnn_zoo.methods.laplace.Laplace`: the MAP by SVI (a
 L-BFGS), then the Gaussian around it, with the GLM predictive:
 
 * ``laplace``: GGN curvature, ``alpha`` and ``beta`` tuned by MacKay's evidence fixed
-  point (the best of the variants in ``benchmarks/laplace.py``);
+  point (the best of the variants in ``benchmarks/laplace_variants.py``);
 * ``laplace_full`` (curvature ``"hessian"``, the exact Hessian), ``laplace_ggn``,
   ``laplace_diag``, ``laplace_kron``, ``laplace_last_layer``: one curvature each,
   ``alpha`` from the prior and ``beta`` from the MAP's learned noise (no evidence

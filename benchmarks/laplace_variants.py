@@ -9,8 +9,8 @@ evaluated on the test split with the GLM predictive: test log-likelihood per poi
 RMSE, 90% coverage and fit time (mean and standard error over splits). A figure shows
 the predictive bands of every tuned variant on the first 1-D data set.
 
-    python benchmarks/laplace.py --out results/laplace
-    BNN_ZOO_DATA=../shared/data/uci python benchmarks/laplace.py   # adds uci/concrete
+    python benchmarks/laplace_variants.py --out results/laplace
+    BNN_ZOO_DATA=../shared/data/uci python benchmarks/laplace_variants.py   # adds uci/concrete
 
 Fits go through :func:`bnn_zoo.harness.compare.run_comparison` (the evidence setting as
 ``method_options``), which caches them under ``--out/runs``. Writes ``laplace.md``,

@@ -1,0 +1,36 @@
+"""Zoo entry ``laplace_ensemble``: a mixture of Laplace approximations around the members
+of a deep ensemble (Eschenhagen et al. 2021, "Mixtures of Laplace Approximations for
+Improved Post-Hoc Uncertainty in Deep Learning"; seed 001 for each component).
+
+Five ``laplace`` fits (GGN curvature, ``alpha`` and ``beta`` by MacKay's evidence fixed
+point, the ``laplace`` budget) from different seeds, their MAP phases trained as
+replicas in one pass (:meth:`bnn_zoo.methods.ensemble.Ensemble.fit_many`), each with its
+own Gaussian posterior ``q_m(theta) = N(theta_m, A_m^-1)``. The predictive is the
+equal-weight mixture of the members' GLM predictives
+
+    p(y | x) = 1/M sum_m N(y; f(x, theta_m), 1/beta_m + g_m(x)^T A_m^-1 g_m(x))
+
+(regression; classification: the mixture of the members' probit predictives): the
+ensemble covers several modes, each Laplace component the spread around its own.
+"""
+
+from __future__ import annotations
+
+from bnn_zoo.methods.ensemble import Ensemble
+from bnn_zoo.methods.laplace import Laplace
+from bnn_zoo.models.mlp import TASKS
+from bnn_zoo.zoo import Entry, register
+from bnn_zoo.zoo.bbb import mlp
+from bnn_zoo.zoo.laplace import BUDGET, SOURCE
+
+register(Entry(
+    name="laplace_ensemble",
+    description="mixture of 5 evidence-tuned GGN Laplace approximations around ensemble "
+                "members (Eschenhagen 2021)",
+    tasks=TASKS,
+    model=mlp,
+    method=Ensemble(member=Laplace(curvature="ggn", evidence="fixed_point"), members=5),
+    budget=BUDGET,
+    source=SOURCE,
+    accepts_net=True,
+))
