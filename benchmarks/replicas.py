@@ -11,6 +11,12 @@ CUDA allocator's count on a GPU). The floor
 of issue 16: 20 replicas cost at most 3x one fit (``ratio`` <= 3), i.e. a replica costs at
 most 3/20 of a fit done alone.
 
+What the hardware allows: ``hand_step_ratio`` is the time of one step of a hand-written
+plain-torch Bayes-by-Backprop step with the local reparameterisation trick (batched
+matrix products over R replicas, closed-form KL, fused Adam) for R replicas over the same
+step for one (interleaved medians of ``--repeats`` x 50 steps, same minibatch size): a
+lower bound, up to the zoo's overhead, on what R replicas of a fit can cost against one.
+
     python benchmarks/replicas.py --out results/replicas
 """
 
@@ -19,7 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyro
 import torch
@@ -28,6 +34,7 @@ from bnn_zoo import zoo
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.memory import PeakMemory
 from bnn_zoo.harness.tables import write_tables
+from bnn_zoo.harness.timing import interleaved_medians
 
 #: The floor of issue 16: R = 20 replicas of ``bbb`` in at most this many one-fit times.
 FLOOR = 3.0
@@ -40,6 +47,49 @@ def data(replicas: int, n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.
     w = torch.randn(replicas, d, 1, generator=g)
     y = torch.tanh(x @ w).squeeze(-1) + 0.1 * torch.randn(replicas, n, generator=g)
     return x, y
+
+
+def hand_lrt_step(replicas: int, d: int, hidden: int, batch: int, device: torch.device
+                  ) -> Callable[[], None]:
+    """One plain-torch BBB step with local reparameterisation on R replicas of a
+    d-``hidden``-1 net: pre-activations ``N(h M + m, h^2 S^2 + s^2)`` by batched matrix
+    products, the Gaussian NLL with a learned noise scale per replica, the closed-form KL
+    to N(0, 1), fused Adam; a fresh random minibatch of ``batch`` points per replica."""
+    shapes = [(replicas, d, hidden), (replicas, 1, hidden), (replicas, hidden, 1),
+              (replicas, 1, 1)]
+    locs = [(0.1 * torch.randn(s, device=device)).requires_grad_() for s in shapes]
+    # softplus(-4.6) = 0.01, the bbb guide's initial scale
+    rhos = [torch.full(s, -4.6, device=device).requires_grad_() for s in shapes]
+    log_noise = torch.zeros(replicas, 1, device=device, requires_grad=True)
+    opt = torch.optim.Adam([*locs, *rhos, log_noise], lr=1e-3, fused=True)
+    x = torch.randn(replicas, 10 * batch, d, device=device)
+    y = torch.randn(replicas, 10 * batch, device=device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        idx = torch.randint(x.shape[1], (batch,), device=device)
+        scales = [torch.nn.functional.softplus(r) for r in rhos]
+        h = x[:, idx]
+        for i in (0, 2):
+            mean = torch.baddbmm(locs[i + 1], h, locs[i])
+            var = torch.baddbmm(scales[i + 1] ** 2, h * h, scales[i] ** 2)
+            h = mean + var.sqrt() * torch.randn_like(mean)
+            h = torch.relu(h) if i == 0 else h.squeeze(-1)
+        nll = (0.5 * ((h - y[:, idx]) / log_noise.exp()) ** 2 + log_noise).sum()
+        kl = sum((0.5 * (s**2 + m**2 - 1) - s.log()).sum() for m, s in zip(locs, scales))
+        (10 * nll + kl).backward()
+        opt.step()
+
+    return step
+
+
+def hand_step_ratio(replicas: int, d: int, batch: int, repeats: int,
+                    device: torch.device) -> float:
+    """Median time of :func:`hand_lrt_step` on ``replicas`` replicas over that on one."""
+    steps = {"one": hand_lrt_step(1, d, 50, batch, device),
+             "many": hand_lrt_step(replicas, d, 50, batch, device)}
+    ms = interleaved_medians(steps, repeats=repeats, inner=50, device=device)
+    return ms["many"] / ms["one"]
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
@@ -78,11 +128,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
            "batched": zoo.batches_replicas(entry), "one_fit_s": one_s, "replicas_s": many_s,
            "ratio": many_s / one_s, "floor": FLOOR,
            "speedup_vs_one_by_one": args.replicas * one_s / many_s,
+           "hand_step_ratio": hand_step_ratio(args.replicas, args.inputs,
+                                              min(entry.budget.batch_size or args.points,
+                                                  args.points), args.repeats, x.device),
            "one_fit_mib": max(one_mib), "replicas_mib": max(many_mib),
            "device": str(x.device)}
     print(write_tables(args.out, "replicas", [row], keys=("entry", "replicas", "steps"),
                        columns=("batched", "one_fit_s", "replicas_s", "ratio", "floor",
-                                "speedup_vs_one_by_one", "one_fit_mib", "replicas_mib",
+                                "speedup_vs_one_by_one", "hand_step_ratio", "one_fit_mib",
+                                "replicas_mib",
                                 "device")))
     return [row]
 
