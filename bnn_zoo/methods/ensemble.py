@@ -1,9 +1,13 @@
 """Deep ensembles (Lakshminarayanan et al. 2017, without adversarial training) as a method.
 
-``members`` independent SVI fits of ``member`` (seeds ``members * seed + m``), trained as
+``members`` independent fits of ``member`` (an :class:`~bnn_zoo.methods.svi.SVI` or a
+:class:`~bnn_zoo.methods.laplace.Laplace` method; seeds ``members * seed + m``), trained as
 replicas in one vectorised pass where the member declares ``replicas=True``
-(:meth:`bnn_zoo.methods.svi.SVI.fit_many`: each member starts from its own seed's initial
-values, and all take the minibatch order of the first member's seed), one by one otherwise.
+(:meth:`bnn_zoo.methods.svi.SVI.fit_many`, or the MAP phases of
+:meth:`bnn_zoo.methods.laplace.Laplace.fit_many`: each member starts from its own seed's
+initial values, and all take the minibatch order of the first member's seed), one by one
+otherwise. With Laplace members the predictive is a mixture of Laplace approximations
+(Eschenhagen et al. 2021).
 :meth:`Ensemble.fit_many` trains the ``R x members`` members of R ensembles (R training
 sets, e.g. the splits of a UCI set) as replicas in one pass, member ``m`` of fit ``r`` from
 seed ``members * seeds[r] + m`` as in :meth:`Ensemble.fit`. The predictive is the members'
@@ -32,6 +36,7 @@ from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.training import FitResult
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
+from bnn_zoo.methods.laplace import Laplace, LaplaceFit
 from bnn_zoo.methods.svi import SVI, SVIPosterior, result_from_state, result_state
 
 __all__ = ["Ensemble", "EnsemblePosterior", "MemberChoice", "mixture"]
@@ -74,7 +79,7 @@ class MemberChoice(nn.Module):
 class EnsemblePosterior:
     """The members' posteriors; ``model`` and ``guide`` sample their equal mixture."""
 
-    members: list[SVIPosterior]
+    members: list[SVIPosterior | LaplaceFit]
     result: FitResult | None
     samples_per_member: int = 1
 
@@ -100,7 +105,7 @@ class Ensemble:
     ``samples_per_member``: predictive samples per member (1 for point-mass members).
     """
 
-    member: SVI
+    member: SVI | Laplace
     members: int = 5
     samples_per_member: int = 1
 
@@ -109,9 +114,10 @@ class Ensemble:
         check_positive_int("samples_per_member", self.samples_per_member)
 
     @property
-    def guide(self) -> Callable[..., Callable]:
-        """The guide factory every member trains."""
-        return self.member.guide
+    def guide(self) -> Callable[..., Callable] | None:
+        """The SVI guide factory every member trains (``None`` for Laplace members, which
+        build their own guide)."""
+        return getattr(self.member, "guide", None)
 
     def with_guide_options(self, options: Mapping[str, Any]) -> Ensemble:
         return replace(self, member=self.member.with_guide_options(options))
@@ -125,7 +131,7 @@ class Ensemble:
     def _member_seeds(self, seed: int) -> list[int]:
         return [self.members * seed + m for m in range(self.members)]
 
-    def _posterior(self, fits: list[SVIPosterior]) -> EnsemblePosterior:
+    def _posterior(self, fits: list[SVIPosterior | LaplaceFit]) -> EnsemblePosterior:
         """The ensemble of the member fits ``fits``: their mean loss curve, and as time and
         steps the sums over members."""
         losses = torch.tensor([f.result.losses for f in fits]).mean(0).tolist()
