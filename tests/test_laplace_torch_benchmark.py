@@ -21,19 +21,6 @@ def script():
     return runpy.run_path(str(SCRIPT))
 
 
-def test_scores_are_the_gaussian_log_likelihood_rmse_and_coverage(script):
-    loc = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
-    scale = torch.tensor([1.0, 0.5, 2.0, 1.0], dtype=torch.float64)
-    y = torch.tensor([0.5, 2.0, 2.0, 0.0], dtype=torch.float64)
-    got = script["gaussian_scores"](loc, scale, y)
-    ll = [-0.5 * math.log(2 * math.pi) - math.log(s) - 0.5 * ((t - m) / s) ** 2
-          for m, s, t in zip(loc.tolist(), scale.tolist(), y.tolist())]
-    assert math.isclose(got["ll"], sum(ll) / 4, rel_tol=1e-12)
-    assert math.isclose(got["rmse"], math.sqrt((0.25 + 1 + 0 + 9) / 4), rel_tol=1e-12)
-    # |y - loc| / scale = 0.5, 2, 0, 3: two of four inside 1.645 standard deviations
-    assert got["coverage_90"] == 0.5
-
-
 def test_torch_map_lowers_the_map_objective(script):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 2, generator=g)
