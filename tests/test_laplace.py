@@ -310,10 +310,13 @@ def test_ggn_equals_the_hessian_for_a_linear_model(task):
 LIK = {"regression": "gaussian", "classification": "categorical"}
 
 
+@pytest.mark.parametrize("chunk", [256, 2], ids=["one_chunk", "chunks_of_2"])
 @pytest.mark.parametrize("task", ["regression", "classification"])
-def test_full_hessian_matches_finite_differences_of_the_model_likelihood(task):
+def test_full_hessian_matches_finite_differences_of_the_model_likelihood(task, chunk):
+    # summed over chunks of the data (the energy is a sum over points), it is the same
     model, layout, theta, x, y = tiny_net(task)
-    hessian = full_hessian(theta, x, y, layout, model.act, LIK[task])
+    assert x.shape[0] > 2 * chunk or chunk > x.shape[0]
+    hessian = full_hessian(theta, x, y, layout, model.act, LIK[task], chunk=chunk)
 
     def grad(t):
         t = t.clone().requires_grad_()
