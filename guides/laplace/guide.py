@@ -65,9 +65,13 @@ class LaplaceGuide(PyroModule):
             setattr(self, self.keys[name], PyroParam(start))
         self.posterior: LaplacePosterior | None = None
 
+    def locations(self) -> dict[str, Tensor]:
+        """The current means, one tensor per sample site."""
+        return {name: getattr(self, key) for name, key in self.keys.items()}
+
     def theta(self) -> Tensor:
         """(P,) the current means as one flat vector ((R, 1, P) for R replicas)."""
-        return self.layout.flatten({name: getattr(self, key) for name, key in self.keys.items()})
+        return self.layout.flatten(self.locations())
 
     def set_posterior(self, posterior: LaplacePosterior) -> None:
         """Sample ``posterior`` from now on; its MAP becomes the guide's locations."""
@@ -87,13 +91,16 @@ class LaplaceGuide(PyroModule):
         self.posterior = posterior
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> dict[str, Tensor]:
-        theta = self.theta()
-        if self.posterior is not None:
+        if self.posterior is None:
+            # The point mass: the locations themselves, without the flat vector's round trip
+            # (a concatenation and its slices, forward and backward, on every MAP step).
+            values = self.locations()
+        else:
+            theta = self.theta()
             eps = pyro.sample("_laplace_eps",
                               dist.Normal(torch.zeros_like(theta), 1.0).to_event(1),
                               infer={"is_auxiliary": True})
-            theta = theta + self.posterior.offset(eps)
-        values = self.layout.unflatten(theta)
+            values = self.layout.unflatten(theta + self.posterior.offset(eps))
         with replica_plate(self.replicas, x.device):
             return {name: pyro.sample(name, dist.Delta(values[name], event_dim=len(shape)))
                     for name, shape in self.layout.sites}
