@@ -385,6 +385,14 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
     return post
 
 
+def check_not_distributed(budget: Budget) -> None:
+    """A ``ValueError`` for a data-parallel ``budget``: the Laplace method trains on one
+    process (its refits and curvatures need the whole training set)."""
+    if budget.distributed:
+        raise ValueError("The Laplace method does not train data-parallel; expected "
+                         "distributed=False.")
+
+
 def model_alpha(model) -> float:
     """The prior precision ``alpha = scale^-2`` of a model with an isotropic Gaussian prior."""
     prior = getattr(model, "prior", None)
@@ -479,9 +487,7 @@ class Laplace:
         """MAP by SVI under ``budget``, then the Laplace posterior of ``build_model()``: a
         :class:`~bnn_zoo.models.BayesianMLP` or a :class:`~bnn_zoo.models.BayesianModule`
         (any torch module; ``kron`` needs its layers to be ``nn.Linear`` or ``nn.Conv2d``)."""
-        if budget.distributed:
-            raise ValueError("The Laplace method does not train data-parallel; expected "
-                             "distributed=False.")
+        check_not_distributed(budget)
         model, guide = self._model_and_guide(build_model, x, task, seed)
         result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
                      batch_size=budget.batch_size, seed=seed, progress=progress, jit=budget.jit)
@@ -502,9 +508,7 @@ class Laplace:
         with its seed (after ``pyro.set_rng_seed(seed)``, as ``Entry.fit`` does)."""
         if not self.replicas:
             raise ValueError("This Laplace method declares replicas=False; fit one by one.")
-        if budget.distributed:
-            raise ValueError("The Laplace method does not train data-parallel; expected "
-                             "distributed=False.")
+        check_not_distributed(budget)
         if not callable(getattr(build_model(), "replicated", None)):
             fits = []
             for r, seed in enumerate(seeds):
