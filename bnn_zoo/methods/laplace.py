@@ -67,6 +67,7 @@ from bnn_zoo.guides.curvature import (
 from bnn_zoo.guides.laplace import (
     INDEFINITE,
     LINKS,
+    Block,
     LaplaceGuide,
     LaplacePosterior,
     LinearizedModel,
@@ -315,27 +316,27 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
     num_outputs = y.numel() if likelihood == "gaussian" else y.shape[0]
     history: list[tuple[list[float], float, float]] = []
 
-    def build(theta: Tensor, alpha: Tensor, beta: Tensor,
-              at: LaplacePosterior | None = None) -> LaplacePosterior:
-        """The posterior for ``alpha``, ``beta``: at the MAP and curvature of ``at``, or
-        (``at=None``) at ``theta`` refitted (``refine``) with a new curvature."""
-        if at is None:
-            if refine:
-                theta = refine_map(theta, x, y, layout, act, likelihood,
-                                   alpha if alpha.numel() == p
-                                   else alpha[layout.layer_index(theta)], beta, prior_mean=mean)
-            blocks = curvature_blocks(curvature, theta, x, y, layout, act, likelihood,
-                                      indefinite=indefinite, max_bytes=max_bytes, rank=rank,
-                                      subnetwork=subnetwork)
-            with torch.no_grad():
-                energy = _energy(theta, x, y, layout, act, likelihood)
-        else:
-            theta, blocks, energy = at.theta, at.blocks, at.energy
+    def posterior(theta: Tensor, blocks: list[Block], energy: Tensor, alpha: Tensor,
+                  beta: Tensor) -> LaplacePosterior:
         post = LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
                                 num_outputs, act, mean, history)
         with torch.no_grad():
             post.log_det()  # fails now, with NotPositiveDefiniteError, if A is not PD
         return post
+
+    def build(theta: Tensor, alpha: Tensor, beta: Tensor) -> LaplacePosterior:
+        """The posterior for ``alpha``, ``beta`` at ``theta`` refitted (``refine``), with a
+        new curvature."""
+        if refine:
+            theta = refine_map(theta, x, y, layout, act, likelihood,
+                               alpha if alpha.numel() == p
+                               else alpha[layout.layer_index(theta)], beta, prior_mean=mean)
+        blocks = curvature_blocks(curvature, theta, x, y, layout, act, likelihood,
+                                  indefinite=indefinite, max_bytes=max_bytes, rank=rank,
+                                  subnetwork=subnetwork)
+        with torch.no_grad():
+            energy = _energy(theta, x, y, layout, act, likelihood)
+        return posterior(theta, blocks, energy, alpha, beta)
 
     def record(post: LaplacePosterior) -> None:
         with torch.no_grad():
@@ -373,7 +374,7 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
         # The MAP's curvature does not depend on alpha and beta: settle them at this MAP
         # (cheap updates of the same blocks), then refit once for the settled values.
         for _ in range(iterations):
-            post = build(post.theta, new_alpha, new_beta, at=post)
+            post = posterior(post.theta, post.blocks, post.energy, new_alpha, new_beta)
             new_alpha, new_beta, distance = step(post)
             if distance < tol:
                 break
