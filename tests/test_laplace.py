@@ -451,6 +451,32 @@ def test_dense_cholesky_escalates_jitter_before_clipping():
     assert clipped.clipped == 1
 
 
+def test_dense_block_spectral_shortcut_equals_the_closed_form(monkeypatch):
+    """From the second ``(alpha, beta)`` on, with ``alpha`` one number, ``log |A|`` and
+    ``diag(A^-1)`` come from one eigendecomposition of ``H``; they equal the dense closed
+    forms in float64. A per-weight ``alpha`` takes the Cholesky, and so does the pair last
+    factorised."""
+    calls = []
+    eigh = torch.linalg.eigh
+    monkeypatch.setattr(torch.linalg, "eigh", lambda m: calls.append(1) or eigh(m))
+    g = torch.randn(20, 6, dtype=D)
+    hessian = g.T @ g
+    block = DenseBlock.from_hessian(slice(0, 6), hessian)
+    beta = torch.tensor(2.0, dtype=D)
+    pairs = [torch.full((6,), a, dtype=D) for a in (1.0, 0.5, 3.0)] + [
+        torch.linspace(0.5, 2.0, 6, dtype=D)]
+    for alpha in pairs:
+        precision = torch.diag(alpha) + beta * hessian
+        torch.testing.assert_close(block.log_det(alpha, beta), torch.logdet(precision))
+        torch.testing.assert_close(block.inverse_diagonal(alpha, beta),
+                                   torch.linalg.inv(precision).diagonal())
+        if alpha is pairs[0]:
+            assert not calls  # one pair: the Cholesky only
+    assert len(calls) == 1
+    chol = block.cholesky(pairs[1], beta)  # as the draws and the predictive factorise it
+    assert torch.equal(block.log_det(pairs[1], beta), 2 * chol.diagonal().log().sum())
+
+
 def test_kron_posterior_precision_is_alpha_plus_beta_q_kron_g():
     model, layout, theta, x, y = tiny_net("regression")
     post = laplace_posterior(model, theta, x, y, curvature="kron", alpha=2.0, beta=3.0,

@@ -67,10 +67,13 @@ def test_fit_many_predicts_like_fit():
     for r, fitted in enumerate(many):
         alone = entry.fit(x[r], y[r], seed=r, **options)
         got, want = fitted.predict(x_new, num_samples=1), alone.predict(x_new, num_samples=1)
-        # Each refit stops at a mean-objective gradient of sqrt(eps) = 1.5e-8, not at the
-        # exact optimum, so outputs of order one agree to about 1e-7, not to round-off.
-        torch.testing.assert_close(got.mean, want.mean, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(got.stddev, want.stddev, rtol=1e-5, atol=1e-6)
+        # The evidence loop stops within tol = 1e-4 (in log space) of the fixed point, and
+        # round-off in MAPs equal up to round-off can make two runs stop on either side of
+        # it (replica 1: beta 9.7731 and 9.7720): alpha, beta and so outputs of order one
+        # agree to 2 tol, not to round-off.
+        tol = 2 * entry.method.tol
+        torch.testing.assert_close(got.mean, want.mean, rtol=tol, atol=tol)
+        torch.testing.assert_close(got.stddev, want.stddev, rtol=tol, atol=tol)
         assert fitted.diagnostics["evidence_iterations"] == \
             alone.diagnostics["evidence_iterations"]
         assert fitted.diagnostics["converged"] is True

@@ -106,6 +106,17 @@ class DenseBlock:
     onto the positive semi-definite cone once (negative eigenvalues set to zero, the
     nearest PSD matrix in Frobenius norm; their number is ``clipped``), otherwise
     :class:`NotPositiveDefiniteError` is raised.
+
+    Spectral shortcut (MacKay 1992; PRML 5.177-5.178, which write the evidence in the
+    eigenvalues ``lambda_i`` of ``beta H``): once a second ``(alpha, beta)`` is asked
+    for with ``alpha`` one number ``a`` on the block (the evidence loop), ``H = V
+    diag(lambda) V^T`` is eigendecomposed once and :meth:`log_det` and
+    :meth:`inverse_diagonal` answer from it, ``log |A| = sum_i log(a + beta lambda_i)``
+    and ``[A^-1]_jj = sum_i V_ji^2 / (a + beta lambda_i)``, in ``O(p)`` and ``O(p^2)``
+    instead of a new ``O(p^3)`` factorisation per ``(alpha, beta)``; where some
+    ``a + beta lambda_i`` is not positive they fall back to the Cholesky. Draws,
+    whitening and the covariance always use the Cholesky factor. Memory: the
+    eigenvectors, one more ``p x p``.
     """
 
     kind = "dense"
@@ -125,6 +136,8 @@ class DenseBlock:
         self.jitter = jitter
         #: ``(alpha, beta, L, jitter)`` of the last factorisation (see :meth:`cholesky`).
         self._factor: tuple[Tensor, Tensor, Tensor, float] | None = None
+        #: ``(lambda, V)`` of ``H`` once the spectral shortcut is taken (see :meth:`_spectrum`).
+        self._eigen: tuple[Tensor, Tensor] | None = None
 
     @classmethod
     def from_hessian(cls, index: slice | Tensor, hessian: Tensor, indefinite: str = "raise"
@@ -163,7 +176,8 @@ class DenseBlock:
         if self.indefinite == "clip" and not self.clipped:
             evals, evecs = torch.linalg.eigh(self.hessian)
             self.clipped = max(int((evals < 0).sum()), 1)
-            self.hessian = (evecs * evals.clamp_min(0)) @ evecs.T
+            self._eigen = evals.clamp_min(0), evecs
+            self.hessian = (evecs * self._eigen[0]) @ evecs.T
             self._factor = None
             return self.cholesky(alpha, beta)
         smallest = float(torch.linalg.eigvalsh(precision.detach())[0])
@@ -175,10 +189,36 @@ class DenseBlock:
             "pass indefinite='clip' to project H onto the positive semi-definite cone."
         )
 
+    def _spectrum(self, alpha: Tensor, beta: Tensor) -> tuple[Tensor, Tensor] | None:
+        """``(a + beta lambda, V)`` in float64 for ``alpha`` equal to ``a`` throughout, or
+        ``None`` (use the Cholesky): for another ``alpha``, for the first ``(alpha, beta)``
+        asked of this block (one Cholesky is cheaper than an eigendecomposition; a second
+        pair means the evidence loop), for the pair last factorised (its factor is kept,
+        so ``log |A|`` agrees with the draws to the last bit), and where some eigenvalue
+        of the precision is not positive."""
+        if not bool((alpha == alpha[0]).all()) or self._factor is None or all(
+                torch.equal(a, b) for a, b in zip(self._factor[:2], (alpha, beta))):
+            return None
+        if self._eigen is None:
+            self._eigen = torch.linalg.eigh(self.hessian)
+        evals, evecs = self._eigen
+        precision = alpha[0].double() + beta.double() * evals
+        if not bool((precision > 0).all()):
+            return None
+        self.jitter = 0.0
+        return precision, evecs
+
     def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        spectrum = self._spectrum(alpha, beta)
+        if spectrum is not None:
+            return torch.log(spectrum[0]).sum().to(self.dtype)
         return (2 * torch.log(torch.diagonal(self.cholesky(alpha, beta))).sum()).to(self.dtype)
 
     def inverse_diagonal(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        spectrum = self._spectrum(alpha, beta)
+        if spectrum is not None:
+            precision, evecs = spectrum
+            return (evecs**2 @ precision.reciprocal()).to(self.dtype)
         chol = self.cholesky(alpha, beta)
         eye = torch.eye(chol.shape[0], dtype=chol.dtype, device=chol.device)
         inv = torch.linalg.solve_triangular(chol, eye, upper=False)
