@@ -36,6 +36,11 @@ train as replicas, and the ``laplace`` entries their MAP phases, then each split
 posterior alone), and
 one by one by the others; ``--replicas off`` fits every split alone.
 
+``--jobs J`` fits the data sets in ``J`` worker processes (each with ``--threads``
+threads), the largest first; the splits of one data set stay in one worker, so that they
+batch as replicas. Small nets gain little from a second thread and much from a second
+process: on 2 cores ``--jobs 2 --threads 1`` uses both.
+
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/uci.py --splits 5 --threads 1
 """
 
@@ -43,12 +48,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from bnn_zoo.core.data import UCI_SETS
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.data import UCI_SETS, load
 from bnn_zoo.harness import compare, flags, published
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.tables import write_csv, write_tables
@@ -172,6 +180,30 @@ def ll_figure(summary: Sequence[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def run_data_set(name: str, args: argparse.Namespace) -> list[dict]:
+    """The records of every entry on the UCI set ``name`` under the protocol (a worker's
+    share with ``--jobs``; a spawned worker sets its own ``--threads``)."""
+    flags.set_threads(args.threads)
+    overrides = compare.data_overrides(name, flags.budget_overrides(args), args.validation)
+    return compare.run_comparison([name], args.entries, splits=args.splits, seed=args.seed,
+                                  out=args.out, device=args.device, overrides=overrides,
+                                  num_samples=args.num_samples, reference=args.reference,
+                                  replicas=args.replicas, cached_only=args.cached_only)
+
+
+def run_data_sets(names: Sequence[str], args: argparse.Namespace) -> list[dict]:
+    """The records of :func:`run_data_set` on each of ``names``, in that order: in this
+    process, or with ``args.jobs > 1`` in that many spawned workers, fed the largest
+    training sets first so that the last to finish is a small one."""
+    if args.jobs == 1 or args.cached_only or len(names) == 1:
+        return [r for name in names for r in run_data_set(name, args)]
+    largest = sorted(names, key=lambda name: -load(name).x_train.shape[0])
+    with ProcessPoolExecutor(min(args.jobs, len(names)),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(run_data_set, name, args) for name in largest}
+        return [r for name in names for r in futures[name].result()]
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     flags.add_comparison_flags(parser, data=DEFAULT_SETS, out="results/uci", splits=20,
@@ -182,19 +214,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--cached-only", action="store_true",
                         help="fit nothing: write the tables from the cached runs, listing the "
                              "missing ones as not run")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes, each fitting whole data sets with --threads "
+                             "threads (default: 1, in this process)")
     args = flags.parse(parser, argv)
     if not 0.0 <= args.validation < 1.0:
         parser.error(f"--validation must be in [0, 1), got {args.validation}")
-    records = []
-    for name in args.data:
-        name = f"uci/{name.removeprefix('uci/')}"
-        overrides = compare.data_overrides(name, flags.budget_overrides(args), args.validation)
-        records += compare.run_comparison([name], args.entries, splits=args.splits,
-                                          seed=args.seed, out=args.out, device=args.device,
-                                          overrides=overrides,
-                                          num_samples=args.num_samples,
-                                          reference=args.reference, replicas=args.replicas,
-                                          cached_only=args.cached_only)
+    try:
+        check_positive_int("--jobs", args.jobs)
+    except ValueError as error:
+        parser.error(str(error))
+    records = run_data_sets([f"uci/{name.removeprefix('uci/')}" for name in args.data], args)
     measured = {r["data"] for r in records}
     write_csv(args.out / "uci.csv", tidy_rows(records))
     summary, table = compare.write_comparison(

@@ -93,6 +93,37 @@ def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path,
     assert (tmp_path / "uci_ll.png").stat().st_size > 0
 
 
+def test_uci_script_in_two_workers_writes_what_one_process_writes(tmp_path, uci_data):
+    """``--jobs 2`` fits the data sets in spawned workers (run as a user runs the script:
+    a worker imports it as the main module) and writes the rows of a run in one process,
+    in the order of ``--data``."""
+    import csv
+    import subprocess
+
+    args = ["--data", "yacht", "bostonHousing", "--splits", "1", "--entries", "map", "--steps",
+            "10", "--num-samples", "5"]
+    runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")["main"](
+        [*args, "--out", str(tmp_path / "one")])
+    subprocess.run([sys.executable, str(BENCHMARKS / "uci.py"), *args, "--jobs", "2", "--out",
+                    str(tmp_path / "two")], check=True, capture_output=True)
+    rows = {}
+    for folder in ("one", "two"):
+        with open(tmp_path / folder / "uci.csv") as f:
+            rows[folder] = [(r["entry"], r["dataset"], r["split"], r["status"], float(r["ll"]))
+                            for r in csv.DictReader(f)]
+    assert [r[:4] for r in rows["two"]] == [("map", "yacht", "0", "ok"),
+                                           ("map", "bostonHousing", "0", "ok")]
+    assert [r[:4] for r in rows["one"]] == [r[:4] for r in rows["two"]]
+    assert [r[4] for r in rows["two"]] == pytest.approx([r[4] for r in rows["one"]])
+
+
+def test_uci_script_refuses_jobs_below_one(tmp_path, capsys):
+    script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
+    with pytest.raises(SystemExit):
+        script["main"](["--jobs", "0", "--out", str(tmp_path)])
+    assert "--jobs" in capsys.readouterr().err
+
+
 def test_uci_best_published_and_wins_by_hand():
     script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
     assert script["best_published"]("uci/yacht") == ("deep ensembles", -1.18, 0.21)
