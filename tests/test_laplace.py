@@ -475,6 +475,12 @@ def test_dense_block_spectral_shortcut_equals_the_closed_form(monkeypatch):
     assert len(calls) == 1
     chol = block.cholesky(pairs[1], beta)  # as the draws and the predictive factorise it
     assert torch.equal(block.log_det(pairs[1], beta), 2 * chol.diagonal().log().sum())
+    # Equal values that are distinct parameters (a per-layer alpha under the gradient
+    # evidence): d log|A| / d alpha_i = [A^-1]_ii for each, not all on the first.
+    alpha = torch.full((6,), 0.7, dtype=D, requires_grad=True)
+    (grad,) = torch.autograd.grad(block.log_det(alpha, beta), alpha)
+    torch.testing.assert_close(grad, torch.linalg.inv(torch.diag(alpha.detach())
+                                                      + beta * hessian).diagonal())
 
 
 def test_kron_posterior_precision_is_alpha_plus_beta_q_kron_g():

@@ -194,9 +194,11 @@ class DenseBlock:
         ``None`` (use the Cholesky): for another ``alpha``, for the first ``(alpha, beta)``
         asked of this block (one Cholesky is cheaper than an eigendecomposition; a second
         pair means the evidence loop), for the pair last factorised (its factor is kept,
-        so ``log |A|`` agrees with the draws to the last bit), and where some eigenvalue
-        of the precision is not positive."""
-        if not bool((alpha == alpha[0]).all()) or self._factor is None or all(
+        so ``log |A|`` agrees with the draws to the last bit), where some eigenvalue of
+        the precision is not positive, and where a gradient is being taken (equal values
+        may be distinct parameters, one per layer, each with its own derivative)."""
+        tracked = torch.is_grad_enabled() and (alpha.requires_grad or beta.requires_grad)
+        if tracked or not bool((alpha == alpha[0]).all()) or self._factor is None or all(
                 torch.equal(a, b) for a, b in zip(self._factor[:2], (alpha, beta))):
             return None
         if self._eigen is None:
