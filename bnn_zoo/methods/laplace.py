@@ -491,7 +491,8 @@ class Laplace:
         check_not_distributed(budget)
         model, guide = self._model_and_guide(build_model, x, task, seed)
         result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
-                     batch_size=budget.batch_size, seed=seed, progress=progress, jit=budget.jit)
+                     batch_size=budget.batch_size, seed=seed, progress=progress, jit=budget.jit,
+                     check_every=budget.check_every or 1)
         return self._posterior(model, guide, x, y, result)
 
     def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
