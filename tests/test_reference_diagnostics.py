@@ -188,6 +188,9 @@ def test_uci_sets_get_the_uci_protocol_and_other_sets_keep_their_overrides():
     assert compare.data_overrides("uci/yacht", {}, 0.0)("map") == {}
     on_protein = compare.data_overrides("uci/protein-tertiary-structure", {}, None)
     assert on_protein("map")["model_options"] == {"hidden": (100,)}
+    assert on_protein("nngp")["model_options"] == {"hidden": (100,)}  # takes **options
+    # rff_logitnormal has no hidden layers (its model refuses "hidden"): its own model.
+    assert "model_options" not in on_protein("rff_logitnormal")
     assert compare.data_overrides("sine", {"steps": 5}, None)("map") == {"steps": 5}
     assert compare.data_overrides("sine", {}, 0.2)("bbb") == {"validation": 0.2}
     weight = poutine.trace(zoo.get("map").model(3, 1)).get_trace(torch.zeros(2, 3))

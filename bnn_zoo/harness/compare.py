@@ -35,6 +35,7 @@ from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.runs import cached_runs
 from bnn_zoo.harness.summary import REFERENCE, REFERENCE_COLUMNS, reference_rows, summarise
 from bnn_zoo.harness.tables import write_tables
+from bnn_zoo.methods.svi import accepted_keywords
 
 __all__ = ["REPLICAS", "TABLE_COLUMNS", "UCI_MODEL_OPTIONS", "UCI_VALIDATION", "data_overrides",
            "default_entries", "failures", "notes", "output_files", "protocol_overrides",
@@ -71,14 +72,23 @@ def protocol_overrides(overrides: dict, validation: float) -> Callable[[str], di
 def data_overrides(name: str, overrides: dict, validation: float | None = None
                    ) -> Callable[[str], dict]:
     """The overrides of every entry on data set ``name`` (:func:`protocol_overrides`): on a
-    UCI set (``uci/...``) the UCI protocol's, its model options (:data:`UCI_MODEL_OPTIONS`)
-    and ``validation`` (``None``: :data:`UCI_VALIDATION`); on another set ``overrides`` and
-    ``validation`` (``None``: 0, the noise learned with the weights)."""
-    if name.startswith("uci/"):
-        if name in UCI_MODEL_OPTIONS:
-            overrides = {**overrides, "model_options": UCI_MODEL_OPTIONS[name]}
-        return protocol_overrides(overrides, UCI_VALIDATION if validation is None else validation)
-    return protocol_overrides(overrides, validation or 0.0)
+    UCI set (``uci/...``) the UCI protocol's, its model options (:data:`UCI_MODEL_OPTIONS`,
+    those the entry's model takes) and ``validation`` (``None``: :data:`UCI_VALIDATION`);
+    on another set ``overrides`` and ``validation`` (``None``: 0, the noise learned with the
+    weights)."""
+    if not name.startswith("uci/"):
+        return protocol_overrides(overrides, validation or 0.0)
+    protocol = protocol_overrides(overrides, UCI_VALIDATION if validation is None else validation)
+    options = UCI_MODEL_OPTIONS.get(name, {})
+
+    def for_entry(entry: str) -> dict:
+        # Protein's 100 hidden units are for the networks with hidden layers, not for a
+        # model without them (rff_logitnormal's random features), which would refuse them.
+        accepted = accepted_keywords(zoo.get(entry).model, skip=("in_dim", "out_dim", "task"))
+        own = {k: v for k, v in options.items() if accepted is None or k in accepted}
+        return {**protocol(entry), "model_options": own} if own else protocol(entry)
+
+    return for_entry
 
 
 def default_entries(task: str, *, reference: str | None = REFERENCE,
