@@ -55,7 +55,6 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.data import UCI_SETS, load
 from bnn_zoo.harness import compare, flags, published
 from bnn_zoo.harness.figures import save_figure
@@ -214,16 +213,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--cached-only", action="store_true",
                         help="fit nothing: write the tables from the cached runs, listing the "
                              "missing ones as not run")
-    parser.add_argument("--jobs", type=int, default=1,
+    parser.add_argument("--jobs", type=flags.positive_int, default=1,
                         help="worker processes, each fitting whole data sets with --threads "
                              "threads (default: 1, in this process)")
     args = flags.parse(parser, argv)
     if not 0.0 <= args.validation < 1.0:
         parser.error(f"--validation must be in [0, 1), got {args.validation}")
-    try:
-        check_positive_int("--jobs", args.jobs)
-    except ValueError as error:
-        parser.error(str(error))
     records = run_data_sets([f"uci/{name.removeprefix('uci/')}" for name in args.data], args)
     measured = {r["data"] for r in records}
     write_csv(args.out / "uci.csv", tidy_rows(records))
