@@ -35,7 +35,6 @@ from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.runs import cached_runs
 from bnn_zoo.harness.summary import REFERENCE, REFERENCE_COLUMNS, reference_rows, summarise
 from bnn_zoo.harness.tables import write_tables
-from bnn_zoo.methods.svi import accepted_keywords
 
 __all__ = ["REPLICAS", "TABLE_COLUMNS", "UCI_MODEL_OPTIONS", "UCI_VALIDATION", "data_overrides",
            "default_entries", "failures", "notes", "output_files", "protocol_overrides",
@@ -84,7 +83,7 @@ def data_overrides(name: str, overrides: dict, validation: float | None = None
     def for_entry(entry: str) -> dict:
         # Protein's 100 hidden units are for the networks with hidden layers, not for a
         # model without them (rff_logitnormal's random features), which would refuse them.
-        accepted = accepted_keywords(zoo.get(entry).model, skip=("in_dim", "out_dim", "task"))
+        accepted = zoo.get(entry).model_keywords
         own = {k: v for k, v in options.items() if accepted is None or k in accepted}
         return {**protocol(entry), "model_options": own} if own else protocol(entry)
 

@@ -30,9 +30,9 @@ __all__ = ["SVI", "SVIPosterior", "accepted_keywords", "check_keywords", "result
 
 def accepted_keywords(factory: Callable, *, skip: tuple[str, ...] = ()) -> set[str] | None:
     """The keyword options ``factory`` accepts (``None``: any, it takes ``**kwargs``),
-    without the positional inputs named in ``skip``. Used to check options, and by the UCI
-    protocol to leave out a model option that a model does not have (protein's hidden
-    units for a model without hidden layers)."""
+    without the positional inputs named in ``skip``. Used to check options (and, through
+    ``Entry.model_keywords``, by the UCI protocol to leave out a model option that a model
+    does not have)."""
     params = inspect.signature(factory).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None

@@ -227,6 +227,12 @@ class Entry:
         ``None`` where the method trains no guide of its own (NUTS, exact GP)."""
         return getattr(self.method, "guide", None)
 
+    @property
+    def model_keywords(self) -> set[str] | None:
+        """The ``model_options`` the entry's model takes (``None``: any, it takes
+        ``**options``)."""
+        return accepted_keywords(self.model, skip=("in_dim", "out_dim", "task"))
+
     def configure(self, model_options: Mapping[str, Any] | None = None,
                   guide_options: Mapping[str, Any] | None = None,
                   method_options: Mapping[str, Any] | None = None, *, net: bool = False
@@ -239,9 +245,8 @@ class Entry:
             model_options = {**net_model_defaults(self.model), **check_keywords(
                 "model_options (with net=)", model_options or {}, NET_MODEL_OPTIONS)}
         else:
-            model_options = check_keywords(
-                "model_options", model_options or {},
-                accepted_keywords(self.model, skip=("in_dim", "out_dim", "task")))
+            model_options = check_keywords("model_options", model_options or {},
+                                           self.model_keywords)
         method_options = check_keywords("method_options", method_options or {},
                                         {f.name for f in fields(self.method)})
         method = replace(self.method, **method_options) if method_options else self.method
