@@ -92,6 +92,11 @@ def cholesky_with_jitter(matrix: Tensor, max_relative: float = JITTER_MAX
     return None, max_relative * scale
 
 
+def _tracked(alpha: Tensor, beta: Tensor) -> bool:
+    """Whether a gradient is being taken through ``alpha`` or ``beta``."""
+    return torch.is_grad_enabled() and (alpha.requires_grad or beta.requires_grad)
+
+
 class DenseBlock:
     """Precision ``diag(alpha) + beta H`` on ``theta[index]`` with a dense (p, p) ``H``.
 
@@ -161,9 +166,8 @@ class DenseBlock:
         The last factor is kept and returned again for equal ``alpha`` and ``beta`` (the
         evidence loop and the predictive ask for it several times), unless a gradient is
         being taken through it."""
-        tracked = torch.is_grad_enabled() and (alpha.requires_grad or beta.requires_grad)
-        if not tracked and self._factor is not None and all(
-                torch.equal(a, b) for a, b in zip(self._factor[:2], (alpha, beta))):
+        tracked = _tracked(alpha, beta)
+        if not tracked and self._factorised(alpha, beta):
             self.jitter = self._factor[3]
             return self._factor[2]
         precision = beta.double() * self.hessian + torch.diag_embed(alpha.double())
@@ -189,6 +193,11 @@ class DenseBlock:
             "pass indefinite='clip' to project H onto the positive semi-definite cone."
         )
 
+    def _factorised(self, alpha: Tensor, beta: Tensor) -> bool:
+        """Whether the kept Cholesky factor is that of ``alpha`` and ``beta``."""
+        return self._factor is not None and all(
+            torch.equal(a, b) for a, b in zip(self._factor[:2], (alpha, beta)))
+
     def _spectrum(self, alpha: Tensor, beta: Tensor) -> tuple[Tensor, Tensor] | None:
         """``(a + beta lambda, V)`` in float64 for ``alpha`` equal to ``a`` throughout, or
         ``None`` (use the Cholesky): for another ``alpha``, for the first ``(alpha, beta)``
@@ -197,9 +206,8 @@ class DenseBlock:
         so ``log |A|`` agrees with the draws to the last bit), where some eigenvalue of
         the precision is not positive, and where a gradient is being taken (equal values
         may be distinct parameters, one per layer, each with its own derivative)."""
-        tracked = torch.is_grad_enabled() and (alpha.requires_grad or beta.requires_grad)
-        if tracked or not bool((alpha == alpha[0]).all()) or self._factor is None or all(
-                torch.equal(a, b) for a, b in zip(self._factor[:2], (alpha, beta))):
+        if (_tracked(alpha, beta) or not bool((alpha == alpha[0]).all())
+                or self._factor is None or self._factorised(alpha, beta)):
             return None
         if self._eigen is None:
             self._eigen = torch.linalg.eigh(self.hessian)
