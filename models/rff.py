@@ -48,7 +48,8 @@ from bnn_zoo.core.checks import check_positive, check_positive_int
 from bnn_zoo.models.mlp import drop_plate_dim
 from bnn_zoo.models.noise import ObservationNoise
 
-__all__ = ["FeaturePosterior", "LogitNormal", "RandomFeatureRegression", "feature_posterior"]
+__all__ = ["FeaturePosterior", "LogitNormal", "RandomFeatureRegression", "feature_posterior",
+           "gram"]
 
 
 class LogitNormal(dist.TransformedDistribution):
@@ -107,6 +108,31 @@ def _kl_logit_normal(p: LogitNormal, q: LogitNormal) -> Tensor:
     return torch.distributions.kl_divergence(p.base_dist, q.base_dist)
 
 
+class _Gram(torch.autograd.Function):
+    """``Phi^T Phi`` with the backward ``dL/dPhi = Phi (G + G^T)``, ``G = dL/d(Phi^T Phi)``: one
+    (N, K) x (K, K) product, where autograd of ``phi.mT @ phi`` takes two (one per operand).
+    The backward is made of differentiable operations, so higher derivatives work."""
+
+    @staticmethod
+    def forward(phi: Tensor) -> Tensor:
+        return phi.mT @ phi
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple[Tensor], output: Tensor) -> None:
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (phi,) = ctx.saved_tensors
+        return phi @ (grad + grad.mT)
+
+
+def gram(phi: Tensor) -> Tensor:
+    """``phi.mT @ phi`` (..., K, K) of features ``phi`` (..., N, K), a third cheaper to
+    differentiate (the N K^2 products dominate a step of the random-feature pair)."""
+    return _Gram.apply(phi)
+
+
 class FeaturePosterior(NamedTuple):
     """Bayesian linear regression ``y = Phi beta + N(0, sigma^2)``, ``beta ~ N(0, sigma_beta^2 I)``.
 
@@ -153,14 +179,14 @@ def feature_posterior(phi: Tensor, y: Tensor, noise_scale: Tensor | float,
     noise_var = torch.as_tensor(noise_scale, dtype=phi.dtype, device=phi.device) ** 2
     prior_var = torch.as_tensor(prior_scale, dtype=phi.dtype, device=phi.device) ** 2
     eye = torch.eye(k, dtype=phi.dtype, device=phi.device)
-    precision = phi.mT @ phi / noise_var + eye / prior_var
+    precision = gram(phi) / noise_var + eye / prior_var
     r = (phi.mT @ y.unsqueeze(-1)).squeeze(-1) / noise_var
     flipped = precision.flip((-2, -1))
     chol, info = torch.linalg.cholesky_ex(flipped)
     if bool((info > 0).any()):
         jitter = 1e-6 * precision.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None]
         warnings.warn(f"feature_posterior: Cholesky failed in {phi.dtype}; added jitter "
-                      f"{float(jitter.max()):.3g} to the diagonal (use float64).",
+                      f"{float(jitter.detach().max()):.3g} to the diagonal (use float64).",
                       RuntimeWarning, stacklevel=2)
         chol = torch.linalg.cholesky(flipped + jitter * eye)
     inv_t = torch.linalg.solve_triangular(chol.mT, eye.expand_as(chol), upper=True)

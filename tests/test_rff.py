@@ -27,7 +27,12 @@ from bnn_zoo.core.elbo import (
 from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides.logitnormal import LogitNormalGuide, plot_relevance
 from bnn_zoo.methods.logitnormal import OBJECTIVES
-from bnn_zoo.models.rff import LogitNormal, RandomFeatureRegression, feature_posterior
+from bnn_zoo.models.rff import (
+    LogitNormal,
+    RandomFeatureRegression,
+    feature_posterior,
+    gram,
+)
 
 matplotlib.use("Agg")
 
@@ -73,6 +78,27 @@ def test_feature_posterior_gradients_match_finite_differences():
     noise = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
         lambda p, s: tuple(feature_posterior(p, y, s, 0.7)), (phi, noise))
+
+
+def test_feature_posterior_adds_jitter_where_float32_cannot_factorise():
+    """Nearly collinear features with a tiny noise: cond(A) ~ 1e11 fails in float32; the
+    fallback warns once (RuntimeWarning only, also under gradient) and stays finite."""
+    gen = torch.Generator().manual_seed(0)
+    phi = (1 + 1e-4 * torch.randn(1000, 3, generator=gen)).requires_grad_()
+    y = torch.randn(1000, generator=gen)
+    with pytest.warns(RuntimeWarning, match="added jitter") as record:
+        post = feature_posterior(phi, y, 1e-4, 1.0)
+    assert [w.category for w in record] == [RuntimeWarning]
+    post.log_evidence.backward()
+    assert all(torch.isfinite(t).all() for t in (*post, phi.grad))
+
+
+def test_gram_equals_the_product_in_value_and_first_and_second_derivatives():
+    """``gram``'s one-product backward ``Phi (G + G^T)`` against finite differences, batched."""
+    phi = torch.randn(3, 7, 4, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(gram(phi), phi.mT @ phi, rtol=0, atol=0)
+    assert torch.autograd.gradcheck(gram, (phi,))
+    assert torch.autograd.gradgradcheck(gram, (phi,))
 
 
 def test_collapsed_elbo_equals_trace_elbo_with_exact_conditional():
