@@ -96,8 +96,8 @@ from bnn_zoo.core.nn import ACTIVATIONS, activation
 from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.models.noise import ObservationNoise
 
-__all__ = ["CLOSED_FORMS", "JITTER_GROWTH", "JITTER_TRIES", "NNGPKernel", "NNGPRegression",
-           "NotPositiveDefinite", "VARIANCE_BOUNDS", "expected_product"]
+__all__ = ["CLOSED_FORMS", "JITTER_GROWTH", "JITTER_TRIES", "GaussianEvidence", "NNGPKernel",
+           "NNGPRegression", "NotPositiveDefinite", "VARIANCE_BOUNDS", "expected_product"]
 
 #: Open interval of every kernel variance (see the module doc).
 VARIANCE_BOUNDS = (1e-8, 1e8)
@@ -267,6 +267,75 @@ class NotPositiveDefinite(ValueError):
     :meth:`NNGPRegression.factorise` (or the kernel matrix is not finite)."""
 
 
+class _GaussianLogDensity(torch.autograd.Function):
+    r""":math:`\log N(y; 0, A)` from ``A``, its Cholesky factor ``L`` and ``y``, differentiated
+    in ``A`` and ``y`` by the closed forms (Rasmussen & Williams 2006, eq. 5.9)
+
+    .. math::
+
+        \frac{\partial \log N}{\partial A} = \tfrac12 (\alpha \alpha^T - A^{-1}), \qquad
+        \frac{\partial \log N}{\partial y} = -\alpha, \qquad \alpha = A^{-1} y,
+
+    with :math:`A^{-1}` from ``L`` (``cholesky_inverse``, :math:`\tfrac23 N^3`). Autograd
+    through the factorisation instead solves two N x N triangular systems (:math:`2 N^3`).
+    ``L`` gets no gradient: it must be the factor of ``A``. First derivatives only."""
+
+    @staticmethod
+    def forward(covariance: Tensor, scale_tril: Tensor, y: Tensor) -> Tensor:
+        alpha = torch.cholesky_solve(y.unsqueeze(-1), scale_tril).squeeze(-1)
+        half_log_det = scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return -0.5 * (y * alpha).sum(-1) - half_log_det - 0.5 * y.shape[-1] * math.log(2 * math.pi)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:
+        _, scale_tril, y = inputs
+        ctx.save_for_backward(scale_tril, torch.cholesky_solve(y.unsqueeze(-1), scale_tril))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, None, Tensor | None]:
+        scale_tril, alpha = ctx.saved_tensors
+        grad = grad[..., None, None]
+        grad_covariance = grad_y = None
+        if ctx.needs_input_grad[0]:
+            grad_covariance = 0.5 * grad * (alpha @ alpha.mT - torch.cholesky_inverse(scale_tril))
+        if ctx.needs_input_grad[2]:
+            grad_y = -(grad * alpha).squeeze(-1)
+        return grad_covariance, None, grad_y
+
+
+class GaussianEvidence(dist.MultivariateNormal):
+    """``N(0, A)``, the marginal likelihood of a GP, given ``A`` and its Cholesky factor.
+
+    A :class:`~pyro.distributions.MultivariateNormal` (it samples with the factor) whose
+    ``log_prob`` is differentiated in ``A`` by :class:`_GaussianLogDensity`: the
+    gradient of type-II maximum likelihood at about a third of the cost of autograd
+    through the Cholesky factorisation.
+    """
+
+    def __init__(self, covariance: Tensor, scale_tril: Tensor,
+                 validate_args: bool | None = None) -> None:
+        super().__init__(covariance.new_zeros(covariance.shape[:-1]), scale_tril=scale_tril,
+                         validate_args=validate_args)
+        self.covariance = covariance
+
+    def expand(self, batch_shape, _instance=None) -> GaussianEvidence:
+        new = self._get_checked_instance(GaussianEvidence, _instance)
+        new = super().expand(batch_shape, _instance=new)
+        new.covariance = self.covariance.expand(new.batch_shape + new.event_shape * 2)
+        return new
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        covariance = self.covariance
+        scale_tril = self._unbroadcasted_scale_tril
+        shape = torch.broadcast_shapes(value.shape[:-1], self.batch_shape)
+        return _GaussianLogDensity.apply(covariance.expand(shape + self.event_shape * 2),
+                                         scale_tril.expand(shape + self.event_shape * 2),
+                                         value.expand(shape + self.event_shape))
+
+
 class NNGPRegression(ObservationNoise, PyroModule):
     r"""Exact GP regression with the NNGP kernel: the infinite-width BNN.
 
@@ -320,16 +389,23 @@ class NNGPRegression(ObservationNoise, PyroModule):
         Raises :class:`NotPositiveDefinite`, naming the hyperparameters, where ``K`` is
         not finite or every jitter fails.
         """
+        _, chol, noise_variance = self.covariance_factor(x)
+        return chol, noise_variance
+
+    def covariance_factor(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r"""The covariance :math:`A = K(x, x) + s^2 I` of ``y``, its Cholesky factor and
+        :math:`s^2` (:meth:`factorise`)."""
         k = self.kernel(x)
         mean_variance = k.diagonal().mean().detach()
         eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
         jitter = self.jitter
         for _ in range(JITTER_TRIES):
             noise_variance = self.observation_scale() ** 2 + jitter * mean_variance
-            chol, info = torch.linalg.cholesky_ex(k + noise_variance * eye)
+            covariance = k + noise_variance * eye
+            chol, info = torch.linalg.cholesky_ex(covariance)
             if int(info) == 0:
                 self.largest_jitter = max(self.largest_jitter, jitter)
-                return chol, noise_variance
+                return covariance, chol, noise_variance
             jitter *= JITTER_GROWTH
         # Checked only here, to name the cause: a non-finite K fails every factorisation
         # (LAPACK reports NaN pivots), so the training step needs no extra pass and sync.
@@ -347,9 +423,8 @@ class NNGPRegression(ObservationNoise, PyroModule):
             check_tensor("y", y, ndim=1, floating=True)
             if y.shape[0] != x.shape[0]:
                 raise ValueError(f"Expected y of shape ({x.shape[0]},), got {tuple(y.shape)}.")
-        scale_tril, _ = self.factorise(x)
-        return pyro.sample("obs", dist.MultivariateNormal(x.new_zeros(x.shape[0]),
-                                                          scale_tril=scale_tril), obs=y)
+        covariance, scale_tril, _ = self.covariance_factor(x)
+        return pyro.sample("obs", GaussianEvidence(covariance, scale_tril), obs=y)
 
     def log_evidence(self, x: Tensor, y: Tensor) -> Tensor:
         """:math:`\\log p(y | x, \\theta)` (the log density at ``"obs"``)."""
