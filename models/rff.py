@@ -48,8 +48,8 @@ from bnn_zoo.core.checks import check_positive, check_positive_int
 from bnn_zoo.models.mlp import drop_plate_dim
 from bnn_zoo.models.noise import ObservationNoise
 
-__all__ = ["FeaturePosterior", "LogitNormal", "RandomFeatureRegression", "feature_posterior",
-           "gram"]
+__all__ = ["JITTERS", "FeaturePosterior", "LogitNormal", "RandomFeatureRegression",
+           "feature_posterior", "gram"]
 
 
 class LogitNormal(dist.TransformedDistribution):
@@ -148,6 +148,30 @@ class FeaturePosterior(NamedTuple):
         return dist.MultivariateNormal(self.loc, scale_tril=self.scale_tril)
 
 
+#: Relative jitters (times the mean diagonal of the precision) that :func:`feature_posterior`
+#: tries in turn where the precision's Cholesky factorisation fails in floating point.
+JITTERS = (1e-6, 1e-5, 1e-4, 1e-3)
+
+
+def _jittered_cholesky(matrix: Tensor) -> Tensor:
+    """The Cholesky factor of ``matrix + j mean(diag) I`` for the first ``j`` of
+    :data:`JITTERS` that works (a ``RuntimeWarning`` names it), else ``ValueError``."""
+    mean_diagonal = matrix.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None]
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+    for relative in JITTERS:
+        jitter = relative * mean_diagonal
+        chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
+        if not bool((info > 0).any()):
+            warnings.warn(f"feature_posterior: Cholesky failed in {matrix.dtype}; added jitter "
+                          f"{float(jitter.detach().max()):.3g} ({relative:g} of the mean "
+                          "diagonal) to the diagonal (use float64).", RuntimeWarning,
+                          stacklevel=3)
+            return chol
+    raise ValueError(f"feature_posterior: the precision Phi^T Phi / sigma^2 + I / sigma_beta^2 "
+                     f"is not positive definite in {matrix.dtype} even with a jitter of "
+                     f"{JITTERS[-1]:g} of its mean diagonal; use float64.")
+
+
 def feature_posterior(phi: Tensor, y: Tensor, noise_scale: Tensor | float,
                       prior_scale: Tensor | float) -> FeaturePosterior:
     """Exact posterior and evidence of Bayesian linear regression on features ``phi``.
@@ -166,8 +190,9 @@ def feature_posterior(phi: Tensor, y: Tensor, noise_scale: Tensor | float,
     ``A^-1 = (J L^-T J)(J L^-T J)^T``, as torch does for a precision matrix).
     ``A``'s eigenvalues are at least ``1 / sigma_beta^2``, so it is positive definite
     and no jitter is added; only if the factorisation still fails in floating point
-    (float32 with ``cond(A)`` beyond ~1e7) is ``1e-6 * mean(diag A)`` added to the
-    diagonal, with a ``RuntimeWarning``.
+    (float32 with ``cond(A)`` beyond ~1e7, as where the learned noise is tiny) is
+    ``j mean(diag A)`` added to the diagonal, ``j`` the first of :data:`JITTERS` that
+    works, with a ``RuntimeWarning``; where none does, ``ValueError``.
 
     Parameters
     ----------
@@ -184,11 +209,7 @@ def feature_posterior(phi: Tensor, y: Tensor, noise_scale: Tensor | float,
     flipped = precision.flip((-2, -1))
     chol, info = torch.linalg.cholesky_ex(flipped)
     if bool((info > 0).any()):
-        jitter = 1e-6 * precision.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None]
-        warnings.warn(f"feature_posterior: Cholesky failed in {phi.dtype}; added jitter "
-                      f"{float(jitter.detach().max()):.3g} to the diagonal (use float64).",
-                      RuntimeWarning, stacklevel=2)
-        chol = torch.linalg.cholesky(flipped + jitter * eye)
+        chol = _jittered_cholesky(flipped)
     inv_t = torch.linalg.solve_triangular(chol.mT, eye.expand_as(chol), upper=True)
     scale_tril = inv_t.flip((-2, -1))
     loc = (scale_tril @ (scale_tril.mT @ r.unsqueeze(-1))).squeeze(-1)

@@ -30,6 +30,7 @@ from bnn_zoo.methods.logitnormal import OBJECTIVES
 from bnn_zoo.models.rff import (
     LogitNormal,
     RandomFeatureRegression,
+    _jittered_cholesky,
     feature_posterior,
     gram,
 )
@@ -91,6 +92,24 @@ def test_feature_posterior_adds_jitter_where_float32_cannot_factorise():
     assert [w.category for w in record] == [RuntimeWarning]
     post.log_evidence.backward()
     assert all(torch.isfinite(t).all() for t in (*post, phi.grad))
+
+
+@pytest.mark.parametrize("defect, relative", [(5e-7, 1e-6), (5e-5, 1e-4), (5e-4, 1e-3)])
+def test_jitter_escalates_to_the_first_that_factorises(defect, relative):
+    """[[1, 1 + d], [1 + d, 1]] has eigenvalue -d: the first jitter j > d (of the mean
+    diagonal, 1) is the one used, and the warning names it."""
+    matrix = torch.tensor([[1.0, 1.0 + defect], [1.0 + defect, 1.0]], dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match=f"\\({relative:g} of the mean diagonal\\)"):
+        chol = _jittered_cholesky(matrix)
+    eye = torch.eye(2, dtype=torch.float64)
+    torch.testing.assert_close(chol @ chol.mT, matrix + relative * eye)
+
+
+def test_jitter_gives_up_with_a_clear_error():
+    matrix = torch.tensor([[1.0, 2.0], [2.0, 1.0]])
+    with pytest.raises(ValueError, match="not positive definite in torch.float32 even with a "
+                                         "jitter of 0.001 of its mean diagonal; use float64"):
+        _jittered_cholesky(matrix)
 
 
 def test_gram_equals_the_product_in_value_and_first_and_second_derivatives():
