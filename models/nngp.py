@@ -281,15 +281,12 @@ class _GaussianLogDensity(torch.autograd.Function):
     ``L`` gets no gradient: it must be the factor of ``A``. First derivatives only."""
 
     @staticmethod
-    def forward(covariance: Tensor, scale_tril: Tensor, y: Tensor) -> Tensor:
-        alpha = torch.cholesky_solve(y.unsqueeze(-1), scale_tril).squeeze(-1)
+    def forward(ctx, covariance: Tensor, scale_tril: Tensor, y: Tensor) -> Tensor:
+        alpha = torch.cholesky_solve(y.unsqueeze(-1), scale_tril)  # (..., N, 1), kept
+        ctx.save_for_backward(scale_tril, alpha)
         half_log_det = scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-        return -0.5 * (y * alpha).sum(-1) - half_log_det - 0.5 * y.shape[-1] * math.log(2 * math.pi)
-
-    @staticmethod
-    def setup_context(ctx, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:
-        _, scale_tril, y = inputs
-        ctx.save_for_backward(scale_tril, torch.cholesky_solve(y.unsqueeze(-1), scale_tril))
+        return (-0.5 * (y * alpha.squeeze(-1)).sum(-1) - half_log_det
+                - 0.5 * y.shape[-1] * math.log(2 * math.pi))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -328,11 +325,10 @@ class GaussianEvidence(dist.MultivariateNormal):
     def log_prob(self, value: Tensor) -> Tensor:
         if self._validate_args:
             self._validate_sample(value)
-        covariance = self.covariance
-        scale_tril = self._unbroadcasted_scale_tril
         shape = torch.broadcast_shapes(value.shape[:-1], self.batch_shape)
-        return _GaussianLogDensity.apply(covariance.expand(shape + self.event_shape * 2),
-                                         scale_tril.expand(shape + self.event_shape * 2),
+        matrix_shape = shape + self.event_shape * 2
+        return _GaussianLogDensity.apply(self.covariance.expand(matrix_shape),
+                                         self._unbroadcasted_scale_tril.expand(matrix_shape),
                                          value.expand(shape + self.event_shape))
 
 
