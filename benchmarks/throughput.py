@@ -7,10 +7,16 @@ a plain-PyTorch step, all at the same global batch.
   (traced, as the entry trains), on ``W`` processes of ``torch.distributed`` (gloo on
   the CPU over loopback, nccl on GPUs), each stepping on ``batch / W`` rows of its
   shard with the gradients averaged over the processes. ``W = 1`` runs in this
-  process without a process group.
+  process without a process group;
+* ``bbb rR``: ``R = --replicas`` independent fits of the same entry as replicas of one
+  vectorised step (:class:`bnn_zoo.core.replicas.ReplicaSVIStep`), each on ``batch`` rows
+  of its own copy of the data, in one process.
 
-Samples per second are ``batch * steps / seconds`` (medians over ``--repeats``), as
-``throughput.md``, ``.csv``, ``.json`` and a bar chart ``throughput.png`` under ``--out``::
+Samples per second are ``batch * replicas * steps / seconds`` (medians over ``--repeats``);
+``ratio_to_torch`` and ``ratio_to_bbb`` divide them by those of ``torch`` and ``bbb x1``.
+Issue 16's goals on a GPU: ``bbb x1`` at least 0.8 of ``torch`` at batch 1024, and 20
+replicas at least 10 times the throughput of ``bbb x1``. Written as ``throughput.md``,
+``.csv``, ``.json`` and a bar chart ``throughput.png`` under ``--out``::
 
     python benchmarks/throughput.py --device cpu --processes 1 2
     python benchmarks/throughput.py --device cuda --processes 1 2   # two GPUs for W = 2
@@ -31,6 +37,7 @@ from matplotlib.figure import Figure
 
 from bnn_zoo import zoo
 from bnn_zoo.core import distributed
+from bnn_zoo.core.replicas import ReplicaSVIStep
 from bnn_zoo.core.training import SVIStep
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import save_figure
@@ -99,6 +106,19 @@ def bbb_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int], batch: int) ->
                    jit=entry.budget.jit, distributed=distributed.is_initialized())
 
 
+def bbb_replica_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int], batch: int,
+                     replicas: int) -> ReplicaSVIStep:
+    """The ``bbb`` entry's pair for ``replicas`` fits at once, each on its own copy of
+    ``x`` and ``y``, as ``entry.fit_many`` trains them."""
+    entry = zoo.get("bbb")
+    model = entry.model(x.shape[1], 1, task="regression", hidden=tuple(hidden))
+    model = model.replicated(replicas).to(x.device)
+    guide = entry.guide(model)
+    xs, ys = x.expand(replicas, *x.shape), y.expand(replicas, *y.shape)
+    return ReplicaSVIStep(model, guide, xs, ys, lr=1e-3, batch_size=batch,
+                          elbo=entry.method.elbo, jit=entry.budget.jit)
+
+
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, results) -> None:
     """One process of a ``world``-process run; rank 0 puts seconds per step on ``results``."""
     flags.set_threads(args.threads)
@@ -129,8 +149,9 @@ def bbb_seconds(world: int, args: argparse.Namespace) -> float:
 def write(rows: list[dict], args: argparse.Namespace) -> str:
     """Write the table (Markdown, CSV, JSON) and the bar chart; return the Markdown."""
     table = write_tables(args.out, "throughput", rows,
-                         keys=("step", "device", "processes", "batch"),
-                         columns=("samples_per_second", "ratio_to_torch", "seconds_per_step"))
+                         keys=("step", "device", "processes", "replicas", "batch"),
+                         columns=("samples_per_second", "ratio_to_torch", "ratio_to_bbb",
+                                  "ms_per_step"))
     fig = Figure(figsize=(5, 3), layout="constrained")
     ax = fig.add_subplot()
     ax.bar([r["step"] for r in rows], [r["samples_per_second"] for r in rows], color="C0")
@@ -142,13 +163,16 @@ def write(rows: list[dict], args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", type=flags.positive_int, nargs="+", default=[1, 2])
+    parser.add_argument("--processes", type=flags.positive_int, nargs="+", default=[1, 2],
+                        help="processes of the data-parallel rows (1 is always run)")
     parser.add_argument("--batch", type=flags.positive_int, default=1024,
                         help="global rows per step")
     parser.add_argument("--n", type=flags.positive_int, default=16384,
                         help="training rows (all processes)")
     parser.add_argument("--in-dim", type=flags.positive_int, default=16)
     parser.add_argument("--hidden", type=flags.positive_int, nargs="+", default=[50])
+    parser.add_argument("--replicas", type=flags.positive_int, default=20,
+                        help="fits in the replica row")
     parser.add_argument("--steps", type=flags.positive_int, default=50,
                         help="steps per timed repeat")
     parser.add_argument("--warmup", type=flags.int_at_least(0), default=10)
@@ -162,11 +186,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     x, y = problem(args.n, args.in_dim, args.device)
     torch_seconds = time_step(torch_step(x[:args.batch], y[:args.batch], args.hidden),
                               args.device, args.steps, args.warmup, args.repeats)
-    timings = [("torch", 1, torch_seconds)]
-    timings += [(f"bbb x{w}", w, bbb_seconds(w, args)) for w in args.processes]
-    rows = [{"step": name, "device": str(args.device), "processes": w, "batch": args.batch,
-             "seconds_per_step": s, "samples_per_second": args.batch / s,
-             "ratio_to_torch": torch_seconds / s} for name, w, s in timings]
+    processes = sorted({1, *args.processes})  # bbb x1 is what the other rows compare with
+    timings = [("torch", 1, 1, torch_seconds)]
+    timings += [(f"bbb x{w}", w, 1, bbb_seconds(w, args)) for w in processes]
+    timings += [(f"bbb r{args.replicas}", 1, args.replicas, time_step(
+        bbb_replica_step(x, y, args.hidden, args.batch, args.replicas), args.device,
+        args.steps, args.warmup, args.repeats))]
+    rows = [{"step": name, "device": str(args.device), "processes": w, "replicas": r,
+             "batch": args.batch, "ms_per_step": 1e3 * s,
+             "samples_per_second": args.batch * r / s} for name, w, r, s in timings]
+    for row in rows:
+        row["ratio_to_torch"] = row["samples_per_second"] / rows[0]["samples_per_second"]
+        row["ratio_to_bbb"] = row["samples_per_second"] / rows[1]["samples_per_second"]
     print(write(rows, args))
     return rows
 

@@ -24,15 +24,23 @@ def script(monkeypatch, folder: str, name: str):
 def test_throughput_benchmark_writes_table_json_and_figure(monkeypatch, tmp_path):
     throughput = script(monkeypatch, "benchmarks", "throughput")
     rows = throughput.main(["--n", "64", "--batch", "16", "--hidden", "4", "--steps", "2",
-                            "--warmup", "1", "--repeats", "1", "--processes", "1", "2",
-                            "--out", str(tmp_path)])
-    assert [r["step"] for r in rows] == ["torch", "bbb x1", "bbb x2"]
+                            "--warmup", "1", "--repeats", "1", "--processes", "2",
+                            "--replicas", "3", "--out", str(tmp_path)])
+    assert [r["step"] for r in rows] == ["torch", "bbb x1", "bbb x2", "bbb r3"]
     saved = json.loads((tmp_path / "throughput.json").read_text())["summary"]
     assert all(math.isfinite(r["samples_per_second"]) and r["samples_per_second"] > 0
                for r in saved)
+    by_step = {r["step"]: r for r in saved}
+    replica = by_step["bbb r3"]
+    assert replica["samples_per_second"] == pytest.approx(3 * 16e3 / replica["ms_per_step"])
+    assert replica["ratio_to_bbb"] == pytest.approx(
+        replica["samples_per_second"] / by_step["bbb x1"]["samples_per_second"])
+    assert by_step["torch"]["ratio_to_torch"] == by_step["bbb x1"]["ratio_to_bbb"] == 1
     table = (tmp_path / "throughput.md").read_text()
-    assert "| bbb x2 | cpu | 2 | 16 |" in table
-    assert (tmp_path / "throughput.csv").read_text().startswith("step,device,processes,batch")
+    assert "| bbb x2 | cpu | 2 | 1 | 16 |" in table
+    assert "| bbb r3 | cpu | 1 | 3 | 16 |" in table
+    assert (tmp_path / "throughput.csv").read_text().startswith(
+        "step,device,processes,replicas,batch")
     assert (tmp_path / "throughput.png").stat().st_size > 0
 
 
