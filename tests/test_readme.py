@@ -48,7 +48,7 @@ def test_readme_tables_agree_with_the_committed_results():
 
 def test_readme_tables_render_filters_and_refuse_bad_markers(tmp_path):
     from bnn_zoo.harness.readme_tables import render
-    from bnn_zoo.harness.tables import write_tables
+    from bnn_zoo.harness.tables import Table, write_table_group, write_tables
 
     rows = [{"data": "a", "entry": "x", "runs": 2, "ll": 1.0, "ll_se": 0.5},
             {"data": "b", "entry": "x", "runs": 2, "ll": -2.0, "ll_se": 0.25}]
@@ -58,7 +58,13 @@ def test_readme_tables_render_filters_and_refuse_bad_markers(tmp_path):
     out = render(text, tmp_path)
     assert "| x | 2 | -2.000 ± 0.250 |" in out and "1.000" not in out and "stale" not in out
     assert out.startswith("before\n") and render(out, tmp_path) == out
+    write_table_group(tmp_path, "g", [Table("sweep", "A sweep", [{"width": 4, "var": 2.5}],
+                                            keys=("width",), columns=("var",))])
+    grouped = render("<!-- table: g.json keys=width columns=var table=sweep -->\n"
+                     "<!-- end table -->", tmp_path)
+    assert "| 4 | 2.500 |" in grouped
     for marker, message in [("t.json columns=ll", "lacks keys"),
+                            ("g.json keys=width columns=var", "asks for table 'summary'"),
                             ("t.json keys=entry columns=ll colour=red", "Bad option"),
                             ("t.json keys=entry columns=ll where=data:c", "selects no row"),
                             ("missing.json keys=entry columns=ll", "does not exist")]:

@@ -8,7 +8,8 @@ A table in the README that quotes a benchmark is written between two markers::
     <!-- end table -->
 
 The opening marker names a JSON file written by :func:`~bnn_zoo.harness.tables.write_tables`
-(its ``"summary"`` rows) and how to show them: ``keys`` and ``columns`` as in
+(its ``"summary"`` rows) or by :func:`~bnn_zoo.harness.tables.write_table_group` (then
+``table=KEY`` picks the group's table) and how to show them: ``keys`` and ``columns`` as in
 :func:`~bnn_zoo.harness.tables.markdown_table`, optionally ``section=FIELD`` and any number of
 ``where=FIELD:VALUE`` filters (a row is kept when its field, as text, equals the value).
 :func:`render` rewrites every such block from its file; ``python -m
@@ -33,7 +34,7 @@ __all__ = ["BLOCK", "render", "render_block"]
 #: A generated block: its opening marker's specification, then the body up to the end marker.
 BLOCK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- end table -->",
                    flags=re.S)
-_OPTIONS = ("keys", "columns", "section", "where")
+_OPTIONS = ("keys", "columns", "section", "table", "where")
 
 
 def _parse(spec: str) -> tuple[str, dict[str, list[str]]]:
@@ -71,8 +72,12 @@ def render_block(spec: str, root: Path) -> str:
     file = root / path
     if not file.is_file():
         raise ValueError(f"The README table {spec!r} names {path}, which does not exist.")
-    rows = [row for row in json.loads(file.read_text())["summary"]
-            if _matches(row, options["where"])]
+    tables = json.loads(file.read_text())
+    table = options.get("table", ["summary"])[0]
+    if table not in tables:
+        raise ValueError(f"The README table {spec!r} asks for table {table!r} of {path}, "
+                         f"which has {', '.join(map(repr, tables))}.")
+    rows = [row for row in tables[table] if _matches(row, options["where"])]
     if not rows:
         raise ValueError(f"The README table {spec!r} selects no row of {path}.")
     section = options.get("section", [None])[0]
