@@ -53,11 +53,20 @@ def make_guide(model: UnnormalisedModel, estimator: str, k: int, bnn: bool) -> M
                         init_scale=0.02 if bnn else 0.3, init_spread=0.5 if bnn else 1.0)
 
 
+def own_parameters():
+    """A private parameter store, as :func:`bnn_zoo.fit` trains in: in Pyro's global mode a
+    guide's ``PyroParam`` resolves to whatever the global store holds under its name, so
+    after one ``MixtureGuide`` every later one (another estimator or K) would be evaluated
+    with the first one's parameters."""
+    return pyro.get_param_store().scope()
+
+
 def elbo_estimate(model, guide, particles: int, batches: int = 8) -> tuple[float, float]:
     """Mean and standard error of the ELBO from ``batches`` independent estimates."""
     per = max(1, particles // batches)
-    values = torch.tensor([-MixtureELBO(num_particles=per, max_plate_nesting=1).loss(
-        model, guide, *NO_DATA) for _ in range(batches)])
+    with own_parameters():
+        values = torch.tensor([-MixtureELBO(num_particles=per, max_plate_nesting=1).loss(
+            model, guide, *NO_DATA) for _ in range(batches)])
     return values.mean().item(), (values.std() / math.sqrt(batches)).item()
 
 
@@ -65,14 +74,16 @@ def gradient_variance(model, state: dict, estimator: str, k: int, bnn: bool, par
                       repeats: int) -> float:
     """Trace of the covariance of a one-particle gradient of -ELBO at ``state``."""
     guide = make_guide(model, estimator, k, bnn)
-    guide(*NO_DATA)
+    with own_parameters():
+        guide(*NO_DATA)
     guide.load_state_dict(state)
     elbo = MixtureELBO(num_particles=particles, max_plate_nesting=1)
     params = [p for _, p in sorted(guide.named_parameters())]
     draws = []
-    for _ in range(repeats):
-        loss = elbo.differentiable_loss(model, guide, *NO_DATA)
-        draws.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
+    with own_parameters():
+        for _ in range(repeats):
+            loss = elbo.differentiable_loss(model, guide, *NO_DATA)
+            draws.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
     return particles * torch.stack(draws).var(0).sum().item()
 
 
@@ -89,7 +100,7 @@ def plot(guides: dict, names: list[str], estimators: list[str], k: int, path: Pa
         row[0].set_title(f"{name}: target", fontsize=8)
         for ax, est in zip(row[1:], estimators):
             guide = guides[(name, est, k)][1]
-            with torch.no_grad():
+            with torch.no_grad(), own_parameters():
                 q = torch.exp(guide.mixture().log_prob(theta))
             ax.contourf(t1, t2, q, levels=20, cmap="Blues")
             ax.contour(t1, t2, p, levels=5, colors="k", linewidths=0.4)
@@ -134,9 +145,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 seconds = time.perf_counter() - started
                 elbo, se = elbo_estimate(model, guide, args.eval_particles)
                 kl = None if model.log_normalizer is None else model.log_normalizer - elbo
+                with own_parameters():
+                    effective = guide.effective_components()
                 rows.append({"target": name, "estimator": est, "K": k, "elbo": elbo,
-                             "elbo_se": se, "kl": kl,
-                             "effective_components": guide.effective_components(),
+                             "elbo_se": se, "kl": kl, "effective_components": effective,
                              "seconds": seconds, "status": status})
                 guides[(name, est, k)] = (model, guide)
                 print(rows[-1], flush=True)

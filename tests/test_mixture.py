@@ -336,6 +336,27 @@ def test_benchmark_script_runs_with_tiny_flags(tmp_path):
     assert (out / "mixture.png").stat().st_size > 0
 
 
+def test_benchmark_evaluates_each_guide_with_its_own_parameters(monkeypatch):
+    """After one MixtureGuide has been evaluated in Pyro's global store, the benchmark's
+    ELBO estimate of a second one (K = 2) uses the second's own trained parameters: the
+    same value as in an empty store. (It used to take the first guide's stored tensors.)"""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from mixture import NO_DATA, elbo_estimate, make_guide
+
+    model = two_component_target()
+    first, second = (make_guide(model, "enumerate", k, bnn=False) for k in (1, 2))
+    for guide in (first, second):
+        fit(model, guide, *NO_DATA, steps=20, lr=0.03, num_particles=4, elbo=MixtureELBO,
+            seed=0, progress=False)
+    pyro.set_rng_seed(1)
+    alone = elbo_estimate(model, second, 64)
+    with pyro.poutine.block():
+        MixtureELBO(num_particles=4).loss(model, first, *NO_DATA)  # fills the global store
+    assert "MixtureGuide.a" in pyro.get_param_store()
+    pyro.set_rng_seed(1)
+    assert elbo_estimate(model, second, 64) == alone
+
+
 def test_a_dead_component_keeps_finite_log_densities_and_gradients():
     """A component whose weight parameter ``a`` has underflowed to 0 (as after ~2000 Adam
     steps on sine) gives log-weight ``2 log(tiny)``, not ``-inf``, and no NaN gradient."""
