@@ -8,7 +8,9 @@ standard error), the effective number of components ``exp(H(pi))``, and the wall
 Then, at one common state per target (the ``enumerate`` fit with the largest ``K >= 2``),
 the variance of each estimator's gradient per particle (summed over parameters). A
 figure shows the fitted densities over the 2-D targets. Writes ``mixture.md``,
-``.csv``, ``.json``, ``mixture_grad_variance.md``, ``.csv``, ``.json`` and
+``.csv``, ``.json`` (a row per target, estimator and K), ``mixture_by_estimator.*`` (the
+same, a row per target and K with the estimators side by side: the KL, or the ELBO for
+``bnn``), ``mixture_grad_variance.*`` (a row per target, estimators side by side) and
 ``mixture.png`` under ``--out``.
 
     python benchmarks/mixture.py --out results/mixture
@@ -85,6 +87,16 @@ def gradient_variance(model, state: dict, estimator: str, k: int, bnn: bool, par
             loss = elbo.differentiable_loss(model, guide, *NO_DATA)
             draws.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
     return particles * torch.stack(draws).var(0).sum().item()
+
+
+def by_estimator(rows: list[dict], value: str, keys: Sequence[str] = ("target", "K")
+                 ) -> list[dict]:
+    """One row per distinct ``keys`` with the ``value`` of each estimator side by side."""
+    table: dict[tuple, dict] = {}
+    for row in rows:
+        side_by_side = table.setdefault(tuple(row[k] for k in keys), {k: row[k] for k in keys})
+        side_by_side[row["estimator"]] = row[value]
+    return list(table.values())
 
 
 def plot(guides: dict, names: list[str], estimators: list[str], k: int, path: Path) -> None:
@@ -168,9 +180,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     print(write_tables(args.out, "mixture", rows, keys=("target", "estimator", "K"),
                        columns=("kl", "elbo", "effective_components", "seconds", "status"),
                        preamble=preamble))
+    scores = [dict(r, measure="ELBO" if r["kl"] is None else "KL",
+                   score=r["elbo"] if r["kl"] is None else r["kl"]) for r in rows]
+    print(write_tables(args.out, "mixture_by_estimator",
+                       by_estimator(scores, "score", ("target", "measure", "K")),
+                       keys=("target", "measure", "K"), columns=tuple(args.estimators),
+                       preamble=preamble))
     if variance_rows:
-        print(write_tables(args.out, "mixture_grad_variance", variance_rows,
-                           keys=("target", "K", "estimator"), columns=("grad_variance",),
+        print(write_tables(args.out, "mixture_grad_variance",
+                           by_estimator(variance_rows, "grad_variance"),
+                           keys=("target", "K"), columns=tuple(args.estimators),
                            preamble="Gradient variance per particle (trace of the covariance, "
                                     "at the enumerate fit)."))
     two_d = [n for n in args.targets if n != "bnn"]
