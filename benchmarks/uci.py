@@ -26,7 +26,11 @@ Writes under ``--out``:
 * ``uci_wins.md``/...: per entry, on how many data sets its test log-likelihood beats VI's,
   PBP's and the best published, and its total fit time;
 * ``uci_ll.png``: one panel per data set, every entry's test log-likelihood minus the best
-  published one, with standard-error bars.
+  published one, with standard-error bars;
+* with ``--reference nuts``: ``reference.md``/``.csv``/``.json``, every entry's distance to
+  the reference predictive (2-Wasserstein between moment-matched Gaussians, log-likelihood
+  gap) and the reference's convergence diagnostics, split by split and over the splits
+  (:func:`bnn_zoo.harness.compare.write_reference`, as ``compare`` writes them).
 
 Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped on a
 rerun. With ``--replicas auto`` (the default) the splits of a data set are fitted together,
@@ -233,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                 "fit_minutes", "mean_fit_seconds"))
     figure = ll_figure(summary, args.out / "uci_ll.png")
     print(table)
+    if args.reference is not None and compare.write_reference(records, args.out,
+                                                               args.reference) is not None:
+        print(f"Wrote {args.out}/reference.md, .csv, .json")
     print(best_table)
     print(won)
     print(f"The best entry beats the best published test LL on {sum(r['beats'] for r in best)} "

@@ -93,6 +93,22 @@ def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path,
     assert (tmp_path / "uci_ll.png").stat().st_size > 0
 
 
+def test_uci_script_writes_the_distances_to_a_reference(tmp_path, uci_data):
+    """``--reference`` writes ``reference.json`` as ``compare`` does: per split and over the
+    splits, each entry's W2 distance and LL gap to the reference (0 for the reference)."""
+    import json
+
+    script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
+    script["main"](["--data", "yacht", "--splits", "2", "--entries", "map", "mean_field",
+                    "--steps", "10", "--num-samples", "5", "--reference", "map",
+                    "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "reference.json").read_text())["summary"]
+    over = {r["entry"]: r for r in rows if r["split"] == "all"}
+    assert over["map"]["w2_to_ref"] == 0 and over["map"]["ll_gap"] == 0
+    assert over["mean_field"]["w2_to_ref"] > 0 and over["mean_field"]["runs"] == 2
+    assert {r["split"] for r in rows if r["entry"] == "mean_field"} == {0, 1, "all"}
+
+
 def test_uci_script_in_two_workers_writes_what_one_process_writes(tmp_path, uci_data):
     """``--jobs 2`` fits the data sets in spawned workers (run as a user runs the script:
     a worker imports it as the main module) and writes the rows of a run in one process,
