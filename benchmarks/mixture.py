@@ -56,10 +56,11 @@ def make_guide(model: UnnormalisedModel, estimator: str, k: int, bnn: bool) -> M
 
 
 def own_parameters():
-    """A private parameter store, as :func:`bnn_zoo.fit` trains in: in Pyro's global mode a
-    guide's ``PyroParam`` resolves to whatever the global store holds under its name, so
-    after one ``MixtureGuide`` every later one (another estimator or K) would be evaluated
-    with the first one's parameters."""
+    """A private parameter store, as :func:`bnn_zoo.fit` trains in, for calling a guide: in
+    Pyro's global mode a called ``PyroModule`` takes whatever tensor the global store holds
+    under its parameter's name in place of its own, so after one ``MixtureGuide`` every later
+    one (another estimator or K) would be scored with, and overwritten by, the first one's
+    parameters. (Its methods called directly, such as ``mixture()``, read its own.)"""
     return pyro.get_param_store().scope()
 
 
@@ -76,13 +77,12 @@ def gradient_variance(model, state: dict, estimator: str, k: int, bnn: bool, par
                       repeats: int) -> float:
     """Trace of the covariance of a one-particle gradient of -ELBO at ``state``."""
     guide = make_guide(model, estimator, k, bnn)
-    with own_parameters():
-        guide(*NO_DATA)
-    guide.load_state_dict(state)
     elbo = MixtureELBO(num_particles=particles, max_plate_nesting=1)
-    params = [p for _, p in sorted(guide.named_parameters())]
     draws = []
     with own_parameters():
+        guide(*NO_DATA)
+        guide.load_state_dict(state)
+        params = [p for _, p in sorted(guide.named_parameters())]
         for _ in range(repeats):
             loss = elbo.differentiable_loss(model, guide, *NO_DATA)
             draws.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
@@ -112,7 +112,7 @@ def plot(guides: dict, names: list[str], estimators: list[str], k: int, path: Pa
         row[0].set_title(f"{name}: target", fontsize=8)
         for ax, est in zip(row[1:], estimators):
             guide = guides[(name, est, k)][1]
-            with torch.no_grad(), own_parameters():
+            with torch.no_grad():
                 q = torch.exp(guide.mixture().log_prob(theta))
             ax.contourf(t1, t2, q, levels=20, cmap="Blues")
             ax.contour(t1, t2, p, levels=5, colors="k", linewidths=0.4)
@@ -157,10 +157,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 seconds = time.perf_counter() - started
                 elbo, se = elbo_estimate(model, guide, args.eval_particles)
                 kl = None if model.log_normalizer is None else model.log_normalizer - elbo
-                with own_parameters():
-                    effective = guide.effective_components()
                 rows.append({"target": name, "estimator": est, "K": k, "elbo": elbo,
-                             "elbo_se": se, "kl": kl, "effective_components": effective,
+                             "elbo_se": se, "kl": kl,
+                             "effective_components": guide.effective_components(),
                              "seconds": seconds, "status": status})
                 guides[(name, est, k)] = (model, guide)
                 print(rows[-1], flush=True)

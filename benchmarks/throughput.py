@@ -96,27 +96,22 @@ def torch_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int]) -> Callable[
     return step
 
 
-def bbb_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int], batch: int) -> SVIStep:
-    """The ``bbb`` entry's model, guide, ELBO and step, data-parallel when a process
-    group is initialised."""
-    entry = zoo.get("bbb")
-    model = entry.model(x.shape[1], 1, task="regression", hidden=tuple(hidden)).to(x.device)
-    guide = entry.guide(model)
-    return SVIStep(model, guide, x, y, lr=1e-3, batch_size=batch, elbo=entry.method.elbo,
-                   jit=entry.budget.jit, distributed=distributed.is_initialized())
-
-
-def bbb_replica_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int], batch: int,
-                     replicas: int) -> ReplicaSVIStep:
-    """The ``bbb`` entry's pair for ``replicas`` fits at once, each on its own copy of
+def bbb_step(x: torch.Tensor, y: torch.Tensor, hidden: list[int], batch: int,
+             replicas: int = 1) -> SVIStep:
+    """The ``bbb`` entry's model, guide, ELBO and step: data-parallel when a process group
+    is initialised; with ``replicas`` > 1, that many fits at once, each on its own copy of
     ``x`` and ``y``, as ``entry.fit_many`` trains them."""
     entry = zoo.get("bbb")
     model = entry.model(x.shape[1], 1, task="regression", hidden=tuple(hidden))
+    options = {"lr": 1e-3, "batch_size": batch, "elbo": entry.method.elbo,
+               "jit": entry.budget.jit}
+    if replicas == 1:
+        model = model.to(x.device)
+        return SVIStep(model, entry.guide(model), x, y,
+                       distributed=distributed.is_initialized(), **options)
     model = model.replicated(replicas).to(x.device)
-    guide = entry.guide(model)
-    xs, ys = x.expand(replicas, *x.shape), y.expand(replicas, *y.shape)
-    return ReplicaSVIStep(model, guide, xs, ys, lr=1e-3, batch_size=batch,
-                          elbo=entry.method.elbo, jit=entry.budget.jit)
+    return ReplicaSVIStep(model, entry.guide(model), x.expand(replicas, *x.shape),
+                          y.expand(replicas, *y.shape), **options)
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, results) -> None:
@@ -190,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     timings = [("torch", 1, 1, torch_seconds)]
     timings += [(f"bbb x{w}", w, 1, bbb_seconds(w, args)) for w in processes]
     timings += [(f"bbb r{args.replicas}", 1, args.replicas, time_step(
-        bbb_replica_step(x, y, args.hidden, args.batch, args.replicas), args.device,
+        bbb_step(x, y, args.hidden, args.batch, args.replicas), args.device,
         args.steps, args.warmup, args.repeats))]
     rows = [{"step": name, "device": str(args.device), "processes": w, "replicas": r,
              "batch": args.batch, "ms_per_step": 1e3 * s,
