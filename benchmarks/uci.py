@@ -33,7 +33,11 @@ Writes under ``--out``:
   (:func:`bnn_zoo.harness.compare.write_reference`, as ``compare`` writes them).
 
 Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped on a
-rerun. With ``--replicas auto`` (the default) the splits of a data set are fitted together,
+rerun. The cache is not committed, but ``uci_summary.json`` keeps every run's record: each
+run starts by restoring the missing cache files from the ``uci_summary.json`` in ``--out``
+(:func:`bnn_zoo.harness.runs.restore_cache`), so on a fresh checkout of the committed
+results a run fits only what they lack, and ``--cached-only`` rewrites them as they are.
+With ``--replicas auto`` (the default) the splits of a data set are fitted together,
 as replicas in one vectorised pass, by every entry that can batch them (``map``,
 ``mean_field``, ``bbb``, ``ensemble`` and ``deep_ensemble``, whose splits x members all
 train as replicas, and the ``laplace`` entries their MAP phases, then each split's
@@ -60,7 +64,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from bnn_zoo.core.data import UCI_SETS, load
-from bnn_zoo.harness import compare, flags, published
+from bnn_zoo.harness import compare, flags, published, runs
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.tables import write_csv, write_tables
 
@@ -223,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = flags.parse(parser, argv)
     if not 0.0 <= args.validation < 1.0:
         parser.error(f"--validation must be in [0, 1), got {args.validation}")
+    restored = runs.restore_cache(args.out, "uci_summary", task="regression")
+    print(f"Restored {restored} cached runs from {args.out}/uci_summary.json")
     records = run_data_sets([f"uci/{name.removeprefix('uci/')}" for name in args.data], args)
     measured = {r["data"] for r in records}
     write_csv(args.out / "uci.csv", tidy_rows(records))

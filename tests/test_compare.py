@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -177,6 +178,26 @@ def test_cached_only_fits_nothing_and_lists_the_missing_runs(tmp_path, capsys):
     assert all(r["reason"] == runs.NOT_CACHED for r in records[1:])
     assert len(list((tmp_path / "runs" / "map").glob("*.json"))) == 1  # nothing new cached
     assert capsys.readouterr().out.count("[skipped]") == 2
+
+
+def test_committed_runs_restore_the_cache_and_rewrite_the_same_tables(tmp_path, capsys):
+    """A fresh checkout has the comparison's JSON but no cache: restored from the JSON, a
+    cached-only rerun finds the finished runs, lists the one that never ran as before, and
+    writes the same table."""
+    kwargs = dict(out=tmp_path, overrides=TINY, num_samples=20)
+    compare.run_comparison(["sine"], ["map"], splits=2, **kwargs)
+    records = compare.run_comparison(["sine"], ["map"], splits=3, cached_only=True, **kwargs)
+    _, table = compare.write_comparison(records, tmp_path, name="committed")
+    shutil.rmtree(tmp_path / "runs")
+    assert runs.restore_cache(tmp_path, "committed", task="regression") == 2  # not the hole
+    assert runs.restore_cache(tmp_path, "committed", task="regression") == 0  # none missing
+    assert runs.restore_cache(tmp_path, "absent", task="regression") == 0
+    capsys.readouterr()
+    again = compare.run_comparison(["sine"], ["map"], splits=3, cached_only=True, **kwargs)
+    assert capsys.readouterr().out.count("[cached]") == 2
+    assert [r["metrics"] for r in again[:2]] == [r["metrics"] for r in records[:2]]
+    assert again[2]["reason"] == runs.NOT_CACHED
+    assert compare.write_comparison(again, tmp_path, name="rewritten")[1] == table
 
 
 def test_cache_key_holds_every_setting_that_changes_a_result():

@@ -11,7 +11,10 @@ from a covariate-shifted copy of them (:func:`~bnn_zoo.evaluation.metrics.shifte
 ``<out>/runs/<entry>/``, named by the entry, data set, split, seed and a digest of every
 other setting that changes the result (the entry's options, ``num_samples``, the device,
 the dtype and a digest of the data's values), so a rerun after a crash, or with more
-entries or splits, fits only what is missing. Each file is written atomically (a run
+entries or splits, fits only what is missing. The cache itself is not committed; the runs
+that a comparison's JSON keeps (``<name>.json``, ``"runs"``) are, and :func:`restore_cache`
+writes them back as cache files, so that a fresh checkout resumes the committed results
+instead of refitting them. Each file is written atomically (a run
 interrupted, even by Ctrl-C, leaves no half-written file); a cache file that cannot be
 read is refitted, and one that cannot be written is skipped, with a
 :class:`CacheWarning`.
@@ -38,8 +41,8 @@ from bnn_zoo.evaluation.metrics import auroc, reliability_bins, shifted_inputs
 from bnn_zoo.harness.figures import BAND_MASS
 from bnn_zoo.zoo import UnsupportedProblem
 
-__all__ = ["CacheWarning", "cache_path", "cached_run", "cached_runs", "data_digest", "run_many",
-           "run_one", "run_settings"]
+__all__ = ["CacheWarning", "cache_path", "cached_run", "cached_runs", "data_digest",
+           "restore_cache", "run_many", "run_one", "run_settings"]
 
 GRID_POINTS = 200
 #: How far a band figure reaches beyond the training inputs, as a fraction of their range.
@@ -281,3 +284,34 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
             print(f"[{status}] {entry} on {datasets[i].name} split {splits[i]}: {detail}",
                   flush=True)
     return records
+
+
+def restore_cache(out: str | Path, name: str, *, task: str) -> int:
+    """Write the cache file under ``out`` of every run kept in ``<out>/<name>.json`` that
+    finished or was skipped by its entry, where none exists; return how many were written
+    (none without that file).
+
+    The runs there are those a comparison keeps (:func:`~bnn_zoo.harness.compare.
+    write_comparison`): keys, status, metrics, diagnostics, reason and the settings of the
+    cache key, all on data of ``task``. They lack what only the figures and the distances to
+    a reference read: a restored record has no loss curve (``losses`` empty), no predictive
+    moments and no band, and its ``seconds`` are its ``fit_seconds``. Runs that failed, or
+    that a table listed as not cached, are not restored: they are fitted again.
+    """
+    document = Path(out) / f"{name}.json"
+    if not document.exists():
+        return 0
+    written = 0
+    for run in json.loads(document.read_text()).get("runs", []):
+        if run["status"] == "failed" or run.get("reason") == NOT_CACHED:
+            continue
+        path = cache_path(out, run["entry"], run["data"], run["split"], run["seed"],
+                          run["settings"])
+        if path.exists():
+            continue
+        record = {**{k: v for k, v in run.items() if v is not None}, "task": task}
+        if run["status"] == "ok":
+            record.update(losses=[], seconds=run["metrics"]["fit_seconds"])
+        _write_cached(path, record)
+        written += 1
+    return written
