@@ -19,7 +19,6 @@ same, a row per target and K with the estimators side by side: the KL, or the EL
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data, fit
-from bnn_zoo.core.elbo import MixtureELBO
+from bnn_zoo.core.elbo import MixtureELBO, elbo_estimate
 from bnn_zoo.core.training import TrainingDiverged
 from bnn_zoo.guides.mixture import MixtureGuide
 from bnn_zoo.harness import flags
@@ -62,15 +61,6 @@ def own_parameters():
     one (another estimator or K) would be scored with, and overwritten by, the first one's
     parameters. (Its methods called directly, such as ``mixture()``, read its own.)"""
     return pyro.get_param_store().scope()
-
-
-def elbo_estimate(model, guide, particles: int, batches: int = 8) -> tuple[float, float]:
-    """Mean and standard error of the ELBO from ``batches`` independent estimates."""
-    per = max(1, particles // batches)
-    with own_parameters():
-        values = torch.tensor([-MixtureELBO(num_particles=per, max_plate_nesting=1).loss(
-            model, guide, *NO_DATA) for _ in range(batches)])
-    return values.mean().item(), (values.std() / math.sqrt(batches)).item()
 
 
 def gradient_variance(model, state: dict, estimator: str, k: int, bnn: bool, particles: int,
@@ -155,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 except TrainingDiverged:
                     status = "diverged"
                 seconds = time.perf_counter() - started
-                elbo, se = elbo_estimate(model, guide, args.eval_particles)
+                elbo, se = elbo_estimate(model, guide, *NO_DATA, particles=args.eval_particles)
                 kl = None if model.log_normalizer is None else model.log_normalizer - elbo
                 rows.append({"target": name, "estimator": est, "K": k, "elbo": elbo,
                              "elbo_se": se, "kl": kl,

@@ -33,6 +33,7 @@ TESTED_ELSEWHERE = {
     "laplace_torch.py": "test_laplace_torch_benchmark.py",
     "laplace_variants.py": "test_laplace.py",
     "mixture.py": "test_mixture.py",
+    "mixture_nuts.py": "test_mixture.py",
     "nngp.py": "test_nngp.py",
     "rff.py": "test_rff.py",
     "throughput.py": "test_scale_scripts.py",

@@ -6,6 +6,7 @@ K = 1, 2, 4 against NUTS on a small BNN posterior (predictive W2 distance and EL
 from __future__ import annotations
 
 import math
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +16,10 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer.autoguide import AutoDiagonalNormal
-from pyro.infer.autoguide.initialization import init_to_uniform, init_to_value
 
 from bnn_zoo import data, fit, zoo
-from bnn_zoo.core.elbo import MixtureELBO
-from bnn_zoo.core.nn import mlp_forward
+from bnn_zoo.core.elbo import MixtureELBO, elbo_estimate
 from bnn_zoo.guides.mixture import DiagonalNormalMixture, MixtureGuide, component_log_densities
-from bnn_zoo.harness.summary import gaussian_w2
 from bnn_zoo.models.targets import UnnormalisedModel, banana, bnn_posterior, ring, target
 from bnn_zoo.models.targets import two_component as two_component_target
 
@@ -345,7 +343,7 @@ def test_benchmark_evaluates_each_guide_with_its_own_parameters(monkeypatch):
     ELBO estimate of a second one (K = 2) uses the second's own trained parameters: the
     same value as in an empty store. (It used to take the first guide's stored tensors.)"""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    from mixture import NO_DATA, elbo_estimate, make_guide
+    from mixture import NO_DATA, make_guide
 
     model = two_component_target()
     first, second = (make_guide(model, "enumerate", k, bnn=False) for k in (1, 2))
@@ -353,12 +351,12 @@ def test_benchmark_evaluates_each_guide_with_its_own_parameters(monkeypatch):
         fit(model, guide, *NO_DATA, steps=20, lr=0.03, num_particles=4, elbo=MixtureELBO,
             seed=0, progress=False)
     pyro.set_rng_seed(1)
-    alone = elbo_estimate(model, second, 64)
+    alone = elbo_estimate(model, second, *NO_DATA, particles=64)
     with pyro.poutine.block():
         MixtureELBO(num_particles=4).loss(model, first, *NO_DATA)  # fills the global store
     assert "MixtureGuide.a" in pyro.get_param_store()
     pyro.set_rng_seed(1)
-    assert elbo_estimate(model, second, 64) == alone
+    assert elbo_estimate(model, second, *NO_DATA, particles=64) == alone
 
 
 def test_a_dead_component_keeps_finite_log_densities_and_gradients():
@@ -375,135 +373,50 @@ def test_a_dead_component_keeps_finite_log_densities_and_gradients():
 
 # --- The mixture guide against NUTS on a small BNN posterior ------------------------------
 
-GRID = torch.linspace(-3.5, 3.5, 71, dtype=torch.float64)[:, None]  # covers gap's gap
+def mixture_nuts(monkeypatch) -> dict:
+    """The functions of ``benchmarks/mixture_nuts.py``, whose table these tests check."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return runpy.run_path(str(ROOT / "benchmarks" / "mixture_nuts.py"), run_name="mixture_nuts")
 
 
-def small_bnn(name: str, n: int = 20, hidden: int = 5, noise: float = 0.2) -> UnnormalisedModel:
-    """The weight posterior of a 1-``hidden``-1 tanh net, prior N(0, 1), noise fixed at
-    ``noise``, on ``n`` random training points of ``name`` (float64)."""
-    d = data.load(name, 0, dtype=torch.float64)
-    idx = torch.randperm(d.x_train.shape[0], generator=torch.Generator().manual_seed(0))[:n]
-    return bnn_posterior(d.x_train[idx], d.y_train[idx], hidden=(hidden,), noise_scale=noise)
-
-
-def nuts_draws(model: UnnormalisedModel, warmup: int, samples: int, depth: int) -> torch.Tensor:
-    """(samples, D) draws of Pyro's NUTS on the model's log density, started uniformly in
-    (-1, 1)^D."""
-    pyro.set_rng_seed(0)
-    log_density = model.log_density
-    init = {"theta": 2 * torch.rand(model.dim, dtype=torch.float64) - 1}
-    kernel = pyro.infer.NUTS(potential_fn=lambda p: -log_density(p["theta"]),
-                             max_tree_depth=depth)
-    mcmc = pyro.infer.MCMC(kernel, num_samples=samples, warmup_steps=warmup,
-                           initial_params=init, disable_progbar=True)
-    mcmc.run()
-    return mcmc.get_samples()["theta"]
-
-
-def fit_components(model: UnnormalisedModel, k: int, steps: int,
-                   start: MixtureGuide | None = None) -> MixtureGuide:
-    """A ``k``-component mixture fitted by ``steps`` enumerated-ELBO steps, started either
-    uniformly in (-1, 1)^D or, given ``start`` (a K=1 fit), from its component split into
-    ``k`` antithetic copies (offsets 0.05 sqrt(D)), so every K starts where K=1 stands."""
-    pyro.set_rng_seed(0)
-    init = (init_to_uniform(radius=1.0) if start is None
-            else init_to_value(values={"theta": start.mixture().locs[0].detach()}))
-    guide = MixtureGuide(model, k, estimator="enumerate", init_scale=0.05, init_spread=0.05,
-                         init_loc_fn=init)
-    if start is not None:
-        w = start.mixture().w.detach()
-        with pyro.get_param_store().scope():  # set up without sharing Pyro's global store
-            guide(*NO_DATA)
-            guide.w = w.expand(k, -1).clone()
-    fit(model, guide, *NO_DATA, steps=steps, lr=0.02, num_particles=8, elbo=MixtureELBO,
-        seed=0)
-    return guide
-
-
-def predictive_moments(model: UnnormalisedModel, theta: torch.Tensor) -> tuple:
-    """Mean and standard deviation over ``GRID`` of the predictive ``f(x) + N(0, sigma^2)``
-    under the weight draws ``theta`` (S, D)."""
-    net = model.log_density
-    f = mlp_forward(GRID, net.unflatten(theta), net.act).squeeze(-1)
-    return f.mean(0), (f.var(0) + net.noise_scale**2).sqrt()
-
-
-def w2_to_reference(model, guides: dict, reference: torch.Tensor, *, draws: int = 4000,
-                    boot: int = 200) -> tuple[dict, dict]:
-    """Mean over ``GRID`` of the W2 distance between the Gaussian moment-matched predictives
-    of each guide (``draws`` samples) and of the NUTS draws ``reference``; and the Monte
-    Carlo standard error of each guide's distance minus K=1's: a bootstrap of the reference
-    draws (which the guides share) and, in quadrature, batch means over the guides' draws."""
-    samples = {k: g.mixture().sample((draws,)) for k, g in guides.items()}
-    moments = {k: predictive_moments(model, s) for k, s in samples.items()}
-
-    def distances(ref_moments, guide_moments):
-        return {k: gaussian_w2(*m, *ref_moments).mean().item() for k, m in guide_moments.items()}
-
-    w2 = distances(predictive_moments(model, reference), moments)
-    gen = torch.Generator().manual_seed(1)
-    ref_diffs = []
-    for _ in range(boot):
-        pick = torch.randint(reference.shape[0], (reference.shape[0],), generator=gen)
-        b = distances(predictive_moments(model, reference[pick]), moments)
-        ref_diffs.append([b[k] - b[1] for k in samples])
-    ref_var = torch.tensor(ref_diffs).var(0)
-    batches = 8
-    ref_moments = predictive_moments(model, reference)
-    per_batch = torch.tensor([[gaussian_w2(*predictive_moments(model, part), *ref_moments)
-                               .mean().item() for part in s.chunk(batches)]
-                              for s in samples.values()])  # (guides, batches)
-    guide_var = per_batch.var(1) / batches
-    se = {k: math.sqrt(ref_var[i] + guide_var[i] + (guide_var[0] if k != 1 else 0.0))
-          for i, k in enumerate(samples)}
-    return w2, se
-
-
-def elbo_and_se(model, guide: MixtureGuide, batches: int = 8) -> tuple[float, float]:
-    """The ELBO (mean of ``batches`` estimates of 256 particles) and its standard error."""
-    with pyro.get_param_store().scope():  # the guide's own parameters, not the global store's
-        values = torch.tensor([-MixtureELBO(num_particles=256, max_plate_nesting=1).loss(
-            model, guide, *NO_DATA) for _ in range(batches)])
-    return values.mean().item(), (values.std() / math.sqrt(batches)).item()
-
-
-def test_mixture_against_nuts_on_a_small_bnn_fast():
-    """1-5-1 tanh net on 20 points of ``gap``, a short NUTS run (60 + 60 draws, tree depth
-    4) as the reference; K=1 fitted 200 steps, then K=1 and K=2 (split from it) 100 more.
-    Both predictives are finite and near NUTS's (W2 well below the targets' scale, 0.7), and
-    K=2's ELBO is not worse than K=1's beyond 4 Monte Carlo standard errors.
+def test_mixture_against_nuts_on_a_small_bnn_fast(tmp_path, monkeypatch):
+    """``benchmarks/mixture_nuts.py`` on a short run: 1-5-1 tanh net on 20 points of
+    ``gap``, NUTS with 60 + 60 draws (tree depth 4) as the reference; K=1 fitted 100 steps,
+    then K=1 and K=2 (split from it) 100 more. Both predictives are finite and near NUTS's
+    (W2 well below the targets' scale, 0.7), and K=2's ELBO is not worse than K=1's beyond 4
+    Monte Carlo standard errors.
 
     Not asserted, because it is not true here: that K=2's *predictive* is no further from
-    NUTS than K=1's. Measured: W2 0.072 (K=1) and 0.103 (K=2), a gap of ~12 standard errors
-    of the difference; the second component changes where the optimisation goes (it is
-    not Monte Carlo noise), and the ELBO it gains does not move the predictive towards
-    NUTS (see the slow test)."""
-    model = small_bnn("gap")
-    reference = nuts_draws(model, warmup=60, samples=60, depth=4)
-    base = fit_components(model, 1, steps=200)
-    guides = {k: fit_components(model, k, steps=100, start=base) for k in (1, 2)}
-    w2, _ = w2_to_reference(model, guides, reference, boot=50)
-    assert all(math.isfinite(v) and 0 < v < 0.3 for v in w2.values()), w2
-    (e1, se1), (e2, se2) = (elbo_and_se(model, guides[k]) for k in (1, 2))
-    assert e2 >= e1 - 4 * math.hypot(se1, se2), (e1, se1, e2, se2)
+    NUTS than K=1's; the second component changes where the optimisation goes (it is not
+    Monte Carlo noise), and the ELBO it gains does not move the predictive towards NUTS
+    (see the slow test)."""
+    rows = mixture_nuts(monkeypatch)["main"](
+        ["--data", "gap", "--components", "2", "--steps", "100", "--warmup", "60",
+         "--samples", "60", "--depth", "4", "--out", str(tmp_path)])
+    assert [(r["data"], r["K"]) for r in rows] == [("gap", 1), ("gap", 2)]
+    assert all(math.isfinite(r["w2"]) and 0 < r["w2"] < 0.3 for r in rows), rows
+    k1, k2 = rows
+    assert k2["elbo"] >= k1["elbo"] - 4 * math.hypot(k1["elbo_se"], k2["elbo_se"]), rows
+    assert k1["w2_diff_se"] is None and k2["w2_diff_se"] > 0
+    assert "| gap | 2 |" in (tmp_path / "mixture_nuts.md").read_text()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["sine", "gap"])
-def test_mixture_against_nuts_on_a_small_bnn(name):
-    """1-5-1 tanh net on 20 points, NUTS (150 warmup + 200 draws, tree depth 6) as the
-    reference; K=1 fitted 600 steps, then K = 1, 2, 4 (split from it) 600 more. More
-    components raise the ELBO (K=4 above K=1 by more than 4 standard errors, no K below K=1
-    beyond them), but do not bring the predictive closer to NUTS: no K's W2 distance is
-    below K=1's by more than 4 Monte Carlo standard errors of the difference."""
-    model = small_bnn(name)
-    reference = nuts_draws(model, warmup=150, samples=200, depth=6)
-    base = fit_components(model, 1, steps=600)
-    guides = {k: fit_components(model, k, steps=600, start=base) for k in (1, 2, 4)}
-    w2, se = w2_to_reference(model, guides, reference)
-    assert all(math.isfinite(v) for v in w2.values()), w2
-    elbos = {k: elbo_and_se(model, g) for k, g in guides.items()}
+def test_mixture_against_nuts_on_a_small_bnn(name, monkeypatch):
+    """What ``benchmarks/results/mixture_nuts`` shows, on its settings: 1-5-1 tanh net on 20
+    points, NUTS (150 warmup + 200 draws, tree depth 6) as the reference; K=1 fitted 600
+    steps, then K = 1, 2, 4 (split from it) 600 more. More components raise the ELBO (K=4
+    above K=1 by more than 4 standard errors, no K below K=1 beyond them), but do not bring
+    the predictive closer to NUTS: no K's W2 distance is below K=1's by more than 4 Monte
+    Carlo standard errors of the difference."""
+    rows = mixture_nuts(monkeypatch)["compare_components"](
+        name, (1, 2, 4), warmup=150, samples=200, depth=6, steps=600)
+    by_k = {r["K"]: r for r in rows}
+    assert all(math.isfinite(r["w2"]) for r in rows), rows
     for k in (2, 4):
-        assert w2[k] >= w2[1] - 4 * se[k], (w2, se)
-        assert elbos[k][0] >= elbos[1][0] - 4 * math.hypot(elbos[k][1], elbos[1][1]), elbos
-    assert elbos[4][0] > elbos[1][0] + 4 * math.hypot(elbos[4][1], elbos[1][1]), elbos
+        assert by_k[k]["w2"] >= by_k[1]["w2"] - 4 * by_k[k]["w2_diff_se"], rows
+        assert by_k[k]["elbo"] >= by_k[1]["elbo"] - 4 * math.hypot(
+            by_k[k]["elbo_se"], by_k[1]["elbo_se"]), rows
+    assert by_k[4]["elbo"] > by_k[1]["elbo"] + 4 * math.hypot(by_k[4]["elbo_se"],
+                                                              by_k[1]["elbo_se"]), rows

@@ -6,7 +6,8 @@
   the local reparameterisation or the flipout handler);
 * :mod:`~bnn_zoo.core.elbo.conditional`: seed 000's :class:`CollapsedELBO`,
   :class:`ExpectedLikelihoodELBO` (the seed's literal Algorithm 3) and :class:`Algorithm1ELBO`;
-* :mod:`~bnn_zoo.core.elbo.mixture`: seed 003's :class:`MixtureELBO`.
+* :mod:`~bnn_zoo.core.elbo.mixture`: seed 003's :class:`MixtureELBO`, and
+  :func:`elbo_estimate`, its value with a Monte Carlo standard error.
 """
 
 from bnn_zoo.core.elbo.conditional import Algorithm1ELBO as Algorithm1ELBO
@@ -20,7 +21,8 @@ from bnn_zoo.core.elbo.mean_field import (
 from bnn_zoo.core.elbo.mean_field import MeanFieldELBO as MeanFieldELBO
 from bnn_zoo.core.elbo.mean_field import gaussian_kl as gaussian_kl
 from bnn_zoo.core.elbo.mixture import MixtureELBO as MixtureELBO
+from bnn_zoo.core.elbo.mixture import elbo_estimate as elbo_estimate
 
 __all__ = ["Algorithm1ELBO", "CollapsedELBO", "DifferentiableLossELBO", "ExpectedLikelihoodELBO",
            "FlipoutELBO", "LocalReparameterizationELBO", "MeanFieldELBO", "MixtureELBO",
-           "gaussian_kl"]
+           "elbo_estimate", "gaussian_kl"]

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from bnn_zoo.core.elbo.mean_field import DifferentiableLossELBO
 
-__all__ = ["MixtureELBO"]
+__all__ = ["MixtureELBO", "elbo_estimate"]
 
 GUIDE_INTERFACE = ("estimator", "num_components", "latent_site", "mixture", "baseline",
                    "current_baseline", "update_baseline")
@@ -133,3 +133,20 @@ class MixtureELBO(DifferentiableLossELBO):
         # Without gradients: the estimate alone, and no baseline update.
         with torch.no_grad():
             return super().loss(model, guide, *args, **kwargs)
+
+
+def elbo_estimate(model, guide, *args, particles: int, batches: int = 8) -> tuple[float, float]:
+    """Mean and Monte Carlo standard error of the :class:`MixtureELBO` of ``guide`` for
+    ``model`` (called with ``args``): ``batches`` independent estimates of ``particles //
+    batches`` particles each, their mean and ``std / sqrt(batches)``.
+
+    Evaluated in a private parameter store, as :func:`bnn_zoo.fit` trains: in Pyro's global
+    store a called ``PyroModule`` takes whatever tensor the store holds under its parameter's
+    name in place of its own, so a second guide of the same class would be scored with, and
+    overwrite, the first one's parameters.
+    """
+    per = max(1, particles // batches)
+    with pyro.get_param_store().scope():
+        values = torch.tensor([-MixtureELBO(num_particles=per, max_plate_nesting=1).loss(
+            model, guide, *args) for _ in range(batches)])
+    return values.mean().item(), (values.std() / math.sqrt(batches)).item()
