@@ -218,9 +218,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--validation", type=float, default=compare.UCI_VALIDATION,
                         help="share of the training split on which entries with a single "
                              "learned noise scale tune it (0: keep the learned noise)")
-    parser.add_argument("--cached-only", action="store_true",
-                        help="fit nothing: write the tables from the cached runs, listing the "
-                             "missing ones as not run")
+    flags.add_cached_only_flag(parser)
     parser.add_argument("--jobs", type=flags.positive_int, default=1,
                         help="worker processes, each fitting whole data sets with --threads "
                              "threads (default: 1, in this process)")

@@ -5,8 +5,10 @@ of section 2 against quadrature, the classification metrics by hand, and the fit
 from __future__ import annotations
 
 import csv
+import json
 import math
 import runpy
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -322,3 +324,14 @@ def test_classification_benchmark_script(tmp_path):
         assert 0.0 <= float(r["auroc_shift"]) <= 1.0
     assert "| wine | mean_field_clf |" in (tmp_path / "classification.md").read_text()
     assert (tmp_path / "reliability.png").stat().st_size > 0
+    # A fresh checkout: the JSON (with the reliability bins) without the cache. Restored
+    # from it, a cached-only run fits nothing and writes the same table.
+    table = (tmp_path / "classification.md").read_text()
+    shutil.rmtree(tmp_path / "runs")
+    again = script["main"](["--steps", "3", "--datasets", "wine", "--entries", "map",
+                            "mean_field_clf", "--num-samples", "5", "--out", str(tmp_path),
+                            "--cached-only"])
+    assert [r["runs"] for r in again] == [1, 1]
+    assert (tmp_path / "classification.md").read_text() == table
+    kept = json.loads((tmp_path / "classification.json").read_text())["runs"]
+    assert all(set(r["reliability"]) >= {"confidence", "accuracy", "count"} for r in kept)

@@ -239,12 +239,17 @@ def write_comparison(records: list[dict], out: str | Path, *, name: str = "compa
     """Summarise ``records`` and write ``<name>.md``, ``.csv`` and ``.json`` under ``out``
     (one Markdown table per data set, or with ``section=None`` one table with a ``data``
     column; ``columns`` default to :data:`TABLE_COLUMNS` of the data's task; ``preamble``
-    above the Markdown tables); return the summary rows and the Markdown."""
+    above the Markdown tables); return the summary rows and the Markdown. The JSON keeps
+    every run under ``"runs"`` (keys, status, metrics, diagnostics, reason, the settings of
+    its cache key and, for classification, its reliability bins), from which
+    :func:`~bnn_zoo.harness.runs.restore_cache` rebuilds the cache of a fresh checkout."""
     summary = summarise(records, reference=reference)
     tasks = dict.fromkeys(row["task"] for row in summary)
     chosen = columns or [c for task in tasks for c in TABLE_COLUMNS[task]]
-    runs = [{k: r.get(k) for k in ("entry", "data", "split", "seed", "status", "metrics",
-                                   "diagnostics", "reason", "settings")} for r in records]
+    runs = [{**{k: r.get(k) for k in ("entry", "data", "split", "seed", "status", "metrics",
+                                      "diagnostics", "reason", "settings")},
+             **({"reliability": r["reliability"]} if "reliability" in r else {})}
+            for r in records]
     table = write_tables(out, name, summary, keys=("data", "entry"), section=section,
                          columns=list(dict.fromkeys(chosen)), notes=notes, runs=runs,
                          markdown_rows=markdown_rows, preamble=preamble)

@@ -247,6 +247,15 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
     return add_shared_flags(parser, out=out, splits=splits, threads=threads)
 
 
+def add_cached_only_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--cached-only``: fit nothing; write the tables from the cached runs, listing the
+    missing ones as not run (``run_comparison(cached_only=True)``)."""
+    parser.add_argument("--cached-only", action="store_true",
+                        help="fit nothing: write the tables from the cached runs, listing the "
+                             "missing ones as not run")
+    return parser
+
+
 def add_net_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``--net``: ``mlp`` (each entry's own model) or a name of
     :data:`bnn_zoo.zoo.NETWORK_CHOICES`: the bundled network for each data set, that every
