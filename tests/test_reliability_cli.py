@@ -496,9 +496,17 @@ def test_two_writers_and_a_reader_of_one_file_never_collide(tmp_path):
     _no_temporary_files(tmp_path)
 
 
+def _default_sigint() -> None:
+    """In the child before it starts Python: Ctrl-C as in a user's shell. A child inherits
+    an ignored SIGINT, and Python then installs no KeyboardInterrupt handler; pytest started
+    in the background by a non-interactive shell (``pytest &``) ignores SIGINT, as POSIX has
+    it, and the test then failed with all 20 splits fitted."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _bnn_zoo(*argv: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "bnn_zoo", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"})
 
 
