@@ -52,12 +52,13 @@ def reliability_grid(records: list[dict], datasets: Sequence[str], entries: Sequ
             done = [r for r in records if r["data"] == dataset and r["entry"] == entry
                     and r["status"] == "ok"]
             first = min(done, key=lambda r: r["split"]) if done else None
-            if first is not None and "reliability" in first:
+            if first is None:
+                axes[i, j].set_axis_off()
+            elif "reliability" in first:
                 draw_reliability(first["reliability"], first["metrics"]["ece"], axes[i, j],
                                  f"{dataset}: {entry}")
-                continue
-            axes[i, j].set_axis_off()
-            if first is not None:  # restored from a JSON that kept no bins
+            else:  # restored from a JSON that kept no bins
+                axes[i, j].set_axis_off()
                 axes[i, j].text(0.5, 0.5, f"{dataset}: {entry}\nno bins kept", ha="center",
                                 va="center", fontsize=8, transform=axes[i, j].transAxes)
     return fig

@@ -527,10 +527,8 @@ def test_two_comparisons_into_one_out_folder(tmp_path):
 
 def test_ctrl_c_leaves_whole_files_and_the_rerun_resumes(tmp_path):
     # One by one: fitted as replicas, the 20 splits would finish together, before the signal.
-    # 2000 steps a split (about a second) so that the 19 after the first outlast the signal
-    # on a loaded machine too: with 5 steps, all 20 once finished before it arrived.
-    argv = ["compare", "--entries", "map", "--splits", "20", "--steps", "2000",
-            "--num-samples", "5", "--threads", "1", "--replicas", "off", "--out", str(tmp_path)]
+    argv = ["compare", "--entries", "map", "--splits", "20", *TINY, "--threads", "1",
+            "--replicas", "off", "--out", str(tmp_path)]
     process = _bnn_zoo(*argv)
     first = process.stdout.readline()  # the first finished run
     assert first.startswith("[ok] map on sine split 0"), first
