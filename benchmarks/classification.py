@@ -23,6 +23,7 @@ A run restored from a file written before the reliability bins were kept there h
 diagram (its panel says so).
 
     python benchmarks/classification.py                       # all entries, 4 data sets
+    python benchmarks/classification.py --data mnist1d        # needs bnn-zoo[mnist1d]
     python benchmarks/classification.py --steps 20 --datasets wine --num-samples 20
 """
 
@@ -38,6 +39,8 @@ from bnn_zoo.harness import compare, flags, runs
 from bnn_zoo.harness.figures import draw_reliability, save_figure
 
 DATASETS = ("two_moons", "breast_cancer", "digits", "wine")
+#: MNIST-1D needs the optional ``mnist1d`` package, so it is a choice, not a default.
+CHOICES = (*DATASETS, "mnist1d")
 COLUMNS = ("accuracy", "nll", "brier", "ece", "entropy", "auroc_shift", "fit_seconds",
            "ms_per_step")
 
@@ -66,7 +69,7 @@ def reliability_grid(records: list[dict], datasets: Sequence[str], entries: Sequ
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    flags.add_data_flag(parser, DATASETS, choices=DATASETS)
+    flags.add_data_flag(parser, DATASETS, choices=CHOICES)
     flags.add_entries_flag(parser, None)
     flags.add_fit_flags(parser)
     flags.add_shared_flags(parser, out="results/classification", threads=1)

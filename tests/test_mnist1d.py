@@ -8,8 +8,10 @@ import json
 import math
 import os
 import random
+import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,3 +137,14 @@ def test_compare_with_the_cnn_on_mnist1d_writes_its_tables(tmp_path):
     assert (tmp_path / "compare.csv").is_file()
     rows = json.loads((tmp_path / "compare.json").read_text())["summary"]
     assert {(r["entry"], r["data"]) for r in rows} == {("map", "mnist1d"), ("bbb", "mnist1d")}
+
+
+def test_the_classification_benchmark_takes_mnist1d_but_not_by_default(tmp_path):
+    script = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "classification.py"),
+                            run_name="bench")
+    assert "mnist1d" not in script["DATASETS"]  # the default needs no optional package
+    _require_package()
+    rows = script["main"](["--data", "mnist1d", "--entries", "map", "--steps", "3",
+                           "--num-samples", "2", "--out", str(tmp_path)])
+    assert [(r["data"], r["entry"], r["runs"]) for r in rows] == [("mnist1d", "map", 1)]
+    assert "| mnist1d | map |" in (tmp_path / "classification.md").read_text()
