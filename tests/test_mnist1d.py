@@ -22,6 +22,7 @@ from bnn_zoo.core import data as data_module
 from bnn_zoo.harness import cli
 from bnn_zoo.zoo._networks import mnist1d_cnn
 
+CLASSIFICATION_BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "classification.py"
 NEEDS_PACKAGE = "the mnist1d data set needs the optional mnist1d package (bnn-zoo[mnist1d])"
 
 
@@ -140,8 +141,7 @@ def test_compare_with_the_cnn_on_mnist1d_writes_its_tables(tmp_path):
 
 
 def test_the_classification_benchmark_takes_mnist1d_but_not_by_default(tmp_path):
-    script = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "classification.py"),
-                            run_name="bench")
+    script = runpy.run_path(str(CLASSIFICATION_BENCHMARK), run_name="bench")
     assert "mnist1d" not in script["DATASETS"]  # the default needs no optional package
     _require_package()
     rows = script["main"](["--data", "mnist1d", "--entries", "map", "--steps", "3",
