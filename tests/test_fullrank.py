@@ -82,3 +82,35 @@ def test_fullrank_log_density_of_its_draw_is_the_base_density_minus_the_log_dete
     expected = (torch.distributions.Normal(0.0, 1.0).log_prob(z).sum()
                 - scale_tril.diagonal().log().sum())
     torch.testing.assert_close(site["fn"].log_prob(site["value"]), expected)
+
+
+def test_fullrank_factor_is_unit_lower_triangular_whatever_the_stored_matrix_holds():
+    """The stored matrix is unconstrained; ``scale_tril`` reads it as Pyro's
+    ``unit_lower_cholesky`` constraint would (``x.tril(-1) + I``), so an optimiser that
+    touches the upper triangle or the diagonal (weight decay) cannot change the guide."""
+    model, x, y, *_ = blr_problem()
+    guide = MultivariateNormal(model)
+    guide(x, y)
+    with torch.no_grad():
+        guide.scale_tril_unconstrained.copy_(torch.randn(3, 3, dtype=torch.float64))
+        raw = guide.scale_tril_unconstrained.clone()
+    expected = raw.tril(-1) + torch.eye(3, dtype=torch.float64)
+    torch.testing.assert_close(guide.scale_tril, expected, rtol=0, atol=0)
+    torch.testing.assert_close(guide.get_posterior().scale_tril,
+                               guide.scale[..., None] * expected)
+
+
+def test_fullrank_density_of_any_point_is_the_multivariate_normal_density():
+    """A point the guide did not draw is scored through the affine map's inverse (a
+    unit-triangular solve): the density must be ``N(w; mu, L L^T)``."""
+    model, x, y, *_ = blr_problem()
+    guide = MultivariateNormal(model, init_scale=0.3)
+    guide(x, y)
+    with torch.no_grad():
+        guide.scale_tril_unconstrained.copy_(torch.randn(3, 3, dtype=torch.float64))
+    trace = poutine.trace(guide).get_trace(x, y)
+    (site,) = [s for s in trace.nodes.values() if s["type"] == "sample"
+               and s["infer"].get("is_auxiliary")]
+    points = torch.randn(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(site["fn"].log_prob(points),
+                               guide.get_posterior().log_prob(points))
