@@ -309,6 +309,41 @@ def test_classification_predictive_averages_probabilities_not_weights():
     torch.testing.assert_close(pred.mean, torch.tensor([[1 / 3, 2 / 3]]))
 
 
+def test_classification_log_prob_stays_finite_where_float32_probabilities_underflow():
+    """Two samples give the observed class log-probabilities -120 and -130: its float32
+    probabilities underflow to zero, and the log of their average is -inf; in log space it
+    is ``log((e^-120 + e^-130) / 2)``. Where nothing underflows both ways agree."""
+    logits = torch.tensor([[[0.0, -120.0], [0.0, -1.0]], [[0.0, -130.0], [0.0, -2.0]]])
+    log_probs = torch.log_softmax(logits, -1)
+    y = torch.tensor([1, 1])
+    assert torch.isinf(CategoricalPredictive(log_probs.exp()).log_prob(y)[0])
+    got = CategoricalPredictive(log_probs.exp(), log_probs).log_prob(y)
+    exact = (torch.logsumexp(log_probs.double()[:, :, 1], 0) - math.log(2)).float()
+    torch.testing.assert_close(got, exact)
+    assert got[0].item() == pytest.approx(-120 - math.log(2) + math.log1p(math.exp(-10)))
+    torch.testing.assert_close(got[1], CategoricalPredictive(log_probs.exp()).log_prob(y)[1])
+
+
+def test_categorical_predictive_refuses_log_probs_of_another_shape():
+    with pytest.raises(ValueError, match="log_probs of the shape of probs"):
+        CategoricalPredictive(torch.full((2, 3, 4), 0.25), torch.zeros(2, 3, 3))
+
+
+def test_predict_gives_log_probabilities_with_the_probabilities():
+    """``predict`` keeps the likelihood's normalised logits, so the mixture of an
+    ensemble and one replica of a batch keep them too."""
+    x = torch.randn(5, 2)
+    model = BayesianMLP(2, 3, (4,), task="classification")
+    guide = AutoDelta(model)
+    guide(x, torch.tensor([0, 1, 2, 0, 1]))
+    pred = bnn_zoo.predict(model, guide, x, num_samples=3)
+    torch.testing.assert_close(pred.log_probs.exp(), pred.probs)
+    both = CategoricalPredictive.mixture([pred, pred])
+    assert both.log_probs.shape == (6, 5, 3)
+    without = CategoricalPredictive(pred.probs)
+    assert CategoricalPredictive.mixture([pred, without]).log_probs is None
+
+
 def test_predict_is_the_network_under_point_weights():
     x = torch.randn(7, 2)
     model = BayesianMLP(2, 1, (3,), noise_scale=0.2)

@@ -15,7 +15,7 @@ mixture over the samples:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyro
@@ -86,11 +86,33 @@ class GaussianMixturePredictive:
 
 @dataclass(frozen=True)
 class CategoricalPredictive:
-    """Per-sample class probabilities ``probs`` of shape (S, N, C)."""
+    """Per-sample class probabilities ``probs`` of shape (S, N, C) and, where the
+    likelihood has them, their logarithms ``log_probs`` (normalised logits, the same
+    shape). With them :meth:`log_prob` works in log space, so it stays finite where every
+    sample gives the observed class a probability below the dtype's smallest (a confident
+    error: the log of the averaged float32 probabilities is then ``-inf``)."""
 
     probs: Tensor
+    log_probs: Tensor | None = None
 
     task = "classification"
+
+    def __post_init__(self) -> None:
+        if self.log_probs is not None and self.log_probs.shape != self.probs.shape:
+            raise ValueError(f"Expected log_probs of the shape of probs "
+                             f"{tuple(self.probs.shape)}, got {tuple(self.log_probs.shape)}.")
+
+    @staticmethod
+    def mixture(preds: Sequence[CategoricalPredictive]) -> CategoricalPredictive:
+        """The equal-weight mixture of ``preds`` (their samples stacked)."""
+        logs = [p.log_probs for p in preds]
+        return CategoricalPredictive(torch.cat([p.probs for p in preds]),
+                                     None if any(t is None for t in logs) else torch.cat(logs))
+
+    def replica(self, r: int) -> CategoricalPredictive:
+        """Replica ``r`` of a replica-batched predictive (S, R, N, C)."""
+        return CategoricalPredictive(self.probs[:, r],
+                                     None if self.log_probs is None else self.log_probs[:, r])
 
     @property
     def mean(self) -> Tensor:
@@ -98,8 +120,14 @@ class CategoricalPredictive:
         return self.probs.mean(0)
 
     def log_prob(self, y: Tensor) -> Tensor:
-        """(N,) log of the averaged probability of the observed class."""
-        return torch.log(self.mean.gather(-1, y.long().unsqueeze(-1)).squeeze(-1))
+        """(N,) log of the averaged probability of the observed class,
+        ``log 1/S sum_s p_s(y_n) = logsumexp_s log p_s(y_n) - log S`` when ``log_probs``
+        is known."""
+        index = y.long().unsqueeze(-1)
+        if self.log_probs is None:
+            return torch.log(self.mean.gather(-1, index).squeeze(-1))
+        picked = self.log_probs.gather(-1, index.expand(*self.log_probs.shape[:-1], 1))
+        return torch.logsumexp(picked.squeeze(-1), 0) - math.log(self.log_probs.shape[0])
 
     @property
     def entropy(self) -> Tensor:
@@ -119,7 +147,7 @@ def predictive_from_likelihood(fn: dist.Distribution) -> Predictive:
         loc, scale = torch.broadcast_tensors(fn.loc, fn.scale)
         return GaussianMixturePredictive(loc.detach(), scale.detach())
     if isinstance(fn, dist.Categorical):
-        return CategoricalPredictive(fn.probs.detach())
+        return CategoricalPredictive(fn.probs.detach(), fn.logits.detach())
     raise TypeError("predict supports Normal and Categorical likelihoods at site 'obs', "
                     f"got {type(fn).__name__}.")
 

@@ -46,7 +46,6 @@ from bnn_zoo.core.checks import (
     check_tensor,
 )
 from bnn_zoo.core.predictive import (
-    CategoricalPredictive,
     GaussianMixturePredictive,
     Predictive,
     sample_predictive,
@@ -260,7 +259,7 @@ def predict_replicas(model: Callable, guide: Callable, x: Tensor, *, num_samples
         # (S, R, N); a pair without latent weights gives (R, N), the same for every sample
         loc, scale = (t.expand(num_samples, *x.shape[:2]) for t in (pred.loc, pred.scale))
         return [GaussianMixturePredictive(loc[:, r], scale[:, r]) for r in range(x.shape[0])]
-    return [CategoricalPredictive(pred.probs[:, r]) for r in range(x.shape[0])]
+    return [pred.replica(r) for r in range(x.shape[0])]
 
 
 def _is_replicated(batched: Tensor, single: Tensor, replicas: int) -> bool:

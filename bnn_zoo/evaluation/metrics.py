@@ -8,7 +8,10 @@ Regression (from a :class:`~bnn_zoo.core.predictive.GaussianMixturePredictive`):
 
 Classification (from a :class:`~bnn_zoo.core.predictive.CategoricalPredictive`):
 
-* ``accuracy`` of the arg-max of the averaged probabilities; ``nll`` per point;
+* ``accuracy`` of the arg-max of the averaged probabilities; ``nll`` per point,
+  ``-1/N sum_n log 1/S sum_s p_s(y_n)``, in log space (log-sum-exp over the samples'
+  log-probabilities) where the predictive keeps them, so that a confident error whose
+  float32 probability underflows counts with its size, not as infinity;
 * ``brier``: ``1/N sum_n sum_c (p_nc - [y_n = c])^2``;
 * ``ece``: expected calibration error with 15 equal-width confidence bins
   (Guo et al. 2017), ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|``;

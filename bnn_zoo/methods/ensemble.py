@@ -47,7 +47,7 @@ def mixture(preds: list[Predictive]) -> Predictive:
     if isinstance(preds[0], GaussianMixturePredictive):
         return GaussianMixturePredictive(torch.cat([p.loc for p in preds]),
                                          torch.cat([p.scale for p in preds]))
-    return CategoricalPredictive(torch.cat([p.probs for p in preds]))
+    return CategoricalPredictive.mixture(preds)
 
 
 class MemberChoice(nn.Module):
