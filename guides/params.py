@@ -118,9 +118,9 @@ class MultivariateNormal(AutoMultivariateNormal):
     def scale_tril(self) -> Tensor:
         """The unit lower-triangular factor ``L_0`` of ``L = diag(scale) L_0``: the stored
         matrix below the diagonal, ones on it, zeros above (Pyro's ``unit_lower_cholesky``
-        constraint, applied by one ``torch.where`` against cached masks; Pyro's transform,
-        ``x.tril(-1) + eye``, builds the identity and runs ``tril`` (slow on large
-        matrices) at each step, and cost 3-4x as much per step on a 3760-weight net)."""
+        constraint, applied by one ``torch.where`` against cached masks, where Pyro's
+        transform, ``x.tril(-1) + eye``, builds the identity and runs ``tril``, slow on
+        large matrices, at each step: see the class docstring for the cost)."""
         raw = PyroModule.__getattr__(self, "scale_tril")
         return torch.where(self._strict_lower, raw, self._identity)
 
