@@ -109,7 +109,7 @@ class MultivariateNormal(AutoMultivariateNormal):
         super()._setup_prototype(*args, **kwargs)
         to_pyro_params_(self)
         # Constants of the constraint: they move with the guide, are not saved, not trained.
-        identity = PyroModule.__getattr__(self, "scale_tril").detach().clone()
+        identity = torch.eye(self.latent_dim, dtype=self.loc.dtype, device=self.loc.device)
         self.register_buffer("_identity", identity, persistent=False)
         self.register_buffer("_strict_lower", torch.ones_like(identity, dtype=torch.bool)
                              .tril_(-1), persistent=False)

@@ -342,6 +342,9 @@ def test_predict_gives_log_probabilities_with_the_probabilities():
     assert both.log_probs.shape == (6, 5, 3)
     without = CategoricalPredictive(pred.probs)
     assert CategoricalPredictive.mixture([pred, without]).log_probs is None
+    batch = CategoricalPredictive(torch.stack([pred.probs] * 2, 1),
+                                  torch.stack([pred.log_probs] * 2, 1))  # (S, R, N, C)
+    torch.testing.assert_close(batch.replica(1).log_probs, pred.log_probs)
 
 
 def test_predict_is_the_network_under_point_weights():
