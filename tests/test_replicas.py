@@ -69,7 +69,10 @@ def test_batched_map_equals_separate_fits_in_float64(batch_size, seeds, validati
         pyro.set_rng_seed(0)
         want = alone.evaluate(x[r], y[r])
         assert got["rmse"] == pytest.approx(want["rmse"], rel=1e-9)
-        assert got["ll"] == pytest.approx(want["ll"], rel=1e-9, abs=1e-9)
+        # The tuned noise scale (validation > 0) is a golden-section maximum: where the
+        # objective is flat, round-off of 1e-16 decides comparisons over an interval of
+        # about sqrt(eps) = 1.5e-8 in log sigma, and the training LL moves with sigma.
+        assert got["ll"] == pytest.approx(want["ll"], rel=1e-7, abs=1e-9)
 
 
 def test_bbb_replicas_reach_each_replicas_closed_form_mean_field_optimum():

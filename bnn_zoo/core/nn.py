@@ -59,11 +59,22 @@ def layer_names(num_layers: int) -> list[tuple[str, str]]:
 
 
 def _affine(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``h @ W + b``, the bias added inside the matrix product (one pass over the output
+    fewer than ``matmul`` then ``+``) wherever a BLAS kernel takes it: ``addmm`` for one
+    weight sample, ``baddbmm`` for a stack of them (replicas), ``matmul`` otherwise.
+
+    A stack of single-output layers (R replicas of a regression net's last layer) is a
+    product and a sum over the inputs instead: the CPU's batched matrix product makes one
+    BLAS call per replica, and for a matrix-vector product (and the outer products of its
+    backward pass) those calls cost 4-8x the elementwise passes (20 replicas, 256 x 50
+    inputs: 220-280 us against 30-65 us on one thread).
+    """
     if h.dim() == 2 and weight.dim() == 2 and bias.dim() == 1:
-        # matmul's kernel for one weight sample (so the values are matmul's to the bit, as
-        # replicas, which take matmul's batched path, reproduce them), without the branches
-        # of matmul's autodiff graph when the loss is traced.
-        return torch.mm(h, weight) + bias
+        return torch.addmm(bias, h, weight)
+    if h.dim() == 3 and weight.dim() == 3 and bias.dim() == 2:
+        if weight.shape[-1] == 1:
+            return (h * weight.mT).sum(-1, keepdim=True) + bias.unsqueeze(-2)
+        return torch.baddbmm(bias.unsqueeze(-2), h, weight)
     return torch.matmul(h, weight) + bias.unsqueeze(-2)
 
 
@@ -93,7 +104,7 @@ def local_reparameterized_affine(h: Tensor, weight: tuple[Tensor, Tensor],
     (w_loc, w_scale), (b_loc, b_scale) = weight, bias
     mean = _affine(h, w_loc, b_loc)
     var = _affine(h**2, w_scale**2, b_scale**2)
-    return mean + var.sqrt() * torch.randn_like(mean)
+    return torch.addcmul(mean, var.sqrt(), torch.randn_like(mean))
 
 
 def rademacher_like(t: Tensor) -> Tensor:
