@@ -17,7 +17,12 @@ matrix products over R replicas, closed-form KL, fused Adam) for R replicas over
 step for one (interleaved medians of ``--repeats`` x 50 steps, same minibatch size): a
 lower bound, up to the zoo's overhead, on what R replicas of a fit can cost against one.
 
-    python benchmarks/replicas.py --out results/replicas
+Each run measures one setting, ``--threads`` and the allocator (``--retain-freed-memory``:
+glibc keeps freed memory for reuse, :func:`~bnn_zoo.harness.memory.retain_freed_memory`),
+and writes its row into the table of ``--out``, keeping the rows of other settings:
+
+    python benchmarks/replicas.py --out results/replicas --threads 1
+    python benchmarks/replicas.py --out results/replicas --threads 2 --retain-freed-memory
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ import torch
 
 from bnn_zoo import zoo
 from bnn_zoo.harness import flags
-from bnn_zoo.harness.memory import PeakMemory
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo.harness.memory import PeakMemory, retain_freed_memory
+from bnn_zoo.harness.tables import merge_summary, write_tables
 from bnn_zoo.harness.timing import interleaved_medians
 
 #: The floor of issue 16: R = 20 replicas of ``bbb`` in at most this many one-fit times.
 FLOOR = 3.0
+#: What identifies a row: the entry, the problem and the setting it was measured in.
+KEYS = ("entry", "replicas", "steps", "threads", "allocator")
 
 
 def data(replicas: int, n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,8 +108,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=flags.positive_int, default=3)
     parser.add_argument("--points", type=flags.positive_int, default=455)
     parser.add_argument("--inputs", type=flags.positive_int, default=13)
+    parser.add_argument("--retain-freed-memory", action="store_true",
+                        help="make glibc keep freed memory for reuse (default: its own policy)")
     flags.add_shared_flags(parser, out="results/replicas", threads=1, without=("splits",))
     args = flags.parse(parser, argv)
+    if args.retain_freed_memory and not retain_freed_memory():
+        parser.error("--retain-freed-memory: the C library is not glibc")
     entry = zoo.get(args.entry)
     x, y = data(args.replicas, args.points, args.inputs, args.seed)
     x, y = x.to(args.device), y.to(args.device)
@@ -125,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         many_mib.append(peak.mib)
     one_s, many_s = statistics.median(one), statistics.median(many)
     row = {"entry": args.entry, "replicas": args.replicas, "steps": args.steps,
+           "threads": torch.get_num_threads(),
+           "allocator": "retained" if args.retain_freed_memory else "default",
            "batched": zoo.batches_replicas(entry), "one_fit_s": one_s, "replicas_s": many_s,
            "ratio": many_s / one_s, "floor": FLOOR,
            "speedup_vs_one_by_one": args.replicas * one_s / many_s,
@@ -133,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                                   args.points), args.repeats, x.device),
            "one_fit_mib": max(one_mib), "replicas_mib": max(many_mib),
            "device": str(x.device)}
-    print(write_tables(args.out, "replicas", [row], keys=("entry", "replicas", "steps"),
+    rows = merge_summary(args.out, "replicas", [row], keys=KEYS)
+    print(write_tables(args.out, "replicas", rows, keys=KEYS,
                        columns=("batched", "one_fit_s", "replicas_s", "ratio", "floor",
                                 "speedup_vs_one_by_one", "hand_step_ratio", "one_fit_mib",
                                 "replicas_mib",

@@ -5,11 +5,13 @@ table writer."""
 
 from __future__ import annotations
 
+import json
 import runpy
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -183,3 +185,23 @@ def test_replicas_reports_the_peak_memory_of_both_fits(tmp_path):
     # far above what 2 replicas of a 13-50-1 net on 20 points can take.
     assert 0 < row["one_fit_mib"] < 1024 and 0 < row["replicas_mib"] < 1024
     assert "replicas_mib" in (tmp_path / "replicas.md").read_text()
+
+
+def test_replicas_keeps_the_rows_of_other_settings(tmp_path):
+    # One run measures one setting: a run with another thread count adds its row, a rerun
+    # of a setting replaces that setting's row.
+    script = runpy.run_path(str(BENCHMARKS / "replicas.py"), run_name="replicas")
+    threads = torch.get_num_threads()
+    common = ["--replicas", "2", "--steps", "3", "--repeats", "1", "--points", "20",
+              "--out", str(tmp_path)]
+    try:
+        first = script["main"]([*common, "--threads", "1"])[0]
+        second = script["main"]([*common, "--threads", "2"])[0]
+        third = script["main"]([*common, "--threads", "1"])[0]
+    finally:
+        torch.set_num_threads(threads)
+    summary = json.loads((tmp_path / "replicas.json").read_text())["summary"]
+    assert [(row["threads"], row["allocator"]) for row in summary] == [(1, "default"),
+                                                                        (2, "default")]
+    assert summary[1]["replicas_s"] == second["replicas_s"]
+    assert summary[0]["replicas_s"] == third["replicas_s"] != first["replicas_s"]

@@ -4,12 +4,21 @@ block that allocates nothing reports about zero, on the CPU by both methods and 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
-from bnn_zoo.harness.memory import PAGE, PeakMemory, peak_mib, step_peaks
+from bnn_zoo.harness.memory import (
+    PAGE,
+    PeakMemory,
+    _malloc_trim,
+    peak_mib,
+    retain_freed_memory,
+    step_peaks,
+)
 
 SIZE_MIB = 64
 # The CPU tolerance: 2 MiB for what the interpreter and torch touch around the tensor in
@@ -122,3 +131,38 @@ def test_cuda_peak_is_the_allocators_exact_count():
     with PeakMemory("cuda") as empty:
         pass
     assert empty.mib == 0.0
+
+
+RSS_AFTER_FREE = """
+import sys, torch
+from bnn_zoo.harness.memory import MIB, _rss_bytes, retain_freed_memory
+if sys.argv[1] == "retain":
+    assert retain_freed_memory(256)
+blocks = [torch.ones(2 * MIB) for _ in range(8)]  # eight blocks of 8 MiB, then all freed
+held = _rss_bytes()
+del blocks
+print((held - _rss_bytes()) / MIB)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc (Linux)")
+def test_retain_freed_memory_keeps_freed_blocks_resident():
+    # In a fresh process each (the setting is process-wide). By default glibc serves a
+    # process's first blocks of 8 MiB by mmap and unmaps each when it is freed: all 64 MiB
+    # go back to the system (later such blocks come from the heap and go back when its top
+    # is trimmed, which depends on what else lies above them). After retain_freed_memory
+    # they come from the heap and stay (within the 256 MiB limit).
+    if _malloc_trim() is None:
+        pytest.skip("the C library is not glibc")
+    returned = {mode: float(subprocess.run([sys.executable, "-c", RSS_AFTER_FREE, mode],
+                                           capture_output=True, text=True, check=True).stdout)
+                for mode in ("default", "retain")}
+    assert returned["default"] > 60  # the 64 MiB, up to pages the interpreter moved
+    assert returned["retain"] < 4
+
+
+def test_retain_freed_memory_refuses_a_limit_mallopt_cannot_take():
+    with pytest.raises(ValueError, match="limit_mib"):
+        retain_freed_memory(0)
+    with pytest.raises(ValueError, match="limit_mib at most 2047"):
+        retain_freed_memory(4096)

@@ -21,8 +21,8 @@ from pathlib import Path
 from bnn_zoo.core.files import write_text_atomic
 from bnn_zoo.harness.summary import RUNS
 
-__all__ = ["Table", "format_value", "markdown_table", "run_line", "write_csv",
-           "write_table_group", "write_tables"]
+__all__ = ["Table", "format_value", "markdown_table", "merge_summary", "run_line",
+           "write_csv", "write_table_group", "write_tables"]
 
 
 def _number(value: float, digits: int) -> str:
@@ -150,6 +150,19 @@ def write_tables(out: str | Path, name: str, rows: Sequence[dict], *, keys: Sequ
     document = {"summary": list(rows), **({"runs": list(runs)} if runs is not None else {})}
     write_text_atomic(out / f"{name}.json", _json(document))
     return table
+
+
+def merge_summary(out: str | Path, name: str, rows: Sequence[dict], *, keys: Sequence[str]
+                  ) -> list[dict]:
+    """The summary rows of ``<name>.json`` under ``out`` (none if there is no such file),
+    each replaced by the row of ``rows`` with the same values of ``keys``, followed by the
+    rows of ``rows`` that replace none: what to pass to :func:`write_tables` when one run
+    measures some rows of a table (one setting of a benchmark) and keeps the others."""
+    path = Path(out) / f"{name}.json"
+    old = json.loads(path.read_text())["summary"] if path.exists() else []
+    new = {tuple(row.get(k) for k in keys): row for row in rows}
+    merged = [new.pop(tuple(row.get(k) for k in keys), row) for row in old]
+    return merged + list(new.values())
 
 
 @dataclass(frozen=True)
