@@ -13,9 +13,15 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
+from pyro.infer.autoguide import AutoDelta, init_to_sample
 from torch.distributions import Normal, kl_divergence
 
-from bnn_zoo.core.elbo import LocalReparameterizationELBO, MeanFieldELBO, gaussian_kl
+from bnn_zoo.core.elbo import (
+    LocalReparameterizationELBO,
+    MeanFieldELBO,
+    gaussian_kl,
+    gaussian_log_density,
+)
 from bnn_zoo.core.handlers import scale_global_sites, subsample_data
 from bnn_zoo.core.nn import affine
 from bnn_zoo.guides import BayesByBackpropGuide
@@ -157,13 +163,82 @@ def test_local_reparameterization_loss_keeps_the_closed_form_kl():
                                **TOL)
 
 
+@pytest.mark.parametrize("out", [4, 1])
 @pytest.mark.parametrize("h_lead, w_lead, b_lead", [
     ((), (), ()), ((2,), (2,), (2,)), ((), (2,), (2,)), ((3, 2), (2,), (2,)), ((), (), (2,))])
-def test_affine_is_matmul_plus_bias(h_lead, w_lead, b_lead):
-    """The affine layer (``mm`` for one weight sample, ``matmul`` broadcasting otherwise)."""
-    h = torch.randn(*h_lead, 5, 3, **F64)
-    w, b = torch.randn(*w_lead, 3, 4, **F64), torch.randn(*b_lead, 4, **F64)
-    torch.testing.assert_close(affine(h, w, b), h @ w + b.unsqueeze(-2), **TOL)
+def test_affine_is_matmul_plus_bias(h_lead, w_lead, b_lead, out):
+    """The affine layer (``addmm`` for one weight sample, ``baddbmm`` for a stack, a product
+    and a sum for a stack of single-output layers, ``matmul`` broadcasting otherwise), in
+    value and in gradient."""
+    h = torch.randn(*h_lead, 5, 3, **F64, requires_grad=True)
+    w = torch.randn(*w_lead, 3, out, **F64, requires_grad=True)
+    b = torch.randn(*b_lead, out, **F64, requires_grad=True)
+    ours, expected = affine(h, w, b), h @ w + b.unsqueeze(-2)
+    torch.testing.assert_close(ours, expected, **TOL)
+    cotangent = torch.randn_like(expected)
+    for got, want in zip(torch.autograd.grad(ours, (h, w, b), cotangent),
+                         torch.autograd.grad(expected, (h, w, b), cotangent)):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize("p_shape, expand", [((), True), ((4, 3), False), ((1, 3), True),
+                                             ((2, 1, 1), True)])
+def test_gaussian_log_density_is_torchs_log_prob(p_shape, expand):
+    value = torch.randn(4, 3, **F64)
+    loc, scale = torch.randn(p_shape, **F64), torch.rand(p_shape, **F64) + 0.5
+    if expand:
+        shape = torch.broadcast_shapes(p_shape, (4, 3))
+        loc, scale = loc.expand(shape), scale.expand(shape)
+    expected = Normal(loc, scale).log_prob(value)
+    log_p = gaussian_log_density(value, loc, scale)
+    assert log_p.shape == expected.shape
+    torch.testing.assert_close(log_p, expected, **TOL)
+
+
+@pytest.mark.parametrize("case", ["full", "minibatch_kl_weight", "replicas", "scale_mixture"])
+def test_point_mass_guide_loss_is_trace_elbos(case):
+    """A point-mass guide (``AutoDelta``; the Laplace MAP phase's ``Delta`` sites): the loss
+    is ``-log p(y | w) - log p(w)``; loss and every gradient equal ``Trace_ELBO``'s, under
+    the minibatch and KL-weight handlers, with replicas and with a prior without closed
+    form."""
+    prior = ScaleMixturePrior() if case == "scale_mixture" else GaussianPrior(1.3)
+    replicas = 2 if case == "replicas" else None
+    model, _ = mlp_pair(prior, replicas)
+    lead = () if replicas is None else (replicas,)
+    x, y = torch.randn(*lead, 10, 3, **F64), torch.randn(*lead, 10, **F64)
+    guide = AutoDelta(model, init_loc_fn=init_to_sample)
+    handlers = ()
+    if case == "minibatch_kl_weight":
+        handlers = (subsample_data(torch.tensor([1, 4, 7, 8])), scale_global_sites(0.3))
+    kwargs = {"max_plate_nesting": 1 if replicas is None else 2}
+    ours = loss_and_grads(MeanFieldELBO(**kwargs), model, guide, x, y, handlers=handlers)
+    pyros = loss_and_grads(pyro.infer.Trace_ELBO(**kwargs), model, guide, x, y,
+                           handlers=handlers)
+    torch.testing.assert_close(ours[0], pyros[0], **TOL)
+    assert ours[1].keys() == pyros[1].keys() and len(ours[1]) >= 4
+    for name, grad in ours[1].items():
+        torch.testing.assert_close(grad, pyros[1][name], **TOL)
+
+
+def test_point_mass_log_density_counts_as_log_q():
+    """A ``Delta`` with its own ``log_density`` has that log density at its value: the loss
+    subtracts it, as ``Trace_ELBO``'s does, in value and gradient."""
+    model, _ = mlp_pair()
+    x, y = torch.randn(10, 3, **F64), torch.randn(10, **F64)
+    values = {name: torch.randn(shape, **F64, requires_grad=True) for name, shape in model.sites}
+    weight = torch.tensor(0.7, **F64, requires_grad=True)
+
+    def guide(x, y):
+        return {name: pyro.sample(name, dist.Delta(value, log_density=weight * value.sum(),
+                                                   event_dim=value.dim()))
+                for name, value in values.items()}
+
+    leaves = [*values.values(), weight]
+    losses = [elbo.differentiable_loss(model, guide, x, y)
+              for elbo in (MeanFieldELBO(), pyro.infer.Trace_ELBO())]
+    torch.testing.assert_close(losses[0], losses[1], **TOL)
+    for got, want in zip(*(torch.autograd.grad(loss, leaves) for loss in losses)):
+        torch.testing.assert_close(got, want, **TOL)
 
 
 def test_local_reparameterization_skips_the_draws_it_does_not_use():

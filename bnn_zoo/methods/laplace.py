@@ -2,7 +2,9 @@
 first half; Bishop, PRML 5.7; MacKay 1992).
 
 :class:`Laplace` finds the MAP by SVI (:func:`bnn_zoo.core.training.fit` with a
-:class:`~bnn_zoo.guides.laplace.LaplaceGuide` as point mass), refines it by full-batch
+:class:`~bnn_zoo.guides.laplace.LaplaceGuide` as point mass, under
+:class:`~bnn_zoo.core.elbo.MeanFieldELBO`, which for a point mass is ``log p(y | w) +
+log p(w)`` in as few operations as it can), refines it by full-batch
 L-BFGS (:func:`refine_map`), builds the curvature in the requested structure
 (:mod:`bnn_zoo.guides.curvature`, :mod:`bnn_zoo.guides.laplace.blocks`) and, if asked,
 maximises the evidence in ``alpha`` and ``beta`` (:func:`laplace_posterior`).
@@ -55,6 +57,7 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
+from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
 from bnn_zoo.core.training import FitResult, fit
@@ -492,7 +495,7 @@ class Laplace:
         model, guide = self._model_and_guide(build_model, x, task, seed)
         result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
                      batch_size=budget.batch_size, seed=seed, progress=progress, jit=budget.jit,
-                     check_every=budget.check_every or 1)
+                     check_every=budget.check_every or 1, elbo=MeanFieldELBO)
         return self._posterior(model, guide, x, y, result)
 
     def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
@@ -528,7 +531,8 @@ class Laplace:
                                    x, y, steps=budget.steps, lr=budget.lr,
                                    batch_size=budget.batch_size, seed=seeds[0],
                                    progress=progress, jit=budget.jit,
-                                   check_every=budget.check_every or REPLICA_CHECK_EVERY)
+                                   check_every=budget.check_every or REPLICA_CHECK_EVERY,
+                                   elbo=MeanFieldELBO)
         return [self._posterior(*pair, x[r], y[r], result)
                 for r, (pair, result) in enumerate(zip(zip(models, guides), results))]
 

@@ -51,7 +51,7 @@ register(Entry(
     description="MAP point estimate (Pyro AutoDelta)",
     tasks=("regression", "classification"),
     model=fan_in_mlp,
-    method=SVI(map_guide, replicas=True),
+    method=SVI(map_guide, elbo=MeanFieldELBO, replicas=True),
     budget=MAP_BUDGET,
     tunable_noise=True,
     accepts_net=True,

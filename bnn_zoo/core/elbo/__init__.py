@@ -20,9 +20,10 @@ from bnn_zoo.core.elbo.mean_field import (
 )
 from bnn_zoo.core.elbo.mean_field import MeanFieldELBO as MeanFieldELBO
 from bnn_zoo.core.elbo.mean_field import gaussian_kl as gaussian_kl
+from bnn_zoo.core.elbo.mean_field import gaussian_log_density as gaussian_log_density
 from bnn_zoo.core.elbo.mixture import MixtureELBO as MixtureELBO
 from bnn_zoo.core.elbo.mixture import elbo_estimate as elbo_estimate
 
 __all__ = ["Algorithm1ELBO", "CollapsedELBO", "DifferentiableLossELBO", "ExpectedLikelihoodELBO",
            "FlipoutELBO", "LocalReparameterizationELBO", "MeanFieldELBO", "MixtureELBO",
-           "elbo_estimate", "gaussian_kl"]
+           "elbo_estimate", "gaussian_kl", "gaussian_log_density"]

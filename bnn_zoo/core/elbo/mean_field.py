@@ -9,8 +9,10 @@ with the KL in closed form wherever it is known: for a Gaussian guide and a Gaus
 prior (Blundell et al. 2015, seed 002 eq. 1) by :func:`gaussian_kl`, for other pairs
 wherever ``torch.distributions.kl_divergence`` knows them, and the single-sample
 estimate ``log p(w) - log q(w)`` at the guide's sample otherwise (e.g. the scale-mixture
-prior); ``s`` is the site's scale (minibatch ``N / B`` on the likelihood, a KL weight on
-the latents).
+prior), which for a point-mass guide (``Delta``: MAP) is exact and is ``log p(w)`` (by
+:func:`gaussian_log_density` for a Gaussian prior) less the ``Delta``'s own
+``log_density``; ``s`` is the site's scale (minibatch ``N / B`` on the likelihood, a KL
+weight on the latents).
 
 It computes the same objective as Pyro's ``TraceMeanField_ELBO``, but Pyro's
 implementation first evaluates every log density of both traces (and so the
@@ -24,6 +26,8 @@ global (no local latent sites inside data plates with dependencies between them)
 """
 
 from __future__ import annotations
+
+import math
 
 import pyro
 import pyro.distributions as dist
@@ -40,7 +44,9 @@ from torch.distributions import kl_divergence
 from bnn_zoo.core.handlers import flipout, local_reparameterization
 
 __all__ = ["DifferentiableLossELBO", "FlipoutELBO", "LocalReparameterizationELBO",
-           "MeanFieldELBO", "gaussian_kl"]
+           "MeanFieldELBO", "gaussian_kl", "gaussian_log_density"]
+
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def _normal_moments(fn) -> tuple[Tensor, Tensor] | None:
@@ -91,6 +97,43 @@ def gaussian_kl(q_loc: Tensor, q_scale: Tensor, p_loc: Tensor, p_scale: Tensor) 
     return kl if kl.shape == shape else kl.expand(shape)
 
 
+def gaussian_log_density(value: Tensor, loc: Tensor, scale: Tensor) -> Tensor:
+    """Elementwise ``log N(value; loc, scale^2)``,
+
+    .. math:: \\log p(w) = -\\frac{1}{2} \\Big(\\frac{w - \\mu}{\\sigma}\\Big)^2
+              - \\log \\sigma - \\frac{1}{2} \\log 2\\pi,
+
+    torch's ``Normal.log_prob`` up to rounding, in 4 elementwise operations over the shape of
+    ``value`` where torch takes 9 (the terms of ``loc`` and ``scale`` alone are computed once
+    per element they do not merely repeat: an expanded scalar prior costs one element). The
+    result has the broadcast shape of the three arguments.
+    """
+    loc, scale = _unexpanded(loc), _unexpanded(scale)
+    return (value - loc).square() * (-0.5 / scale.square()) - (scale.log() + _HALF_LOG_2PI)
+
+
+def _point_mass_log_prior(guide_fn, prior_fn, value: Tensor, scale) -> Tensor | None:
+    """The site's scaled ``log p(w) - log q(w)`` when the guide is a point mass (Pyro's
+    ``Delta``), whose log density at its own value is its ``log_density`` (zero unless
+    given): ``log p(w)`` by :func:`gaussian_log_density` for a Gaussian prior, by the
+    prior's ``log_prob`` otherwise; ``None`` for other guides."""
+    if not isinstance(guide_fn, dist.Delta):
+        return None
+    event_dim = _event_dim(prior_fn)
+    moments = _normal_moments(prior_fn)
+    log_p = (prior_fn.log_prob(value) if moments is None
+             else sum_rightmost(gaussian_log_density(value, *moments), event_dim))
+    return _site_sum(log_p - guide_fn.log_density, 0, scale)
+
+
+def _site_sum(term: Tensor, event_dim: int, scale) -> Tensor:
+    """``sum term * scale`` of an elementwise ``term`` of a site whose ``scale`` is a float
+    or a tensor over the site's batch shape (its rightmost ``event_dim`` dims summed first)."""
+    if isinstance(scale, float):
+        return term.sum() if scale == 1.0 else term.sum() * scale
+    return (sum_rightmost(term, event_dim) * scale).sum()
+
+
 def _sum_scaled(value: Tensor, scale) -> Tensor:
     return (value * scale).sum() if not isinstance(scale, float) or scale != 1.0 else value.sum()
 
@@ -102,10 +145,7 @@ def _closed_form_kl(guide_fn, prior_fn, scale) -> Tensor | None:
     event_dim = _event_dim(guide_fn)
     if q is None or p is None or _event_dim(prior_fn) != event_dim:
         return None
-    kl = gaussian_kl(*q, *p)
-    if isinstance(scale, float):
-        return kl.sum() if scale == 1.0 else kl.sum() * scale
-    return (sum_rightmost(kl, event_dim) * scale).sum()
+    return _site_sum(gaussian_kl(*q, *p), event_dim, scale)
 
 
 def _accumulate(total: Tensor | None, term: Tensor, sign: float) -> Tensor:
@@ -163,6 +203,11 @@ class MeanFieldELBO(DifferentiableLossELBO):
             kl = _closed_form_kl(guide_site["fn"], site["fn"], site["scale"])
             if kl is not None:
                 loss = _accumulate(loss, kl, 1.0)
+                continue
+            log_prior = _point_mass_log_prior(guide_site["fn"], site["fn"], site["value"],
+                                              site["scale"])
+            if log_prior is not None:
+                loss = _accumulate(loss, log_prior, -1.0)
                 continue
             try:
                 term = -kl_divergence(guide_site["fn"], site["fn"])
