@@ -82,6 +82,22 @@ def loss_and_grads(elbo, model, guide, x, y, seed=3, handlers=()):
     return loss.detach(), dict(zip(names, torch.autograd.grad(loss, tensors)))
 
 
+def assert_elbos_agree(reference, model, guide, x, y, *, case: str = "full",
+                       min_params: int = 1, **kwargs) -> None:
+    """``MeanFieldELBO(**kwargs)`` and ``reference(**kwargs)`` give the same loss and the same
+    gradient in every parameter on the same noise (under the zoo's minibatch and KL-weight
+    handlers when ``case`` is ``"minibatch_kl_weight"``)."""
+    handlers = ()
+    if case == "minibatch_kl_weight":
+        handlers = (subsample_data(torch.tensor([1, 4, 7, 8])), scale_global_sites(0.3))
+    ours = loss_and_grads(MeanFieldELBO(**kwargs), model, guide, x, y, handlers=handlers)
+    theirs = loss_and_grads(reference(**kwargs), model, guide, x, y, handlers=handlers)
+    torch.testing.assert_close(ours[0], theirs[0], **TOL)
+    assert ours[1].keys() == theirs[1].keys() and len(ours[1]) >= min_params
+    for name, grad in ours[1].items():
+        torch.testing.assert_close(grad, theirs[1][name], **TOL)
+
+
 @pytest.mark.parametrize("case", ["full", "minibatch_kl_weight", "particles", "replicas",
                                   "fan_in_prior"])
 def test_mean_field_elbo_is_pyros_trace_mean_field_elbo(case):
@@ -94,18 +110,10 @@ def test_mean_field_elbo_is_pyros_trace_mean_field_elbo(case):
     lead = () if replicas is None else (replicas,)
     x, y = torch.randn(*lead, 10, 3, **F64), torch.randn(*lead, 10, **F64)
     particles = 3 if case == "particles" else 1
-    kwargs = {"num_particles": particles, "vectorize_particles": particles > 1,
-              "max_plate_nesting": 1 if replicas is None else 2}
-    handlers = ()
-    if case == "minibatch_kl_weight":
-        handlers = (subsample_data(torch.tensor([1, 4, 7, 8])), scale_global_sites(0.3))
-    ours = loss_and_grads(MeanFieldELBO(**kwargs), model, guide, x, y, handlers=handlers)
-    pyros = loss_and_grads(pyro.infer.TraceMeanField_ELBO(**kwargs), model, guide, x, y,
-                           handlers=handlers)
-    torch.testing.assert_close(ours[0], pyros[0], **TOL)
-    assert ours[1].keys() == pyros[1].keys() and len(ours[1]) >= 8
-    for name, grad in ours[1].items():
-        torch.testing.assert_close(grad, pyros[1][name], **TOL)
+    assert_elbos_agree(pyro.infer.TraceMeanField_ELBO, model, guide, x, y, case=case,
+                       min_params=8, num_particles=particles,
+                       vectorize_particles=particles > 1,
+                       max_plate_nesting=1 if replicas is None else 2)
 
 
 def test_tensor_site_scales_weight_each_batch_element_after_the_event_sum():
@@ -135,12 +143,7 @@ def test_scale_mixture_prior_keeps_the_monte_carlo_kl():
     at the guide's draw, as before: equal to ``Trace_ELBO`` on the same noise."""
     model, guide = mlp_pair(ScaleMixturePrior())
     x, y = torch.randn(10, 3, **F64), torch.randn(10, **F64)
-    ours = loss_and_grads(MeanFieldELBO(), model, guide, x, y)
-    pyros = loss_and_grads(pyro.infer.Trace_ELBO(), model, guide, x, y)
-    torch.testing.assert_close(ours[0], pyros[0], **TOL)
-    assert ours[1].keys() == pyros[1].keys() and len(ours[1]) >= 8
-    for name, grad in ours[1].items():
-        torch.testing.assert_close(grad, pyros[1][name], **TOL)
+    assert_elbos_agree(pyro.infer.Trace_ELBO, model, guide, x, y, min_params=8)
 
 
 def test_local_reparameterization_loss_keeps_the_closed_form_kl():
@@ -207,17 +210,8 @@ def test_point_mass_guide_loss_is_trace_elbos(case):
     lead = () if replicas is None else (replicas,)
     x, y = torch.randn(*lead, 10, 3, **F64), torch.randn(*lead, 10, **F64)
     guide = AutoDelta(model, init_loc_fn=init_to_sample)
-    handlers = ()
-    if case == "minibatch_kl_weight":
-        handlers = (subsample_data(torch.tensor([1, 4, 7, 8])), scale_global_sites(0.3))
-    kwargs = {"max_plate_nesting": 1 if replicas is None else 2}
-    ours = loss_and_grads(MeanFieldELBO(**kwargs), model, guide, x, y, handlers=handlers)
-    pyros = loss_and_grads(pyro.infer.Trace_ELBO(**kwargs), model, guide, x, y,
-                           handlers=handlers)
-    torch.testing.assert_close(ours[0], pyros[0], **TOL)
-    assert ours[1].keys() == pyros[1].keys() and len(ours[1]) >= 4
-    for name, grad in ours[1].items():
-        torch.testing.assert_close(grad, pyros[1][name], **TOL)
+    assert_elbos_agree(pyro.infer.Trace_ELBO, model, guide, x, y, case=case, min_params=4,
+                       max_plate_nesting=1 if replicas is None else 2)
 
 
 def test_point_mass_log_density_counts_as_log_q():
