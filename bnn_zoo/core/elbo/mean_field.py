@@ -119,19 +119,10 @@ def _point_mass_log_prior(guide_fn, prior_fn, value: Tensor, scale) -> Tensor | 
     prior's ``log_prob`` otherwise; ``None`` for other guides."""
     if not isinstance(guide_fn, dist.Delta):
         return None
-    event_dim = _event_dim(prior_fn)
     moments = _normal_moments(prior_fn)
     log_p = (prior_fn.log_prob(value) if moments is None
-             else sum_rightmost(gaussian_log_density(value, *moments), event_dim))
-    return _site_sum(log_p - guide_fn.log_density, 0, scale)
-
-
-def _site_sum(term: Tensor, event_dim: int, scale) -> Tensor:
-    """``sum term * scale`` of an elementwise ``term`` of a site whose ``scale`` is a float
-    or a tensor over the site's batch shape (its rightmost ``event_dim`` dims summed first)."""
-    if isinstance(scale, float):
-        return term.sum() if scale == 1.0 else term.sum() * scale
-    return (sum_rightmost(term, event_dim) * scale).sum()
+             else sum_rightmost(gaussian_log_density(value, *moments), _event_dim(prior_fn)))
+    return _sum_scaled(log_p - guide_fn.log_density, scale)
 
 
 def _sum_scaled(value: Tensor, scale) -> Tensor:
@@ -145,7 +136,10 @@ def _closed_form_kl(guide_fn, prior_fn, scale) -> Tensor | None:
     event_dim = _event_dim(guide_fn)
     if q is None or p is None or _event_dim(prior_fn) != event_dim:
         return None
-    return _site_sum(gaussian_kl(*q, *p), event_dim, scale)
+    kl = gaussian_kl(*q, *p)
+    if isinstance(scale, float):
+        return kl.sum() if scale == 1.0 else kl.sum() * scale
+    return (sum_rightmost(kl, event_dim) * scale).sum()
 
 
 def _accumulate(total: Tensor | None, term: Tensor, sign: float) -> Tensor:
