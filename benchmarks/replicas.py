@@ -17,9 +17,10 @@ matrix products over R replicas, closed-form KL, fused Adam) for R replicas over
 step for one (interleaved medians of ``--repeats`` x 50 steps, same minibatch size): a
 lower bound, up to the zoo's overhead, on what R replicas of a fit can cost against one.
 
-Each run measures one setting, ``--threads`` and the allocator (``--retain-freed-memory``:
-glibc keeps freed memory for reuse, :func:`~bnn_zoo.harness.memory.retain_freed_memory`),
-and writes its row into the table of ``--out``, keeping the rows of other settings:
+Each run measures one setting, ``--threads`` and the allocator (the shared flag
+``--retain-freed-memory``: glibc keeps freed memory for reuse,
+:func:`~bnn_zoo.harness.memory.retain_freed_memory`), and writes its row into the table of
+``--out``, keeping the rows of other settings:
 
     python benchmarks/replicas.py --out results/replicas --threads 1
     python benchmarks/replicas.py --out results/replicas --threads 2 --retain-freed-memory
@@ -37,7 +38,7 @@ import torch
 
 from bnn_zoo import zoo
 from bnn_zoo.harness import flags
-from bnn_zoo.harness.memory import PeakMemory, retain_freed_memory
+from bnn_zoo.harness.memory import PeakMemory
 from bnn_zoo.harness.tables import merge_summary, write_tables
 from bnn_zoo.harness.timing import interleaved_medians
 
@@ -108,12 +109,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=flags.positive_int, default=3)
     parser.add_argument("--points", type=flags.positive_int, default=455)
     parser.add_argument("--inputs", type=flags.positive_int, default=13)
-    parser.add_argument("--retain-freed-memory", action="store_true",
-                        help="make glibc keep freed memory for reuse (default: its own policy)")
     flags.add_shared_flags(parser, out="results/replicas", threads=1, without=("splits",))
     args = flags.parse(parser, argv)
-    if args.retain_freed_memory and not retain_freed_memory():
-        parser.error("--retain-freed-memory: the C library is not glibc")
     entry = zoo.get(args.entry)
     x, y = data(args.replicas, args.points, args.inputs, args.seed)
     x, y = x.to(args.device), y.to(args.device)

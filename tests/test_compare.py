@@ -261,8 +261,22 @@ def test_shared_flags_parse_check_and_set_threads():
         flags.parse(parser, ["--splits", "0"])
     with pytest.raises(SystemExit):
         flags.parse(parser, ["--device", "gpu"])
-    bare = flags.add_shared_flags(argparse.ArgumentParser(), out=None, without=("splits", "seed"))
+    bare = flags.add_shared_flags(argparse.ArgumentParser(), out=None,
+                                  without=("splits", "seed", "retain_freed_memory"))
     assert vars(bare.parse_args([])) == {"out": None, "threads": None,
                                          "device": torch.device("cpu")}
     with pytest.raises(ValueError, match="Unknown shared flags"):
         flags.add_shared_flags(argparse.ArgumentParser(), out=None, without=("steps",))
+
+
+def test_retain_freed_memory_flag_is_applied_only_when_given(monkeypatch, capsys):
+    # The real call changes the whole process (the test session): record it instead.
+    calls = []
+    monkeypatch.setattr(flags, "retain_freed_memory", lambda: calls.append(1) or True)
+    parser = flags.add_shared_flags(argparse.ArgumentParser(), out=None)
+    assert not flags.parse(parser, []).retain_freed_memory and calls == []
+    assert flags.parse(parser, ["--retain-freed-memory"]).retain_freed_memory and calls == [1]
+    monkeypatch.setattr(flags, "retain_freed_memory", lambda: False)  # not glibc
+    with pytest.raises(SystemExit):
+        flags.parse(parser, ["--retain-freed-memory"])
+    assert "--retain-freed-memory needs glibc" in capsys.readouterr().err

@@ -1,12 +1,15 @@
 """Command-line flags shared by ``python -m bnn_zoo`` and every script in ``benchmarks/``.
 
-:func:`add_shared_flags` adds ``--out``, ``--threads``, ``--device``, ``--seed`` and
-``--splits``; :func:`parse` parses and applies them, and is the one place that sets
-torch's CPU thread count. :func:`add_data_flag`, :func:`add_entries_flag`,
-:func:`add_fit_flags` and :func:`add_comparison_flags` add the flags of scripts that fit
-zoo entries on data sets; :func:`budget_overrides` turns ``--steps`` into the keyword
-arguments of ``entry.fit``; :func:`add_net_flag` adds ``--net`` and :func:`network` gives the
-networks it names, one per data set.
+:func:`add_shared_flags` adds ``--out``, ``--threads``, ``--device``, ``--seed``,
+``--splits`` and ``--retain-freed-memory``; :func:`parse` parses and applies them, and is
+the one place that sets torch's CPU thread count and glibc's policy for freed memory
+(:func:`~bnn_zoo.harness.memory.retain_freed_memory`: settings of the whole process, which
+a command line's process may choose and importing the package never changes).
+:func:`add_data_flag`, :func:`add_entries_flag`, :func:`add_fit_flags` and
+:func:`add_comparison_flags` add the flags of scripts that fit zoo entries on data sets;
+:func:`budget_overrides` turns ``--steps`` into the keyword arguments of ``entry.fit``;
+:func:`add_net_flag` adds ``--net`` and :func:`network` gives the networks it names, one
+per data set.
 
 Every value is checked while parsing, before any work starts: numbers by the argparse
 types :func:`int_at_least`, :func:`positive_int`, :func:`random_seed` and
@@ -27,6 +30,7 @@ import torch
 from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
 from bnn_zoo.core.checks import check_device, check_positive_int
+from bnn_zoo.harness.memory import retain_freed_memory
 from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.summary import REFERENCE
 
@@ -35,7 +39,7 @@ __all__ = ["SHARED_FLAGS", "add_comparison_flags", "add_data_flag", "add_entries
            "dataset_name", "entry_name", "int_at_least", "network", "parse", "positive_float",
            "positive_int", "random_seed", "set_threads", "torch_device"]
 
-SHARED_FLAGS = ("out", "threads", "device", "seed", "splits")
+SHARED_FLAGS = ("out", "threads", "device", "seed", "splits", "retain_freed_memory")
 #: The largest seed + 1 (``pyro.set_rng_seed`` seeds numpy, which takes 32 bits).
 SEED_LIMIT = 2**32
 
@@ -160,6 +164,11 @@ def add_shared_flags(parser: argparse.ArgumentParser, *, out: str | None,
         parser.add_argument("--splits", type=positive_int, default=splits,
                             help=f"train/test splits 0..N-1 of each data set, capped at the "
                                  f"data set's number of splits (default: {splits})")
+    if "retain_freed_memory" not in without:
+        parser.add_argument("--retain-freed-memory", action="store_true",
+                            help="make glibc keep freed memory for reuse: faster CPU steps on "
+                                 "large tensors (replicas), for this process (default: glibc's "
+                                 "own policy)")
     return parser
 
 
@@ -184,10 +193,14 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
 
 def apply(args: argparse.Namespace) -> argparse.Namespace:
     """Check that ``args.out`` (if any) can be written, creating nothing, and apply
-    ``args.threads``; ``ValueError`` naming ``--out`` otherwise."""
+    ``args.threads`` and ``args.retain_freed_memory``; ``ValueError`` naming the flag
+    otherwise (``--retain-freed-memory`` where the C library is not glibc)."""
     if getattr(args, "out", None) is not None:
         check_writable("--out", args.out)
     set_threads(getattr(args, "threads", None))
+    if getattr(args, "retain_freed_memory", False) and not retain_freed_memory():
+        raise ValueError("--retain-freed-memory needs glibc's malloc, and this process's C "
+                         "library is not glibc.")
     return args
 
 
