@@ -168,7 +168,8 @@ def test_local_reparameterization_loss_keeps_the_closed_form_kl():
 
 @pytest.mark.parametrize("out", [4, 1])
 @pytest.mark.parametrize("h_lead, w_lead, b_lead", [
-    ((), (), ()), ((2,), (2,), (2,)), ((), (2,), (2,)), ((3, 2), (2,), (2,)), ((), (), (2,))])
+    ((), (), ()), ((2,), (2,), (2,)), ((), (2,), (2,)), ((3, 2), (2,), (2,)), ((), (), (2,)),
+    ((1,), (2,), (2,)), ((2,), (1,), (1,)), ((2,), (2,), (1,))])
 def test_affine_is_matmul_plus_bias(h_lead, w_lead, b_lead, out):
     """The affine layer (``addmm`` for one weight sample, ``baddbmm`` for a stack, a product
     and a sum for a stack of single-output layers, ``matmul`` broadcasting otherwise), in

@@ -61,7 +61,8 @@ def layer_names(num_layers: int) -> list[tuple[str, str]]:
 def _affine(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """``h @ W + b``, the bias added inside the matrix product (one pass over the output
     fewer than ``matmul`` then ``+``) wherever a BLAS kernel takes it: ``addmm`` for one
-    weight sample, ``baddbmm`` for a stack of them (replicas), ``matmul`` otherwise.
+    weight sample, ``baddbmm`` for a stack of them on a stack of inputs of the same length
+    (replicas), ``matmul`` (which broadcasts) otherwise.
 
     A stack of single-output layers (R replicas of a regression net's last layer) is a
     product and a sum over the inputs instead: the CPU's batched matrix product makes one
@@ -71,7 +72,7 @@ def _affine(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """
     if h.dim() == 2 and weight.dim() == 2 and bias.dim() == 1:
         return torch.addmm(bias, h, weight)
-    if h.dim() == 3 and weight.dim() == 3 and bias.dim() == 2:
+    if h.dim() == weight.dim() == 3 and bias.dim() == 2 and h.shape[0] == weight.shape[0]:
         if weight.shape[-1] == 1:
             return (h * weight.mT).sum(-1, keepdim=True) + bias.unsqueeze(-2)
         return torch.baddbmm(bias.unsqueeze(-2), h, weight)
