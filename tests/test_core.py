@@ -290,6 +290,10 @@ def test_mixture_predictive_moments_and_quantiles():
     shifted = pred.affine(3.0, 2.0)
     assert shifted.mean.item() == pytest.approx(3.0)
     assert shifted.variance.item() == pytest.approx(4 * 1.25)
+    # The equal mixture of two one-component predictives is the two-component one.
+    halves = [GaussianMixturePredictive(loc[i:i + 1], scale[i:i + 1]) for i in range(2)]
+    both = GaussianMixturePredictive.mixture(halves)
+    assert torch.equal(both.loc, loc) and torch.equal(both.scale, scale)
 
 
 def test_classification_metrics_match_hand_computation():

@@ -38,6 +38,12 @@ class GaussianMixturePredictive:
 
     task = "regression"
 
+    @staticmethod
+    def mixture(preds: Sequence[GaussianMixturePredictive]) -> GaussianMixturePredictive:
+        """The equal-weight mixture of ``preds`` (their components stacked)."""
+        return GaussianMixturePredictive(torch.cat([p.loc for p in preds]),
+                                         torch.cat([p.scale for p in preds]))
+
     @property
     def mean(self) -> Tensor:
         """(N,) predictive mean."""

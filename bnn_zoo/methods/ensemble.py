@@ -33,7 +33,6 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo.core.checks import check_positive_int
-from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.training import FitResult
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
 from bnn_zoo.methods.laplace import Laplace, LaplaceFit
@@ -43,11 +42,9 @@ __all__ = ["Ensemble", "EnsemblePosterior", "MemberChoice", "mixture"]
 
 
 def mixture(preds: list[Predictive]) -> Predictive:
-    """Equal-weight mixture of the members' predictives (their samples stacked)."""
-    if isinstance(preds[0], GaussianMixturePredictive):
-        return GaussianMixturePredictive(torch.cat([p.loc for p in preds]),
-                                         torch.cat([p.scale for p in preds]))
-    return CategoricalPredictive.mixture(preds)
+    """Equal-weight mixture of the members' predictives (their samples stacked; each
+    predictive type's own ``mixture``)."""
+    return type(preds[0]).mixture(preds)
 
 
 class MemberChoice(nn.Module):
