@@ -92,13 +92,11 @@ class _FlatWeights:
         return torch.cat(parts, -1)
 
     def unflatten(self, theta: Tensor) -> dict[str, Tensor]:
-        """Split ``theta`` (*S, P) into ``{name: (*S, *shape)}``."""
-        out, start = {}, 0
-        for name, shape in self.sites:
-            size = math.prod(shape)
-            out[name] = theta[..., start:start + size].reshape(*theta.shape[:-1], *shape)
-            start += size
-        return out
+        """Split ``theta`` (*S, P) into ``{name: (*S, *shape)}``: views by one ``split``,
+        whose backward is one concatenation (slices would each scatter into a zero ``P``)."""
+        parts = theta.split([math.prod(shape) for _, shape in self.sites], -1)
+        return {name: part.reshape(*theta.shape[:-1], *shape)
+                for (name, shape), part in zip(self.sites, parts)}
 
     def offsets(self) -> dict[str, int]:
         """Where each site's tensor starts in ``theta``."""
