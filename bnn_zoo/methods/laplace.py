@@ -58,6 +58,7 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
 from bnn_zoo.core.elbo import MeanFieldELBO
+from bnn_zoo.core.lbfgs import minimize_lbfgs
 from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
 from bnn_zoo.core.training import FitResult, fit
@@ -137,28 +138,21 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
         rtol = 1e-6 if torch.finfo(theta.dtype).bits <= 32 else eps
     check_positive("rtol", rtol)
     mean = torch.zeros_like(theta) if prior_mean is None else prior_mean
-    theta = theta.detach().clone().requires_grad_()
     count = y.numel()
 
-    def objective() -> Tensor:
-        return (beta * _energy(theta, x, y, layout, act, likelihood)
-                + 0.5 * (alpha * (theta - mean) ** 2).sum()) / count
+    def objective_and_gradient(t: Tensor) -> tuple[Tensor, Tensor]:
+        """The objective and its gradient, the prior's term ``alpha (t - m) / n`` by hand."""
+        t = t.detach().requires_grad_()
+        data_term = _energy(t, x, y, layout, act, likelihood) * (beta / count)
+        gradient = torch.autograd.grad(data_term, t)[0]
+        scaled = alpha * (t.detach() - mean)
+        prior_term = scaled.dot(t.detach() - mean) * (0.5 / count)
+        return data_term.detach() + prior_term, gradient.add_(scaled, alpha=1 / count)
 
-    with torch.no_grad():
-        start = abs(float(objective()))
-    optimizer = torch.optim.LBFGS([theta], lr=1, max_iter=max_iter, history_size=50,
-                                  tolerance_grad=math.sqrt(eps),
-                                  tolerance_change=max(eps, rtol * start),
-                                  line_search_fn="strong_wolfe")
-
-    def closure() -> Tensor:
-        optimizer.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    return theta.detach()
+    start = abs(float(objective_and_gradient(theta)[0]))
+    return minimize_lbfgs(objective_and_gradient, theta, history=50, max_iter=max_iter,
+                          tolerance_grad=math.sqrt(eps),
+                          tolerance_change=max(eps, rtol * start)).x
 
 
 def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor, Tensor]:
