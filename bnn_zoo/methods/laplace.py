@@ -109,8 +109,9 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
                *, prior_mean: Tensor | None = None, max_iter: int = 500,
                rtol: float | None = None) -> Tensor:
     """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
-    full-batch L-BFGS (strong Wolfe line search); ``alpha`` and the prior mean ``m`` are (P,)
-    (``m`` zero by default). Returns the new (P,) MAP.
+    full-batch L-BFGS (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`: 50 pairs in compact form,
+    strong Wolfe line search); ``alpha`` and the prior mean ``m`` are (P,) (``m`` zero by
+    default). Returns the new (P,) MAP.
 
     L-BFGS minimises that objective divided by ``n``, the number of observed numbers (the
     mean per observation: about ``(n - gamma) / (2 n) <= 1/2`` at the evidence optimum, so
