@@ -199,6 +199,16 @@ def test_gaussian_log_density_is_torchs_log_prob(p_shape, expand):
     torch.testing.assert_close(log_p, expected, **TOL)
 
 
+def test_gaussian_log_density_keeps_the_shape_a_prior_is_expanded_to():
+    """A value of fewer elements than the prior's expanded shape: the density is repeated
+    over that shape, as torch's is (cutting the expansion must not cut the result)."""
+    value = torch.randn(3, **F64)
+    loc, scale = torch.zeros((), **F64).expand(4, 3), torch.ones((), **F64).expand(4, 3)
+    log_p = gaussian_log_density(value, loc, scale)
+    assert log_p.shape == (4, 3)
+    torch.testing.assert_close(log_p, Normal(loc, scale).log_prob(value), **TOL)
+
+
 @pytest.mark.parametrize("case", ["full", "minibatch_kl_weight", "replicas", "scale_mixture"])
 def test_point_mass_guide_loss_is_trace_elbos(case):
     """A point-mass guide (``AutoDelta``; the Laplace MAP phase's ``Delta`` sites): the loss

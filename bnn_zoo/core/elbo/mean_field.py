@@ -108,8 +108,10 @@ def gaussian_log_density(value: Tensor, loc: Tensor, scale: Tensor) -> Tensor:
     per element they do not merely repeat: an expanded scalar prior costs one element). The
     result has the broadcast shape of the three arguments.
     """
+    shape = torch.broadcast_shapes(value.shape, loc.shape, scale.shape)
     loc, scale = _unexpanded(loc), _unexpanded(scale)
-    return (value - loc).square() * (-0.5 / scale.square()) - (scale.log() + _HALF_LOG_2PI)
+    log_p = (value - loc).square() * (-0.5 / scale.square()) - (scale.log() + _HALF_LOG_2PI)
+    return log_p if log_p.shape == shape else log_p.expand(shape)
 
 
 def _point_mass_log_prior(guide_fn, prior_fn, value: Tensor, scale) -> Tensor | None:
