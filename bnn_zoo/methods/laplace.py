@@ -141,16 +141,24 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
     mean = torch.zeros_like(theta) if prior_mean is None else prior_mean
     count = y.numel()
 
-    def objective_and_gradient(t: Tensor) -> tuple[Tensor, Tensor]:
-        """The objective and its gradient, the prior's term ``alpha (t - m) / n`` by hand."""
-        t = t.detach().requires_grad_()
-        data_term = _energy(t, x, y, layout, act, likelihood) * (beta / count)
-        gradient = torch.autograd.grad(data_term, t)[0]
-        scaled = alpha * (t.detach() - mean)
-        prior_term = scaled.dot(t.detach() - mean) * (0.5 / count)
-        return data_term.detach() + prior_term, gradient.add_(scaled, alpha=1 / count)
+    def data_term(t: Tensor) -> Tensor:
+        return _energy(t, x, y, layout, act, likelihood) * (beta / count)
 
-    start = abs(float(objective_and_gradient(theta)[0]))
+    def prior_term(t: Tensor) -> tuple[Tensor, Tensor]:
+        """``1/2 sum alpha (t - m)^2 / n`` and ``alpha (t - m)``, ``n`` times its gradient
+        (by hand, not by autograd)."""
+        scaled = alpha * (t - mean)
+        return scaled.dot(t - mean) * (0.5 / count), scaled
+
+    def objective_and_gradient(t: Tensor) -> tuple[Tensor, Tensor]:
+        t = t.detach().requires_grad_()
+        data = data_term(t)
+        data_gradient = torch.autograd.grad(data, t)[0]
+        prior, scaled = prior_term(t.detach())
+        return data.detach() + prior, data_gradient.add_(scaled, alpha=1 / count)
+
+    with torch.no_grad():
+        start = abs(float(data_term(theta) + prior_term(theta)[0]))
     return minimize_lbfgs(objective_and_gradient, theta, history=50, max_iter=max_iter,
                           tolerance_grad=math.sqrt(eps),
                           tolerance_change=max(eps, rtol * start)).x
