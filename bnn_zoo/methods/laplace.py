@@ -185,29 +185,28 @@ def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor,
 
 def gradient_update(post: LaplacePosterior, per_layer: bool,
                     max_iter: int = 100) -> tuple[Tensor, Tensor]:
-    """Maximise :meth:`LaplacePosterior.log_evidence` in ``log alpha``, ``log beta`` by L-BFGS."""
+    """Maximise :meth:`LaplacePosterior.log_evidence` in ``log alpha``, ``log beta`` by L-BFGS
+    (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`, as the refits)."""
     covered = post.covered_layers
     log_alpha = torch.log(post.alpha[covered] if per_layer else post.alpha[covered[:1]])
-    log_alpha = log_alpha.detach().clone().requires_grad_()
-    log_beta = torch.log(post.beta).detach().clone().requires_grad_()
     regression = post.likelihood == "gaussian"
-    params = [log_alpha, log_beta] if regression else [log_alpha]
-    optimizer = torch.optim.LBFGS(params, lr=1, max_iter=max_iter, tolerance_grad=1e-10,
-                                  tolerance_change=1e-12, line_search_fn="strong_wolfe")
+    start = torch.cat([log_alpha, torch.log(post.beta).reshape(1)]) if regression else log_alpha
+    k = log_alpha.numel()
 
-    def alpha_of(la: Tensor) -> Tensor:
+    def hyperparameters(x: Tensor) -> tuple[Tensor, Tensor]:
         alpha = post.alpha.clone()
-        alpha[covered] = la.exp().expand(len(covered))
-        return alpha
+        alpha[covered] = x[:k].exp().expand(len(covered))
+        return alpha, x[k].exp() if regression else post.beta
 
-    def closure() -> Tensor:
-        optimizer.zero_grad()
-        loss = -post.log_evidence(alpha_of(log_alpha), log_beta.exp())
-        loss.backward()
-        return loss
+    def objective_and_gradient(x: Tensor) -> tuple[Tensor, Tensor]:
+        x = x.detach().requires_grad_()
+        loss = -post.log_evidence(*hyperparameters(x))
+        return loss.detach(), torch.autograd.grad(loss, x)[0]
 
-    optimizer.step(closure)
-    return alpha_of(log_alpha).detach(), log_beta.exp().detach()
+    best = minimize_lbfgs(objective_and_gradient, start.detach(), max_iter=max_iter,
+                          tolerance_grad=1e-10, tolerance_change=1e-12).x
+    alpha, beta = hyperparameters(best)
+    return alpha, beta.detach()
 
 
 def bounded_step(current: Tensor, target: Tensor, bounds: tuple[float, float],
