@@ -203,10 +203,9 @@ def gradient_update(post: LaplacePosterior, per_layer: bool,
         loss = -post.log_evidence(*hyperparameters(x))
         return loss.detach(), torch.autograd.grad(loss, x)[0]
 
-    best = minimize_lbfgs(objective_and_gradient, start.detach(), max_iter=max_iter,
-                          tolerance_grad=1e-10, tolerance_change=1e-12).x
-    alpha, beta = hyperparameters(best)
-    return alpha, beta.detach()
+    return hyperparameters(minimize_lbfgs(objective_and_gradient, start.detach(),
+                                          max_iter=max_iter, tolerance_grad=1e-10,
+                                          tolerance_change=1e-12).x)
 
 
 def bounded_step(current: Tensor, target: Tensor, bounds: tuple[float, float],
