@@ -81,6 +81,9 @@ def test_memory_refuses_a_pair_without_positive_curvature_and_clears():
     torch.testing.assert_close(memory.direction(grad), -0.5 * grad)  # gamma = s.y / y.y
     memory.clear()
     assert len(memory) == 0 and torch.equal(memory.direction(grad), -grad)
+    t = torch.tensor([0.0, 1.0], dtype=D)  # a pair after clearing forgets the old one
+    assert memory.push(t, 4 * t) and len(memory) == 1
+    torch.testing.assert_close(memory.direction(grad), two_loop([(t, 4 * t)], grad))
 
 
 def test_cubic_minimizer_is_exact_on_a_quadratic_and_safe_without_a_minimum():
