@@ -22,12 +22,13 @@ from pyro.infer import SVI, Predictive, Trace_ELBO
 from scipy.optimize import minimize
 
 from bnn_zoo import data, predict, zoo
-from bnn_zoo.core.nn import mlp_forward
+from bnn_zoo.core.nn import ACTIVATIONS, mlp_forward
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.evaluation.metrics import metrics
 from bnn_zoo.guides.curvature import (
     ParameterLayout,
     diagonal_ggn,
+    energy_and_gradient,
     full_hessian,
     ggn,
     jacobian,
@@ -328,6 +329,23 @@ def test_full_hessian_matches_finite_differences_of_the_model_likelihood(task, c
     fd = torch.stack([(grad(theta + h * e) - grad(theta - h * e)) / (2 * h) for e in eye], 1)
     torch.testing.assert_close(hessian, fd, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(hessian, hessian.T)
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_hand_written_energy_gradient_is_the_models_likelihood_gradient(task, activation):
+    # the refits' objective: E and dE/dtheta by backpropagation written out, for every
+    # activation, against the Pyro model's own likelihood and autograd (two hidden layers)
+    model, layout, theta, x, y = tiny_net(task, activation=activation)
+    energy, gradient = energy_and_gradient(theta, x, y, layout, model.act, LIK[task])
+    t = theta.clone().requires_grad_()
+    nll = model_nll(model, layout, t, x, y)
+    constant = 0.5 * len(y) * math.log(2 * math.pi) if task == "regression" else 0.0
+    torch.testing.assert_close(energy, nll.detach() - constant)
+    torch.testing.assert_close(gradient, torch.autograd.grad(nll, t)[0])
+    # an activation without a known backward pass goes through autograd, to the same
+    unknown = energy_and_gradient(theta, x, y, layout, lambda z: model.act(z), LIK[task])
+    torch.testing.assert_close(unknown, (energy, gradient))
 
 
 @pytest.mark.parametrize("task", ["regression", "classification"])

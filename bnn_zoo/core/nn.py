@@ -18,6 +18,7 @@ and flipout (Wen et al. 2018).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,26 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "erf": torch.erf,
     "gelu": torch.nn.functional.gelu,
     "identity": lambda h: h,
+}
+
+
+_TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)  # erf'(z) = 2 / sqrt(pi) exp(-z^2)
+_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)  # the standard normal density at 0
+
+#: The backward pass of each activation of :data:`ACTIVATIONS`: ``(g, z, h) -> g * act'(z)``
+#: for the upstream gradient ``g`` and ``h = act(z)`` (relu's derivative at 0 is 0, as in
+#: torch's), for gradients written out by hand
+#: (:func:`bnn_zoo.guides.curvature.energy_and_gradient`).
+ACTIVATION_BACKWARD: dict[Callable[[Tensor], Tensor],
+                          Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    ACTIVATIONS["relu"]: lambda g, z, h: torch.where(z > 0, g, 0.0),
+    ACTIVATIONS["tanh"]: lambda g, z, h: g * (1 - h * h),
+    ACTIVATIONS["sigmoid"]: lambda g, z, h: g * h * (1 - h),
+    ACTIVATIONS["erf"]: lambda g, z, h: g * torch.exp(-z * z).mul_(_TWO_OVER_SQRT_PI),
+    # exact (erf) gelu: z Phi(z), derivative Phi(z) + z phi(z)
+    ACTIVATIONS["gelu"]: lambda g, z, h: g * (0.5 * (1 + torch.erf(z / math.sqrt(2)))
+                                              + z * torch.exp(-0.5 * z * z) * _INV_SQRT_2PI),
+    ACTIVATIONS["identity"]: lambda g, z, h: g,
 }
 
 

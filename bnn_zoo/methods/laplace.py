@@ -66,6 +66,7 @@ from bnn_zoo.guides.curvature import (
     MAX_DENSE_BYTES,
     Activation,
     check_curvature,
+    energy_and_gradient,
     negative_log_likelihood,
 )
 from bnn_zoo.guides.laplace import (
@@ -141,24 +142,16 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
     mean = torch.zeros_like(theta) if prior_mean is None else prior_mean
     count = y.numel()
 
-    def data_term(t: Tensor) -> Tensor:
-        return _energy(t, x, y, layout, act, likelihood) * (beta / count)
-
-    def prior_term(t: Tensor) -> tuple[Tensor, Tensor]:
-        """``1/2 sum alpha (t - m)^2 / n`` and ``alpha (t - m)``, ``n`` times its gradient
-        (by hand, not by autograd)."""
-        scaled = alpha * (t - mean)
-        return scaled.dot(t - mean) * (0.5 / count), scaled
-
     def objective_and_gradient(t: Tensor) -> tuple[Tensor, Tensor]:
-        t = t.detach().requires_grad_()
-        data = data_term(t)
-        data_gradient = torch.autograd.grad(data, t)[0]
-        prior, scaled = prior_term(t.detach())
-        return data.detach() + prior, data_gradient.add_(scaled, alpha=1 / count)
+        """The objective over ``n`` and its gradient: the data term's by
+        :func:`~bnn_zoo.guides.curvature.energy_and_gradient`, the prior's
+        ``alpha (t - m) / n`` by hand."""
+        energy, gradient = energy_and_gradient(t, x, y, layout, act, likelihood)
+        scaled = alpha * (t - mean)
+        objective = energy * (beta / count) + scaled.dot(t - mean) * (0.5 / count)
+        return objective, gradient.mul_(beta / count).add_(scaled, alpha=1 / count)
 
-    with torch.no_grad():
-        start = abs(float(data_term(theta) + prior_term(theta)[0]))
+    start = abs(float(objective_and_gradient(theta)[0]))
     return minimize_lbfgs(objective_and_gradient, theta, history=50, max_iter=max_iter,
                           tolerance_grad=math.sqrt(eps),
                           tolerance_change=max(eps, rtol * start)).x
