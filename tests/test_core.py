@@ -261,6 +261,52 @@ def test_minibatch_sizes_are_respected_by_the_data_plate():
     assert sorted(seen.tolist()) == list(range(50))
 
 
+@pytest.mark.parametrize("dim", [-1, -2])
+def test_a_padded_short_minibatch_has_the_loss_and_gradient_of_the_short_one(dim):
+    # 50 points in minibatches of 16: the last 2 are padded to 16 with weight-zero points
+    x, y = small_problem(50)
+    x, y = x.double(), y.double()
+    column = (-1,) + (1,) * (-dim - 1)  # the data along the plate's dimension
+
+    class Line(pyro.nn.PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.tensor(0.3, dtype=torch.float64))
+
+        def forward(self, x, y):
+            with pyro.plate("data", x.shape[0], dim=dim) as idx:
+                pyro.sample("obs", dist.Normal((self.weight * x[idx, 0]).reshape(column), 0.5),
+                            obs=y[idx].reshape(column))
+
+    model = Line()
+    weight = model.weight
+    step = SVIStep(model, lambda x, y: None, x, y, lr=0.01, batch_size=16,
+                   max_plate_nesting=-dim)
+    for _ in range(3):
+        step.next_batch()
+    i, idx = step.next_batch()
+    padded, weights = step.padded(idx)
+    assert idx.shape[0] == 2 and padded.shape[0] == 16
+    assert weights.tolist() == [8.0, 8.0] + [0.0] * 14
+    short = step.loss(i, idx)
+    short_grad, = torch.autograd.grad(short, weight)
+    full = step.loss(i, padded, weights)
+    torch.testing.assert_close(full, short)
+    torch.testing.assert_close(torch.autograd.grad(full, weight)[0], short_grad)
+    # by hand: N / b times the two points' log densities
+    hand = -50 / 2 * dist.Normal(weight * x[idx, 0], 0.5).log_prob(y[idx]).sum()
+    torch.testing.assert_close(short, hand)
+
+
+def test_a_traced_fit_traces_one_loss_for_full_and_padded_minibatches():
+    x, y = small_problem(50)
+    model = BayesianMLP(1, 1, (3,))
+    step = SVIStep(model, AutoDelta(model), x, y, lr=0.01, batch_size=16, jit=True)
+    for _ in range(8):  # two epochs, each with a short last minibatch
+        step()
+    assert list(step._compiled) == [(16, 0.25)]
+
+
 # --- prediction and metrics against hand computations --------------------------------------
 
 def test_gaussian_predictive_metrics_match_hand_computation():

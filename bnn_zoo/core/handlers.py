@@ -7,6 +7,8 @@ them.
 * :class:`subsample_data` sets the subsample indices of ``pyro.plate("data", N)``,
   so Pyro rescales the likelihood by ``N / B`` and a minibatch ELBO is an unbiased
   estimate of the full-batch ELBO.
+* :class:`weight_points` weights the log density of each point of a minibatch (a padded
+  short minibatch keeps one shape).
 * :class:`scale_global_sites` multiplies the log density of every site outside the
   data plate (the KL weighting of Blundell et al. 2015, section 3.4).
 * :class:`local_reparameterization` evaluates every affine layer
@@ -38,7 +40,7 @@ from bnn_zoo.core.nn import (
 )
 
 __all__ = ["check_observed_shapes", "flipout", "local_reparameterization", "scale_global_sites",
-           "subsample_data"]
+           "subsample_data", "weight_points"]
 
 #: The plate Pyro's ELBOs add for vectorised particles: its dimension is not part of the data.
 _PARTICLE_PLATE = "num_particles_vectorized"
@@ -69,6 +71,29 @@ class subsample_data(Messenger):
             msg["done"] = True
         elif self.scale != 1.0 and _in_plate(msg, self.name):
             msg["scale"] = msg["scale"] * self.scale
+
+
+class weight_points(Messenger):
+    """Multiply the log density of every sample site in the data plate by a weight per point
+    of the minibatch: ``weights`` (B,), laid along the plate's dimension.
+
+    :class:`~bnn_zoo.core.training.SVIStep` pads an epoch's short last minibatch to the
+    batch size with weight-zero points and weights ``B / b`` on its ``b`` real ones, so
+    every minibatch has one shape (one traced loss, not two) and the same value.
+    """
+
+    def __init__(self, weights: Tensor, data_plate: str = "data") -> None:
+        super().__init__()
+        self.weights = weights
+        self.data_plate = data_plate
+
+    def _pyro_sample(self, msg) -> None:
+        if isinstance(msg["fn"], _Subsample):
+            return
+        for frame in msg["cond_indep_stack"]:
+            if frame.name == self.data_plate:
+                shape = (-1,) + (1,) * (-frame.dim - 1)
+                msg["scale"] = msg["scale"] * self.weights.reshape(shape)
 
 
 class scale_global_sites(Messenger):
