@@ -92,7 +92,8 @@ def gaussian_kl(q_loc: Tensor, q_scale: Tensor, p_loc: Tensor, p_scale: Tensor) 
     """
     shape = torch.broadcast_shapes(q_loc.shape, q_scale.shape, p_loc.shape, p_scale.shape)
     p_loc, p_scale = _unexpanded(p_loc), _unexpanded(p_scale)
-    kl = (torch.addcmul((q_loc - p_loc).square(), q_scale, q_scale) / (2 * p_scale.square())
+    shift = q_loc - p_loc
+    kl = (torch.addcmul(shift * shift, q_scale, q_scale) / (2 * p_scale * p_scale)
           - q_scale.log() + (p_scale.log() - 0.5))
     return kl if kl.shape == shape else kl.expand(shape)
 
@@ -107,10 +108,16 @@ def gaussian_log_density(value: Tensor, loc: Tensor, scale: Tensor) -> Tensor:
     ``value`` where torch takes 9 (the terms of ``loc`` and ``scale`` alone are computed once
     per element they do not merely repeat: an expanded scalar prior costs one element). The
     result has the broadcast shape of the three arguments.
+
+    Squares are products (``d * d``, not ``d.square()``), here and in :func:`gaussian_kl`:
+    TorchScript's autodiff differentiates ``mul`` inside its differentiable subgraphs but
+    not ``square``, which split a traced loss into more subgraphs with the squares run by
+    eager autograd between them (yacht's traced MAP step: 0.64 against 0.67 ms).
     """
     shape = torch.broadcast_shapes(value.shape, loc.shape, scale.shape)
     loc, scale = _unexpanded(loc), _unexpanded(scale)
-    log_p = (value - loc).square() * (-0.5 / scale.square()) - (scale.log() + _HALF_LOG_2PI)
+    shift = value - loc
+    log_p = shift * shift * (-0.5 / (scale * scale)) - (scale.log() + _HALF_LOG_2PI)
     return log_p if log_p.shape == shape else log_p.expand(shape)
 
 
