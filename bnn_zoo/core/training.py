@@ -273,7 +273,7 @@ class SVIStep:
         serves the padded short one too, see :meth:`padded`) are inputs of the trace, so
         it follows the optimiser's in-place updates.
         """
-        weights = self._ones if weights is None else weights
+        weights = self._ones[:idx.shape[0]] if weights is None else weights
         key = (idx.shape[0], self.weights[i])
         fn = self._compiled.get(key)
         if fn is None:
