@@ -39,21 +39,20 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 _TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)  # erf'(z) = 2 / sqrt(pi) exp(-z^2)
-_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)  # the standard normal density at 0
 
 #: The backward pass of each activation of :data:`ACTIVATIONS`: ``(g, z, h) -> g * act'(z)``
-#: for the upstream gradient ``g`` and ``h = act(z)`` (relu's derivative at 0 is 0, as in
-#: torch's), for gradients written out by hand
+#: for the upstream gradient ``g`` and ``h = act(z)``, by the kernels torch's autograd runs
+#: (``threshold_backward`` and the like: one pass and one new tensor, which on a large
+#: minibatch costs more than the arithmetic), for gradients written out by hand
 #: (:func:`bnn_zoo.guides.curvature.energy_and_gradient`).
 ACTIVATION_BACKWARD: dict[Callable[[Tensor], Tensor],
                           Callable[[Tensor, Tensor, Tensor], Tensor]] = {
-    ACTIVATIONS["relu"]: lambda g, z, h: torch.where(z > 0, g, 0.0),
-    ACTIVATIONS["tanh"]: lambda g, z, h: g * (1 - h * h),
-    ACTIVATIONS["sigmoid"]: lambda g, z, h: g * h * (1 - h),
-    ACTIVATIONS["erf"]: lambda g, z, h: g * torch.exp(-z * z).mul_(_TWO_OVER_SQRT_PI),
-    # exact (erf) gelu: z Phi(z), derivative Phi(z) + z phi(z)
-    ACTIVATIONS["gelu"]: lambda g, z, h: g * (0.5 * (1 + torch.erf(z / math.sqrt(2)))
-                                              + z * torch.exp(-0.5 * z * z) * _INV_SQRT_2PI),
+    ACTIVATIONS["relu"]: lambda g, z, h: torch.ops.aten.threshold_backward(g, h, 0),
+    ACTIVATIONS["tanh"]: lambda g, z, h: torch.ops.aten.tanh_backward(g, h),
+    ACTIVATIONS["sigmoid"]: lambda g, z, h: torch.ops.aten.sigmoid_backward(g, h),
+    ACTIVATIONS["erf"]: lambda g, z, h: (torch.exp(z.square().neg_())
+                                         .mul_(_TWO_OVER_SQRT_PI).mul_(g)),
+    ACTIVATIONS["gelu"]: lambda g, z, h: torch.ops.aten.gelu_backward(g, z),
     ACTIVATIONS["identity"]: lambda g, z, h: g,
 }
 
