@@ -74,24 +74,27 @@ class subsample_data(Messenger):
 
 
 class weight_points(Messenger):
-    """Multiply the log density of every sample site in the data plate by a weight per point
-    of the minibatch: ``weights`` (B,), laid along the plate's dimension.
+    """Multiply the log density of every sample site in the plate ``plate`` (the data plate
+    by default) by a weight per member: ``weights`` (one per index of the plate), laid
+    along the plate's dimension.
 
     :class:`~bnn_zoo.core.training.SVIStep` pads an epoch's short last minibatch to the
     batch size with weight-zero points and weights ``B / b`` on its ``b`` real ones, so
-    every minibatch has one shape (one traced loss, not two) and the same value.
+    every minibatch has one shape (one traced loss, not two) and the same value; replicas
+    read their losses through weights on the replica plate
+    (:func:`~bnn_zoo.core.replicas.weight_replicas`).
     """
 
-    def __init__(self, weights: Tensor, data_plate: str = "data") -> None:
+    def __init__(self, weights: Tensor, plate: str = "data") -> None:
         super().__init__()
         self.weights = weights
-        self.data_plate = data_plate
+        self.plate = plate
 
     def _pyro_sample(self, msg) -> None:
         if isinstance(msg["fn"], _Subsample):
             return
         for frame in msg["cond_indep_stack"]:
-            if frame.name == self.data_plate:
+            if frame.name == self.plate:
                 shape = (-1,) + (1,) * (-frame.dim - 1)
                 msg["scale"] = msg["scale"] * self.weights.reshape(shape)
 

@@ -21,7 +21,7 @@ So replica ``r`` follows the same trajectory as a separate fit with the same ini
 values, minibatch indices and noise, up to round-off. Every replica takes the same
 minibatch indices (each from its own data). Per-replica losses come out of the same
 backward pass: every site in the replica plate has its log density multiplied by a weight
-``u_r = 1`` (:class:`weight_replicas`), so ``d loss / d u_r`` is replica ``r``'s loss.
+``u_r = 1`` (:func:`weight_replicas`), so ``d loss / d u_r`` is replica ``r``'s loss.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import pyro
 import pyro.infer
 import torch
 from pyro.poutine.messenger import Messenger
-from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor, nn
 
 from bnn_zoo.core.checks import (
@@ -45,6 +44,7 @@ from bnn_zoo.core.checks import (
     check_seed,
     check_tensor,
 )
+from bnn_zoo.core.handlers import weight_points
 from bnn_zoo.core.predictive import (
     GaussianMixturePredictive,
     Predictive,
@@ -85,26 +85,16 @@ def check_replica_data(x: object, y: object) -> tuple[Tensor, Tensor]:
     return x, y
 
 
-def _in_plate(msg: dict, name: str) -> bool:
-    return any(frame.name == name for frame in msg["cond_indep_stack"])
-
-
-class weight_replicas(Messenger):
+def weight_replicas(weights: Tensor) -> weight_points:
     """Multiply the log density of every sample site in the replica plate by ``weights``
-    (shape (R, 1), broadcasting against the plate at ``dim=-2``).
+    (shape (R, 1), one per replica): :class:`~bnn_zoo.core.handlers.weight_points` on the
+    replica plate.
 
     With weights of one that require gradients, the loss is unchanged and the gradient of
     the loss with respect to ``weights[r]`` is replica ``r``'s loss (the loss is linear in
     each weight), for any ELBO whose surrogate equals its loss (reparameterised guides).
     """
-
-    def __init__(self, weights: Tensor) -> None:
-        super().__init__()
-        self.weights = weights
-
-    def _pyro_sample(self, msg) -> None:
-        if not isinstance(msg["fn"], _Subsample) and _in_plate(msg, REPLICA_PLATE):
-            msg["scale"] = msg["scale"] * self.weights
+    return weight_points(weights.reshape(-1), plate=REPLICA_PLATE)
 
 
 class ReplicaSVIStep(SVIStep):
