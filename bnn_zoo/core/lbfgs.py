@@ -235,14 +235,6 @@ class LBFGSResult:
     evaluations: int
     reason: str
 
-    @property
-    def stalled(self) -> bool:
-        """Whether it made no progress by its own rules: it took no step, or its first
-        step already met the change rule (or found no descent), so ``x`` is ``x0`` up to a
-        move too small to count."""
-        return self.iterations == 0 or (self.iterations == 1
-                                        and self.reason in ("change", "no_descent"))
-
 
 def minimize_lbfgs(fun: ObjectiveAndGradient, x0: Tensor, *, history: int = 50,
                    max_iter: int = 500, max_evals: int | None = None,

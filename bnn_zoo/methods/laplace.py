@@ -40,9 +40,7 @@ curvatures are the cost, the updates on a fixed curvature cheap). Each update is
 a damped, bounded step in log space (:func:`bounded_step`): at most ``max_log_step`` and inside
 ``bounds``, with a target that is not positive, infinite or NaN mapped to the upper bound
 or to no move, so ``alpha`` and ``beta`` stay finite even on three data points, where the
-fixed point sends ``alpha`` to infinity. A refit that stalls (its first L-BFGS step too
-small to count) found the MAP still optimal for the new values: the loop keeps that MAP and
-its curvature, so the next test ends it. The posterior records ``converged`` and
+fixed point sends ``alpha`` to infinity. The posterior records ``converged`` and
 ``iterations``.
 """
 
@@ -60,7 +58,7 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
 from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.core.lbfgs import LBFGSResult, minimize_lbfgs
+from bnn_zoo.core.lbfgs import minimize_lbfgs
 from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
 from bnn_zoo.core.training import FitResult, fit
@@ -81,7 +79,6 @@ from bnn_zoo.guides.laplace import (
     NonlinearModel,
     curvature_blocks,
 )
-from bnn_zoo.guides.laplace.blocks import block_from_state
 from bnn_zoo.guides.layouts import Layout, layout_of
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_state
 from bnn_zoo.methods.svi import module_state, result_from_state, result_state
@@ -111,12 +108,11 @@ def _energy(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation
 def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
                likelihood: str, alpha: Tensor, beta: Tensor,
                *, prior_mean: Tensor | None = None, max_iter: int = 500,
-               rtol: float | None = None) -> LBFGSResult:
+               rtol: float | None = None) -> Tensor:
     """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
     full-batch L-BFGS (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`: 50 pairs in compact form,
     strong Wolfe line search); ``alpha`` and the prior mean ``m`` are (P,) (``m`` zero by
-    default). Returns the L-BFGS result: the new (P,) MAP ``x`` (its objective ``f`` is
-    the one below, over ``n``), the iterations and why it stopped.
+    default). Returns the new (P,) MAP.
 
     L-BFGS minimises that objective divided by ``n``, the number of observed numbers (the
     mean per observation: about ``(n - gamma) / (2 n) <= 1/2`` at the evidence optimum, so
@@ -158,7 +154,7 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
     start = abs(float(objective_and_gradient(theta)[0]))
     return minimize_lbfgs(objective_and_gradient, theta, history=50, max_iter=max_iter,
                           tolerance_grad=math.sqrt(eps),
-                          tolerance_change=max(eps, rtol * start))
+                          tolerance_change=max(eps, rtol * start)).x
 
 
 def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor, Tensor]:
@@ -275,20 +271,13 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
     after each step on the same curvature (which depends on the MAP only), until a step
     is below ``tol`` or after ``iterations`` steps; then it refits the MAP (``refine``,
     full-batch L-BFGS, :func:`refine_map`) and the curvature once for the settled values.
-    Where that refit stalls (:attr:`~bnn_zoo.core.lbfgs.LBFGSResult.stalled`: its first
-    step already meets its stopping rule), the MAP is still optimal to the refit's
-    tolerance: the loop keeps it and its curvature, and the next test, on the values just
-    settled there, ends it. At most ``iterations`` refits. The result's ``converged`` and
-    ``iterations`` (the refits made) say how it ended; its ``history`` holds ``(alpha,
-    beta, log evidence)`` of every refitted (MAP, ``alpha``, ``beta``) it went through.
+    At most ``iterations`` refits. The result's ``converged`` and ``iterations`` (the
+    refits made) say how it ended; its ``history`` holds ``(alpha, beta, log evidence)``
+    of every refitted (MAP, ``alpha``, ``beta``) it went through.
 
     Settling before refitting (rather than one step per refit) needs fewer refits and
     curvatures, which are the cost: on yacht, concrete and kin8nm (splits 0-4) 3 to 19
-    refits, 8 on average, where one step per refit took 14 to 19. Keeping the MAP where a
-    refit stalls ends the float32 loops that used to creep on: their hyperparameters moved
-    by a few ``tol`` per refit, at the precision the refit's tolerance leaves the MAP in its
-    flat directions, each time with a new curvature (power, split 1: 5 refits against 13,
-    the last 9 of a single L-BFGS step; boston, split 0: 10 against 17).
+    refits, 8 on average, where one step per refit took 14 to 19.
     """
     x, y = check_data(x, y)
     layout = layout_of(model)
@@ -332,22 +321,13 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
             post.log_det()  # fails now, with NotPositiveDefiniteError, if A is not PD
         return post
 
-    def build(theta: Tensor, alpha: Tensor, beta: Tensor,
-              last: LaplacePosterior | None = None) -> LaplacePosterior:
+    def build(theta: Tensor, alpha: Tensor, beta: Tensor) -> LaplacePosterior:
         """The posterior for ``alpha``, ``beta`` at ``theta`` refitted (``refine``), with a
-        new curvature; at ``last``'s MAP, with its curvature, where the refit from there
-        stalled (:attr:`~bnn_zoo.core.lbfgs.LBFGSResult.stalled`: that MAP is still the
-        optimum, to the refit's tolerance)."""
+        new curvature."""
         if refine:
-            refit = refine_map(theta, x, y, layout, act, likelihood,
+            theta = refine_map(theta, x, y, layout, act, likelihood,
                                alpha if alpha.numel() == p
                                else alpha[layout.layer_index(theta)], beta, prior_mean=mean)
-            if refit.stalled and last is not None:
-                # fresh blocks, as a loaded posterior has: each factorises for these alpha
-                # and beta first, so log |A| is the same to the last bit after a save
-                blocks = [block_from_state(block.state_dict()) for block in last.blocks]
-                return posterior(last.theta, blocks, last.energy, alpha, beta)
-            theta = refit.x
         blocks = curvature_blocks(curvature, theta, x, y, layout, act, likelihood,
                                   indefinite=indefinite, max_bytes=max_bytes, rank=rank,
                                   subnetwork=subnetwork)
@@ -396,7 +376,7 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *, curvature: 
             if distance < tol:
                 break
         if refine:
-            post = build(post.theta, post.alpha, post.beta, last=post)
+            post = build(post.theta, post.alpha, post.beta)
         record(post)
         steps += 1
     post.converged, post.iterations = converged, steps
