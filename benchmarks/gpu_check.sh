@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 16's GPU checks in one call (about 5 minutes on an H100): the tests that need CUDA,
+# then benchmarks/throughput.py (bbb against a plain-torch step at batch 1024, and 20
+# replicas against one fit) and benchmarks/replicas.py (20 bbb fits as replicas against
+# one, end to end) on the GPU. Eight files come back: tests.log, throughput/* and
+# replicas/*, under $OUT (the device tool's folder) or benchmarks/results/gpu.
+#
+# A lent GPU machine has PyTorch but neither Pyro nor a network. Fetch Pyro's wheels into
+# the checkout first, on this side, and carry them:
+#
+#   echo /.whl/ >> .git/info/exclude
+#   pip download --no-deps --only-binary=:all: -d .whl pyro-ppl==1.9.2 pyro-api==0.1.2
+#
+# then run `bash benchmarks/gpu_check.sh` there with `.whl` carried. DEVICE=cpu runs the
+# same on the CPU (the CUDA tests skip): a dry run of this script, not a GPU figure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+device="${DEVICE:-cuda}"
+out="${OUT:-benchmarks/results/gpu}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if ! python3 -c "import bnn_zoo.guides" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
+fi
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
+    python3 -c "import torch, pyro; print('torch', torch.__version__, 'pyro', pyro.__version__,
+                'cuda', torch.cuda.is_available())"
+    python3 -m pytest -q -p no:cacheprovider -rs tests/test_devices.py tests/test_contract.py \
+        tests/test_memory.py
+} 2>&1 | tee "$out/tests.log"
+python3 benchmarks/throughput.py --device "$device" --processes 1 --out "$out/throughput"
+python3 benchmarks/replicas.py --device "$device" --repeats 3 --out "$out/replicas"
