@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's GPU checks in one call (about 5 minutes on an H100): the tests that need CUDA,
+# Issue 16's GPU checks in one call (not yet run on a GPU): the tests that need CUDA,
 # then benchmarks/throughput.py (bbb against a plain-torch step at batch 1024, and 20
 # replicas against one fit) and benchmarks/replicas.py (20 bbb fits as replicas against
 # one, end to end) on the GPU. Eight files come back: tests.log, throughput/* and
