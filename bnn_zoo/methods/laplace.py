@@ -163,13 +163,13 @@ def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor,
     the targets may be infinite or not positive (see :func:`bounded_step`). Sums run over
     the covered weights of each layer."""
     covered = post.covered_layers
-    gamma = post.effective_parameters()
+    gamma = post.effective_parameters(per_layer)
     sq = post.layer_sums(post.covered * (post.theta - post.prior_mean) ** 2)
     alpha = post.alpha.clone()
     if per_layer:
         alpha[covered] = gamma[covered] / sq[covered]
     else:
-        alpha[covered] = gamma[covered].sum() / sq[covered].sum()
+        alpha[covered] = gamma / sq[covered].sum()
     beta = post.beta
     if post.likelihood == "gaussian":
         beta = (post.num_outputs - gamma.sum()) / (2 * post.energy)

@@ -97,7 +97,16 @@ def _tracked(alpha: Tensor, beta: Tensor) -> bool:
     return torch.is_grad_enabled() and (alpha.requires_grad or beta.requires_grad)
 
 
-class DenseBlock:
+class _TraceFromDiagonal:
+    """``alpha_trace`` of a block from its ``inverse_diagonal``."""
+
+    def alpha_trace(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        """``tr(diag(alpha) A^-1) = sum_i alpha_i [A^-1]_ii``: the block's weights less its
+        effective number of parameters ``gamma`` (PRML 5.179)."""
+        return (alpha * self.inverse_diagonal(alpha, beta)).sum()
+
+
+class DenseBlock(_TraceFromDiagonal):
     """Precision ``diag(alpha) + beta H`` on ``theta[index]`` with a dense (p, p) ``H``.
 
     Factorised in float64 whatever the data's dtype: with a small ``alpha`` the
@@ -114,14 +123,17 @@ class DenseBlock:
 
     Spectral shortcut (MacKay 1992; PRML 5.177-5.178, which write the evidence in the
     eigenvalues ``lambda_i`` of ``beta H``): once a second ``(alpha, beta)`` is asked
-    for with ``alpha`` one number ``a`` on the block (the evidence loop), ``H = V
-    diag(lambda) V^T`` is eigendecomposed once and :meth:`log_det` and
-    :meth:`inverse_diagonal` answer from it, ``log |A| = sum_i log(a + beta lambda_i)``
-    and ``[A^-1]_jj = sum_i V_ji^2 / (a + beta lambda_i)``, in ``O(p)`` and ``O(p^2)``
-    instead of a new ``O(p^3)`` factorisation per ``(alpha, beta)``; where some
-    ``a + beta lambda_i`` is not positive they fall back to the Cholesky. Draws,
-    whitening and the covariance always use the Cholesky factor. Memory: the
-    eigenvectors, one more ``p x p``.
+    for with ``alpha`` one number ``a`` on the block (the evidence loop), the eigenvalues
+    ``lambda_i`` of ``H`` are computed once and :meth:`log_det` and :meth:`alpha_trace`
+    answer from them, ``log |A| = sum_i log(a + beta lambda_i)`` and ``tr(a A^-1) = sum_i
+    a / (a + beta lambda_i)``, in ``O(p)`` instead of a new ``O(p^3)`` factorisation per
+    ``(alpha, beta)``. The eigenvectors ``V`` (``H = V diag(lambda) V^T``) are computed
+    only when :meth:`inverse_diagonal` needs them, ``[A^-1]_jj = sum_i V_ji^2 / (a + beta
+    lambda_i)`` (per-layer ``gamma``): eigenvalues alone cost a fifth of a full
+    eigendecomposition at ``p = 3760`` (3.0 against 16 s, float64, one thread). Where some
+    ``a + beta lambda_i`` is not positive they fall back to the Cholesky. Draws, whitening
+    and the covariance always use the Cholesky factor. Memory: the eigenvectors, once
+    computed, one more ``p x p``.
     """
 
     kind = "dense"
@@ -141,8 +153,10 @@ class DenseBlock:
         self.jitter = jitter
         #: ``(alpha, beta, L, jitter)`` of the last factorisation (see :meth:`cholesky`).
         self._factor: tuple[Tensor, Tensor, Tensor, float] | None = None
-        #: ``(lambda, V)`` of ``H`` once the spectral shortcut is taken (see :meth:`_spectrum`).
-        self._eigen: tuple[Tensor, Tensor] | None = None
+        #: ``lambda`` and ``V`` of ``H``, each once the spectral shortcut needs it (see
+        #: :meth:`_spectrum`).
+        self._eigenvalues: Tensor | None = None
+        self._eigenvectors: Tensor | None = None
 
     @classmethod
     def from_hessian(cls, index: slice | Tensor, hessian: Tensor, indefinite: str = "raise"
@@ -180,8 +194,8 @@ class DenseBlock:
         if self.indefinite == "clip" and not self.clipped:
             evals, evecs = torch.linalg.eigh(self.hessian)
             self.clipped = max(int((evals < 0).sum()), 1)
-            self._eigen = evals.clamp_min(0), evecs
-            self.hessian = (evecs * self._eigen[0]) @ evecs.T
+            self._eigenvalues, self._eigenvectors = evals.clamp_min(0), evecs
+            self.hessian = (evecs * self._eigenvalues) @ evecs.T
             self._factor = None
             return self.cholesky(alpha, beta)
         smallest = float(torch.linalg.eigvalsh(precision.detach())[0])
@@ -198,8 +212,10 @@ class DenseBlock:
         return self._factor is not None and all(
             torch.equal(a, b) for a, b in zip(self._factor[:2], (alpha, beta)))
 
-    def _spectrum(self, alpha: Tensor, beta: Tensor) -> tuple[Tensor, Tensor] | None:
-        """``(a + beta lambda, V)`` in float64 for ``alpha`` equal to ``a`` throughout, or
+    def _spectrum(self, alpha: Tensor, beta: Tensor, vectors: bool = False
+                  ) -> tuple[Tensor, Tensor | None] | None:
+        """``(a + beta lambda, V)`` in float64 for ``alpha`` equal to ``a`` throughout (``V``
+        ``None`` unless ``vectors`` asks for it or it was computed before), or
         ``None`` (use the Cholesky): for another ``alpha``, for the first ``(alpha, beta)``
         asked of this block (one Cholesky is cheaper than an eigendecomposition; a second
         pair means the evidence loop), for the pair last factorised (its factor is kept,
@@ -209,14 +225,15 @@ class DenseBlock:
         if (_tracked(alpha, beta) or not bool((alpha == alpha[0]).all())
                 or self._factor is None or self._factorised(alpha, beta)):
             return None
-        if self._eigen is None:
-            self._eigen = torch.linalg.eigh(self.hessian)
-        evals, evecs = self._eigen
-        precision = alpha[0].double() + beta.double() * evals
+        if vectors and self._eigenvectors is None:
+            self._eigenvalues, self._eigenvectors = torch.linalg.eigh(self.hessian)
+        elif self._eigenvalues is None:
+            self._eigenvalues = torch.linalg.eigvalsh(self.hessian)
+        precision = alpha[0].double() + beta.double() * self._eigenvalues
         if not bool((precision > 0).all()):
             return None
         self.jitter = 0.0
-        return precision, evecs
+        return precision, self._eigenvectors
 
     def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
         spectrum = self._spectrum(alpha, beta)
@@ -225,7 +242,7 @@ class DenseBlock:
         return (2 * torch.log(torch.diagonal(self.cholesky(alpha, beta))).sum()).to(self.dtype)
 
     def inverse_diagonal(self, alpha: Tensor, beta: Tensor) -> Tensor:
-        spectrum = self._spectrum(alpha, beta)
+        spectrum = self._spectrum(alpha, beta, vectors=True)
         if spectrum is not None:
             precision, evecs = spectrum
             return (evecs**2 @ precision.reciprocal()).to(self.dtype)
@@ -233,6 +250,14 @@ class DenseBlock:
         eye = torch.eye(chol.shape[0], dtype=chol.dtype, device=chol.device)
         inv = torch.linalg.solve_triangular(chol, eye, upper=False)
         return (inv**2).sum(0).to(self.dtype)
+
+    def alpha_trace(self, alpha: Tensor, beta: Tensor) -> Tensor:
+        """``tr(diag(alpha) A^-1)``: from the eigenvalues alone where the spectral shortcut
+        applies, else from :meth:`inverse_diagonal`."""
+        spectrum = self._spectrum(alpha, beta)
+        if spectrum is not None:
+            return (alpha[0].double() / spectrum[0]).sum().to(self.dtype)
+        return super().alpha_trace(alpha, beta)
 
     def whiten(self, g: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
         """(M, p) rows ``u_m = L^-1 g_m`` for rows ``g`` (M, p): ``u_m^T u_k = g_m^T A^-1 g_k``."""
@@ -250,7 +275,7 @@ class DenseBlock:
         return torch.cholesky_inverse(self.cholesky(alpha, beta)).to(self.dtype)
 
 
-class DiagBlock:
+class DiagBlock(_TraceFromDiagonal):
     """Precision ``alpha + beta h`` elementwise on ``theta[index]``."""
 
     kind = "diag"
@@ -287,7 +312,7 @@ class DiagBlock:
         return torch.diag_embed(self.inverse_diagonal(alpha, beta))
 
 
-class KronBlock:
+class KronBlock(_TraceFromDiagonal):
     """Precision ``alpha I + beta Q ⊗ G`` on one layer's ``[W; b]`` (row-major, (a, o)):
     ``index`` its slice of ``theta`` (an MLP's layer) or the positions of its entries in
     that order (a torch layer, whose weight is stored ``(o, a)``).
@@ -359,7 +384,7 @@ class KronBlock:
         return self.q_evals.shape[0], self.g_evals.shape[0]
 
 
-class LowRankBlock:
+class LowRankBlock(_TraceFromDiagonal):
     """Precision ``D + beta U diag(lambda) U^T`` on ``theta[index]``, ``D = diag(alpha)``,
     with the top ``k`` eigenpairs ``U`` (p, k), ``lambda`` (k,) of a curvature (laplace-torch's
     low-rank Laplace; Daxberger et al. 2021).

@@ -198,10 +198,16 @@ class LaplacePosterior:
         alpha = torch.as_tensor(alpha, dtype=self.theta.dtype, device=self.theta.device)
         return alpha if alpha.dim() else alpha.expand(self.layout.num_layers)
 
-    def effective_parameters(self) -> Tensor:
+    def effective_parameters(self, per_layer: bool = True) -> Tensor:
         """(L,) ``gamma_l = sum_{i in l} (1 - alpha_i [A^-1]_ii)`` of each covered layer
-        (0 elsewhere); with one ``alpha_l`` per layer, ``W_l - alpha_l tr_l(A^-1)``."""
+        (0 elsewhere); with one ``alpha_l`` per layer, ``W_l - alpha_l tr_l(A^-1)``.
+        ``per_layer=False``: their sum, ``gamma = sum_blocks (p_b - tr(diag(alpha_b)
+        A_b^-1))``, which a dense block with one ``alpha`` takes from the eigenvalues of
+        its curvature alone (:meth:`DenseBlock.alpha_trace`)."""
         a = self.alpha_vector()
+        if not per_layer:
+            return sum(a[block.index].numel() - block.alpha_trace(a[block.index], self.beta)
+                       for block in self.blocks)
         gamma = torch.zeros_like(self.theta)
         for block in self.blocks:
             ab = a[block.index]
