@@ -234,8 +234,8 @@ def test_total_effective_parameters_equal_the_sum_of_the_layers(curvature):
     model, layout, theta, x, y = tiny_net("regression", n=20)
     post = laplace_posterior(model, theta, x, y, curvature=curvature, alpha=0.7, beta=2.0,
                              refine=False, indefinite="clip", subnetwork=[0, 3, 5, 20, 30])
-    for alpha in (0.7, 1.3, torch.tensor([0.5, 1.0, 2.0], dtype=D)):
-        post.alpha = post._as_alpha(alpha).clone()
+    for alpha in ([0.7] * 3, [1.3] * 3, [0.5, 1.0, 2.0]):  # one per layer
+        post.alpha = torch.tensor(alpha, dtype=D)
         total = post.effective_parameters(per_layer=False)
         torch.testing.assert_close(total, post.effective_parameters().sum())
         assert 0 < float(total) < int(post.covered.sum())
