@@ -57,6 +57,35 @@ def test_log_prob_equals_direct_sum():
     torch.testing.assert_close(q.mean, q.weights @ (-b / w))
 
 
+def test_mean_and_variance_are_the_mixtures_moments():
+    """On components far from zero with unequal weights: ``mean`` is sum_i pi_i mu_i and
+    ``variance`` the law of total variance, sum_i pi_i (sigma_i^2 + (mu_i - mean)^2), each
+    written out here; and both match the moments of the mixture's own samples within 5
+    Monte Carlo standard errors (the between-component term is most of the variance)."""
+    locs = torch.tensor([[6.0, -4.0], [-3.0, 9.0], [11.0, 2.0]], dtype=torch.float64)
+    scales = torch.tensor([[0.5, 2.0], [1.5, 0.3], [1.0, 1.0]], dtype=torch.float64)
+    a = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    q = DiagonalNormalMixture(a, 1 / scales, -locs / scales)  # component means -b/w
+    pi = a**2 / (a**2).sum()
+    mean = sum(pi[i] * locs[i] for i in range(3))
+    variance = sum(pi[i] * (scales[i] ** 2 + (locs[i] - mean) ** 2) for i in range(3))
+    torch.testing.assert_close(q.mean, mean)
+    torch.testing.assert_close(q.variance, variance)
+
+    n = 200_000
+    samples = q.sample((n,))
+    centred = samples - samples.mean(0)
+    sample_variance = centred.pow(2).mean(0)
+    mean_se = (sample_variance / n).sqrt()
+    variance_se = ((centred.pow(4).mean(0) - sample_variance**2) / n).sqrt()
+    assert ((samples.mean(0) - q.mean).abs() < 5 * mean_se).all(), (samples.mean(0), q.mean)
+    assert ((sample_variance - q.variance).abs() < 5 * variance_se).all(), \
+        (sample_variance, q.variance)
+    # the check has power: leaving out the spread of the means changes the variance by more
+    within = pi @ scales**2
+    assert ((variance - within).abs() > 50 * variance_se).all()
+
+
 def test_seed_partial_derivatives_match_autograd():
     """Seed 003, section 4: d beta_i / d b_jk = -delta_ik (theta_j w_jk + b_jk) as written;
     d beta_i / d w_jk = delta_ik {-(theta_j w_jk + b_jk) theta_j + 1/w_jk} (the seed has

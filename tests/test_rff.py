@@ -279,6 +279,35 @@ def test_logit_normal_kl_and_mean_against_monte_carlo():
     assert (s.max() < 1) and (s.min() > 0)
 
 
+@pytest.mark.parametrize("mass", [0.5, 0.9])
+def test_relevance_is_the_mean_and_central_interval_of_q(mass):
+    """``relevance(mass)`` gives E_q[s_d] and the bounds with q-mass (1 - mass)/2 and
+    (1 + mass)/2 below them: against sigmoid(loc +- z scale), z the standard normal's
+    (1 + mass)/2 quantile from scipy, and against the fractions of 100000 draws of q
+    below each bound and the draws' mean (5 Monte Carlo standard errors)."""
+    from scipy.stats import norm
+
+    model = RandomFeatureRegression(3, 4).double()
+    guide = LogitNormalGuide(model).double()
+    loc = torch.tensor([-2.0, 0.3, 1.5], dtype=torch.float64)
+    scale = torch.tensor([0.4, 1.0, 2.5], dtype=torch.float64)
+    with torch.no_grad():
+        guide.loc.copy_(loc)
+    guide.scale = scale
+    mean, lo, hi = guide.relevance(mass)
+    z = norm.ppf((1 + mass) / 2)
+    torch.testing.assert_close(lo, torch.sigmoid(loc - z * scale))
+    torch.testing.assert_close(hi, torch.sigmoid(loc + z * scale))
+
+    n = 100_000
+    s = torch.sigmoid(loc + scale * torch.randn(n, 3, dtype=torch.float64))
+    for bound, level in ((lo, (1 - mass) / 2), (hi, (1 + mass) / 2)):
+        below = (s < bound).double().mean(0)
+        assert ((below - level).abs() < 5 * math.sqrt(level * (1 - level) / n)).all(), \
+            (below, level)
+    assert ((s.mean(0) - mean).abs() < 5 * s.std(0) / math.sqrt(n)).all(), (s.mean(0), mean)
+
+
 def test_algorithm1_holds_beta_for_inner_steps():
     model, guide, x, y = problem()
     elbo = Algorithm1ELBO.with_inner_steps(3)(num_particles=2, vectorize_particles=True)
