@@ -2,9 +2,8 @@
 
 Pyro's :class:`~pyro.infer.autoguide.AutoNormalizingFlow` pushes ``z ~ N(0, I)``
 through a flow ``T``; a freshly initialised MADE makes ``T(z)`` a random point of
-scale about 1, far from a sensible network, and on ``sine`` one affine IAF layer
-trained that way never left the prior (test LL -1.9 against 0.7 for the other
-guides). :class:`AffineShiftedFlow` appends a learned elementwise affine map,
+scale about 1, far from a sensible network, from which a BNN's flow trained by SVI may
+never leave the prior. :class:`AffineShiftedFlow` appends a learned elementwise affine map,
 
     w = loc + exp(log_scale) * T(z),      log|det dw/dT| = sum(log_scale),
 
@@ -68,10 +67,7 @@ class AffineShiftedFlow(AutoNormalizingFlow):
         # AutoNormalizingFlow fixes init_to_feasible; the shift needs our init_loc_fn.
         AutoContinuous.__init__(self, model, init_loc_fn=init_loc_fn)
         self.init_scale = check_positive("init_scale", init_scale)
-        # PyroParams throughout (the flow's own included), so Pyro's SVI trains it in
-        # either module_local_params mode (see :mod:`bnn_zoo.guides.params`).
-        self._init_transform_fn = lambda dim: to_pyro_params_(ComposeTransformModule(
-            [init_transform_fn(dim), ElementwiseAffine(self._init_loc(), self.init_scale)]))
+        self._flow_fn = init_transform_fn
         self.transform = None
         self._prototype_tensor = torch.tensor(0.0)
 
@@ -84,6 +80,17 @@ class AffineShiftedFlow(AutoNormalizingFlow):
         and dtype of the base distribution, so a zero of them is kept instead.
         """
         if self.transform is None:
-            self.transform = self._init_transform_fn(self.latent_dim)
+            self.transform = self._build_transform()
             self._prototype_tensor = next(self.transform.parameters()).new_zeros(())
         return AutoContinuous.get_posterior(self, *args, **kwargs)
+
+    def _build_transform(self) -> ComposeTransformModule:
+        """``T`` then :class:`ElementwiseAffine`, on the device and in the dtype of the
+        initial values (those of the model, hence of the data): the flow factory builds its
+        layers with torch's defaults. PyroParams throughout (the flow's own included), so
+        Pyro's SVI trains it in either ``module_local_params`` mode (see
+        :mod:`bnn_zoo.guides.params`)."""
+        loc = self._init_loc()
+        flow = self._flow_fn(self.latent_dim).to(device=loc.device, dtype=loc.dtype)
+        return to_pyro_params_(ComposeTransformModule([flow, ElementwiseAffine(loc,
+                                                                               self.init_scale)]))

@@ -128,6 +128,25 @@ def test_elementwise_affine_inverse_and_log_det_match_autograd():
     torch.testing.assert_close(t.log_abs_det_jacobian(x, y), torch.logdet(jac))
 
 
+@pytest.mark.parametrize("like", [torch.zeros((), dtype=torch.float64),
+                                  torch.zeros((), device="meta")], ids=["float64", "meta"])
+def test_iaf_flow_follows_the_device_and_dtype_of_the_model(like):
+    """Model and guide moved to the data's device and dtype before the first call (as a fit
+    builds them): every parameter and buffer of the flow, built on that call, follows.
+    The ``meta`` device stands in for a GPU (it cannot be validated, hence validation off)."""
+    model = zoo.get("iaf").model(1, 1).to(like)
+    guide = zoo.get("iaf").guide(model).to(like)
+    x = torch.zeros(5, 1, dtype=like.dtype, device=like.device)
+    with pyro.validation_enabled(False):
+        draw = guide(x)["layers.0.weight"]
+    tensors = dict(guide.named_parameters()) | dict(guide.named_buffers())
+    assert any(name.startswith("transform.0.") for name in tensors)
+    for name, t in tensors.items():
+        assert t.device == like.device, name
+        assert not t.is_floating_point() or t.dtype == like.dtype, name
+    assert draw.device == like.device and draw.dtype == like.dtype
+
+
 def test_iaf_starts_around_the_fan_in_point():
     """The shifted flow's initial mean is the guide's packed init values, its spread ~0.01."""
     pyro.set_rng_seed(3)
