@@ -1,94 +1,176 @@
-"""Every script in ``benchmarks/`` runs with tiny flags, without the network; a script
-missing from ``TINY_ARGS`` fails the suite (as Pyro's ``tests/test_examples.py`` does).
-Every script takes the shared flags and writes its tables through the harness's one
-table writer."""
+"""Every script in ``benchmarks/`` runs with tiny flags, without the network, in a test
+that checks the tables it writes; a script without such a test fails the suite (as Pyro's
+``tests/test_examples.py`` does). Every script parses the shared flags, checked before any
+work, and writes its tables through the harness's one table writer (Markdown, CSV and JSON
+side by side)."""
 
 from __future__ import annotations
 
+import ast
+import csv
 import json
+import math
 import runpy
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from bnn_zoo.harness import tables
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+TESTS = Path(__file__).resolve().parent
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
 
-# file name -> flags that make it run in seconds ("{out}" becomes a temporary folder)
-TINY_ARGS: dict[str, list[str]] = {
-    "speed.py": ["--repeats", "1", "--inner", "1", "--nets", "13-50-1", "--out", "{out}"],
-    "replicas.py": ["--replicas", "2", "--steps", "3", "--repeats", "1", "--points", "20",
-                    "--out", "{out}"],
-    "compare_guides.py": ["--data", "sine", "--entries", "map", "--steps", "10",
-                          "--num-samples", "5", "--reference", "none", "--out", "{out}"],
-    "uci.py": ["--data", "yacht", "--splits", "1", "--entries", "map", "--steps", "10",
-               "--num-samples", "5", "--out", "{out}"],
+#: script -> (test file, test function) that runs it with tiny flags and checks its tables
+TINY_RUNS: dict[str, tuple[str, str]] = {
+    "bbb_priors.py": ("test_bbb.py",
+                      "test_bbb_priors_benchmark_runs_and_its_committed_table_shows_the_seed_"
+                      "prior_collapse"),
+    "classification.py": ("test_mean_field_clf.py", "test_classification_benchmark_script"),
+    "cnn.py": ("test_module_handlers.py", "test_cnn_benchmark_runs_and_writes_its_ratios"),
+    "compare_guides.py": ("test_benchmarks.py", "test_compare_guides_writes_a_row_per_entry"),
+    "distributed_fit.py": ("test_scale_scripts.py",
+                           "test_distributed_example_runs_as_one_process"),
+    "laplace_torch.py": ("test_laplace_torch_benchmark.py",
+                         "test_tiny_run_writes_both_pipelines_scores_and_the_ratios"),
+    "laplace_variants.py": ("test_laplace.py", "test_benchmark_script_runs_with_tiny_flags"),
+    "mixture.py": ("test_mixture.py", "test_benchmark_script_runs_with_tiny_flags"),
+    "mixture_nuts.py": ("test_mixture.py", "test_mixture_against_nuts_on_a_small_bnn_fast"),
+    "nngp.py": ("test_nngp.py", "test_benchmark_script_runs_with_tiny_flags"),
+    "replicas.py": ("test_benchmarks.py", "test_replicas_reports_the_times_and_peak_memory"),
+    "rff.py": ("test_rff.py", "test_benchmark_script_runs"),
+    "speed.py": ("test_benchmarks.py", "test_speed_reports_each_steps_time_and_peak_memory"),
+    "throughput.py": ("test_scale_scripts.py",
+                      "test_throughput_benchmark_writes_table_json_and_figure"),
+    "uci.py": ("test_benchmarks.py",
+               "test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure"),
 }
-NEEDS_UCI = {"uci.py"}
-# scripts whose tiny run lives beside the method's other tests, which also check the numbers
-TESTED_ELSEWHERE = {
-    "bbb_priors.py": "test_bbb.py",
-    "classification.py": "test_mean_field_clf.py",
-    "cnn.py": "test_module_handlers.py",
-    "distributed_fit.py": "test_scale_scripts.py",
-    "laplace_torch.py": "test_laplace_torch_benchmark.py",
-    "laplace_variants.py": "test_laplace.py",
-    "mixture.py": "test_mixture.py",
-    "mixture_nuts.py": "test_mixture.py",
-    "nngp.py": "test_nngp.py",
-    "rff.py": "test_rff.py",
-    "throughput.py": "test_scale_scripts.py",
-}
 
 
-def test_every_script_is_listed():
-    scripts = {p.name for p in BENCHMARKS.glob("*.py")}
-    missing = scripts - set(TINY_ARGS) - set(TESTED_ELSEWHERE)
-    assert not missing, f"add tiny flags for {sorted(missing)} to TINY_ARGS"
-    tests = Path(__file__).resolve().parent
-    for script, test_file in TESTED_ELSEWHERE.items():
-        assert script.removesuffix(".py") in (tests / test_file).read_text(), (script, test_file)
+def script_main(script: str) -> Callable:
+    """The ``main(argv)`` of ``benchmarks/<script>``, imported as a module, not run."""
+    return runpy.run_path(str(BENCHMARKS / script), run_name=script.removesuffix(".py"))["main"]
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")))
-def test_script_uses_the_shared_flags_and_the_table_writer(script):
-    text = (BENCHMARKS / script).read_text()
-    assert "flags.parse(" in text
-    assert "add_shared_flags" in text or "add_comparison_flags" in text
-    assert any(w in text for w in ("write_tables(", "write_table_group(", "write_comparison(",
-                                   "run_from_args("))
-    for own in ("set_num_threads", "argparse.FileType", ".write_text(", "savefig(", "csv.",
-                "json.dump"):
-        assert own not in text, f"{script} uses {own}; the harness does that"
+def _strings(node: ast.AST) -> set[str]:
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str)}
 
 
-@pytest.mark.parametrize("script", sorted(TINY_ARGS))
-def test_script_runs_with_tiny_flags(script, tmp_path, monkeypatch, request, capsys):
-    if script in NEEDS_UCI:
-        request.getfixturevalue("uci_data")
-    argv = [a.replace("{out}", str(tmp_path)) for a in TINY_ARGS[script]]
-    monkeypatch.setattr(sys, "argv", [script, *argv])
-    runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
-    assert "[failed]" not in capsys.readouterr().out  # a comparison reports a failed fit
-    assert any(p.suffix == ".md" for p in tmp_path.iterdir())
+def test_every_script_has_a_test_that_runs_it():
+    """Each script is named, as a path or a module, in the test listed for it or in the
+    module-level functions and constants that test uses (its fixtures, the script's path)."""
+    missing = set(SCRIPTS) - set(TINY_RUNS)
+    assert not missing, f"add a tiny run of {sorted(missing)} and list it in TINY_RUNS"
+    for script, (test_file, test_name) in TINY_RUNS.items():
+        module = ast.parse((TESTS / test_file).read_text())
+        top = {}
+        for node in module.body:
+            if isinstance(node, (ast.FunctionDef, ast.Assign)):
+                names = [node.name] if isinstance(node, ast.FunctionDef) else [
+                    t.id for t in node.targets if isinstance(t, ast.Name)]
+                top.update(dict.fromkeys(names, node))
+        assert test_name in top, f"{test_file} has no {test_name} (listed for {script})"
+        texts: set[str] = set()
+        todo, seen = [test_name], set()
+        while todo:  # the test, then what it names, then what those name
+            node = top[todo.pop()]
+            texts |= _strings(node)
+            named = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            if isinstance(node, ast.FunctionDef):
+                named |= {a.arg for a in node.args.args}  # fixtures
+            todo += [n for n in named & top.keys() - seen]
+            seen |= named
+        stem = script.removesuffix(".py")
+        assert any(t == stem or t.endswith(script) for t in texts), (script, test_name)
 
 
-def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path, uci_data):
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_checks_the_shared_flags_before_any_work(script, tmp_path, capsys):
+    """``--threads 0``, a negative ``--seed`` and an ``--out`` under a file are each
+    refused as argparse refuses a bad value (exit code 2, a line naming the flag) by the
+    harness's parser, before anything runs or is written."""
+    main = script_main(script)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    threads = torch.get_num_threads()
+    for argv, flag in ((["--threads", "0"], "--threads"), (["--seed", "-1"], "--seed"),
+                       (["--out", str(blocker / "out")], "--out")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2, (script, argv)
+        assert flag in capsys.readouterr().err, (script, argv)
+    assert torch.get_num_threads() == threads
+    assert [p.name for p in tmp_path.iterdir()] == ["a_file"]
+
+
+def run_recording_tables(script: str, argv: list[str], out: Path,
+                         monkeypatch: pytest.MonkeyPatch):
+    """Run the script's ``main(argv)`` and check that every table file under ``out``
+    came through the harness's table writer, each Markdown table with its JSON and CSV;
+    return what ``main`` returns."""
+    written: list[Path] = []
+    write = tables.write_text_atomic
+
+    def recording(path, text):
+        written.append(Path(path))
+        return write(path, text)
+
+    monkeypatch.setattr(tables, "write_text_atomic", recording)
+    result = script_main(script)([*argv, "--out", str(out)])
+    files = {p for p in out.iterdir() if p.suffix in (".md", ".csv", ".json")}
+    assert files and files <= set(written), sorted(files - set(written))
+    for md in (p for p in files if p.suffix == ".md"):
+        assert md.with_suffix(".json") in files, md
+        assert any(p.suffix == ".csv" and p.stem.startswith(md.stem) for p in files), md
+    return result
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_compare_guides_writes_a_row_per_entry(tmp_path, monkeypatch):
+    """One fitted run per (data, entry), its metrics in the CSV, the JSON and the Markdown."""
+    out = tmp_path / "compare"
+    run_recording_tables("compare_guides.py", [
+        "--data", "sine", "--entries", "map", "mean_field", "--steps", "10",
+        "--num-samples", "5", "--reference", "none"], out, monkeypatch)
+    document = json.loads((out / "compare.json").read_text())
+    assert [(r["entry"], r["status"]) for r in document["runs"]] == [("map", "ok"),
+                                                                     ("mean_field", "ok")]
+    rows = read_csv(out / "compare.csv")
+    assert [(r["data"], r["entry"], r["runs"]) for r in rows] == [("sine", "map", "1"),
+                                                                  ("sine", "mean_field", "1")]
+    for row in rows:
+        assert float(row["rmse"]) > 0 and math.isfinite(float(row["ll"]))
+        assert 0 <= float(row["coverage_50"]) <= float(row["coverage_95"]) <= 1
+        assert float(row["fit_seconds"]) > 0
+    assert "| map |" in (out / "compare.md").read_text()
+    assert (out / "bands_sine.png").stat().st_size > 0
+
+
+def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path, monkeypatch,
+                                                                       uci_data):
     """``uci.csv`` holds one row per (entry, data set, split) with the protocol's columns,
     a skipped run says why, and the best-entry table compares with the best published LL."""
-    import csv
-
-    script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
     # mean_field_clf is classification-only: its runs on a regression set are skipped.
-    script["main"](["--data", "yacht", "--splits", "2", "--entries", "map", "mean_field_clf",
-                    "--steps", "10", "--num-samples", "5", "--out", str(tmp_path)])
-    with open(tmp_path / "uci.csv") as f:
-        rows = list(csv.DictReader(f))
+    run_recording_tables("uci.py", ["--data", "yacht", "--splits", "2", "--entries", "map",
+                                    "mean_field_clf", "--steps", "10", "--num-samples", "5"],
+                         tmp_path, monkeypatch)
+    rows = read_csv(tmp_path / "uci.csv")
     assert [(r["entry"], r["dataset"], r["split"]) for r in rows] == [
         ("map", "yacht", "0"), ("map", "yacht", "1"), ("mean_field_clf", "yacht", "0"),
         ("mean_field_clf", "yacht", "1")]
-    assert {"ll", "rmse", "coverage_90", "fit_seconds"} <= rows[0].keys()
+    for row in rows[:2]:
+        assert row["status"] == "ok" and math.isfinite(float(row["ll"]))
+        assert float(row["rmse"]) > 0 and 0 <= float(row["coverage_90"]) <= 1
+        assert float(row["fit_seconds"]) > 0
     assert rows[2]["status"] == "skipped" and "not 'regression'" in rows[2]["reason"]
     assert "not 'regression'" in (tmp_path / "uci_summary.md").read_text()  # the hole says why
     best = (tmp_path / "uci_best.md").read_text()
@@ -99,8 +181,6 @@ def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path,
 def test_uci_script_writes_the_distances_to_a_reference(tmp_path, uci_data):
     """``--reference`` writes ``reference.json`` as ``compare`` does: per split and over the
     splits, each entry's W2 distance and LL gap to the reference (0 for the reference)."""
-    import json
-
     script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
     script["main"](["--data", "yacht", "--splits", "2", "--entries", "map", "mean_field",
                     "--steps", "10", "--num-samples", "5", "--reference", "map",
@@ -116,20 +196,14 @@ def test_uci_script_in_two_workers_writes_what_one_process_writes(tmp_path, uci_
     """``--jobs 2`` fits the data sets in spawned workers (run as a user runs the script:
     a worker imports it as the main module) and writes the rows of a run in one process,
     in the order of ``--data``."""
-    import csv
-    import subprocess
-
     args = ["--data", "yacht", "bostonHousing", "--splits", "1", "--entries", "map", "--steps",
             "10", "--num-samples", "5"]
     runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")["main"](
         [*args, "--out", str(tmp_path / "one")])
     subprocess.run([sys.executable, str(BENCHMARKS / "uci.py"), *args, "--jobs", "2", "--out",
                     str(tmp_path / "two")], check=True, capture_output=True)
-    rows = {}
-    for folder in ("one", "two"):
-        with open(tmp_path / folder / "uci.csv") as f:
-            rows[folder] = [(r["entry"], r["dataset"], r["split"], r["status"], float(r["ll"]))
-                            for r in csv.DictReader(f)]
+    rows = {folder: [(r["entry"], r["dataset"], r["split"], r["status"], float(r["ll"]))
+                     for r in read_csv(tmp_path / folder / "uci.csv")] for folder in ("one", "two")}
     assert [r[:4] for r in rows["two"]] == [("map", "yacht", "0", "ok"),
                                            ("map", "bostonHousing", "0", "ok")]
     assert [r[:4] for r in rows["one"]] == [r[:4] for r in rows["two"]]
@@ -162,28 +236,51 @@ def test_uci_best_published_and_wins_by_hand():
     assert wins["a"]["fit_minutes"] == pytest.approx(1.0)
 
 
-def test_speed_reports_each_steps_peak_memory_beside_its_time(tmp_path):
-    """Each hand-written step allocates its gradients afresh (``set_to_none``), so its peak
-    is at least their size: P float32 weights for ``torch_map``, 2P (means and scales) for
-    ``torch_bbb``; less 1 MiB for the kernel's per-CPU RSS counters (see test_memory)."""
+def test_speed_reports_each_steps_time_and_peak_memory(tmp_path, monkeypatch):
+    """One row per net: every step's time and its ratios to the plain MAP step and to the
+    hand-written step of the same estimator, as computed from those times, in the CSV
+    and JSON too. Each hand-written step allocates its gradients afresh
+    (``set_to_none``), so its peak is at least their size: P float32 weights for
+    ``torch_map``, 2P (means and scales) for ``torch_bbb``; less 1 MiB for the kernel's
+    per-CPU RSS counters (see test_memory)."""
     script = runpy.run_path(str(BENCHMARKS / "speed.py"), run_name="speed")
-    (row,) = script["main"](["--repeats", "1", "--inner", "2", "--nets", "784-400-400-10",
-                             "--out", str(tmp_path)])["rows"]
+    (row,) = run_recording_tables("speed.py", ["--repeats", "1", "--inner", "2", "--nets",
+                                               "784-400-400-10"], tmp_path, monkeypatch)["rows"]
     weights_mib = sum(a * b + b for a, b in [(784, 400), (400, 400), (400, 10)]) * 4 / 2**20
     assert row["torch_map_mib"] >= weights_mib - 1
     assert row["torch_bbb_mib"] >= 2 * weights_mib - 1
     for step in script["STEPS"]:
         assert 0 <= row[f"{step}_mib"] < 1024 and row[f"{step}_ms"] > 0
+        assert row[f"{step}_per_map"] == pytest.approx(row[f"{step}_ms"] / row["torch_map_ms"])
+    for ratio, zoo_step in script["RATIOS"].items():
+        hand = script["LIKE"][zoo_step]
+        assert row[ratio] == pytest.approx(row[f"{zoo_step}_ms"] / row[f"{hand}_ms"])
+    (saved,) = json.loads((tmp_path / "speed.json").read_text())["summary"]
+    assert saved == pytest.approx(row)
+    (line,) = read_csv(tmp_path / "speed.csv")
+    assert {k: float(v) for k, v in line.items() if k != "net"} == pytest.approx(
+        {k: v for k, v in row.items() if k != "net"})
     assert "zoo_bbb_lrt_jit_mib" in (tmp_path / "speed.md").read_text()
+    assert (tmp_path / "speed.png").stat().st_size > 0
 
 
-def test_replicas_reports_the_peak_memory_of_both_fits(tmp_path):
-    script = runpy.run_path(str(BENCHMARKS / "replicas.py"), run_name="replicas")
-    (row,) = script["main"](["--replicas", "2", "--steps", "3", "--repeats", "1", "--points",
-                             "20", "--out", str(tmp_path)])
+def test_replicas_reports_the_times_and_peak_memory(tmp_path, monkeypatch):
+    """The row of the setting run: both fits' times, their ratio and speed-up as computed
+    from them, and both fits' peak memory, the same in the JSON and the CSV."""
+    (row,) = run_recording_tables("replicas.py", ["--replicas", "2", "--steps", "3",
+                                                  "--repeats", "1", "--points", "20"],
+                                  tmp_path, monkeypatch)
+    assert (row["entry"], row["replicas"], row["steps"], row["device"]) == ("bbb", 2, 3, "cpu")
+    assert row["one_fit_s"] > 0 and row["replicas_s"] > 0 and row["hand_step_ratio"] > 0
+    assert row["ratio"] == pytest.approx(row["replicas_s"] / row["one_fit_s"])
+    assert row["speedup_vs_one_by_one"] == pytest.approx(2 / row["ratio"])
     # A fit builds a model, a guide and an optimiser, so it takes some memory; 1 GiB is
     # far above what 2 replicas of a 13-50-1 net on 20 points can take.
     assert 0 < row["one_fit_mib"] < 1024 and 0 < row["replicas_mib"] < 1024
+    assert json.loads((tmp_path / "replicas.json").read_text())["summary"] == [row]
+    (line,) = read_csv(tmp_path / "replicas.csv")
+    assert set(line) == set(row)
+    assert float(line["replicas_mib"]) == pytest.approx(row["replicas_mib"])
     assert "replicas_mib" in (tmp_path / "replicas.md").read_text()
 
 
