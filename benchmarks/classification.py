@@ -17,10 +17,10 @@ Writes, under ``--out``:
 Finished runs are cached in ``--out/runs``; ``classification.json`` keeps every run's
 record, and each run first restores the cache files it lacks from the one in ``--out``
 (:func:`bnn_zoo.harness.runs.restore_cache`), so that on a fresh checkout a run fits only
-what that file lacks, or holds under other settings (an entry that now batches its splits
-as replicas, which joins the cache key, where the file's runs were fitted one by one).
-A run restored from a file written before the reliability bins were kept there has no
-diagram (its panel says so).
+what that file lacks, or holds under other settings (e.g. an entry that batches its
+splits as replicas, which joins the cache key, where the file's runs were fitted one by
+one). A restored run whose record holds no reliability bins has no diagram (its panel
+says so).
 
     python benchmarks/classification.py                       # all entries, 4 data sets
     python benchmarks/classification.py --data mnist1d        # needs bnn-zoo[mnist1d]

@@ -1,5 +1,5 @@
 """Milliseconds per Bayes-by-Backprop step of the digits CNN through the zoo, against plain
-PyTorch (issue 19's floor: the zoo's step at most 1.2x the hand-written one).
+PyTorch (the goal: the zoo's step at most 1.2x the hand-written one).
 
 The network is :func:`bnn_zoo.models.module.digits_cnn` (``Conv2d(1, C, 3) -> ReLU ->
 Linear(C * 36, 10)`` on scikit-learn's 8x8 digits), minibatches of ``--batch`` out of the
@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     preamble = (f"digits CNN ({args.channels} channels), batch {batch} of {n}, "
                 f"{args.threads} thread(s), median of {args.repeats} x {args.inner} steps; zoo "
                 f"steps {'traced (jit)' if jit else 'eager'} as the bbb entry trains, and eager; "
-                "the floor (issue 19): zoo_vs_hand <= 1.2; *_mib: peak MiB above the step's "
+                "the goal: zoo_vs_hand <= 1.2; *_mib: peak MiB above the step's "
                 f"state, largest of {args.inner} steps")
     print(write_tables(args.out, "cnn", rows, keys=("estimator", "device", "batch"),
                        columns=columns, preamble=preamble))

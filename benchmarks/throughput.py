@@ -14,7 +14,7 @@ a plain-PyTorch step, all at the same global batch.
 
 Samples per second are ``batch * replicas * steps / seconds`` (medians over ``--repeats``);
 ``ratio_to_torch`` and ``ratio_to_bbb`` divide them by those of ``torch`` and ``bbb x1``.
-Issue 16's goals on a GPU: ``bbb x1`` at least 0.8 of ``torch`` at batch 1024, and 20
+The goals on a GPU: ``bbb x1`` at least 0.8 of ``torch`` at batch 1024, and 20
 replicas at least 10 times the throughput of ``bbb x1``. Written as ``throughput.md``,
 ``.csv``, ``.json`` and a bar chart ``throughput.png`` under ``--out``::
 

@@ -65,11 +65,10 @@ literal objective is *not* the collapsed ELBO, not a lower bound on ``log p(y | 
 its extra term rewards scales ``s`` (and a noise ``sigma``) under which ``beta``'s
 conditional moves far from its prior, i.e. fits the training data more closely. It
 counts the data twice, once in ``p(beta | X, y, s)`` and once in the likelihood. Where
-the features can interpolate the data this overfits badly: with K = 100 features on 100
-points of ten inputs (two relevant), ``"alg3_literal"`` drives the learned noise to
-``7e-5`` (train log-likelihood 5.0 per point, test -2.6e6), and ``"collapsed"`` keeps it
-at 0.11 (test -0.25) and switches the eight irrelevant inputs off; on ``sine`` (one input,
-1000 points, K = 50) the two fit alike (test log-likelihood 0.864 and 0.865).
+the features can interpolate the data (as many features as points) this overfits badly:
+``"alg3_literal"`` drives the learned noise towards zero and the test log-likelihood far
+down, where ``"collapsed"`` keeps a sensible noise and switches the irrelevant inputs off
+(tested); where the data are many and the features few, the two fit alike.
 Algorithm 1, whose ``beta`` is not re-drawn with ``s``, optimises the literal objective's
 likelihood term at a stale ``beta_i``: a different, noisier objective.
 """
@@ -108,7 +107,7 @@ class LogitNormalGuide(PyroModule):
         (``s_d = 0.12``) starts with smooth features and lets the relevant inputs
         grow. Started at the prior median ``s_d = 0.5``, ten standardised inputs
         give features so rough that they fit nothing and the gradient in ``s``
-        is too weak to recover (we saw no learning in 300 steps).
+        is too weak to recover from there.
     init_scale : initial ``scale`` of every ``z_d``.
     """
 

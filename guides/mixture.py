@@ -57,28 +57,23 @@ Gradient estimators of the ELBO (``estimator=``), all unbiased, computed by
   :math:`\mathrm{ELBO} = \sum_i \pi_i E_{\theta \sim N_i}[\ln p(\theta) - \ln q(\theta)]`,
   one reparameterised draw from every component per particle.
 
-Against NUTS on BNN posteriors (tested: ``tests/test_mixture.py``; a 1-5-1 tanh net,
-20 points, noise 0.2, ``estimator="enumerate"``, K=1 fitted 600 steps and then K = 1, 2, 4
-split from it and fitted 600 more; NUTS 200 draws): more components raise the ELBO (by
-0.6-0.9 nats at K=4) and keep their weight (effective number 1.9-2.0 of 2, 3.8-3.9 of 4),
-but they settle in the mode K=1 found and do not bring the predictive closer to NUTS's:
-the mean W2 distance of the moment-matched predictives over ``x in [-3.5, 3.5]`` is
-0.072 / 0.092 / 0.078 (K = 1 / 2 / 4) on ``sine`` and 0.093 / 0.104 / 0.097 on ``gap``,
-with Monte Carlo standard errors of the differences of 0.002-0.003. A mixture helps
+Against NUTS on a small BNN posterior (``benchmarks/mixture_nuts.py``: K = 1 fitted, then
+K = 1, 2, 4 split from it and fitted further): more components raise the ELBO and keep
+their weight, but they settle in the mode K = 1 found and do not bring the predictive
+closer to NUTS's (the W2 distance of the moment-matched predictives). A mixture helps
 where the target's modes differ in function space (the toy targets); a BNN's extra modes
 are mostly weight-space symmetries with the same predictive.
 
 Why not Pyro's :class:`~pyro.distributions.MixtureOfDiagNormals`, whose
 ``rsample`` has implicit pathwise gradients for all parameters (Jankowiak &
-Karaletsos 2018)? Two defects in pyro 1.9 (both measured, see the tests and
-the README): (1) its backward evaluates :math:`q(\theta)` and products of
+Karaletsos 2018)? Two defects in pyro 1.9 (both shown in ``tests/test_mixture.py``):
+(1) its backward evaluates :math:`q(\theta)` and products of
 scales outside log space, which overflows in float32 once
 :math:`\sum_j \log(1/\sigma_{ij})` exceeds about 88 (a 1-10-1 net's 31 weights at
-:math:`\sigma = 0.01`): the gradient turns NaN, which is why the pathwise BNN
-runs of an earlier attempt diverged for ``K >= 2``; (2) its gradient for the
-component logits is biased except for functions linear in :math:`\theta`
-(for :math:`E[\theta_1^3]` it returns -1.10 where the exact value is -0.78), so
-fits with it leave the weights near their initial values.
+:math:`\sigma = 0.01`): the gradient turns NaN and a pathwise BNN fit with
+``K >= 2`` diverges; (2) its gradient for the component logits is biased except for
+functions linear in :math:`\theta` (for :math:`E[\theta_1^3]`, say), so fits with
+it leave the weights near their initial values.
 """
 
 from __future__ import annotations
@@ -118,10 +113,10 @@ def component_log_densities(theta: Tensor, a: Tensor, w: Tensor, b: Tensor) -> T
     (..., K) :math:`\beta_i = \log \pi_i + \sum_j \{-\frac12 (\theta_j w_{ij} + b_{ij})^2
     + \frac12 \log(w_{ij}^2 / 2\pi)\}`.
     """
-    # 2 log|a|, not log(a^2): a dying component's a^2 underflows in float32 (a ~ 1e-23 on the
-    # BNN), which made log(a^2) = -inf and the gradient NaN. |a| itself keeps shrinking
-    # (to 4e-44 after 2000 steps on sine, then 0), so it is floored at the smallest normal
-    # number: below it the component's weight is 0 to working precision and a is frozen.
+    # 2 log|a|, not log(a^2): a dying component's a^2 underflows in float32, which would
+    # make log(a^2) = -inf and the gradient NaN. |a| itself can keep shrinking to 0, so it
+    # is floored at the smallest normal number: below it the component's weight is 0 to
+    # working precision and a is frozen.
     floor = torch.finfo(a.dtype).tiny
     log_weights = 2 * torch.log(a.abs().clamp_min(floor)) - torch.log((a**2).sum())
     z = theta.unsqueeze(-2) * w + b  # (..., K, D)

@@ -93,13 +93,11 @@ class MultivariateNormal(AutoMultivariateNormal):
       ``TransformedDistribution`` whose affine transform caches ``z``, so the guide's log
       density of its own draw is ``log N(z; 0, I) - sum_i log scale_i`` exactly. Pyro's
       guide recovers ``z`` by a triangular solve instead, which in float32 turns huge once
-      ``L`` grows ill-conditioned: SVI then drives the ELBO estimate to ``+1e20`` through
-      the round-off (seen on ``two_moons`` at lr 0.03 within 150 steps);
+      ``L`` grows ill-conditioned: SVI can then drive the ELBO estimate to absurd values
+      through the round-off;
     * the ``P x P`` factor costs as few passes over memory as it can, which is the step's
       whole cost for large ``P``: ``L`` is never formed, and the unit lower-triangular
-      constraint is one ``torch.where`` (:attr:`scale_tril`). On a 64-50-10 net
-      (``P = 3760``) a step of Pyro's ``SVI`` took 0.27-0.30 s against 0.50-0.59 s before
-      (one thread, the other core busy).
+      constraint is one ``torch.where`` (:attr:`scale_tril`).
     """
 
     #: The factor is stored unconstrained; :attr:`scale_tril` applies the constraint.
@@ -120,7 +118,7 @@ class MultivariateNormal(AutoMultivariateNormal):
         matrix below the diagonal, ones on it, zeros above (Pyro's ``unit_lower_cholesky``
         constraint, applied by one ``torch.where`` against cached masks, where Pyro's
         transform, ``x.tril(-1) + eye``, builds the identity and runs ``tril``, slow on
-        large matrices, at each step: see the class docstring for the cost)."""
+        large matrices, at each step)."""
         raw = PyroModule.__getattr__(self, "scale_tril")
         return torch.where(self._strict_lower, raw, self._identity)
 

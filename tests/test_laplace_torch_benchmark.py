@@ -1,5 +1,5 @@
 """``benchmarks/laplace_torch.py``: the zoo's Laplace pipeline against a plain-torch MAP and
-laplace-torch (issue 16). laplace-torch is not a dependency: without it the script stops
+laplace-torch. laplace-torch is not a dependency: without it the script stops
 with the install command; with it, a tiny run writes every column."""
 
 from __future__ import annotations

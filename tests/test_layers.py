@@ -1,4 +1,4 @@
-"""The package's layers (see ``bnn_zoo/__init__.py`` and DESIGN.md): each imports only the
+"""The package's layers (see ``bnn_zoo/__init__.py``): each imports only the
 layers before it, so a model never depends on the objective that trains it and the core never
 on the zoo."""
 

@@ -5,6 +5,7 @@ K = 1, 2, 4 against NUTS on a small BNN posterior (predictive W2 distance and EL
 
 from __future__ import annotations
 
+import csv
 import math
 import runpy
 import subprocess
@@ -351,26 +352,46 @@ def test_zoo_entry_fits_and_predicts():
 
 
 def test_benchmark_script_runs_with_tiny_flags(tmp_path):
+    """A row per (target, estimator, K) with KL = log Z - ELBO, the effective number of
+    components in [1, K] and a positive time; the side-by-side table holds the same KLs;
+    the gradient variances are positive."""
     out = tmp_path / "mixture"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mixture.py"), "--steps", "5",
                     "--components", "1", "2", "--targets", "two_component",
                     "--eval-particles", "64", "--grad-repeats", "3", "--out", str(out)],
                    check=True, capture_output=True, timeout=300)
-    table = (out / "mixture.md").read_text()
-    assert "two_component" in table and "enumerate" in table
-    side_by_side = (out / "mixture_by_estimator.md").read_text()
+    rows = read_csv(out / "mixture.csv")
+    estimators = ["score", "score_baseline", "pathwise", "enumerate"]
+    assert [(r["target"], r["estimator"], r["K"]) for r in rows] == [
+        ("two_component", e, k) for e in estimators for k in ("1", "2")]
+    log_z = two_component_target().log_normalizer
+    for r in rows:
+        assert r["status"] == "ok"
+        assert float(r["kl"]) == pytest.approx(log_z - float(r["elbo"]))
+        assert float(r["elbo_se"]) > 0 and float(r["seconds"]) > 0
+        assert 1 - 1e-6 <= float(r["effective_components"]) <= int(r["K"]) + 1e-6
+    side_by_side = read_csv(out / "mixture_by_estimator.csv")
+    assert [(r["measure"], r["K"]) for r in side_by_side] == [("KL", "1"), ("KL", "2")]
+    for wide in side_by_side:
+        for e in estimators:
+            (long,) = [r for r in rows if r["estimator"] == e and r["K"] == wide["K"]]
+            assert float(wide[e]) == pytest.approx(float(long["kl"]))
+    (variance,) = read_csv(out / "mixture_grad_variance.csv")
+    assert variance["K"] == "2" and all(float(variance[e]) > 0 for e in estimators)
     header = "| target | measure | K | score | score_baseline | pathwise | enumerate |"
-    assert header in side_by_side
-    assert "| two_component | KL | 2 |" in side_by_side
-    rows = (out / "mixture.csv").read_text().splitlines()
-    assert len(rows) > 1 and any(ch.isdigit() for ch in rows[1])
+    assert header in (out / "mixture_by_estimator.md").read_text()
     assert (out / "mixture.png").stat().st_size > 0
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
 
 
 def test_benchmark_evaluates_each_guide_with_its_own_parameters(monkeypatch):
     """After one MixtureGuide has been evaluated in Pyro's global store, the benchmark's
     ELBO estimate of a second one (K = 2) uses the second's own trained parameters: the
-    same value as in an empty store. (It used to take the first guide's stored tensors.)"""
+    same value as in an empty store."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from mixture import NO_DATA, make_guide
 

@@ -1,5 +1,5 @@
 """MNIST-1D (Greydanus 2020) as a data set, its 1-D CNN and ``compare --data mnist1d --net
-cnn`` (issue 19). The data need the optional ``mnist1d`` package (``pip install
+cnn``. The data need the optional ``mnist1d`` package (``pip install
 bnn-zoo[mnist1d]``); without it these tests skip, except the one checking the error."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Local reparameterisation and flipout on the layers of a BayesianModule (issue 19):
+"""Local reparameterisation and flipout on the layers of a BayesianModule:
 closed-form moments by Monte Carlo, flipout's unbiasedness and lower gradient variance,
 layers the handlers leave alone, plain Pyro SVI, a digits CNN fit, and bad input.
 

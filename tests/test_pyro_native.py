@@ -220,13 +220,16 @@ print(pred["obs"].mean(0)[:3], pred["obs"].std(0)[:3])
 @pytest.mark.parametrize("local", [True, False])
 def test_the_readme_example_as_plain_pyro(local, capsys):
     """The plain-Pyro version of the README's example runs in either mode and fits: the
-    loss falls and the predictive mean is within twice the noise of the test targets."""
+    loss falls, the predictive mean is within twice the noise of the test targets, and
+    what it prints is the predictive's first three means and standard deviations."""
     pyro.clear_param_store()
     scope: dict = {}
     with pyro.settings.context(module_local_params=local):
         exec(compile(PLAIN_PYRO_EXAMPLE, "plain Pyro example", "exec"), scope)
-    assert capsys.readouterr().out.strip()
     losses, d, pred = scope["losses"], scope["d"], scope["pred"]
+    mean, std = pred["obs"].mean(0), pred["obs"].std(0)
+    assert capsys.readouterr().out == f"{mean[:3]} {std[:3]}\n"
+    assert (std > 0).all()
     assert sum(losses[-50:]) < sum(losses[:50])
     rmse = (pred["obs"].mean(0) - d.y_test).pow(2).mean().sqrt()
     assert rmse < 2 * d.noise_scale + 0.1, rmse

@@ -1,4 +1,4 @@
-"""Numerical guards of the exact GP (issue 15): each case either raises an error whose type
+"""Numerical guards of the exact GP: each case either raises an error whose type
 and message name the culprit, or fits with finite metrics and diagnostics."""
 
 from __future__ import annotations

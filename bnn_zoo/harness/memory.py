@@ -93,11 +93,11 @@ def retain_freed_memory(limit_mib: int = 1024) -> bool:
     than 128 KiB by ``mmap`` at first and, once such blocks are freed, from its heap, whose
     top it trims back to the system whenever more than twice the last freed block's size
     is free there, which the end of every training step makes true. The next step's
-    tensors then fault their pages in afresh (one fault per 4 KiB page). For 20 replicas of
-    a 13-50-1 net (tensors of 1 MiB) that is about 40% of a step on one thread
-    (``benchmarks/replicas.py``). Here blocks of up to 32 MiB come from the heap, and its
-    top is trimmed only beyond ``limit_mib``: the process keeps up to that much memory it
-    no longer uses (its peak resident size is that much higher at most).
+    tensors then fault their pages in afresh (one fault per 4 KiB page), a sizeable part
+    of a small net's step when its tensors are of a few MiB, as many replicas' are
+    (``benchmarks/replicas.py`` measures it). Here blocks of up to 32 MiB come from the
+    heap, and its top is trimmed only beyond ``limit_mib``: the process keeps up to that
+    much memory it no longer uses (its peak resident size is that much higher at most).
     """
     check_positive_int("limit_mib", limit_mib)
     if limit_mib * MIB > _INT_MAX:

@@ -1,6 +1,6 @@
 """Timing of steps for the speed benchmarks: interleaved, on any device.
 
-Speed is reported as ratios of steps timed in the same run (DESIGN.md), so every step is
+Speed is reported as ratios of steps timed in the same run, so every step is
 timed within each repeat, one after the other: a change in machine load during the run
 touches all of them alike, and the median over repeats drops the outliers.
 """

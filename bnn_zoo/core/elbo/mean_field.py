@@ -111,8 +111,8 @@ def gaussian_log_density(value: Tensor, loc: Tensor, scale: Tensor) -> Tensor:
 
     Squares are products (``d * d``, not ``d.square()``), here and in :func:`gaussian_kl`:
     TorchScript's autodiff differentiates ``mul`` inside its differentiable subgraphs but
-    not ``square``, which split a traced loss into more subgraphs with the squares run by
-    eager autograd between them (yacht's traced MAP step: 0.64 against 0.67 ms).
+    not ``square``, which would split a traced loss into more subgraphs with the squares run
+    by eager autograd between them.
     """
     shape = torch.broadcast_shapes(value.shape, loc.shape, scale.shape)
     loc, scale = _unexpanded(loc), _unexpanded(scale)
