@@ -197,7 +197,7 @@ def test_the_command_rewrites_every_document_and_checks_them(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None
                     or importlib.util.find_spec("mkdocstrings") is None,
-                    reason="the docs extra (mkdocs, mkdocs-material, mkdocstrings) is not installed")
+                    reason="the docs extra (mkdocs, mkdocstrings) is not installed")
 def test_the_site_builds_strictly(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
                            str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
