@@ -1,6 +1,7 @@
-"""The README's result tables, generated from the committed results.
+"""The generated tables of the README and the documentation.
 
-A table in the README that quotes a benchmark is written between two markers::
+A table in ``README.md`` or ``docs/**/*.md`` that quotes a benchmark is written between
+two markers::
 
     <!-- table: benchmarks/results/laplace/laplace.json keys=data,variant columns=ll,rmse -->
     | data | variant | runs | ll | rmse |
@@ -16,6 +17,14 @@ The opening marker names a JSON file written by :func:`~bnn_zoo.harness.tables.w
 bnn_zoo.harness.readme_tables`` writes the README, ``--check`` exits 1 if a block differs
 from its file (the test suite runs the same check), so every number the README quotes can be
 traced to a committed file and re-run.
+
+The table of the zoo's entries is written between ``<!-- entries -->`` and
+``<!-- end entries -->``; :func:`entries_table` renders it from the registry
+(:mod:`bnn_zoo.zoo`), so it lists every registered entry and nothing else.
+
+``python -m bnn_zoo.harness.readme_tables`` rewrites every block of ``README.md`` and
+``docs/**/*.md`` (or of the files it is given); marker paths are relative to ``--root``,
+the repository (default: the working directory).
 """
 
 from __future__ import annotations
@@ -29,15 +38,17 @@ from pathlib import Path
 from bnn_zoo.core.files import write_text_atomic
 from bnn_zoo.harness.tables import markdown_table
 
-__all__ = ["BLOCK", "render", "render_block"]
+__all__ = ["BLOCK", "ENTRIES", "documents", "entries_table", "parse_spec", "render", "render_block"]
 
 #: A generated block: its opening marker's specification, then the body up to the end marker.
 BLOCK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- end table -->",
                    flags=re.S)
+#: The generated table of the zoo's entries.
+ENTRIES = re.compile(r"<!-- entries -->\n(?P<body>.*?)<!-- end entries -->", flags=re.S)
 _OPTIONS = ("keys", "columns", "section", "table", "where")
 
 
-def _parse(spec: str) -> tuple[str, dict[str, list[str]]]:
+def parse_spec(spec: str) -> tuple[str, dict[str, list[str]]]:
     """The file and the options of a marker ``PATH key=value ...``."""
     path, *words = spec.split()
     options: dict[str, list[str]] = {"where": []}
@@ -68,7 +79,7 @@ def _matches(row: dict, conditions: list[str]) -> bool:
 
 def render_block(spec: str, root: Path) -> str:
     """The Markdown table that the marker ``spec`` asks for, from its file under ``root``."""
-    path, options = _parse(spec)
+    path, options = parse_spec(spec)
     file = root / path
     if not file.is_file():
         raise ValueError(f"The README table {spec!r} names {path}, which does not exist.")
@@ -85,30 +96,75 @@ def render_block(spec: str, root: Path) -> str:
                           section=section)
 
 
+def _method_name(method: object) -> str:
+    """``SVI``, ``Laplace``, ...; an ensemble with its member, ``Ensemble(Laplace x 5)``."""
+    name = type(method).__name__
+    member = getattr(method, "member", None)
+    if member is not None:
+        return f"{name}({_method_name(member)} x {getattr(method, 'members', '?')})"
+    return name
+
+
+def entries_table() -> str:
+    """The Markdown table of every registered entry: its name, tasks, inference method,
+    whether it takes a user's network (``net=``) and batches fits as replicas, its source
+    and its description."""
+    from bnn_zoo import zoo  # the registry imports every entry: only when asked for
+
+    lines = ["| entry | tasks | method | `net=` | replicas | source | description |",
+             "|---|---|---|---|---|---|---|"]
+    for name in zoo.names():
+        entry = zoo.get(name)
+        cells = [f"`{name}`", ", ".join(entry.tasks), f"`{_method_name(entry.method)}`",
+                 "yes" if entry.accepts_net else "no",
+                 "yes" if zoo.batches_replicas(entry) else "no",
+                 entry.source or "-", entry.description.replace("|", "\\|")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render(text: str, root: Path) -> str:
-    """``text`` with every generated block rewritten from its file under ``root``."""
-    return BLOCK.sub(lambda m: f"<!-- table: {m['spec']} -->\n"
+    """``text`` with every generated block rewritten: each table from its file under
+    ``root``, the entries' table from the registry."""
+    text = BLOCK.sub(lambda m: f"<!-- table: {m['spec']} -->\n"
                                f"{render_block(m['spec'], root)}<!-- end table -->", text)
+    if ENTRIES.search(text):
+        table = entries_table()
+        text = ENTRIES.sub(lambda m: f"<!-- entries -->\n{table}<!-- end entries -->", text)
+    return text
+
+
+def documents(root: Path) -> list[Path]:
+    """The Markdown files whose blocks are generated: ``README.md`` and ``docs/**/*.md``
+    under ``root``."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    parser.add_argument("files", nargs="*", type=Path,
+                        help="Markdown files (default: README.md and docs/**/*.md of --root)")
+    parser.add_argument("--root", type=Path, default=Path("."),
+                        help="the repository: marker paths are relative to it")
     parser.add_argument("--check", action="store_true",
-                        help="exit 1 if a table differs from its file; write nothing")
+                        help="exit 1 if a table differs from its source; write nothing")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
-    new = render(text, args.readme.resolve().parent)
-    if args.check:
-        if new != text:
-            print(f"{args.readme}: a generated table differs from its file; run "
-                  "python -m bnn_zoo.harness.readme_tables", file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        write_text_atomic(args.readme, new)
-    print(f"{len(BLOCK.findall(text))} tables in {args.readme}")
-    return 0
+    root = args.root.resolve()
+    stale = []
+    for file in args.files or documents(root):
+        text = file.read_text()
+        new = render(text, root)
+        if new == text:
+            continue
+        if args.check:
+            stale.append(file)
+        else:
+            write_text_atomic(file, new)
+            print(f"rewrote the generated tables of {file}")
+    for file in stale:
+        print(f"{file}: a generated table differs from its source; run "
+              "python -m bnn_zoo.harness.readme_tables", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

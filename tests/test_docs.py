@@ -1,0 +1,206 @@
+"""The README and the documentation site: their code runs, their numbers come from files.
+
+* Every ```` ```python ```` block of ``README.md`` and ``docs/**/*.md`` runs, each in a
+  fresh namespace in a temporary folder; a block preceded by a line
+  ``<!-- not run by the tests: REASON -->`` is skipped (it needs a GPU, several processes,
+  or a long run), and one that reads the UCI files skips unless ``BNN_ZOO_DATA`` is set.
+* A block that prints a number is followed by a ```` ```text ```` block of what it prints,
+  and the output must match it: the same text once numbers are blanked out, and every
+  number within ``t * max(1, |expected|)``, with ``t = 0.01`` unless a line
+  ``<!-- output within T -->`` between the two blocks states another tolerance. A block
+  that prints a number with no such output block fails.
+* Every generated table (``<!-- table: ... -->`` and ``<!-- entries -->``) equals what
+  its results file, or the zoo's registry, gives, and the text before each table names
+  its results file.
+* The README has at most 300 lines, and every file it links exists.
+* ``mkdocs build --strict`` builds the site (skipped where mkdocs is not installed;
+  ``.ci/run`` installs the ``docs`` extra and builds it too).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bnn_zoo.harness.readme_tables import (
+    BLOCK,
+    ENTRIES,
+    documents,
+    entries_table,
+    parse_spec,
+    render,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCUMENTS = documents(ROOT)
+SKIP = "<!-- not run by the tests:"
+CODE = re.compile(r"(?P<marker><!-- not run by the tests: [^>]*-->\n)?```python\n(?P<code>.*?)```\n"
+                  r"(?P<output>\n*(?:<!-- output within (?P<within>[0-9.e-]+) -->\n)?"
+                  r"```text\n(?P<text>.*?)```)?", flags=re.S)
+NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+DEFAULT_WITHIN = 0.01
+
+
+def _blocks() -> list[tuple[str, re.Match]]:
+    return [(f"{path.relative_to(ROOT)}:{path.read_text()[:m.start()].count(chr(10)) + 1}", m)
+            for path in DOCUMENTS for m in CODE.finditer(path.read_text())]
+
+
+BLOCKS = _blocks()
+RUNNABLE = [(where, m) for where, m in BLOCKS if not m["marker"]]
+
+
+def _skeleton(text: str) -> str:
+    return " ".join(NUMBER.sub("#", text).split())
+
+
+def check_output(printed: str, expected: str, within: float) -> None:
+    """``printed`` matches ``expected``: the same text with numbers blanked out, and every
+    number within ``within * max(1, |expected number|)``."""
+    assert _skeleton(printed) == _skeleton(expected), (
+        f"printed\n{printed}\nexpected\n{expected}")
+    for got, want in zip(NUMBER.findall(printed), NUMBER.findall(expected)):
+        assert math.isclose(float(got), float(want), rel_tol=0, abs_tol=within * max(
+            1.0, abs(float(want)))), (f"printed {got} where {want} is documented "
+                                      f"(tolerance {within}):\n{printed}")
+
+
+def test_the_output_check_can_fail():
+    check_output("ll 0.762, rmse 0.113\n", "ll 0.765, rmse 0.113", 0.01)
+    with pytest.raises(AssertionError, match="printed 0.9"):
+        check_output("ll 0.9, rmse 0.113", "ll 0.765, rmse 0.113", 0.01)
+    with pytest.raises(AssertionError, match="expected"):
+        check_output("accuracy 0.9", "ll 0.9", 0.01)
+
+
+def test_the_documents_have_runnable_examples():
+    assert len(RUNNABLE) >= 20
+    assert all(SKIP not in m["code"] for _, m in BLOCKS)
+
+
+@pytest.mark.parametrize("where", [where for where, _ in RUNNABLE])
+def test_example_runs_and_prints_what_is_documented(where, capsys, tmp_path, monkeypatch):
+    match = dict(RUNNABLE)[where]
+    code = match["code"]
+    root = os.environ.get("BNN_ZOO_DATA")
+    if "uci/" in code and not root:
+        pytest.skip("BNN_ZOO_DATA is not set to the UCI data folder")
+    if root:  # it may be relative to the repository, and the example runs elsewhere
+        monkeypatch.setenv("BNN_ZOO_DATA", str(Path(root).resolve()))
+    monkeypatch.chdir(tmp_path)  # examples that save files write here
+    exec(compile(code, where, "exec"), {"__name__": "__main__"})
+    printed = capsys.readouterr().out
+    if match["text"] is None:
+        assert not NUMBER.search(printed), (
+            f"{where} prints numbers but no ```text block after it says what:\n{printed}")
+    else:
+        check_output(printed, match["text"], float(match["within"] or DEFAULT_WITHIN))
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_generated_tables_equal_their_sources(path):
+    text = path.read_text()
+    assert render(text, ROOT) == text, (
+        f"a table of {path} differs from its source: run python -m bnn_zoo.harness.readme_tables")
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_table_names_its_results_file(path):
+    """The reader sees where a table comes from: the text before its marker (after the
+    previous table) names the file or its folder."""
+    text = path.read_text()
+    start = 0
+    for match in BLOCK.finditer(text):
+        file, _ = parse_spec(match["spec"])
+        before = re.sub(r"<!--.*?-->", "", text[start:match.start()], flags=re.S)
+        assert file in before or str(Path(file).parent) in before, (
+            f"{path.relative_to(ROOT)}: the table of {file} does not say where it comes from")
+        start = match.end()
+
+
+def test_the_entries_table_is_the_registry():
+    from bnn_zoo import zoo
+
+    match = ENTRIES.search(README.read_text())
+    assert match and match["body"] == entries_table()
+    listed = re.findall(r"^\| `([^`]+)` \|", match["body"], flags=re.M)
+    assert listed == zoo.names()
+
+
+def test_readme_is_short_and_its_links_exist():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert local, "the README links no file"
+    for link in local:
+        assert (ROOT / link).exists(), f"the README links {link}, which does not exist"
+
+
+def test_results_figures_the_docs_show_exist():
+    for path in DOCUMENTS[1:]:
+        for figure in re.findall(r"\(((?:\.\./)*(?:results/)?figures/[^)]+\.png)\)",
+                                 path.read_text()):
+            relative = figure.split("figures/", 1)[1]
+            assert (ROOT / "benchmarks" / "results" / relative).is_file(), (
+                f"{path.relative_to(ROOT)} shows {figure}, not under benchmarks/results")
+
+
+def test_tables_render_filters_and_refuse_bad_markers(tmp_path):
+    from bnn_zoo.harness.tables import Table, write_table_group, write_tables
+
+    rows = [{"data": "a", "entry": "x", "runs": 2, "ll": 1.0, "ll_se": 0.5},
+            {"data": "b", "entry": "x", "runs": 2, "ll": -2.0, "ll_se": 0.25}]
+    write_tables(tmp_path, "t", rows, keys=("data", "entry"), columns=("ll",))
+    text = ("before\n<!-- table: t.json keys=entry columns=ll where=data:b -->\nstale\n"
+            "<!-- end table -->\n")
+    out = render(text, tmp_path)
+    assert "| x | 2 | -2.000 ± 0.250 |" in out and "1.000" not in out and "stale" not in out
+    assert out.startswith("before\n") and render(out, tmp_path) == out
+    write_table_group(tmp_path, "g", [Table("sweep", "A sweep", [{"width": 4, "var": 2.5}],
+                                            keys=("width",), columns=("var",))])
+    grouped = render("<!-- table: g.json keys=width columns=var table=sweep -->\n"
+                     "<!-- end table -->", tmp_path)
+    assert "| 4 | 2.500 |" in grouped
+    for marker, message in [("t.json columns=ll", "lacks keys"),
+                            ("g.json keys=width columns=var", "asks for table 'summary'"),
+                            ("t.json keys=entry columns=ll colour=red", "Bad option"),
+                            ("t.json keys=entry columns=ll where=data:c", "selects no row"),
+                            ("missing.json keys=entry columns=ll", "does not exist")]:
+        with pytest.raises(ValueError, match=message):
+            render(f"<!-- table: {marker} -->\n<!-- end table -->", tmp_path)
+
+
+def test_the_command_rewrites_every_document_and_checks_them(tmp_path):
+    from bnn_zoo.harness.readme_tables import main
+    from bnn_zoo.harness.tables import write_tables
+
+    write_tables(tmp_path, "t", [{"entry": "x", "runs": 1, "ll": 1.5}], keys=("entry",),
+                 columns=("ll",))
+    stale = "<!-- table: t.json keys=entry columns=ll -->\nold\n<!-- end table -->\n"
+    (tmp_path / "README.md").write_text(stale)
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    (tmp_path / "docs" / "sub" / "page.md").write_text("# Page\n\n" + stale)
+    assert main(["--root", str(tmp_path), "--check"]) == 1
+    assert main(["--root", str(tmp_path)]) == 0
+    assert "| x | 1 | 1.500 |" in (tmp_path / "docs" / "sub" / "page.md").read_text()
+    assert main(["--root", str(tmp_path), "--check"]) == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None
+                    or importlib.util.find_spec("mkdocstrings") is None,
+                    reason="the docs extra (mkdocs, mkdocstrings) is not installed")
+def test_the_site_builds_strictly(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (tmp_path / "site" / "results" / "figures" / "uci" / "uci_ll.png").is_file()
