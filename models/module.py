@@ -1,4 +1,4 @@
-"""Bring your own network: a Pyro model from any ``torch.nn.Module`` (issue 19).
+"""Bring your own network: a Pyro model from any ``torch.nn.Module``.
 
 :class:`BayesianModule` puts a prior on every parameter tensor of ``net`` (one sample site
 per tensor, named as ``net.named_parameters()`` names it, e.g. ``0.weight``) and evaluates

@@ -12,8 +12,8 @@ def test_list_shows_every_entry(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
     for name in zoo.names():
-        assert name in out
-    assert "004_ab4f0efce319fcd8.txt" in out  # bbb's seed
+        assert name in out and zoo.get(name).source in out  # each entry's paper
+    assert 'Blundell et al. 2015, "Weight Uncertainty in Neural Networks"' in out
 
 
 def test_fit_prints_metrics_and_writes_json(tmp_path, capsys):

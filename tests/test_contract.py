@@ -1,11 +1,14 @@
-"""The contract every zoo entry keeps (DESIGN.md), one matrix over ``zoo.names()`` and the
-tasks each entry supports: a tiny fit, predictive shapes, metric keys, determinism under a
-seed, dtype and device of the data, plain Pyro's ``Predictive`` on the fitted pair, and a
+"""The contract every zoo entry keeps, one matrix over ``zoo.names()`` and the tasks each
+entry supports: a tiny fit (the entry's own :attr:`~bnn_zoo.zoo.Entry.tiny` keywords, so a
+new entry is covered as it is registered), predictive shapes, metric keys, determinism under
+a seed, dtype and device of the data, plain Pyro's ``Predictive`` on the fitted pair, and a
 save/load round trip that predicts the same."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 
 import pyro
 import pytest
@@ -21,13 +24,6 @@ from bnn_zoo.zoo.reference import auto_normal
 REGRESSION_METRICS = {"rmse", "ll", "coverage_50", "coverage_90", "coverage_95", "fit_seconds"}
 CLASSIFICATION_METRICS = {"accuracy", "nll", "brier", "ece", "fit_seconds"}
 TIMINGS = {"fit_seconds", "steps_per_second", "sampling_seconds"}
-#: A few full-batch steps; the methods' own sizes made tiny where they have them.
-TINY_BUDGET = {"steps": 4, "batch_size": None, "jit": False}
-TINY_METHOD = {"nuts": {"warmup": 4, "samples": 4, "max_tree_depth": 3},
-               "ensemble": {"members": 2},
-               # the L-BFGS refinement of the MAP is most of a tiny Laplace fit's time
-               **{n: {"refine": False} for n in zoo.names() if n.startswith("laplace")},
-               "laplace_ensemble": {"members": 2}}
 CASES = [(name, task) for name in zoo.names() for task in zoo.get(name).tasks]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 
@@ -41,9 +37,10 @@ def tiny_problem(task: str, dtype: torch.dtype = torch.float64, device: str = "c
     return x[:30], y[:30], x[30:], y[30:]
 
 
-def tiny_fit(name: str, task: str, x, y, seed: int = 0) -> zoo.Fitted:
-    return zoo.get(name).fit(x, y, task=task, seed=seed, method_options=TINY_METHOD.get(name),
-                             **TINY_BUDGET)
+def tiny_fit(name: str, task: str, x, y, seed: int = 0, **options) -> zoo.Fitted:
+    """A fit of entry ``name`` with its declared tiny keywords (and ``options``)."""
+    entry = zoo.get(name)
+    return entry.fit(x, y, task=task, seed=seed, **{**entry.tiny, **options})
 
 
 def seeded_metrics(fitted: zoo.Fitted, x, y) -> dict[str, float]:
@@ -128,6 +125,17 @@ def test_device_follows_the_data(name, task):
     assert pred.mean.dtype == torch.float32
 
 
+@pytest.mark.parametrize("name", zoo.names())
+def test_entry_cites_a_paper_and_declares_its_tiny_fit(name):
+    """``source`` is a citation a user can look up (authors, year, quoted title), not a file;
+    ``tiny`` holds only budget fields and ``method_options``."""
+    entry = zoo.get(name)
+    assert re.match(r'[A-Z][\w&,. ]+ (19|20)\d\d, "[^"]+"', entry.source), entry.source
+    assert entry.seed_notes is None or re.fullmatch(r"\d{3}", entry.seed_notes)
+    budget_fields = {f.name for f in dataclasses.fields(zoo.Budget)}
+    assert set(entry.tiny) <= budget_fields | {"method_options"} and entry.tiny["steps"] <= 10
+
+
 # --- options, files and their errors --------------------------------------------------------
 
 def test_unknown_options_name_their_namespace_and_the_accepted_keys():
@@ -147,7 +155,7 @@ def test_unknown_options_name_their_namespace_and_the_accepted_keys():
 
 def test_guide_options_reach_the_guide_of_composed_methods():
     x, y, _, _ = tiny_problem("regression")
-    fitted = zoo.get("mixture").fit(x, y, guide_options={"num_components": 3}, **TINY_BUDGET)
+    fitted = tiny_fit("mixture", "regression", x, y, guide_options={"num_components": 3})
     assert fitted.guide.num_components == 3
     composed = NUTS(start=SVI(auto_normal)).with_guide_options({"init_scale": 0.5})
     assert composed.start.guide_options == {"init_scale": 0.5}
@@ -159,8 +167,7 @@ def test_guide_options_reach_the_guide_of_composed_methods():
 
 def test_save_refuses_options_that_are_not_plain_data(tmp_path):
     x, y, _, _ = tiny_problem("regression")
-    fitted = zoo.get("bbb").fit(x, y, model_options={"prior": ScaleMixturePrior()},
-                                **TINY_BUDGET)
+    fitted = tiny_fit("bbb", "regression", x, y, model_options={"prior": ScaleMixturePrior()})
     with pytest.raises(ValueError, match=r"options\['model_options'\]\['prior'\]"):
         fitted.save(tmp_path / "f.pt")
     assert list(tmp_path.iterdir()) == []
@@ -186,7 +193,7 @@ def test_load_errors_name_the_file(tmp_path):
 
 def test_validated_noise_survives_save_and_load(tmp_path):
     x, y, x_test, _ = tiny_problem("regression")
-    fitted = zoo.get("map").fit(x, y, validation=0.25, **TINY_BUDGET)
+    fitted = tiny_fit("map", "regression", x, y, validation=0.25)
     fitted.save(tmp_path / "map.pt")
     loaded = zoo.load(tmp_path / "map.pt")
     assert loaded.diagnostics["validated_noise_scale"] == fitted.diagnostics[

@@ -12,7 +12,7 @@ from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
-from bnn_zoo.zoo.reference import map_guide
+from bnn_zoo.zoo._defaults import map_guide
 
 # Full batches: MAP members are deterministic, so batched and separate fits follow the same
 # trajectory and agree up to float64 round-off (1e-8 leaves ample room for 40 Adam steps).

@@ -17,7 +17,7 @@ from bnn_zoo.core.training import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.harness import cli
 from bnn_zoo.models import BayesianMLP, BayesianModule
-from bnn_zoo.zoo import UnsupportedProblem, reference
+from bnn_zoo.zoo import UnsupportedProblem, _defaults
 
 CLASSIFICATION_METRICS = {"accuracy", "nll", "brier", "ece", "fit_seconds"}
 TINY = {"steps": 3, "batch_size": 32}
@@ -114,7 +114,7 @@ def test_net_equal_to_the_mlp_fits_as_the_mlp(monkeypatch):
             return lambda site: start[site["name"]].expand(site["fn"].mean.shape)
         return model.init_to_net
 
-    monkeypatch.setattr(reference, "init_loc_fn", init_loc_fn)
+    monkeypatch.setattr(_defaults, "init_loc_fn", init_loc_fn)
     budget = {"steps": 25, "batch_size": None, "jit": False, "seed": 0}
     own = zoo.get("map").fit(x, y, model_options={"hidden": (16,)}, **budget)
     wrapped = zoo.get("map").fit(x, y, net=net, **budget)

@@ -337,7 +337,7 @@ def test_bad_input_is_rejected():
 def test_zoo_entry_fits_and_predicts():
     d = data.load("sine")
     entry = zoo.get("mixture")
-    assert entry.source == "003_b80c1764357a09e5.txt"
+    assert entry.seed_notes == "003" and entry.source.startswith("Jaakkola & Jordan 1998")
     fitted = entry.fit(d.x_train, d.y_train, steps=60, lr=0.03, model_options={"hidden": (10,)},
                        guide_options={"num_components": 3, "estimator": "pathwise"})
     assert fitted.result.losses[-1] < fitted.result.losses[0]

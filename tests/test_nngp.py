@@ -26,7 +26,8 @@ from bnn_zoo.harness.prior_diagnostics import (
     tail_table,
 )
 from bnn_zoo.models import BayesianMLP, GaussianPrior
-from bnn_zoo.models.nngp import GaussianEvidence, NNGPKernel, NNGPRegression, expected_product
+from bnn_zoo.models.nngp import GaussianEvidence, NNGPRegression
+from bnn_zoo.models.nngp_kernel import NNGPKernel, expected_product
 
 ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64

@@ -24,7 +24,7 @@ from bnn_zoo.guides.bbb import BayesByBackpropGuide
 from bnn_zoo.harness import compare
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
-from bnn_zoo.zoo.reference import map_guide
+from bnn_zoo.zoo._defaults import map_guide
 
 SMALL = {"model_options": {"hidden": (8,)}, "steps": 40, "jit": False}
 

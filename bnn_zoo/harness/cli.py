@@ -56,10 +56,12 @@ USER_ERRORS = (ValueError, TypeError, OSError)
 def _list(args: argparse.Namespace) -> int:
     rows = [(name, zoo.get(name)) for name in zoo.names(args.task)]
     width = max((len(n) for n, _ in rows), default=5)
-    print(f"{'entry':<{width}}  {'tasks':<27}  {'source':<25}  description")
+    print(f"{'entry':<{width}}  {'tasks':<27}  description; paper")
     for name, entry in rows:
         tasks = ",".join(entry.tasks)
-        print(f"{name:<{width}}  {tasks:<27}  {entry.source or '-':<25}  {entry.description}")
+        print(f"{name:<{width}}  {tasks:<27}  {entry.description}")
+        if entry.source is not None:
+            print(f"{'':<{width}}  {'':<27}  {entry.source}")
     return 0
 
 

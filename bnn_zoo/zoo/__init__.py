@@ -3,10 +3,15 @@
 ``names()`` lists the entries, ``get(name)`` returns an :class:`Entry`, ``load(path)``
 reads back a :class:`Fitted` written by ``Fitted.save``; ``NETWORKS`` holds the bundled
 networks an entry may take in place of its model (``entry.fit(..., net=NETWORKS["cnn"])``),
-``NETWORK_CHOICES`` the one ``compare --net cnn`` fits on each data set. Entries live in
-the modules of this package, each a short declaration calling :func:`register`; they are imported on
-first use. This is the one place in ``bnn_zoo`` that names
-models and guides: the CLI and the benchmarks reach them only through it.
+``NETWORK_CHOICES`` the one ``compare --net cnn`` fits on each data set.
+
+Entries live in the public modules of this package, each a short declaration calling
+:func:`register`, imported on first use; what several entries share (the zoo's MLP, the
+MAP guide, the family budgets) lives in :mod:`bnn_zoo.zoo._defaults`, and no entry module
+imports another. :mod:`~bnn_zoo.zoo._entry` holds the declaration, :mod:`~bnn_zoo.zoo._fitted`
+the fitted result and its file, :mod:`~bnn_zoo.zoo._preparation` the data preparation,
+:mod:`~bnn_zoo.zoo._replicas` many fits in one pass. This is the one place in ``bnn_zoo``
+that names models and guides: the CLI and the benchmarks reach them only through it.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import pkgutil
 import torch
 
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
-from bnn_zoo.zoo._entry import FILE_FORMAT, Entry, Fitted
+from bnn_zoo.zoo._entry import TINY_BUDGET, Entry
+from bnn_zoo.zoo._fitted import FILE_FORMAT, Fitted
 from bnn_zoo.zoo._networks import NETWORK_CHOICES, NETWORKS, NamedNetwork, Network
 from bnn_zoo.zoo._replicas import batches_replicas
 
-__all__ = ["NETWORKS", "NETWORK_CHOICES", "Budget", "Entry", "Fitted", "NamedNetwork", "Network",
-           "UnsupportedProblem", "batches_replicas", "get", "load", "names", "register"]
+__all__ = ["NETWORKS", "NETWORK_CHOICES", "TINY_BUDGET", "Budget", "Entry", "Fitted",
+           "NamedNetwork", "Network", "UnsupportedProblem", "batches_replicas", "get", "load",
+           "names", "register"]
 
 _REGISTRY: dict[str, Entry] = {}
 _LOADED = False

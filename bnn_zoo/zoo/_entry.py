@@ -1,197 +1,41 @@
-"""Zoo entries and fitted results (the contract of DESIGN.md).
+"""Zoo entries: an :class:`Entry` declares a model factory, an inference method
+(:mod:`bnn_zoo.methods`), a budget, and the paper it implements.
 
-An :class:`Entry` declares a model factory, an inference method (:mod:`bnn_zoo.methods`)
-and a budget. :meth:`Entry.fit` alone standardises the data with the training
-statistics, fits the method on standardised data and wraps the posterior in a
-:class:`Fitted`, which maps predictions back to the caller's units.
+:meth:`Entry.fit` prepares the data (:mod:`bnn_zoo.zoo._preparation`: checked, standardised
+with the training statistics), fits the method on it and wraps the posterior in a
+:class:`~bnn_zoo.zoo.Fitted`, which maps predictions back to the caller's units.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field, fields, replace
+from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import pyro
 import torch
 from torch import Tensor, nn
 
-from bnn_zoo.core import distributed
-from bnn_zoo.core.checks import (
-    check_bool,
-    check_choice,
-    check_class_labels,
-    check_data,
-    check_device,
-    check_positive_int,
-    check_seed,
-)
-from bnn_zoo.core.files import save_atomic
+from bnn_zoo.core.checks import check_bool, check_seed
 from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.core.training import FitResult
-from bnn_zoo.evaluation.metrics import metrics
-from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior, holdout, tune_noise
-from bnn_zoo.methods.base import (
-    Budget,
-    Method,
-    ModelFactory,
-    Posterior,
-    Predictive,
-    UnsupportedProblem,
-)
+from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior, tune_noise
+from bnn_zoo.methods.base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.svi import accepted_keywords, check_keywords
-from bnn_zoo.models.mlp import TASKS
 from bnn_zoo.models.module import BayesianModule
+from bnn_zoo.zoo._fitted import Fitted
 from bnn_zoo.zoo._networks import NET_MODEL_OPTIONS, Network, net_model_defaults, network_builder
+from bnn_zoo.zoo._preparation import check_inputs, check_targets, output_dim, training_data
+from bnn_zoo.zoo._replicas import fit_many
 
-__all__ = ["FILE_FORMAT", "Entry", "Fitted", "Predictive"]
+__all__ = ["TINY_BUDGET", "Entry"]
 
-#: The ``format`` field of a saved :class:`Fitted`.
-FILE_FORMAT = "bnn_zoo.fitted/1"
-_PLAIN = (bool, int, float, str, type(None), Tensor)
-
-
-def _check_plain(name: str, value: Any) -> None:
-    """A ``ValueError`` naming ``name`` unless ``value`` is tensors and plain data."""
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_plain(f"{name}[{i}]", item)
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError(f"Cannot save {name}: expected string keys, got {key!r}.")
-            _check_plain(f"{name}[{key!r}]", item)
-    elif not isinstance(value, _PLAIN):
-        raise ValueError(f"Cannot save {name} = {value!r}: only tensors and plain Python data "
-                         "(numbers, strings, lists, tuples, dicts) can be saved.")
-
-
-@dataclass
-class Fitted:
-    """A fitted entry, working in the caller's units.
-
-    ``predict(x)`` standardises ``x`` with the training statistics, predicts with the
-    posterior, and maps regression predictives back to the units of ``y``; ``x`` must be
-    on the device the entry was fitted on. ``in_dim``, ``out_dim`` and ``options`` (the
-    ``model_options``, ``guide_options`` and ``method_options`` of the fit) are what
-    :meth:`save` needs to rebuild the model. ``in_dim`` is the number of input features
-    (``D`` of inputs (N, D)); a fit with ``net=`` also keeps ``in_shape``, the shape of one
-    input (``x.shape[1:]``, e.g. ``(1, 8, 8)``), and ``net_sites``, the ``(name, shape)``
-    of every parameter of the network, which :func:`bnn_zoo.zoo.load` checks against the
-    network it is given.
-    """
-
-    entry: str
-    task: str
-    x_scaler: Standardizer
-    y_scaler: Standardizer | None
-    posterior: Posterior
-    fit_seconds: float
-    in_dim: int
-    out_dim: int
-    options: dict[str, dict[str, Any]]
-    in_shape: tuple[int, ...] | None = None
-    net_sites: tuple[tuple[str, tuple[int, ...]], ...] | None = None
-
-    @property
-    def model(self) -> Callable:
-        """The Pyro model, in standardised units."""
-        return self.posterior.model
-
-    @property
-    def guide(self) -> Callable | None:
-        """The guide: ``pyro.infer.Predictive(model, guide=guide)`` samples the posterior
-        predictive in standardised units."""
-        return self.posterior.guide
-
-    @property
-    def result(self) -> FitResult | None:
-        return self.posterior.result
-
-    @property
-    def diagnostics(self) -> dict[str, float]:
-        return self.posterior.diagnostics
-
-    def diagnostics_at(self, x: Tensor) -> dict[str, float]:
-        """:attr:`diagnostics`, and those the posterior computes at inputs ``x`` (N, D) in
-        original units where it has any (``nuts``: the R-hat and effective sample size of
-        the network output at ``x``,
-        :meth:`~bnn_zoo.methods.nuts.NUTSPosterior.predictive_diagnostics`)."""
-        at_inputs = getattr(self.posterior, "predictive_diagnostics", None)
-        if at_inputs is None:
-            return dict(self.diagnostics)
-        return {**self.diagnostics, **at_inputs(self.standardised_inputs(x))}
-
-    def standardised_inputs(self, x: Tensor) -> Tensor:
-        """``x`` (N, D) (a fit with ``net=``: (N, *in_shape)) in original units, checked
-        against the fit's inputs and device, cast to the fit's dtype and standardised with
-        its training statistics: what the posterior takes."""
-        x, _ = check_data(x, any_shape=self.in_shape is not None)
-        check_device("x", x.device, expected=self.x_scaler.mean.device)
-        if self.in_shape is not None and tuple(x.shape[1:]) != self.in_shape:
-            raise ValueError(f"Expected x of shape (N, {', '.join(map(str, self.in_shape))}) "
-                             f"as in the fit, got {tuple(x.shape)}.")
-        if self.in_shape is None and x.shape[1] != self.in_dim:
-            raise ValueError(f"Expected x with {self.in_dim} columns, got {x.shape[1]}.")
-        return self.x_scaler.transform(x.to(self.x_scaler.mean.dtype))
-
-    def predict(self, x: Tensor, num_samples: int = 200) -> Predictive:
-        """Posterior predictive at ``x`` (N, D) (a fit with ``net=``: (N, *in_shape)) in
-        original units.
-
-        ``x`` may be a tensor or a numpy array; inputs of another floating dtype than the
-        fit's (float64 inputs of a float32 fit) are cast to the fit's dtype.
-        """
-        check_positive_int("num_samples", num_samples)
-        pred = self.posterior.predict(self.standardised_inputs(x), num_samples)
-        if self.y_scaler is not None:
-            pred = pred.affine(self.y_scaler.mean, self.y_scaler.std)
-        return pred
-
-    def evaluate(self, x: Tensor, y: Tensor, num_samples: int = 200) -> dict[str, float]:
-        """Test metrics in original units (see :mod:`bnn_zoo.evaluation.metrics`) plus
-        ``fit_seconds``. ``x``, ``y`` may be numpy arrays; regression targets must have
-        shape (N,); class labels must be integers in ``0..out_dim-1`` (float labels only
-        when exactly integral, then cast)."""
-        x, y = check_data(x, y, any_shape=self.in_shape is not None)
-        out = metrics(self.predict(x, num_samples), y)
-        out["fit_seconds"] = self.fit_seconds
-        if self.result is not None:
-            out["steps_per_second"] = self.result.steps_per_second
-        return out
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write this fit to ``path`` as tensors and plain data only (state dicts, scalers,
-        entry name, task, dimensions, options, the method's state), atomically: a
-        temporary file in the same folder renamed over ``path``. Read it back with
-        :func:`bnn_zoo.zoo.load`. A fit with ``net=`` saves the posterior over the
-        network's parameters and their names and shapes, not the network's code: read it
-        back with ``zoo.load(path, net=...)`` and the same architecture."""
-        path = Path(path)
-        posterior = self.posterior
-        noise = None
-        if isinstance(posterior, NoiseTunedPosterior):
-            posterior, noise = posterior.inner, posterior.noise_scale
-        _check_plain("options", self.options)
-        state = {
-            "format": FILE_FORMAT, "entry": self.entry, "task": self.task,
-            "in_dim": self.in_dim, "out_dim": self.out_dim,
-            "dtype": str(self.x_scaler.mean.dtype).removeprefix("torch."),
-            "x_scaler": {"mean": self.x_scaler.mean, "std": self.x_scaler.std},
-            "y_scaler": None if self.y_scaler is None else
-            {"mean": self.y_scaler.mean, "std": self.y_scaler.std},
-            "options": self.options, "fit_seconds": self.fit_seconds,
-            "validated_noise_scale": noise, "posterior": posterior.state_dict(),
-            "in_shape": None if self.in_shape is None else list(self.in_shape),
-            "net_sites": None if self.net_sites is None else
-            [[name, list(shape)] for name, shape in self.net_sites],
-        }
-        _check_plain("the posterior's state", state["posterior"])
-        save_atomic(state, path)
+#: The budget overrides of a fit that takes seconds (the default of :attr:`Entry.tiny`): a
+#: few full-batch steps, untraced.
+TINY_BUDGET: Mapping[str, Any] = MappingProxyType({"steps": 4, "batch_size": None, "jit": False})
 
 
 @dataclass(frozen=True)
@@ -200,7 +44,11 @@ class Entry:
 
     ``model(in_dim, out_dim, *, task, **model_options)`` builds the Pyro model,
     ``method`` (a dataclass of :mod:`bnn_zoo.methods`) fits it, ``budget`` is the
-    training budget for every data set, ``source`` the seed document it implements.
+    training budget for every data set. ``source`` cites the paper the entry implements
+    (authors, year, title) and ``seed_notes`` numbers the seed notes it follows, if any
+    (``"004"``: ``seeds/004_*.txt``). ``tiny`` holds the keywords of :meth:`fit` that make a
+    fit take seconds (budget overrides, and ``method_options`` shrinking the method's own
+    sizes: chains, members): what the contract test fits every entry with.
     ``tunable_noise`` marks an entry whose regression predictive is a mixture
     ``1/S sum_s N(f_s(x), sigma^2)`` with one learned ``sigma``, which
     ``Budget.validation`` may replace by a held-out optimum (not so where the predictive
@@ -218,6 +66,8 @@ class Entry:
     method: Method
     budget: Budget = Budget()
     source: str | None = None
+    seed_notes: str | None = None
+    tiny: Mapping[str, Any] = field(default_factory=partial(dict, TINY_BUDGET))
     tunable_noise: bool = False
     accepts_net: bool = False
 
@@ -281,28 +131,6 @@ class Entry:
 
         return build_model, tuple(build_model().sites)
 
-    def check_targets(self, y: Tensor, task: str | None, name: str = "y"
-                      ) -> tuple[str, Tensor]:
-        """The task (``task``, or inferred from ``y``'s dtype) and the checked targets
-        ``y`` (named ``name`` in errors): float vectors (N,) for regression, labels
-        0..C-1 of shape (N,) for classification; a task the entry does not support raises
-        :class:`UnsupportedProblem`."""
-        if task is not None:
-            check_choice("task", task, TASKS)
-        task = task or ("classification" if not y.is_floating_point() else "regression")
-        if task not in self.tasks:
-            raise UnsupportedProblem(
-                f"Entry {self.name!r} supports {', '.join(self.tasks)}, not {task!r}.")
-        if task == "regression" and (y.dim() != 1 or not y.is_floating_point()):
-            raise ValueError(f"Expected {name} to be a float vector (N,) for regression, got "
-                             f"{y.dtype} of shape {tuple(y.shape)}.")
-        if task == "classification":
-            if y.dim() != 1:
-                raise ValueError(f"Expected {name} to be class labels 0..C-1 of shape (N,) for "
-                                 f"classification, got shape {tuple(y.shape)}.")
-            y = check_class_labels(name, y)
-        return task, y
-
     def settings(self, model_options: Mapping[str, Any] | None,
                  guide_options: Mapping[str, Any] | None,
                  method_options: Mapping[str, Any] | None,
@@ -323,26 +151,6 @@ class Entry:
                              "has one per point: expected validation=0 with "
                              "noise='heteroscedastic'.")
         return options, model_kw, method, budget
-
-    def training_data(self, x: Tensor, y: Tensor, task: str, budget: Budget, seed: int
-                      ) -> tuple[Standardizer, Standardizer | None, Tensor, Tensor,
-                                 tuple[Tensor, Tensor] | None]:
-        """The scalers of ``x`` and (regression) ``y``, fitted on the training data (on all
-        shards with ``budget.distributed``), the standardised data the method fits, and the
-        held-out ``(x, y)`` on which the noise is tuned (``budget.validation > 0``, regression
-        only; ``None`` otherwise), split off with ``seed``."""
-        fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
-        x_scaler = fit_scaler(x)
-        y_scaler = fit_scaler(y) if task == "regression" else None
-        xs = x_scaler.transform(x)
-        ys = y_scaler.transform(y) if y_scaler is not None else y
-        if budget.validation == 0 or task != "regression":
-            return x_scaler, y_scaler, xs, ys, None
-        if not self.tunable_noise:
-            raise ValueError(f"Entry {self.name!r} has no single noise scale to tune: "
-                             "expected validation=0.")
-        xs, ys, x_val, y_val = holdout(xs, ys, budget.validation, seed=seed)
-        return x_scaler, y_scaler, xs, ys, (x_val, y_val)
 
     def fit(self, x: Tensor, y: Tensor, *, task: str | None = None, seed: int = 0,
             progress: bool | None = False, model_options: Mapping[str, Any] | None = None,
@@ -381,39 +189,32 @@ class Entry:
             raise UnsupportedProblem(
                 f"Entry {self.name!r} ({self.description}) does not take a user's network "
                 "(net=): its method works only on the entry's own model.")
-        x, _ = check_data(x, any_shape=True)
-        if net is None and x.dim() != 2:
-            raise ValueError(f"Expected x of shape (N, D) (2 dimensions) for entry "
-                             f"{self.name!r}'s own model, but got shape {tuple(x.shape)}; "
-                             "inputs of other shapes need a network that takes them "
-                             "(entry.fit(..., net=...)).")
-        x, y = check_data(x, y, any_shape=True)
+        x, y = check_inputs(self.name, x, y, net=net is not None)
         seed = check_seed("seed", seed)
         check_bool("progress", progress, allow_none=True)
-        task, y = self.check_targets(y, task)
+        task, y = check_targets(self.name, self.tasks, y, task)
         options, model_kw, method, budget = self.settings(
             model_options, guide_options, method_options, budget_overrides, net=net is not None)
         if isinstance(net, nn.Module) and isinstance(method, Ensemble) and method.members > 1:
             raise ValueError(f"Expected net to be a factory for entry {self.name!r}: its "
                              f"{method.members} members would all start at the one module's "
                              "weights; pass net=lambda: MyNet() so that each starts apart.")
-        x_scaler, y_scaler, xs, ys, validation = self.training_data(x, y, task, budget, seed)
-        out_dim = 1 if task == "regression" else int(y.max()) + 1
-        if budget.distributed and task == "classification":
-            out_dim = distributed.global_max(out_dim, y.device)
+        data = training_data(x, y, task, budget, seed, entry=self.name,
+                             tunable_noise=self.tunable_noise)
+        out_dim = output_dim(task, y, distributed_fit=budget.distributed)
         in_shape = net_sites = None
         if net is None:
-            build_model = self.model_factory(x.shape[1], out_dim, task, model_kw, xs)
+            build_model = self.model_factory(x.shape[1], out_dim, task, model_kw, data.x)
         else:
             in_shape = tuple(x.shape[1:])
-            build_model, net_sites = self.net_model_factory(net, task, model_kw, xs)
+            build_model, net_sites = self.net_model_factory(net, task, model_kw, data.x)
         pyro.set_rng_seed(seed)
         started = time.perf_counter()
-        posterior = method.fit(build_model, xs, ys, task=task, seed=seed, budget=budget,
+        posterior = method.fit(build_model, data.x, data.y, task=task, seed=seed, budget=budget,
                                progress=progress)
-        if validation is not None:
-            posterior = tune_noise(posterior, *validation, distributed=budget.distributed)
-        return Fitted(self.name, task, x_scaler, y_scaler, posterior,
+        if data.validation is not None:
+            posterior = tune_noise(posterior, *data.validation, distributed=budget.distributed)
+        return Fitted(self.name, task, data.x_scaler, data.y_scaler, posterior,
                       time.perf_counter() - started, x[0].numel(), out_dim, options,
                       in_shape, net_sites)
 
@@ -423,8 +224,6 @@ class Entry:
         one vectorised pass where the method can batch them, one by one where not; each
         :class:`Fitted` as from :meth:`fit` (see :func:`bnn_zoo.zoo._replicas.fit_many`,
         which takes the options of :meth:`fit`)."""
-        from bnn_zoo.zoo._replicas import fit_many  # it builds Fitted: imported when called
-
         return fit_many(self, xs, ys, seeds=seeds, **options)
 
     def restore(self, state: dict, *, source: str = "<state>",

@@ -1,4 +1,4 @@
-"""A user's network in a zoo entry (issue 19): ``entry.fit(x, y, ..., net=...)``.
+"""A user's network in a zoo entry: ``entry.fit(x, y, ..., net=...)``.
 
 ``net`` is a ``torch.nn.Module`` or a zero-argument factory returning one. The entry's model
 becomes :class:`~bnn_zoo.models.BayesianModule` ``(net, task=task, **model_options)``, a

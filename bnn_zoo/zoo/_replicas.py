@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import (
-    check_bool,
-    check_data,
-    check_seed,
-)
+from bnn_zoo.core.checks import check_bool, check_data, check_seed
 from bnn_zoo.evaluation.noise_tuning import tune_noise
 from bnn_zoo.methods.base import Budget
-from bnn_zoo.zoo._entry import Entry, Fitted
+from bnn_zoo.zoo._fitted import Fitted
 from bnn_zoo.zoo._networks import Network
+from bnn_zoo.zoo._preparation import check_targets, output_dim, training_data
+
+if TYPE_CHECKING:  # Entry.fit_many calls fit_many: the entry is only an annotation here
+    from bnn_zoo.zoo._entry import Entry
 
 __all__ = ["batches_replicas", "fit_many", "training_sets"]
 
@@ -110,19 +110,21 @@ def fit_many(entry: Entry, xs: object, ys: object, *, seeds: Sequence[int],
     if not batches or net is not None:
         return [entry.fit(x, y, task=task, seed=seed, progress=progress, net=net, **options,
                           **budget_overrides) for x, y, seed in zip(xs, ys, seeds)]
-    task, _ = entry.check_targets(ys[0], task, "ys[0]")
-    ys = [entry.check_targets(y, task, f"ys[{r}]")[1] for r, y in enumerate(ys)]
+    task, _ = check_targets(entry.name, entry.tasks, ys[0], task, "ys[0]")
+    ys = [check_targets(entry.name, entry.tasks, y, task, f"ys[{r}]")[1]
+          for r, y in enumerate(ys)]
     started = time.perf_counter()
-    prepared = [entry.training_data(x, y, task, budget, seed)
+    prepared = [training_data(x, y, task, budget, seed, entry=entry.name,
+                              tunable_noise=entry.tunable_noise)
                 for x, y, seed in zip(xs, ys, seeds)]
-    x = torch.stack([p[2] for p in prepared])
-    y = torch.stack([p[3] for p in prepared])
-    out_dim = 1 if task == "regression" else int(y.max()) + 1
+    x = torch.stack([p.x for p in prepared])
+    y = torch.stack([p.y for p in prepared])
+    out_dim = output_dim(task, y)
     build_model = entry.model_factory(x.shape[-1], out_dim, task, model_kw, x)
     posteriors = method.fit_many(build_model, x, y, task=task, seeds=seeds, budget=budget,
                                  progress=progress)
-    posteriors = [posterior if p[4] is None else tune_noise(posterior, *p[4])
+    posteriors = [posterior if p.validation is None else tune_noise(posterior, *p.validation)
                   for posterior, p in zip(posteriors, prepared)]
     seconds = (time.perf_counter() - started) / len(seeds)
-    return [Fitted(entry.name, task, p[0], p[1], posterior, seconds, x.shape[-1], out_dim,
-                   options) for p, posterior in zip(prepared, posteriors)]
+    return [Fitted(entry.name, task, p.x_scaler, p.y_scaler, posterior, seconds, x.shape[-1],
+                   out_dim, options) for p, posterior in zip(prepared, posteriors)]

@@ -21,13 +21,15 @@ from functools import partial
 from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.reference import MAP_BUDGET, fan_in_mlp, map_guide
+from bnn_zoo.zoo._defaults import MAP_BUDGET, fan_in_mlp, map_guide
 
 register(Entry(
     name="deep_ensemble",
     description="deep ensemble of 5 MAP networks with per-input Gaussian noise "
                 "(Lakshminarayanan 2017)",
     tasks=("regression",),
+    source='Lakshminarayanan et al. 2017, "Simple and Scalable Predictive Uncertainty '
+           'Estimation using Deep Ensembles"',
     model=partial(fan_in_mlp, noise="heteroscedastic"),
     method=Ensemble(member=SVI(map_guide, replicas=True), members=5),
     budget=MAP_BUDGET,

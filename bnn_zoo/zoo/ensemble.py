@@ -14,16 +14,19 @@ from __future__ import annotations
 
 from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.reference import MAP_BUDGET, fan_in_mlp, map_guide
+from bnn_zoo.zoo import TINY_BUDGET, Entry, register
+from bnn_zoo.zoo._defaults import MAP_BUDGET, fan_in_mlp, map_guide
 
 register(Entry(
     name="ensemble",
     description="deep ensemble: 5 MAP networks from different seeds (Lakshminarayanan 2017)",
     tasks=("regression", "classification"),
+    source='Lakshminarayanan et al. 2017, "Simple and Scalable Predictive Uncertainty '
+           'Estimation using Deep Ensembles"',
     model=fan_in_mlp,
     method=Ensemble(member=SVI(map_guide, replicas=True), members=5),
     budget=MAP_BUDGET,
+    tiny={**TINY_BUDGET, "method_options": {"members": 2}},
     tunable_noise=True,
     accepts_net=True,
 ))

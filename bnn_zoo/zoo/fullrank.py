@@ -1,6 +1,7 @@
 """Zoo entry ``fullrank``: a full-covariance Gaussian over all the weights,
-``q(w) = N(mu, L L^T)`` (Pyro's ``AutoMultivariateNormal``, its parameters as
-``PyroParam`` s: :class:`~bnn_zoo.guides.params.MultivariateNormal`).
+``q(w) = N(mu, L L^T)`` (full-rank ADVI, Kucukelbir et al. 2017, "Automatic
+Differentiation Variational Inference"; Pyro's ``AutoMultivariateNormal``, its parameters
+as ``PyroParam`` s: :class:`~bnn_zoo.guides.params.MultivariateNormal`).
 
 The reference between the mean-field and the low-rank guides and NUTS: every correlation
 between weights is free, at ``P (P + 3) / 2`` parameters for ``P`` weights, so it is exact
@@ -15,14 +16,13 @@ from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.bbb import init_loc_fn, mlp
-from bnn_zoo.zoo.structured import BUDGET
+from bnn_zoo.zoo._defaults import STRUCTURED_BUDGET, init_loc_fn, mlp
 
 
 def full_rank(model: BayesianMLP | BayesianModule, *,
               init_scale: float = 0.01) -> MultivariateNormal:
     """Full-covariance Gaussian over all weights, started narrow at a fan-in point
-    (a user's network: at its own weights, :func:`~bnn_zoo.zoo.bbb.init_loc_fn`)."""
+    (a user's network: at its own weights, :func:`~bnn_zoo.zoo._defaults.init_loc_fn`)."""
     return MultivariateNormal(model, init_loc_fn=init_loc_fn(model), init_scale=init_scale)
 
 
@@ -30,9 +30,10 @@ register(Entry(
     name="fullrank",
     description="full-covariance Gaussian over all weights (Pyro AutoMultivariateNormal)",
     tasks=("regression", "classification"),
+    source='Kucukelbir et al. 2017, "Automatic Differentiation Variational Inference"',
     model=mlp,
     method=SVI(full_rank),
-    budget=BUDGET,
+    budget=STRUCTURED_BUDGET,
     tunable_noise=True,
     accepts_net=True,
 ))

@@ -1,4 +1,6 @@
-"""Zoo entries of the Laplace approximation (seed 001, first half; Bishop, PRML 5.7).
+"""Zoo entries of the Laplace approximation (MacKay 1992, "A Practical Bayesian Framework
+for Backpropagation Networks"; Bishop 2006, "Pattern Recognition and Machine Learning",
+section 5.7; seed 001, first half).
 
 Each entry runs :class:`~bnn_zoo.methods.laplace.Laplace`: the MAP by SVI (a
 :class:`~bnn_zoo.guides.laplace.LaplaceGuide` as point mass, refined by full-batch
@@ -10,7 +12,11 @@ L-BFGS), then the Gaussian around it, with the GLM predictive:
   ``laplace_diag``, ``laplace_kron``, ``laplace_last_layer``: one curvature each,
   ``alpha`` from the prior and ``beta`` from the MAP's learned noise (no evidence
   tuning). The exact Hessian of ``laplace_full`` is projected onto the PSD cone where
-  the precision is not positive definite even with jitter (``indefinite="clip"``).
+  the precision is not positive definite even with jitter (``indefinite="clip"``). The
+  structures follow Daxberger et al. 2021 ("Laplace Redux -- Effortless Bayesian Deep
+  Learning"); K-FAC is Ritter et al. 2018 ("A Scalable Laplace Approximation for Neural
+  Networks"), the last layer Kristiadi et al. 2020 ("Being Bayesian, Even Just a Bit,
+  Fixes Overconfidence in ReLU Networks").
 
 The entries fit the zoo's MLP; with ``entry.fit(..., net=...)`` they fit any torch module
 the same way (its MAP
@@ -30,33 +36,40 @@ Every field of :class:`~bnn_zoo.methods.laplace.Laplace` can be replaced through
 
 from __future__ import annotations
 
-from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.models.mlp import TASKS
-from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.bbb import mlp
+from bnn_zoo.zoo import TINY_BUDGET, Entry, register
+from bnn_zoo.zoo._defaults import LAPLACE_BUDGET, mlp
 
-BUDGET = Budget(steps=2000, lr=1e-2, batch_size=256, jit=True)
-SOURCE = "001_c55daefe340e50b9.txt"
+#: The L-BFGS refinement of the MAP is most of a tiny fit's time: left out.
+TINY = {**TINY_BUDGET, "method_options": {"refine": False}}
 
 
-def laplace_entry(name: str, description: str, method: Laplace) -> Entry:
-    """A Laplace entry on the zoo's MLP (or a user's network) with the shared budget and
-    seed."""
+def laplace_entry(name: str, description: str, method: Laplace, source: str) -> Entry:
+    """A Laplace entry on the zoo's MLP (or a user's network) with the shared budget, seed
+    notes and tiny fit."""
     return register(Entry(name=name, description=description, tasks=TASKS, model=mlp,
-                          method=method, budget=BUDGET, source=SOURCE, accepts_net=True))
+                          method=method, budget=LAPLACE_BUDGET, source=source,
+                          seed_notes="001", tiny=TINY, accepts_net=True))
 
+
+REDUX = 'Daxberger et al. 2021, "Laplace Redux -- Effortless Bayesian Deep Learning"'
 
 laplace_entry("laplace", "GGN Laplace, GLM predictive, alpha and beta by evidence fixed point",
-              Laplace(curvature="ggn", evidence="fixed_point"))
+              Laplace(curvature="ggn", evidence="fixed_point"),
+              'MacKay 1992, "A Practical Bayesian Framework for Backpropagation Networks"')
 laplace_entry("laplace_full", "Laplace with the exact Hessian (PSD-projected), GLM predictive",
-              Laplace(curvature="hessian", indefinite="clip"))
+              Laplace(curvature="hessian", indefinite="clip"),
+              'Bishop 2006, "Pattern Recognition and Machine Learning", section 5.7')
 laplace_entry("laplace_ggn", "Laplace with the generalised Gauss-Newton, GLM predictive",
-              Laplace(curvature="ggn"))
+              Laplace(curvature="ggn"), REDUX)
 laplace_entry("laplace_diag", "Laplace with the diagonal GGN, GLM predictive",
-              Laplace(curvature="diag"))
+              Laplace(curvature="diag"), REDUX)
 laplace_entry("laplace_kron",
               "Laplace with a Kronecker-factored GGN per layer (K-FAC), GLM predictive",
-              Laplace(curvature="kron"))
+              Laplace(curvature="kron"),
+              'Ritter et al. 2018, "A Scalable Laplace Approximation for Neural Networks"')
 laplace_entry("laplace_last_layer", "Laplace on the last layer's weights (GGN), GLM predictive",
-              Laplace(curvature="last_layer"))
+              Laplace(curvature="last_layer"),
+              'Kristiadi et al. 2020, "Being Bayesian, Even Just a Bit, Fixes Overconfidence '
+              'in ReLU Networks"')

@@ -19,9 +19,8 @@ from __future__ import annotations
 from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.models.mlp import TASKS
-from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.bbb import mlp
-from bnn_zoo.zoo.laplace import BUDGET, SOURCE
+from bnn_zoo.zoo import TINY_BUDGET, Entry, register
+from bnn_zoo.zoo._defaults import LAPLACE_BUDGET, mlp
 
 register(Entry(
     name="laplace_ensemble",
@@ -30,7 +29,10 @@ register(Entry(
     tasks=TASKS,
     model=mlp,
     method=Ensemble(member=Laplace(curvature="ggn", evidence="fixed_point"), members=5),
-    budget=BUDGET,
-    source=SOURCE,
+    budget=LAPLACE_BUDGET,
+    source='Eschenhagen et al. 2021, "Mixtures of Laplace Approximations for Improved '
+           'Post-Hoc Uncertainty in Deep Learning"',
+    seed_notes="001",
+    tiny={**TINY_BUDGET, "method_options": {"members": 2}},
     accepts_net=True,
 ))

@@ -1,4 +1,6 @@
-"""Zoo entry ``mean_field_clf``: mean-field Gaussian VI for classification (seed 002)."""
+"""Zoo entry ``mean_field_clf``: mean-field Gaussian VI for classification (seed 002; Graves
+2011, "Practical Variational Inference for Neural Networks"), its KL to the ``N(0, I)``
+prior in closed form."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.priors import GaussianPrior
 from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.bbb import mlp
+from bnn_zoo.zoo._defaults import mlp
 
 
 def classifier(in_dim: int, out_dim: int, *, task: str = "classification",
@@ -29,7 +31,8 @@ register(Entry(
     name="mean_field_clf",
     description="mean-field Gaussian, closed-form KL (TraceMeanField_ELBO), MC-averaged probs",
     tasks=("classification",),
-    source="002_94e5f375167402f2.txt",
+    source='Graves 2011, "Practical Variational Inference for Neural Networks"',
+    seed_notes="002",
     model=classifier,
     # TraceMeanField_ELBO: the seed's ELBO with the KL of eq. (1) in closed form
     method=SVI(MeanFieldGuide, elbo=pyro.infer.TraceMeanField_ELBO),

@@ -1,4 +1,7 @@
-"""Zoo entry ``mixture``: a mixture of ``K`` diagonal Gaussians over all weights (seed 003)."""
+"""Zoo entry ``mixture``: a mixture of ``K`` diagonal Gaussians over all weights (seed 003;
+Jaakkola & Jordan 1998, "Improving the Mean Field Approximation via the Use of Mixture
+Distributions"), its ELBO's gradient by the score function, the pathwise estimator or an
+exact sum over the components (:class:`~bnn_zoo.core.elbo.MixtureELBO`)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.bbb import init_loc_fn, mlp
+from bnn_zoo.zoo._defaults import init_loc_fn, mlp
 
 
 def mixture_guide(model: BayesianMLP | BayesianModule, *, num_components: int = 2,
@@ -26,7 +29,9 @@ register(Entry(
     name="mixture",
     description="mixture of K diagonal Gaussians; score, pathwise or enumerated gradients",
     tasks=("regression", "classification"),
-    source="003_b80c1764357a09e5.txt",
+    source='Jaakkola & Jordan 1998, "Improving the Mean Field Approximation via the Use of '
+           'Mixture Distributions"',
+    seed_notes="003",
     model=mlp,
     method=SVI(mixture_guide, elbo=MixtureELBO),  # MixtureELBO applies the guide's estimator
     budget=Budget(steps=3000, lr=1e-2, batch_size=256, num_particles=4),

@@ -31,13 +31,20 @@ def nngp(in_dim: int, out_dim: int, *, task: str = "regression", activation: str
                           num_features=num_features, **kernel_options)
 
 
-for _name, _activation in [("nngp", "relu"), ("nngp-erf", "erf")]:
+#: Each entry's activation and the papers of its infinite-width kernel.
+_KERNELS = {"nngp": ("relu", 'Neal 1996, "Bayesian Learning for Neural Networks"; Cho & Saul '
+                             '2009, "Kernel Methods for Deep Learning"'),
+            "nngp-erf": ("erf", 'Neal 1996, "Bayesian Learning for Neural Networks"; Williams '
+                                '1997, "Computing with Infinite Networks"')}
+
+for _name, (_activation, _source) in _KERNELS.items():
     register(Entry(
         name=_name,
         description=f"infinite-width {_activation} BNN (1 hidden layer, option depth): exact GP "
                     "with the NNGP kernel, hyperparameters by type-II maximum likelihood",
         tasks=("regression",),
-        source="001_c55daefe340e50b9.txt",
+        source=_source,
+        seed_notes="001",
         model=partial(nngp, activation=_activation),
         method=ExactGP(max_points=MAX_TRAINING_POINTS),
         budget=Budget(steps=300, lr=0.05, batch_size=None),

@@ -11,15 +11,18 @@ from __future__ import annotations
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.nuts import NUTS
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo.reference import fan_in_mlp, map_guide
+from bnn_zoo.zoo import TINY_BUDGET, Entry, register
+from bnn_zoo.zoo._defaults import fan_in_mlp, map_guide
 
 register(Entry(
     name="nuts",
     description="NUTS (HMC) on the same MLP: MAP start and noise, 2 chains x 300 draws",
     tasks=("regression", "classification"),
+    source='Hoffman & Gelman 2014, "The No-U-Turn Sampler: Adaptively Setting Path Lengths '
+           'in Hamiltonian Monte Carlo"',
     model=fan_in_mlp,
     method=NUTS(start=SVI(map_guide), warmup=300, samples=300, chains=2, max_tree_depth=8,
                 max_points=1000),
     budget=Budget(steps=2000, lr=3e-2, batch_size=256, jit=True),  # the MAP start's
+    tiny={**TINY_BUDGET, "method_options": {"warmup": 4, "samples": 4, "max_tree_depth": 3}},
 ))

@@ -1,5 +1,6 @@
-"""Zoo entry ``rff_logitnormal``: random-Fourier-feature net with LogitNormal input
-scales (seed 000), trained by one of four objectives.
+"""Zoo entry ``rff_logitnormal``: random-Fourier-feature net (Rahimi & Recht 2007, "Random
+Features for Large-Scale Kernel Machines") with LogitNormal input scales (seed 000), trained
+by one of four objectives.
 
 ``method_options={"objective": ...}`` picks ``"alg3"`` (default: Algorithm 3 as an ELBO,
 equal to the collapsed ELBO), ``"alg3_literal"`` (Algorithm 3 as the seed writes it, the
@@ -45,7 +46,9 @@ register(Entry(
                 "conditional of the output weights (objective: alg3, alg3_literal, alg1, "
                 "collapsed)",
     tasks=("regression",),
-    source="000_3eeb858293040f6c.txt",
+    source='Rahimi & Recht 2007, "Random Features for Large-Scale Kernel Machines", with '
+           'LogitNormal input scales',
+    seed_notes="000",
     model=rff_model,
     method=LogitNormalSVI(objective="alg3"),
     budget=Budget(steps=1000, lr=5e-2, batch_size=None, num_particles=4),

@@ -1,0 +1,64 @@
+"""The defaults that several zoo entries share: the zoo's MLP, where its guides start, the
+MAP point estimate, and the budgets of the entry families.
+
+Every entry module imports what it shares with another entry from here, never from another
+entry module, so that an entry's module is its declaration alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+from pyro.infer.autoguide import AutoDelta
+
+from bnn_zoo.methods.base import Budget
+from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
+from bnn_zoo.models.module import BayesianModule
+from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
+
+__all__ = ["LAPLACE_BUDGET", "MAP_BUDGET", "STRUCTURED_BUDGET", "fan_in_mlp", "init_loc_fn",
+           "map_guide", "mlp"]
+
+#: ``map``'s budget, shared by every member of ``ensemble``, ``deep_ensemble`` and the MAP
+#: start of ``nuts``.
+MAP_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
+#: The budget of the correlated Gaussian and flow guides (``lowrank``, ``iaf``, ``fullrank``).
+STRUCTURED_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
+#: The budget of every Laplace entry's MAP phase (``laplace*``, ``laplace_ensemble``).
+LAPLACE_BUDGET = Budget(steps=2000, lr=1e-2, batch_size=256, jit=True)
+
+
+def mlp(in_dim: int, out_dim: int, *, task: str = "regression", hidden: Sequence[int] = (50,),
+        activation: str = "relu", prior: GaussianPrior | ScaleMixturePrior | None = None,
+        noise_scale: float | None = None, noise: str = "homoscedastic") -> BayesianMLP:
+    """The zoo's default Bayesian MLP: one hidden ReLU layer of 50 units, N(0, 1) prior,
+    learned noise (one scale; ``noise="heteroscedastic"``: one per input, see
+    :class:`~bnn_zoo.models.BayesianMLP`)."""
+    return BayesianMLP(in_dim, out_dim, hidden, activation=activation, task=task, prior=prior,
+                       noise_scale=noise_scale, noise=noise)
+
+
+#: :func:`mlp` with Neal's fan-in prior ``N(0, 1/d_in)`` by default (a ``prior=`` option
+#: still replaces it): the model of ``map``, ``mean_field``, the ensembles and ``nuts``.
+fan_in_mlp = partial(mlp, prior=GaussianPrior(fan_in=True))
+
+
+def init_loc_fn(model: Callable) -> Callable[[dict], object]:
+    """Where the zoo's autoguides start: a user's network
+    (:class:`~bnn_zoo.models.BayesianModule`, ``entry.fit(..., net=...)``) at its own
+    weights (``model.init_to_net``: torch's initialisation in torch's ``(out, in, *kernel)``
+    layout), the zoo's MLP at :func:`~bnn_zoo.models.mlp.init_to_fan_in`.
+
+    The net's values are copied: an autoguide may keep the tensor it is given as its
+    parameter and train it in place, which would change the user's network.
+    """
+    if hasattr(model, "init_to_net"):
+        return lambda site: model.init_to_net(site).clone()
+    return init_to_fan_in
+
+
+def map_guide(model: BayesianMLP | BayesianModule) -> AutoDelta:
+    """Point estimate of every weight (MAP under the model's prior), started at
+    :func:`init_loc_fn`."""
+    return AutoDelta(model, init_loc_fn=init_loc_fn(model))

@@ -1,0 +1,102 @@
+"""The data of a zoo fit, checked and prepared for the method: the task and targets, the
+standardisation with the training statistics, the held-out points of a tuned noise scale,
+and the number of outputs.
+
+An entry's method always fits standardised data: every input column (every pixel of an
+image) and, for regression, the targets are shifted and scaled by their training mean and
+standard deviation; :class:`~bnn_zoo.zoo.Fitted` maps its predictions back to the caller's
+units with the same statistics.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import Tensor
+
+from bnn_zoo.core import distributed
+from bnn_zoo.core.checks import check_choice, check_class_labels, check_data
+from bnn_zoo.core.scaling import Standardizer
+from bnn_zoo.evaluation.noise_tuning import holdout
+from bnn_zoo.methods.base import Budget, UnsupportedProblem
+from bnn_zoo.models.mlp import TASKS
+
+__all__ = ["TrainingData", "check_inputs", "check_targets", "output_dim", "training_data"]
+
+
+class TrainingData(NamedTuple):
+    """What a method fits: the scalers of ``x`` and (regression) ``y``, the standardised
+    ``x`` and ``y``, and the held-out standardised ``(x, y)`` on which the noise scale is
+    tuned (``None`` without validation)."""
+
+    x_scaler: Standardizer
+    y_scaler: Standardizer | None
+    x: Tensor
+    y: Tensor
+    validation: tuple[Tensor, Tensor] | None
+
+
+def check_inputs(entry: str, x: object, y: object, *, net: bool) -> tuple[Tensor, Tensor]:
+    """``x`` and ``y`` as tensors, checked (see :func:`~bnn_zoo.core.checks.check_data`):
+    ``x`` of any shape (N, ...) for a fit of a user's network (``net``), of shape (N, D) for
+    the model of entry ``entry``."""
+    x, _ = check_data(x, any_shape=True)
+    if not net and x.dim() != 2:
+        raise ValueError(f"Expected x of shape (N, D) (2 dimensions) for entry "
+                         f"{entry!r}'s own model, but got shape {tuple(x.shape)}; "
+                         "inputs of other shapes need a network that takes them "
+                         "(entry.fit(..., net=...)).")
+    return check_data(x, y, any_shape=True)
+
+
+def check_targets(entry: str, tasks: tuple[str, ...], y: Tensor, task: str | None,
+                  name: str = "y") -> tuple[str, Tensor]:
+    """The task (``task``, or inferred from ``y``'s dtype) and the checked targets ``y``
+    (named ``name`` in errors): float vectors (N,) for regression, labels 0..C-1 of shape
+    (N,) for classification; a task outside ``tasks``, those entry ``entry`` supports,
+    raises :class:`UnsupportedProblem`."""
+    if task is not None:
+        check_choice("task", task, TASKS)
+    task = task or ("classification" if not y.is_floating_point() else "regression")
+    if task not in tasks:
+        raise UnsupportedProblem(
+            f"Entry {entry!r} supports {', '.join(tasks)}, not {task!r}.")
+    if task == "regression" and (y.dim() != 1 or not y.is_floating_point()):
+        raise ValueError(f"Expected {name} to be a float vector (N,) for regression, got "
+                         f"{y.dtype} of shape {tuple(y.shape)}.")
+    if task == "classification":
+        if y.dim() != 1:
+            raise ValueError(f"Expected {name} to be class labels 0..C-1 of shape (N,) for "
+                             f"classification, got shape {tuple(y.shape)}.")
+        y = check_class_labels(name, y)
+    return task, y
+
+
+def training_data(x: Tensor, y: Tensor, task: str, budget: Budget, seed: int, *,
+                  entry: str, tunable_noise: bool) -> TrainingData:
+    """The scalers of ``x`` and (regression) ``y``, fitted on the training data (on all
+    shards with ``budget.distributed``), the standardised data, and the held-out points
+    (``budget.validation > 0``, regression only) split off with ``seed``; validation of
+    entry ``entry`` needs ``tunable_noise`` (one noise scale to tune)."""
+    fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
+    x_scaler = fit_scaler(x)
+    y_scaler = fit_scaler(y) if task == "regression" else None
+    xs = x_scaler.transform(x)
+    ys = y_scaler.transform(y) if y_scaler is not None else y
+    if budget.validation == 0 or task != "regression":
+        return TrainingData(x_scaler, y_scaler, xs, ys, None)
+    if not tunable_noise:
+        raise ValueError(f"Entry {entry!r} has no single noise scale to tune: "
+                         "expected validation=0.")
+    xs, ys, x_val, y_val = holdout(xs, ys, budget.validation, seed=seed)
+    return TrainingData(x_scaler, y_scaler, xs, ys, (x_val, y_val))
+
+
+def output_dim(task: str, y: Tensor, *, distributed_fit: bool = False) -> int:
+    """The number of outputs of the model: 1 for regression, the number of classes
+    ``max(y) + 1`` for classification (of all the shards together with
+    ``distributed_fit``)."""
+    if task == "regression":
+        return 1
+    classes = int(y.max()) + 1
+    return distributed.global_max(classes, y.device) if distributed_fit else classes
