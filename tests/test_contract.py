@@ -121,7 +121,7 @@ def test_device_follows_the_data(name, task):
     x, y, x_test, _ = tiny_problem(task, torch.float32, "cuda")
     fitted = tiny_fit(name, task, x, y)
     pred = fitted.predict(x_test, num_samples=4)
-    assert all(v.device.type == "cuda" for v in vars(pred).values())
+    assert all(v.device.type == "cuda" for v in vars(pred).values() if v is not None)
     assert pred.mean.dtype == torch.float32
 
 

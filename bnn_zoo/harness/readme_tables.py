@@ -107,11 +107,11 @@ def _method_name(method: object) -> str:
 
 def entries_table() -> str:
     """The Markdown table of every registered entry: its name, tasks, inference method,
-    whether it takes a user's network (``net=``) and batches fits as replicas, its source
-    and its description."""
+    whether it takes a user's network (``net=``) and batches fits as replicas, the paper it
+    implements and its description."""
     from bnn_zoo import zoo  # the registry imports every entry: only when asked for
 
-    lines = ["| entry | tasks | method | `net=` | replicas | source | description |",
+    lines = ["| entry | tasks | method | `net=` | replicas | paper | description |",
              "|---|---|---|---|---|---|---|"]
     for name in zoo.names():
         entry = zoo.get(name)

@@ -6,8 +6,8 @@
 * ``bnn_zoo.models`` and ``bnn_zoo.guides`` live in the top-level folders ``models/`` and
   ``guides/`` (``[tool.setuptools.package-dir]``), which griffe's static loader cannot see
   through; ``build/api_source/bnn_zoo`` is a tree of links (and copies of the package's own
-  files) that puts them where it looks,
-  and ``mkdocs.yml`` points the API reference at it.
+  files) that puts them where it looks, made before mkdocstrings configures itself, and
+  ``mkdocs.yml`` points the API reference at it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +23,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 API_SOURCE = ROOT / "build" / "api_source" / "bnn_zoo"
 
 
+@event_priority(100)  # before mkdocstrings reads its paths: they must exist by then
 def on_config(config):
     if API_SOURCE.exists():
         shutil.rmtree(API_SOURCE)
