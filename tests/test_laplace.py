@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pyro
@@ -935,6 +935,33 @@ def test_indefinite_hessian_raises_or_is_clipped():
     assert bool(torch.isfinite(post.log_evidence()))
 
 
+def test_method_fields_make_its_settings_objects():
+    """Every field of the two settings objects is a keyword of ``Laplace`` (and so a
+    ``method_options`` name) with the same default, and the settings the method builds
+    hold its values."""
+    defaults = {f.name: f.default for f in fields(Laplace)}
+    for settings in (CurvatureSettings, EvidenceSettings):
+        assert {f.name: f.default for f in fields(settings)}.items() <= defaults.items()
+    method = Laplace(curvature="kron", rank=3, evidence="gradient", tol=1e-3, refine=False)
+    assert method.curvature_settings == CurvatureSettings("kron", rank=3)
+    assert method.evidence_settings == EvidenceSettings("gradient", tol=1e-3, refine=False)
+
+
+@pytest.mark.parametrize("name, value, error", [
+    ("iterations", 0, ValueError), ("tol", -1.0, ValueError), ("max_log_step", 0.0, ValueError),
+    ("damping", 0.0, ValueError), ("refine", 1, TypeError), ("per_layer_alpha", "yes", TypeError),
+    ("rank", 0, ValueError), ("max_bytes", 2.5, TypeError), ("indefinite", "ignore", ValueError),
+])
+def test_settings_errors_name_the_field(name, value, error):
+    """A bad settings field is refused by the settings object and by ``Laplace`` alike,
+    naming the field."""
+    settings = CurvatureSettings if name in {f.name for f in fields(CurvatureSettings)} \
+        else EvidenceSettings
+    for build in (settings, Laplace):
+        with pytest.raises(error, match=name):
+            build(**{name: value})
+
+
 def test_bad_arguments():
     model, layout, theta, x, y = tiny_net("regression")
     with pytest.raises(ValueError, match="GiB"):
@@ -946,6 +973,8 @@ def test_bad_arguments():
         laplace_posterior(model, theta, x, y, alpha=-1.0)
     with pytest.raises(ValueError, match="evidence"):
         laplace_posterior(model, theta, x, y, evidence=EvidenceSettings("type2"))
+    with pytest.raises(TypeError, match="curvature to be a CurvatureSettings"):
+        laplace_posterior(model, theta, x, y, curvature="kron")
     fan_in = BayesianMLP(3, 1, (4, 3), prior=GaussianPrior(fan_in=True)).double()
     with pytest.raises(ValueError, match="fan_in=False"):
         laplace_posterior(fan_in, theta, x, y)

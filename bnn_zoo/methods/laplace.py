@@ -75,9 +75,9 @@ def check_not_distributed(budget: Budget) -> None:
 
 @dataclass(frozen=True)
 class Laplace:
-    """The Laplace approximation (Bishop 2006, PRML 5.7; Daxberger et al. 2021, "Laplace
-    Redux: Effortless Bayesian Deep Learning", for the structures and the GLM predictive)
-    as a :class:`~bnn_zoo.methods.base.Method`.
+    """The Laplace approximation (Bishop 2006, PRML 5.7; MacKay 1992 for the evidence; the
+    curvature structures and the GLM predictive as in Daxberger et al. 2021, "Laplace
+    Redux: Effortless Bayesian Deep Learning") as a :class:`~bnn_zoo.methods.base.Method`.
 
     Its fields are the keywords of ``Laplace(...)`` and of an entry's
     ``method_options``. Those that choose the curvature make :attr:`curvature_settings`,
