@@ -1,4 +1,6 @@
-"""Curvature of a network's negative log-likelihood at a point (seed 001; Bishop, PRML 5.7).
+"""Curvature of a network's negative log-likelihood at a point (Bishop 2006, *Pattern
+Recognition and Machine Learning*, 5.7 for the Laplace approximation, 5.4 for the
+Hessian and its outer-product approximation).
 
 The weights are handled as one flat vector ``theta`` of length ``P``, grouped into
 layers, by a layout (:mod:`bnn_zoo.guides.layouts`): :class:`ParameterLayout` for a
@@ -13,14 +15,14 @@ on a module need every layer to be an ``nn.Linear`` or ``nn.Conv2d``). ``act`` i
 MLP's hidden activation; a module has its own and takes ``None``.
 
 Every function here returns the curvature ``H`` of the *unit-precision* negative
-log-likelihood, so that the Laplace precision of the seed is
+log-likelihood, so that the Laplace precision (PRML 5.7.1) is
 
 .. math:: A = \\alpha I + \\beta H,
 
 with, per data point and ``f = f(x_n, theta)``,
 
-* Gaussian likelihood: ``E(theta) = 1/2 sum_n ||f_n - t_n||^2`` (the seed's SSE term
-  without its ``beta``); its Hessian in ``f`` is ``Lambda_n = I_K``;
+* Gaussian likelihood: ``E(theta) = 1/2 sum_n ||f_n - t_n||^2`` (PRML's sum-of-squares
+  error without its ``beta``); its Hessian in ``f`` is ``Lambda_n = I_K``;
 * categorical likelihood: ``E(theta) = -sum_n log softmax(f_n)[t_n]`` (``beta = 1``);
   its Hessian in ``f`` is ``Lambda_n = diag(p_n) - p_n p_n^T``.
 
@@ -82,12 +84,12 @@ CHUNK = 256
 
 
 def check_curvature(curvature: str) -> None:
-    """Refuse a ``curvature`` outside :data:`CURVATURES`, saying what the old ``"full"`` is now
-    called (it was the exact Hessian; laplace-torch's ``"full"`` is the GGN)."""
+    """Refuse a ``curvature`` outside :data:`CURVATURES`; ``"full"``, which could mean the
+    exact Hessian or laplace-torch's ``"full"`` (the GGN), is refused with both names."""
     if curvature == "full":
-        raise ValueError("curvature='full' is ambiguous and no longer accepted: the exact "
-                         "Hessian it named is now curvature='hessian', and the full GGN "
-                         "(laplace-torch's 'full') is curvature='ggn'.")
+        raise ValueError("curvature='full' is ambiguous: the exact Hessian is "
+                         "curvature='hessian', and the full GGN (laplace-torch's 'full') is "
+                         "curvature='ggn'.")
     check_choice("curvature", curvature, CURVATURES)
 
 
@@ -137,10 +139,10 @@ def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act
         \\frac{\\partial E}{\\partial b_l} = \\sum_n \\delta_{l,n},
 
     a dozen tensor operations for a one-hidden-layer net where autograd's graph takes
-    twice as many, and no more large tensors than autograd allocates (yacht's 6-50-1 net on
-    277 points: 0.11 ms against 0.22 ms, the cost of one evaluation in a Laplace refit;
-    kin8nm's 7372 points: 3.5 against 4.2 ms). Otherwise (a module, or another activation)
-    by autograd.
+    twice as many, and no more large tensors than autograd allocates: on the small
+    networks of the UCI sets autograd's per-call overhead is most of the cost of an
+    evaluation, and a Laplace refit makes hundreds. Otherwise (a module, or another
+    activation) by autograd.
     """
     backward = ACTIVATION_BACKWARD.get(act) if isinstance(layout, ParameterLayout) else None
     if backward is None:
@@ -191,7 +193,7 @@ def jacobian(theta: Tensor, x: Tensor, layout: Layout, act: Activation,
     """Output ``f`` (N, K) and its Jacobian ``g = df/dtheta`` (N, K, P) at ``theta``.
 
     With ``layers`` given, only those layers' columns, concatenated in order.
-    This is the seed's ``g = grad_w y(x, w)`` at ``w_MAP``, one row per output.
+    This is PRML's ``g = grad_w y(x, w)`` at ``w_MAP``, one row per output.
     """
     return layout.jacobian(theta, x, act, layers)
 
@@ -212,8 +214,7 @@ def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activ
     ``torch.func`` call (``jacrev`` of ``jacrev``, not a row-by-row loop; reverse-over-reverse
     because the forward mode of ``torch.func.hessian`` scripts decompositions with the
     deprecated ``torch.jit.script`` on first use). The vectorised call holds P copies of the
-    chunk's activations: in one call for all of protein's 41 000 points (P = 1101, 100
-    hidden units) that was 18 GB, and the process was killed."""
+    chunk's activations, so the chunk, not ``N``, bounds the memory."""
     x, y = _checked(theta, x, y, layout, likelihood)
     check_dense_fits(theta.shape[0], theta.dtype, "hessian", max_bytes)
     theta = theta.detach()
@@ -271,7 +272,8 @@ def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Act
                    likelihood: str = "gaussian", *, indices: Tensor,
                    chunk: int = CHUNK) -> Tensor:
     """(p_S, p_S) the GGN block ``sum_n J_{n,S}^T Lambda_n J_{n,S}`` of the weights
-    ``theta[indices]`` (Daxberger et al. 2021, subnetwork Laplace), in chunks of data points."""
+    ``theta[indices]`` (Daxberger et al. 2021, "Bayesian Deep Learning via Subnetwork
+    Inference"), in chunks of data points."""
     x, y = _checked(theta, x, y, layout, likelihood)
     indices = subnetwork_indices(indices, layout.num_parameters).to(theta.device)
     out = theta.new_zeros(indices.numel(), indices.numel())
@@ -310,8 +312,11 @@ def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activatio
     ``Q_l = 1/(N L) sum_{n,l} a_{n,l} a_{n,l}^T`` of shape (D + 1, D + 1) and
     ``G_l = sum_{n,l} J_{z,n,l}^T Lambda_n J_{z,n,l}`` of shape (d_out, d_out), over the
     ``L`` locations of the layer (1 for a dense layer; see
-    :mod:`bnn_zoo.guides.layouts`; Martens & Grosse 2015; Grosse & Martens 2016; Ritter et
-    al. 2018). For ``L = 1`` the exact block is ``sum_n a_n a_n^T ⊗ G_n``. A
+    :mod:`bnn_zoo.guides.layouts`; Martens & Grosse 2015, "Optimizing Neural Networks with
+    Kronecker-factored Approximate Curvature"; Grosse & Martens 2016, "A Kronecker-factored
+    Approximate Fisher Matrix for Convolution Layers"; Ritter, Botev & Barber 2018, "A
+    Scalable Laplace Approximation for Neural Networks"). For ``L = 1`` the exact block is
+    ``sum_n a_n a_n^T ⊗ G_n``. A
     :class:`~bnn_zoo.guides.layouts.ModuleLayout` with a layer other than ``nn.Linear``
     or ``nn.Conv2d`` raises a ``ValueError`` naming it.
     """

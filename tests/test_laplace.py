@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pyro
@@ -45,12 +45,9 @@ from bnn_zoo.guides.laplace import (
 )
 from bnn_zoo.guides.laplace.blocks import block_from_state
 from bnn_zoo.methods.base import Budget, Posterior
-from bnn_zoo.methods.laplace import (
-    Laplace,
-    bounded_step,
-    fixed_point_update,
-    laplace_posterior,
-)
+from bnn_zoo.methods.laplace import Laplace
+from bnn_zoo.methods.laplace_evidence import EvidenceSettings, bounded_step, fixed_point_update
+from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP, GaussianPrior
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +123,7 @@ def test_linear_regression_posterior_and_evidence_are_exact(curvature):
     model, x, y = linear_problem()
     alpha, beta = 0.8**-2, 0.4**-2
     theta0 = torch.zeros(3, dtype=D)
-    post = laplace_posterior(model, theta0, x, y, curvature=curvature)
+    post = laplace_posterior(model, theta0, x, y, curvature=CurvatureSettings(curvature))
     mean, cov, evidence = closed_form(x, y, alpha, beta)
     torch.testing.assert_close(post.theta, mean, atol=1e-7, rtol=1e-6)
     torch.testing.assert_close(post.covariance(), cov, atol=1e-9, rtol=1e-6)
@@ -135,7 +132,8 @@ def test_linear_regression_posterior_and_evidence_are_exact(curvature):
 
 def test_diagonal_posterior_keeps_the_diagonal_precision():
     model, x, y = linear_problem()
-    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y, curvature="diag")
+    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y,
+                             curvature=CurvatureSettings("diag"))
     mean, cov, _ = closed_form(x, y, 0.8**-2, 0.4**-2)
     torch.testing.assert_close(post.theta, mean, atol=1e-7, rtol=1e-6)
     torch.testing.assert_close(post.covariance(), torch.diag(1 / torch.linalg.inv(cov).diag()))
@@ -151,8 +149,9 @@ def test_prior_mean_and_per_weight_precision_are_exact(curvature):
     weight and a non-zero mean: posterior and evidence are the closed form's."""
     model, x, y = linear_problem()
     beta = 0.4**-2
-    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y, curvature=curvature,
-                             alpha=PER_WEIGHT, prior_mean=PRIOR_MEAN)
+    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y,
+                             curvature=CurvatureSettings(curvature), alpha=PER_WEIGHT,
+                             prior_mean=PRIOR_MEAN)
     mean, cov, evidence = closed_form(x, y, PER_WEIGHT, beta, PRIOR_MEAN)
     torch.testing.assert_close(post.theta, mean, atol=1e-7, rtol=1e-6)
     torch.testing.assert_close(post.covariance(), cov, atol=1e-9, rtol=1e-6)
@@ -169,13 +168,13 @@ def test_prior_mean_and_per_weight_precision_are_exact(curvature):
 
 def test_kron_takes_a_prior_mean_but_one_precision_per_layer():
     model, x, y = linear_problem()
-    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y, curvature="kron",
-                             prior_mean=PRIOR_MEAN)
+    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y,
+                             curvature=CurvatureSettings("kron"), prior_mean=PRIOR_MEAN)
     mean, cov, evidence = closed_form(x, y, 0.8**-2, 0.4**-2, PRIOR_MEAN)
     torch.testing.assert_close(post.theta, mean, atol=1e-7, rtol=1e-6)
     torch.testing.assert_close(post.log_evidence(), evidence, atol=1e-7, rtol=1e-7)
     with pytest.raises(ValueError, match="one prior precision alpha"):
-        laplace_posterior(model, torch.zeros(3, dtype=D), x, y, curvature="kron",
+        laplace_posterior(model, torch.zeros(3, dtype=D), x, y, curvature=CurvatureSettings("kron"),
                           alpha=PER_WEIGHT)
 
 
@@ -191,8 +190,10 @@ def test_evidence_maximisation_reaches_the_closed_form_maximiser(method, prior_m
     noise = float(model.observation_scale())
     best = minimize(negative_evidence, [0.0, 0.0], method="Nelder-Mead",
                     options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 4000}).x
-    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y, curvature="ggn",
-                             prior_mean=prior_mean, evidence=method, iterations=200, tol=1e-10)
+    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y,
+                             curvature=CurvatureSettings("ggn"),
+                             evidence=EvidenceSettings(method, iterations=200, tol=1e-10),
+                             prior_mean=prior_mean)
     assert post.converged and len(post.history) == post.iterations + 1
     assert math.log(post.alpha[0]) == pytest.approx(best[0], abs=1e-4)
     assert math.log(post.beta) == pytest.approx(best[1], abs=1e-4)
@@ -213,8 +214,9 @@ def test_evidence_maximisation_reaches_the_closed_form_maximiser(method, prior_m
 
 def test_per_layer_alpha_fixed_point_is_a_stationary_point_of_the_evidence():
     model, layout, theta, x, y = tiny_net("regression", n=20)
-    post = laplace_posterior(model, theta, x, y, curvature="kron", evidence="fixed_point",
-                             per_layer_alpha=True, iterations=300, tol=1e-10, refine=False)
+    post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("kron"),
+                             evidence=EvidenceSettings("fixed_point", per_layer_alpha=True,
+                                                       refine=False, iterations=300, tol=1e-10))
     assert len(set(post.alpha.tolist())) == 3
     alpha = post.alpha.clone().requires_grad_()
     beta = post.beta.clone().requires_grad_()
@@ -232,8 +234,10 @@ def test_total_effective_parameters_equal_the_sum_of_the_layers(curvature):
     diagonal of ``A^-1``), for a shared ``alpha`` on the spectral shortcut and for one per
     layer."""
     model, layout, theta, x, y = tiny_net("regression", n=20)
-    post = laplace_posterior(model, theta, x, y, curvature=curvature, alpha=0.7, beta=2.0,
-                             refine=False, indefinite="clip", subnetwork=[0, 3, 5, 20, 30])
+    post = laplace_posterior(model, theta, x, y,
+                             curvature=CurvatureSettings(curvature, subnetwork=[0, 3, 5, 20, 30],
+                                                         indefinite="clip"),
+                             evidence=EvidenceSettings(refine=False), alpha=0.7, beta=2.0)
     for alpha in ([0.7] * 3, [1.3] * 3, [0.5, 1.0, 2.0]):  # one per layer
         post.alpha = torch.tensor(alpha, dtype=D)
         total = post.effective_parameters(per_layer=False)
@@ -247,8 +251,8 @@ def test_evidence_loop_ends_on_a_consistent_map_alpha_and_beta():
     ``beta E_D + alpha/2 ||w||^2`` for them (a smooth tanh net, so L-BFGS gets there)."""
     model, layout, theta, x, y = tiny_net("regression", n=20)
     tol = 1e-6
-    post = laplace_posterior(model, theta, x, y, curvature="ggn", evidence="fixed_point",
-                             iterations=200, tol=tol)
+    post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("ggn"),
+                             evidence=EvidenceSettings("fixed_point", iterations=200, tol=tol))
     assert post.converged and 1 <= post.iterations < 200
     assert len(post.history) == post.iterations + 1
     alpha, beta = fixed_point_update(post, per_layer=False)
@@ -261,8 +265,8 @@ def test_evidence_loop_ends_on_a_consistent_map_alpha_and_beta():
     assert float(grad.abs().max()) < 1e-6
     # a history entry per (MAP, alpha, beta), the last one the returned posterior's
     assert post.history[-1][2] == pytest.approx(float(post.log_evidence()), rel=1e-12)
-    short = laplace_posterior(model, theta, x, y, curvature="ggn", evidence="fixed_point",
-                              iterations=1, tol=tol)
+    short = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("ggn"),
+                              evidence=EvidenceSettings("fixed_point", iterations=1, tol=tol))
     assert short.converged is False and short.iterations == 1
 
 
@@ -401,8 +405,8 @@ def test_kron_separate_is_the_exact_weight_and_bias_blocks_for_one_data_point(ta
     with every other entry zeroed."""
     model, layout, theta, x, y = tiny_net(task)
     x, y = x[:1], y[:1]
-    post = laplace_posterior(model, theta, x, y, curvature="kron_separate", alpha=2.0,
-                             beta=1.0, refine=False)
+    post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("kron_separate"),
+                             evidence=EvidenceSettings(refine=False), alpha=2.0, beta=1.0)
     dense = naive_ggn(model, layout, theta, x)
     mask = torch.zeros_like(dense, dtype=torch.bool)
     start = 0
@@ -425,8 +429,8 @@ def test_low_rank_is_the_top_eigenpairs_of_the_ggn_plus_the_prior(rank):
     (P = 35) the posterior is the GGN one."""
     model, layout, theta, x, y = tiny_net("regression")
     alpha = torch.rand(len(theta), generator=torch.Generator().manual_seed(5), dtype=D) + 0.5
-    post = laplace_posterior(model, theta, x, y, curvature="low_rank", rank=rank, alpha=alpha,
-                             beta=3.0, refine=False)
+    post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("low_rank", rank=rank),
+                             evidence=EvidenceSettings(refine=False), alpha=alpha, beta=3.0)
     evals, evecs = torch.linalg.eigh(naive_ggn(model, layout, theta, x))
     u, lam = evecs[:, -rank:], evals[-rank:].clamp_min(0)
     precision = torch.diag(alpha) + 3.0 * (u * lam) @ u.T
@@ -436,15 +440,16 @@ def test_low_rank_is_the_top_eigenpairs_of_the_ggn_plus_the_prior(rank):
     torch.testing.assert_close(post.function_variance(x)[1][:, 0],
                                torch.einsum("np,pq,nq->n", g, torch.linalg.inv(precision), g))
     if rank == len(theta):
-        full = laplace_posterior(model, theta, x, y, curvature="ggn", alpha=alpha, beta=3.0,
-                                 refine=False)
+        full = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("ggn"),
+                                 evidence=EvidenceSettings(refine=False), alpha=alpha, beta=3.0)
         torch.testing.assert_close(post.log_evidence(), full.log_evidence())
 
 
 def test_subnetwork_is_the_ggn_of_the_chosen_weights_the_rest_at_the_map():
     model, layout, theta, x, y = tiny_net("classification")
-    post = laplace_posterior(model, theta, x, y, curvature="subnetwork", subnetwork=SUBNETWORK,
-                             alpha=2.0, refine=False)
+    post = laplace_posterior(model, theta, x, y,
+                             curvature=CurvatureSettings("subnetwork", subnetwork=SUBNETWORK),
+                             evidence=EvidenceSettings(refine=False), alpha=2.0)
     idx = torch.tensor(SUBNETWORK)
     dense = naive_ggn(model, layout, theta, x)
     precision = 2.0 * torch.eye(len(idx), dtype=D) + dense[idx][:, idx]
@@ -457,16 +462,18 @@ def test_subnetwork_is_the_ggn_of_the_chosen_weights_the_rest_at_the_map():
     # the evidence counts the chosen weights only, like the last layer's
     last = range(layout.layer_slices[-1].start, layout.layer_slices[-1].stop)
     for subset, curvature in ((last, "last_layer"), (range(len(theta)), "ggn")):
-        sub = laplace_posterior(model, theta, x, y, curvature="subnetwork", subnetwork=subset,
-                                alpha=2.0, refine=False)
-        ref = laplace_posterior(model, theta, x, y, curvature=curvature, alpha=2.0,
-                                refine=False)
+        sub = laplace_posterior(model, theta, x, y,
+                                curvature=CurvatureSettings("subnetwork", subnetwork=subset),
+                                evidence=EvidenceSettings(refine=False), alpha=2.0)
+        ref = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings(curvature),
+                                evidence=EvidenceSettings(refine=False), alpha=2.0)
         torch.testing.assert_close(sub.log_evidence(), ref.log_evidence())
         torch.testing.assert_close(sub.covariance(), ref.covariance())
     with pytest.raises(ValueError, match="subnetwork"):
-        laplace_posterior(model, theta, x, y, curvature="subnetwork")
+        laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("subnetwork"))
     with pytest.raises(ValueError, match="distinct"):
-        laplace_posterior(model, theta, x, y, curvature="subnetwork", subnetwork=(1, 1))
+        laplace_posterior(model, theta, x, y,
+                          curvature=CurvatureSettings("subnetwork", subnetwork=(1, 1)))
 
 
 def test_dense_cholesky_escalates_jitter_before_clipping():
@@ -532,8 +539,8 @@ def test_dense_block_spectral_shortcut_equals_the_closed_form(monkeypatch):
 
 def test_kron_posterior_precision_is_alpha_plus_beta_q_kron_g():
     model, layout, theta, x, y = tiny_net("regression")
-    post = laplace_posterior(model, theta, x, y, curvature="kron", alpha=2.0, beta=3.0,
-                             refine=False)
+    post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("kron"),
+                             evidence=EvidenceSettings(refine=False), alpha=2.0, beta=3.0)
     factors = kron_ggn(theta, x, y, layout, model.act)
     precision = torch.block_diag(*[2 * torch.eye(q.shape[0] * g.shape[0], dtype=D)
                                    + 3 * torch.kron(q, g) for q, g in factors])
@@ -545,8 +552,9 @@ def test_kron_posterior_precision_is_alpha_plus_beta_q_kron_g():
 def test_sample_offsets_have_the_posterior_covariance(curvature):
     """The guide's draws are ``theta + M eps``; ``M M^T`` must be ``A^-1`` exactly."""
     model, layout, theta, x, y = tiny_net("classification")
-    post = laplace_posterior(model, theta, x, y, curvature=curvature, indefinite="clip",
-                             subnetwork=SUBNETWORK)
+    post = laplace_posterior(model, theta, x, y,
+                             curvature=CurvatureSettings(curvature, subnetwork=SUBNETWORK,
+                                                         indefinite="clip"))
     m = post.offset(torch.eye(len(theta), dtype=D))  # row i is M e_i
     torch.testing.assert_close(m.T @ m, post.covariance())
 
@@ -557,7 +565,8 @@ def test_glm_variance_is_the_seeds_formula(curvature):
     """sigma^2(x) = 1/beta + g^T A^-1 g with g from autograd and A^-1 from the posterior;
     for ``ggn``, A = alpha I + beta H built by hand from the naive GGN."""
     model, layout, theta, x, y = tiny_net("regression")
-    post = laplace_posterior(model, theta, x, y, curvature=curvature, alpha=1.5, beta=4.0)
+    post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings(curvature), alpha=1.5,
+                             beta=4.0)
     g = naive_jacobian(model, layout, post.theta, x)[:, 0]
     cov = post.covariance()
     if curvature == "ggn":
@@ -573,7 +582,7 @@ def test_glm_variance_is_the_seeds_formula(curvature):
 
 def test_probit_predictive_for_classification():
     model, layout, theta, x, y = tiny_net("classification")
-    post = laplace_posterior(model, theta, x, y, curvature="ggn")
+    post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("ggn"))
     g = naive_jacobian(model, layout, post.theta, x)
     var = torch.einsum("nkp,pq,nkq->nk", g, post.covariance(), g)
     f = mlp_forward(x, layout.network(post.theta), model.act)
@@ -591,7 +600,8 @@ def test_mc_link_averages_the_softmax_over_the_gaussian_logits():
     theta = torch.randn(layout.num_parameters, generator=g, dtype=D)
     x = torch.randn(7, 3, generator=g, dtype=D)
     y = torch.randint(0, 2, (7,), generator=g)
-    post = laplace_posterior(model, theta, x, y, curvature="ggn", alpha=0.2, refine=False)
+    post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("ggn"),
+                             evidence=EvidenceSettings(refine=False), alpha=0.2)
     f, cov = post.function_covariance(x)
     mean = f[:, 1] - f[:, 0]
     sd = (cov[:, 0, 0] + cov[:, 1, 1] - 2 * cov[:, 0, 1]).sqrt()
@@ -611,7 +621,8 @@ def test_mc_predictive_of_the_guide_matches_the_exact_linear_predictive():
     """On a linear model the GLM predictive is exact; the guide's Monte Carlo predictive
     through the network (``NonlinearModel``) must agree within its standard error."""
     model, x, y = linear_problem()
-    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y, curvature="ggn")
+    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y,
+                             curvature=CurvatureSettings("ggn"))
     guide = LaplaceGuide(model).double()
     guide.set_posterior(post)
     exact = post.glm_predictive(x)
@@ -631,7 +642,8 @@ def test_pyro_predictive_of_the_linearized_model_is_the_glm_predictive(curvature
     (Gaussian samples: ``se(mean) = sqrt(v / S)``, ``se(var) = v sqrt(2 / S)``), and so
     does ``bnn_zoo.predict`` on the same pair, on a nonlinear (tanh) net."""
     model, layout, theta, x, y = tiny_net("regression", n=20)
-    post = laplace_posterior(model, theta, x, y, curvature=curvature, alpha=1.5, beta=4.0)
+    post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings(curvature), alpha=1.5,
+                             beta=4.0)
     guide = LaplaceGuide(model).double()
     guide.set_posterior(post)
     exact = post.glm_predictive(x)
@@ -657,7 +669,7 @@ def test_linearized_classification_samples_the_gaussian_logits():
     compared with an independent draw of the same Gaussian logits, within 5 combined
     standard errors."""
     model, layout, theta, x, y = tiny_net("classification")
-    post = laplace_posterior(model, theta, x, y, curvature="ggn")
+    post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("ggn"))
     guide = LaplaceGuide(model).double()
     guide.set_posterior(post)
     g = naive_jacobian(model, layout, post.theta, x)
@@ -750,9 +762,10 @@ def test_posterior_state_rebuilds_the_same_posterior_without_data(curvature, tas
     the state, the layout and the activation only) has the same precision, evidence and
     draws, to the bit."""
     model, layout, theta, x, y = tiny_net(task)
-    post = laplace_posterior(model, theta, x, y, curvature=curvature, indefinite="clip",
-                             evidence="fixed_point", iterations=2, refine=False,
-                             subnetwork=SUBNETWORK)
+    post = laplace_posterior(model, theta, x, y,
+                             curvature=CurvatureSettings(curvature, subnetwork=SUBNETWORK,
+                                                         indefinite="clip"),
+                             evidence=EvidenceSettings("fixed_point", refine=False, iterations=2))
     state = post.state_dict()
     assert [b["kind"] for b in state["blocks"]] == [b.kind for b in post.blocks]
     again = LaplacePosterior.from_state(state, layout, model.act)
@@ -913,23 +926,55 @@ def test_entries_use_the_method():
 def test_indefinite_hessian_raises_or_is_clipped():
     model, layout, theta, x, y = tiny_net("regression", n=20)
     with pytest.raises(NotPositiveDefiniteError, match="indefinite='clip'"):
-        laplace_posterior(model, theta, x, y, curvature="hessian", alpha=1e-6, refine=False)
-    post = laplace_posterior(model, theta, x, y, curvature="hessian", alpha=1e-6, refine=False,
-                             indefinite="clip")
+        laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("hessian"),
+                          evidence=EvidenceSettings(refine=False), alpha=1e-6)
+    post = laplace_posterior(model, theta, x, y,
+                             curvature=CurvatureSettings("hessian", indefinite="clip"),
+                             evidence=EvidenceSettings(refine=False), alpha=1e-6)
     assert post.clipped > 0
     assert bool(torch.isfinite(post.log_evidence()))
+
+
+def test_method_fields_make_its_settings_objects():
+    """Every field of the two settings objects is a keyword of ``Laplace`` (and so a
+    ``method_options`` name) with the same default, and the settings the method builds
+    hold its values."""
+    defaults = {f.name: f.default for f in fields(Laplace)}
+    for settings in (CurvatureSettings, EvidenceSettings):
+        assert {f.name: f.default for f in fields(settings)}.items() <= defaults.items()
+    method = Laplace(curvature="kron", rank=3, evidence="gradient", tol=1e-3, refine=False)
+    assert method.curvature_settings == CurvatureSettings("kron", rank=3)
+    assert method.evidence_settings == EvidenceSettings("gradient", tol=1e-3, refine=False)
+
+
+@pytest.mark.parametrize("name, value, error", [
+    ("iterations", 0, ValueError), ("tol", -1.0, ValueError), ("max_log_step", 0.0, ValueError),
+    ("damping", 0.0, ValueError), ("refine", 1, TypeError), ("per_layer_alpha", "yes", TypeError),
+    ("rank", 0, ValueError), ("max_bytes", 2.5, TypeError), ("indefinite", "ignore", ValueError),
+])
+def test_settings_errors_name_the_field(name, value, error):
+    """A bad settings field is refused by the settings object and by ``Laplace`` alike,
+    naming the field."""
+    settings = CurvatureSettings if name in {f.name for f in fields(CurvatureSettings)} \
+        else EvidenceSettings
+    for build in (settings, Laplace):
+        with pytest.raises(error, match=name):
+            build(**{name: value})
 
 
 def test_bad_arguments():
     model, layout, theta, x, y = tiny_net("regression")
     with pytest.raises(ValueError, match="GiB"):
-        laplace_posterior(model, theta, x, y, curvature="hessian", max_bytes=1000)
+        laplace_posterior(model, theta, x, y,
+                          curvature=CurvatureSettings("hessian", max_bytes=1000))
     with pytest.raises(ValueError, match="theta"):
         laplace_posterior(model, theta[:-1], x, y)
     with pytest.raises(ValueError, match="alpha"):
         laplace_posterior(model, theta, x, y, alpha=-1.0)
     with pytest.raises(ValueError, match="evidence"):
-        laplace_posterior(model, theta, x, y, evidence="type2")
+        laplace_posterior(model, theta, x, y, evidence=EvidenceSettings("type2"))
+    with pytest.raises(TypeError, match="curvature to be a CurvatureSettings"):
+        laplace_posterior(model, theta, x, y, curvature="kron")
     fan_in = BayesianMLP(3, 1, (4, 3), prior=GaussianPrior(fan_in=True)).double()
     with pytest.raises(ValueError, match="fan_in=False"):
         laplace_posterior(fan_in, theta, x, y)
@@ -944,7 +989,8 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="hessian, ggn, diag, kron, kron_separate, last_layer"):
         Laplace(curvature="block")
     for refused in (lambda: Laplace(curvature="full"),
-                    lambda: laplace_posterior(model, theta, x, y, curvature="full")):
+                    lambda: laplace_posterior(model, theta, x, y,
+                                              curvature=CurvatureSettings("full"))):
         with pytest.raises(ValueError, match="curvature='hessian'.*curvature='ggn'"):
             refused()
     with pytest.raises(ValueError, match="link"):
@@ -952,10 +998,10 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="damping"):
         Laplace(damping=1.5)
     with pytest.raises(ValueError, match="bounds"):
-        laplace_posterior(model, theta, x, y, bounds=(1.0, 0.1))
+        laplace_posterior(model, theta, x, y, evidence=EvidenceSettings(bounds=(1.0, 0.1)))
     with pytest.raises(ValueError, match="per weight"):
-        laplace_posterior(model, theta, x, y, alpha=torch.ones(len(theta), dtype=D),
-                          evidence="fixed_point")
+        laplace_posterior(model, theta, x, y, evidence=EvidenceSettings("fixed_point"),
+                          alpha=torch.ones(len(theta), dtype=D))
     with pytest.raises(ValueError, match="prior_mean"):
         laplace_posterior(model, theta, x, y, prior_mean=torch.zeros(2, dtype=D))
     with pytest.raises(ValueError, match="indefinite"):

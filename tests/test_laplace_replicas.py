@@ -16,7 +16,8 @@ from bnn_zoo import zoo
 from bnn_zoo.guides.curvature import ParameterLayout, negative_log_likelihood
 from bnn_zoo.guides.laplace import LaplaceGuide
 from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.laplace import Laplace, refine_map
+from bnn_zoo.methods.laplace import Laplace
+from bnn_zoo.methods.laplace_posterior import refine_map
 from bnn_zoo.models import BayesianMLP, BayesianModule
 
 D = torch.float64

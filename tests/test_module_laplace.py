@@ -29,7 +29,9 @@ from bnn_zoo.guides.curvature import (
 )
 from bnn_zoo.guides.layouts import ModuleLayout, layout_of
 from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.laplace import Laplace, laplace_posterior
+from bnn_zoo.methods.laplace import Laplace
+from bnn_zoo.methods.laplace_evidence import EvidenceSettings
+from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP, BayesianModule, GaussianPrior, digits_cnn
 
 D = torch.float64
@@ -214,7 +216,8 @@ def test_kron_refuses_what_it_cannot_factor_naming_the_parameter():
     model = BayesianModule(layer_norm_net(1).double())
     for curvature in ("kron", "kron_separate"):
         with pytest.raises(ValueError, match="LayerNorm.*curvature='ggn'"):
-            laplace_posterior(model, theta, x, y, curvature=curvature, refine=False)
+            laplace_posterior(model, theta, x, y, curvature=CurvatureSettings(curvature),
+                              evidence=EvidenceSettings(refine=False))
     grouped = BayesianModule(nn.Sequential(nn.Unflatten(1, (2, 2, 4)), nn.Conv2d(2, 2, 1,
                                                                                   groups=2),
                                            nn.Flatten(), nn.Linear(16, 1)))
@@ -274,8 +277,9 @@ def test_module_around_an_mlp_has_the_mlps_posterior(curvature, task):
     y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(25, generator=g, dtype=D) \
         if task == "regression" else torch.randint(0, 3, (25,), generator=g)
     theta = 0.5 * torch.randn(layout_of(mlp).num_parameters, generator=g, dtype=D)
-    options = dict(curvature=curvature, evidence="fixed_point", iterations=3, refine=False,
-                   per_layer_alpha=True, indefinite="clip", rank=8)
+    options = dict(curvature=CurvatureSettings(curvature, indefinite="clip", rank=8),
+                   evidence=EvidenceSettings("fixed_point", iterations=3, refine=False,
+                                             per_layer_alpha=True))
     ref = laplace_posterior(mlp, theta, x, y, **options)
     post = laplace_posterior(module, to_module(theta), x, y, **options)
     assert post.iterations == ref.iterations
@@ -299,7 +303,8 @@ def test_single_linear_module_is_exact_bayesian_linear_regression(curvature):
                                                                           dtype=D)
     model = BayesianModule(nn.Linear(2, 1).double(), noise_scale=0.4,
                            prior=GaussianPrior(0.8))
-    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y, curvature=curvature)
+    post = laplace_posterior(model, torch.zeros(3, dtype=D), x, y,
+                             curvature=CurvatureSettings(curvature))
     mean, cov, evidence = closed_form(x, y, 0.8**-2, 0.4**-2)
     # torch's Linear stores (weight (1, 2), bias): the order of the closed form's [x, 1]
     torch.testing.assert_close(post.theta, mean, atol=1e-7, rtol=1e-6)

@@ -1,16 +1,18 @@
-"""The Laplace approximation of a Bayesian MLP (seed 001, first half; Bishop, PRML 5.7):
+"""The Laplace approximation of a Bayesian MLP or module (Bishop 2006, PRML 5.7):
 its precision structures, the posterior with its closed-form GLM predictive, the guide,
 and the predictive Pyro models. Fitting (MAP, curvature, evidence) is the method
 :class:`bnn_zoo.methods.laplace.Laplace`."""
 
-from bnn_zoo.guides.laplace.blocks import INDEFINITE as INDEFINITE
 from bnn_zoo.guides.laplace.blocks import Block as Block
-from bnn_zoo.guides.laplace.blocks import DenseBlock as DenseBlock
-from bnn_zoo.guides.laplace.blocks import DiagBlock as DiagBlock
-from bnn_zoo.guides.laplace.blocks import KronBlock as KronBlock
-from bnn_zoo.guides.laplace.blocks import LowRankBlock as LowRankBlock
-from bnn_zoo.guides.laplace.blocks import NotPositiveDefiniteError as NotPositiveDefiniteError
 from bnn_zoo.guides.laplace.blocks import curvature_blocks as curvature_blocks
+from bnn_zoo.guides.laplace.dense_blocks import INDEFINITE as INDEFINITE
+from bnn_zoo.guides.laplace.dense_blocks import DenseBlock as DenseBlock
+from bnn_zoo.guides.laplace.dense_blocks import DiagBlock as DiagBlock
+from bnn_zoo.guides.laplace.dense_blocks import (
+    NotPositiveDefiniteError as NotPositiveDefiniteError,
+)
+from bnn_zoo.guides.laplace.factored_blocks import KronBlock as KronBlock
+from bnn_zoo.guides.laplace.factored_blocks import LowRankBlock as LowRankBlock
 from bnn_zoo.guides.laplace.guide import LaplaceGuide as LaplaceGuide
 from bnn_zoo.guides.laplace.linearized import LinearizedModel as LinearizedModel
 from bnn_zoo.guides.laplace.linearized import NonlinearModel as NonlinearModel

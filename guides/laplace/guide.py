@@ -1,4 +1,5 @@
-"""The Laplace guide: a point mass at the MAP, then the Gaussian ``N(w_MAP, A^-1)`` (seed 001)."""
+"""The Laplace guide: a point mass at the MAP, then the Gaussian ``N(w_MAP, A^-1)`` (Bishop
+2006, PRML 5.7)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Pyro models of a Laplace posterior's predictive: linearised (GLM) or the network itself
-(seed 001, first half; Bishop, PRML 5.7; Immer et al. 2021 on the GLM view).
+(Bishop 2006, PRML 5.7.1; Immer, Korzepa & Bauer 2021, "Improving predictions of
+Bayesian neural nets via local linearization", on the GLM view).
 
 Both have the sample sites of the :class:`~bnn_zoo.models.BayesianMLP` (or
 :class:`~bnn_zoo.models.BayesianModule`) they approximate
@@ -10,8 +11,8 @@ with the posterior's noise ``beta^-1/2`` (regression) or a categorical on the lo
 Paired with a :class:`~bnn_zoo.guides.laplace.guide.LaplaceGuide` holding the posterior, Pyro's
 ``Predictive(model, guide=guide)`` and :func:`bnn_zoo.predict` sample
 
-* :class:`LinearizedModel`: the GLM predictive. Its network is the seed's first-order
-  expansion ``f_lin(x, w) = f(x, w_MAP) + J(x) (w - w_MAP)``, so with
+* :class:`LinearizedModel`: the GLM predictive. Its network is the first-order
+  expansion (PRML 5.7.1) ``f_lin(x, w) = f(x, w_MAP) + J(x) (w - w_MAP)``, so with
   ``w ~ N(w_MAP, A^-1)`` the output is exactly ``N(f(x, w_MAP), J A^-1 J^T)`` in
   distribution: regression gives ``N(f, 1/beta + g^T A^-1 g)`` (PRML 5.173), the closed
   form of :meth:`~bnn_zoo.guides.laplace.posterior.LaplacePosterior.glm_predictive`;

@@ -1,10 +1,11 @@
 """The Laplace posterior of a Bayesian MLP or torch module and its closed-form GLM
-predictive (seed 001, first half; Bishop, PRML 5.7; MacKay 1992).
+predictive (Bishop 2006, PRML 5.7; MacKay 1992, "A Practical Bayesian Framework for
+Backpropagation Networks").
 
-Model (seed 001): ``p(t | x, w) = N(t | y(x, w), beta^-1)`` (or a categorical likelihood
-with ``beta = 1``), prior ``p(w | alpha) = N(w | 0, alpha^-1 I)``, generalised here to
-``N(w | m, diag(alpha)^-1)`` with a prior mean ``m`` (P,) and a prior precision per layer
-or per weight. With ``w_MAP`` a mode of the log joint, the posterior is approximated by
+Model (PRML 5.7.1): ``p(t | x, w) = N(t | y(x, w), beta^-1)`` (or a categorical
+likelihood with ``beta = 1``), prior ``p(w | alpha) = N(w | 0, alpha^-1 I)``, generalised
+here to ``N(w | m, diag(alpha)^-1)`` with a prior mean ``m`` (P,) and a prior precision
+per layer or per weight. With ``w_MAP`` a mode of the log joint, the posterior is approximated by
 
 .. math::  q(w) = N(w | w_MAP, A^{-1}),   A = diag(\alpha) + \beta H,
 
@@ -12,7 +13,7 @@ where ``H`` is a curvature of the unit-precision negative log-likelihood ``E_D(w
 (:mod:`bnn_zoo.guides.curvature`) held in the structures of
 :mod:`bnn_zoo.guides.laplace.blocks`.
 
-GLM predictive (the seed's linearised network):
+GLM predictive (the linearised network, PRML 5.7.1):
 ``y(x, w) ~ y(x, w_MAP) + g^T (w - w_MAP)``, so
 ``p(t | x) = N(t | y(x, w_MAP), sigma^2(x))`` with ``sigma^2(x) = 1 / beta + g^T A^-1 g``
 (PRML 5.173). For classification the logits are ``N(f, J A^-1 J^T)`` and the class
@@ -22,14 +23,14 @@ per class, MacKay 1992) or a Monte Carlo average over the Gaussian logits
 (``link="mc"``). The same predictive as a Pyro model whose weights the guide samples is
 :class:`~bnn_zoo.guides.laplace.linearized.LinearizedModel`.
 
-Evidence (the seed's formula, PRML 5.175, with ``W`` the number of weights; with
+Evidence (PRML 5.175, with ``W`` the number of weights; with
 ``alpha`` a vector, ``alpha/2 ||w||^2`` reads ``1/2 sum_i alpha_i (w_i - m_i)^2`` and
 ``W/2 log alpha`` reads ``1/2 sum_i log alpha_i``)::
 
     log p(D | alpha, beta) = -beta E_D(w_MAP) - alpha/2 w_MAP^T w_MAP - 1/2 log|A|
                              + W/2 log alpha + N/2 log beta - N/2 log(2 pi)
 
-The seed's ``A = alpha I + beta H`` with ``H = Hess(SSE)`` is read with the SSE
+PRML's ``A = alpha I + beta H`` with ``H = Hess(SSE)`` is read with the SSE
 carrying the factor 1/2 of its ``E(w)``; for the ``last_layer`` structure the
 evidence and ``W`` count the last layer's weights only, the others being fixed at
 the MAP like hyperparameters.
@@ -47,7 +48,8 @@ from torch import Tensor
 from bnn_zoo.core.checks import check_choice, check_data, check_positive_int
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.guides.curvature import Activation, check_dense_fits, jacobian
-from bnn_zoo.guides.laplace.blocks import Block, block_from_state, cholesky_with_jitter
+from bnn_zoo.guides.laplace.blocks import Block, block_from_state
+from bnn_zoo.guides.laplace.dense_blocks import cholesky_with_jitter
 from bnn_zoo.guides.layouts import Layout
 
 __all__ = ["LINKS", "LaplacePosterior"]
@@ -173,7 +175,7 @@ class LaplacePosterior:
 
     def log_evidence(self, alpha: Tensor | float | None = None,
                      beta: Tensor | float | None = None) -> Tensor:
-        """The seed's Laplace evidence ``log p(D | alpha, beta)`` at this MAP and curvature.
+        """The Laplace evidence ``log p(D | alpha, beta)`` (PRML 5.175) at this MAP and curvature.
 
         ``alpha`` a number, a per-layer (L,) or a per-weight (P,) tensor; default the
         fitted values. Differentiable in ``alpha`` and ``beta``.

@@ -1,0 +1,244 @@
+"""Evidence maximisation for the Laplace approximation: its settings, the updates of the
+prior precision ``alpha`` and the noise precision ``beta``, and the loop that alternates
+them with MAP refits (MacKay 1992, "A Practical Bayesian Framework for Backpropagation
+Networks"; Bishop 2006, *Pattern Recognition and Machine Learning*, 5.7.2).
+
+With ``lambda_i`` the eigenvalues of ``beta H`` at the MAP, the number of well-determined
+parameters is ``gamma = sum_i lambda_i / (alpha + lambda_i) = W - alpha tr(A^-1)``, and
+the evidence is stationary where ``alpha = gamma / ||w - m||^2`` and
+``1 / beta = 2 E_D / (N - gamma)`` (PRML 5.178-5.180, with the prior mean ``m``). With a
+prior precision per layer, ``gamma_l = W_l - alpha_l tr_l(A^-1)`` and
+``alpha_l = gamma_l / ||w_l - m_l||^2``. :func:`fixed_point_update` gives these targets;
+:func:`gradient_update` instead maximises the evidence
+(:meth:`~bnn_zoo.guides.laplace.LaplacePosterior.log_evidence`) in ``log alpha`` and
+``log beta`` by L-BFGS at the current MAP.
+
+The loop (:func:`maximize_evidence`) ends on a consistent (MAP, ``alpha``, ``beta``): it
+stops when the evidence-optimal hyperparameters for the current, refitted MAP are within
+``tol`` of the current ones, so its last step is that test after a refit. Between refits
+it settles the hyperparameters at the fixed MAP and curvature: the refits and the
+curvatures are the cost, the updates on a fixed curvature are cheap, and settling first
+takes fewer refits than one update per refit. Each update is a damped, bounded step in
+log space (:func:`bounded_step`), so ``alpha`` and ``beta`` stay finite even where the
+fixed point sends ``alpha`` to infinity (a handful of data points).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from bnn_zoo.core.checks import check_bool, check_choice, check_positive, check_positive_int
+from bnn_zoo.core.lbfgs import minimize_lbfgs
+from bnn_zoo.guides.laplace import LaplacePosterior
+
+__all__ = ["DAMPING", "EVIDENCE_METHODS", "HYPER_BOUNDS", "MAX_LOG_STEP", "EvidenceSettings",
+           "bounded_step", "checked", "evidence_step", "fixed_point_update", "gradient_update",
+           "maximize_evidence"]
+
+EVIDENCE_METHODS = ("fixed_point", "gradient")
+HYPER_BOUNDS = (1e-6, 1e6)
+MAX_LOG_STEP = math.log(10)
+DAMPING = 0.5
+
+#: ``(theta, alpha, beta) ->`` the posterior at ``theta`` refitted for ``alpha`` and
+#: ``beta``, with a new curvature.
+Refit = Callable[[Tensor, Tensor, Tensor], LaplacePosterior]
+
+
+@dataclass(frozen=True)
+class EvidenceSettings:
+    """How the Laplace posterior's MAP, ``alpha`` and ``beta`` are settled around the MAP
+    that training found.
+
+    Attributes
+    ----------
+    evidence : ``None`` (``alpha`` and ``beta`` stay as given), ``"fixed_point"``
+        (MacKay's updates, :func:`fixed_point_update`) or ``"gradient"``
+        (:func:`gradient_update`).
+    per_layer_alpha : one prior precision per layer instead of one shared.
+    refine : refit the MAP by full-batch L-BFGS before each curvature, the first
+        included (:func:`~bnn_zoo.methods.laplace_posterior.refine_map`).
+    iterations : at most ``iterations`` refits, and as many updates at each MAP.
+    tol : converged when the evidence-optimal ``alpha`` and ``beta`` for the current MAP
+        are within ``tol`` of the current ones in log space.
+    bounds : ``(low, high)``, the range ``alpha`` and ``beta`` are kept in.
+    max_log_step : the largest move of ``log alpha`` or ``log beta`` in one update.
+    damping : the fraction of the log distance to the target one update moves, in
+        ``(0, 1]``.
+    """
+
+    evidence: str | None = None
+    per_layer_alpha: bool = False
+    refine: bool = True
+    iterations: int = 30
+    tol: float = 1e-4
+    bounds: tuple[float, float] = HYPER_BOUNDS
+    max_log_step: float = MAX_LOG_STEP
+    damping: float = DAMPING
+
+    def __post_init__(self) -> None:
+        if self.evidence is not None:
+            check_choice("evidence", self.evidence, EVIDENCE_METHODS)
+        check_bool("per_layer_alpha", self.per_layer_alpha)
+        check_bool("refine", self.refine)
+        check_positive_int("iterations", self.iterations)
+        check_positive("tol", self.tol)
+        check_positive("max_log_step", self.max_log_step)
+        check_positive("damping", self.damping)
+        if self.damping > 1:
+            raise ValueError(f"Expected 0 < damping <= 1, but got {self.damping}.")
+        bounds = self.bounds
+        if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < math.inf:
+            raise ValueError(f"Expected bounds (low, high) with 0 < low < high < inf, but got "
+                             f"{bounds}.")
+
+
+def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor, Tensor]:
+    """MacKay's updates (PRML 5.178-5.180) of ``alpha`` (per layer or shared) and ``beta``:
+    ``alpha_l = gamma_l / ||w_l - m_l||^2``, ``beta = (N - gamma) / (2 E_D)``. Unbounded:
+    the targets may be infinite or not positive (see :func:`bounded_step`). Sums run over
+    the covered weights of each layer."""
+    covered = post.covered_layers
+    gamma = post.effective_parameters(per_layer)
+    sq = post.layer_sums(post.covered * (post.theta - post.prior_mean) ** 2)
+    alpha = post.alpha.clone()
+    if per_layer:
+        alpha[covered] = gamma[covered] / sq[covered]
+    else:
+        alpha[covered] = gamma / sq[covered].sum()
+    beta = post.beta
+    if post.likelihood == "gaussian":
+        beta = (post.num_outputs - gamma.sum()) / (2 * post.energy)
+    return alpha, beta
+
+
+def gradient_update(post: LaplacePosterior, per_layer: bool,
+                    max_iter: int = 100) -> tuple[Tensor, Tensor]:
+    """Maximise :meth:`LaplacePosterior.log_evidence` in ``log alpha``, ``log beta`` by L-BFGS
+    (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`, as the refits)."""
+    covered = post.covered_layers
+    log_alpha = torch.log(post.alpha[covered] if per_layer else post.alpha[covered[:1]])
+    regression = post.likelihood == "gaussian"
+    start = torch.cat([log_alpha, torch.log(post.beta).reshape(1)]) if regression else log_alpha
+    k = log_alpha.numel()
+
+    def hyperparameters(x: Tensor) -> tuple[Tensor, Tensor]:
+        alpha = post.alpha.clone()
+        alpha[covered] = x[:k].exp().expand(len(covered))
+        return alpha, x[k].exp() if regression else post.beta
+
+    def objective_and_gradient(x: Tensor) -> tuple[Tensor, Tensor]:
+        x = x.detach().requires_grad_()
+        loss = -post.log_evidence(*hyperparameters(x))
+        return loss.detach(), torch.autograd.grad(loss, x)[0]
+
+    return hyperparameters(minimize_lbfgs(objective_and_gradient, start.detach(),
+                                          max_iter=max_iter, tolerance_grad=1e-10,
+                                          tolerance_change=1e-12).x)
+
+
+def bounded_step(current: Tensor, target: Tensor, bounds: tuple[float, float],
+                 max_log_step: float, damping: float = 1.0) -> tuple[Tensor, Tensor]:
+    """A checked, damped step of positive hyperparameters ``current`` towards ``target``, in
+    log space: ``log new = log current + damping (log target - log current)``.
+
+    A target that is not positive (``N - gamma <= 0``, ``gamma_l <= 0``: the data pin
+    nothing, so the evidence grows without bound) or is infinite is read as the upper
+    bound; a NaN target as no move. The target is clipped to ``bounds`` and the step
+    ``log new - log current`` to ``[-max_log_step, max_log_step]``. A damping below 1
+    turns the period-two oscillation of a fixed point whose map has slope near -1 (the
+    noise update on a handful of points, ``beta = (N - gamma) / (2 E_D)`` with both
+    nearly zero) into convergence. Returns the new values
+    and the distances ``|log target - log current|`` (the clipped target), elementwise.
+    """
+    low, high = (math.log(b) for b in bounds)
+    log_current = torch.log(current)
+    log_target = torch.where(target > 0, torch.log(target.clamp_min(torch.finfo(
+        target.dtype).tiny)), torch.full_like(target, high))
+    log_target = torch.where(torch.isnan(target), log_current, log_target).clamp(low, high)
+    distance = (log_target - log_current).abs()
+    step = (damping * (log_target - log_current)).clamp(-max_log_step, max_log_step)
+    return torch.exp((log_current + step).clamp(low, high)), distance
+
+
+def evidence_step(post: LaplacePosterior, settings: EvidenceSettings
+                  ) -> tuple[Tensor, Tensor, float]:
+    """The damped, bounded step (:func:`bounded_step`) from ``post``'s ``alpha`` and
+    ``beta`` towards the evidence-optimal ones at its MAP and curvature, and the largest
+    log distance to those (``beta``'s for a Gaussian likelihood only; a categorical one
+    keeps ``beta = 1``)."""
+    if settings.evidence == "fixed_point":
+        with torch.no_grad():
+            target_alpha, target_beta = fixed_point_update(post, settings.per_layer_alpha)
+    else:
+        target_alpha, target_beta = gradient_update(post, settings.per_layer_alpha)
+    step = (settings.bounds, settings.max_log_step, settings.damping)
+    new_alpha, alpha_distance = bounded_step(post.alpha, target_alpha, *step)
+    new_beta, beta_distance = bounded_step(post.beta, target_beta, *step)
+    distance = float(alpha_distance.max())
+    if post.likelihood != "gaussian":
+        return new_alpha, post.beta, distance
+    return new_alpha, new_beta, max(distance, float(beta_distance))
+
+
+def checked(post: LaplacePosterior) -> LaplacePosterior:
+    """``post``, its ``log |A|`` computed: a precision that is not positive definite
+    raises :class:`~bnn_zoo.guides.laplace.NotPositiveDefiniteError` where it is built."""
+    with torch.no_grad():
+        post.log_det()
+    return post
+
+
+def _settle(post: LaplacePosterior, alpha: Tensor, beta: Tensor,
+            settings: EvidenceSettings) -> LaplacePosterior:
+    """The posterior at ``post``'s MAP and curvature (the blocks, which do not depend on
+    ``alpha`` and ``beta``) after steps from ``alpha``, ``beta`` until one is below
+    ``tol`` or after ``iterations``."""
+    for _ in range(settings.iterations):
+        post = checked(replace(post, alpha=alpha, beta=beta))
+        alpha, beta, distance = evidence_step(post, settings)
+        if distance < settings.tol:
+            break
+    return post
+
+
+def _record(post: LaplacePosterior) -> tuple[list[float], float, float]:
+    """``(alpha, beta, log evidence)`` of ``post``, for its ``history``."""
+    with torch.no_grad():
+        return post.alpha.tolist(), float(post.beta), float(post.log_evidence())
+
+
+def maximize_evidence(post: LaplacePosterior, settings: EvidenceSettings,
+                      refit: Refit) -> LaplacePosterior:
+    """The evidence loop from ``post`` (see the module docstring), ``settings.evidence``
+    not ``None``: each iteration computes the evidence-optimal ``alpha``, ``beta`` for the
+    current MAP; if they are within ``tol`` of the current ones, the loop has converged and
+    stops on that consistent (MAP, ``alpha``, ``beta``). Otherwise it settles them at this
+    MAP and curvature, then (``refine``) refits the MAP and the curvature once for the
+    settled values by ``refit``. At most ``iterations`` refits.
+
+    The result's ``converged`` and ``iterations`` (the refits made) say how it ended; its
+    ``history`` holds ``(alpha, beta, log evidence)`` of every refitted (MAP, ``alpha``,
+    ``beta``) it went through, ``post`` first."""
+    if settings.evidence is None:
+        raise ValueError("Expected settings.evidence 'fixed_point' or 'gradient' for the "
+                         "evidence loop, but got None.")
+    history = [_record(post)]
+    converged, refits = False, 0
+    while refits < settings.iterations:
+        alpha, beta, distance = evidence_step(post, settings)
+        if distance < settings.tol:
+            converged = True
+            break
+        post = _settle(post, alpha, beta, settings)
+        if settings.refine:
+            post = refit(post.theta, post.alpha, post.beta)
+        history.append(_record(post))
+        refits += 1
+    post.history, post.converged, post.iterations = history, converged, refits
+    return post

@@ -1,0 +1,252 @@
+"""The Laplace posterior of a model around a MAP: the MAP refit, the curvature in the
+chosen structure, and the evidence-tuned ``alpha`` and ``beta`` (Bishop 2006, *Pattern
+Recognition and Machine Learning*, 5.7; MacKay 1992, "A Practical Bayesian Framework
+for Backpropagation Networks").
+
+:func:`laplace_posterior` builds ``N(w_MAP, A^-1)`` with ``A = diag(alpha) + beta H``:
+it refits the MAP by full-batch L-BFGS (:func:`refine_map`), computes the curvature ``H``
+in the structure :class:`CurvatureSettings` chooses (:mod:`bnn_zoo.guides.curvature`,
+:mod:`bnn_zoo.guides.laplace.blocks`) and, as :class:`~bnn_zoo.methods.laplace_evidence.
+EvidenceSettings` asks, maximises the evidence in ``alpha`` and ``beta``
+(:func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`). The model is read, never
+written: the fitted ``alpha`` and ``beta`` live in the returned posterior only.
+
+Memory, ``P`` weights: ``hessian`` and ``ggn`` hold a dense ``P x P`` precision and its
+Cholesky factor (refused above ``max_bytes``), ``kron`` two factors per layer,
+``(d_in + 1)^2 + d_out^2`` (``kron_separate`` ``d_in^2 + 2 d_out^2``), ``diag`` ``P``
+numbers, ``last_layer`` the last layer's size squared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
+from bnn_zoo.core.lbfgs import minimize_lbfgs
+from bnn_zoo.guides.curvature import (
+    MAX_DENSE_BYTES,
+    Activation,
+    check_curvature,
+    energy_and_gradient,
+    negative_log_likelihood,
+)
+from bnn_zoo.guides.laplace import INDEFINITE, Block, LaplacePosterior, curvature_blocks
+from bnn_zoo.guides.layouts import Layout, layout_of
+from bnn_zoo.methods.laplace_evidence import EvidenceSettings, checked, maximize_evidence
+from bnn_zoo.models.priors import GaussianPrior
+
+__all__ = ["CurvatureSettings", "laplace_posterior", "model_alpha", "refine_map"]
+
+
+@dataclass(frozen=True)
+class CurvatureSettings:
+    """The structure of the Laplace precision's curvature ``H``.
+
+    Attributes
+    ----------
+    curvature : one of :data:`~bnn_zoo.guides.curvature.CURVATURES`: ``"hessian"``
+        (exact), ``"ggn"`` (full GGN), ``"diag"``, ``"kron"`` (joint weight-and-bias
+        factors), ``"kron_separate"`` (laplace-torch's separate weight and bias factors),
+        ``"last_layer"``, ``"low_rank"`` or ``"subnetwork"``.
+    rank : the GGN eigenpairs ``"low_rank"`` keeps.
+    subnetwork : the positions in the flat weights that ``"subnetwork"`` covers (the
+        others stay at the MAP); required for it.
+    indefinite : ``"raise"`` or ``"clip"``: what to do where the precision with an
+        indefinite exact Hessian (``"hessian"``) is not positive definite even with
+        jitter.
+    max_bytes : the largest dense ``P x P`` matrix allowed.
+    """
+
+    curvature: str = "ggn"
+    rank: int = 10
+    subnetwork: Sequence[int] | Tensor | None = None
+    indefinite: str = "raise"
+    max_bytes: int = MAX_DENSE_BYTES
+
+    def __post_init__(self) -> None:
+        check_curvature(self.curvature)
+        check_positive_int("rank", self.rank)
+        if self.curvature == "subnetwork" and self.subnetwork is None:
+            raise ValueError("curvature='subnetwork' needs the subnetwork's weight indices; "
+                             "expected subnetwork=(...), but got None.")
+        check_choice("indefinite", self.indefinite, INDEFINITE)
+        check_positive_int("max_bytes", self.max_bytes)
+
+    def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+               likelihood: str) -> list[Block]:
+        """The precision blocks of this curvature at ``theta`` (P,) on ``x`` (N, D), ``y``
+        (:func:`~bnn_zoo.guides.laplace.curvature_blocks`)."""
+        return curvature_blocks(self.curvature, theta, x, y, layout, act, likelihood,
+                                indefinite=self.indefinite, max_bytes=self.max_bytes,
+                                rank=self.rank, subnetwork=self.subnetwork)
+
+
+def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+               likelihood: str, alpha: Tensor, beta: Tensor,
+               *, prior_mean: Tensor | None = None, max_iter: int = 500,
+               rtol: float | None = None) -> Tensor:
+    """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
+    full-batch L-BFGS (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`: 50 pairs in compact form,
+    strong Wolfe line search); ``alpha`` and the prior mean ``m`` are (P,) (``m`` zero by
+    default). Returns the new (P,) MAP.
+
+    L-BFGS minimises that objective divided by ``n``, the number of observed numbers (the
+    mean per observation: about ``(n - gamma) / (2 n) <= 1/2`` at the evidence optimum, so
+    of order one whatever ``n`` and ``beta``), which makes its stopping rules scale-free:
+    it stops when the largest gradient component is below ``sqrt(eps)`` (``eps`` the
+    machine epsilon of the data's dtype), when an iteration lowers the objective, or moves
+    every weight, by less than ``rtol`` times the starting objective, or after
+    ``max_iter`` iterations.
+
+    ``rtol`` defaults to ``1e-6`` in single (or lower) precision and to ``eps`` in double.
+    A ReLU network's MAP from SVI is far from converged, and full-batch L-BFGS keeps
+    lowering the objective for a long time; in single precision a relative tolerance
+    stops it once the decrease no longer changes the posterior (absolute tolerances near
+    round-off are never met), while a looser one stops the refits so early that the
+    evidence loop needs many more of them. In double precision the refit runs to the
+    optimum.
+    """
+    check_positive_int("max_iter", max_iter)
+    eps = torch.finfo(theta.dtype).eps
+    if rtol is None:
+        rtol = 1e-6 if torch.finfo(theta.dtype).bits <= 32 else eps
+    check_positive("rtol", rtol)
+    mean = torch.zeros_like(theta) if prior_mean is None else prior_mean
+    count = y.numel()
+
+    def objective_and_gradient(t: Tensor) -> tuple[Tensor, Tensor]:
+        """The objective over ``n`` and its gradient: the data term's by
+        :func:`~bnn_zoo.guides.curvature.energy_and_gradient`, the prior's
+        ``alpha (t - m) / n`` by hand."""
+        energy, gradient = energy_and_gradient(t, x, y, layout, act, likelihood)
+        scaled = alpha * (t - mean)
+        objective = energy * (beta / count) + scaled.dot(t - mean) * (0.5 / count)
+        return objective, gradient.mul_(beta / count).add_(scaled, alpha=1 / count)
+
+    start = abs(float(objective_and_gradient(theta)[0]))
+    return minimize_lbfgs(objective_and_gradient, theta, history=50, max_iter=max_iter,
+                          tolerance_grad=math.sqrt(eps),
+                          tolerance_change=max(eps, rtol * start)).x
+
+
+def model_alpha(model) -> float:
+    """The prior precision ``alpha = scale^-2`` of a model with an isotropic Gaussian prior."""
+    prior = getattr(model, "prior", None)
+    if not isinstance(prior, GaussianPrior) or prior.fan_in:
+        raise ValueError("The Laplace approximation needs the isotropic prior "
+                         f"GaussianPrior(scale, fan_in=False), but the model has {prior!r}.")
+    return prior.scale**-2
+
+
+@dataclass(frozen=True, eq=False)
+class _Problem:
+    """What the posteriors of one network on one data set share: everything but the MAP,
+    ``alpha`` and ``beta``."""
+
+    layout: Layout
+    act: Activation
+    likelihood: str
+    x: Tensor
+    y: Tensor
+    prior_mean: Tensor
+    curvature: CurvatureSettings
+    refine: bool
+
+    def posterior(self, theta: Tensor, alpha: Tensor, beta: Tensor) -> LaplacePosterior:
+        """The posterior for ``alpha``, ``beta`` at ``theta`` refitted (``refine``), with a
+        new curvature."""
+        layout, act, likelihood, x, y = self.layout, self.act, self.likelihood, self.x, self.y
+        if self.refine:
+            per_weight = alpha if alpha.numel() == layout.num_parameters \
+                else alpha[layout.layer_index(theta)]
+            theta = refine_map(theta, x, y, layout, act, likelihood, per_weight, beta,
+                               prior_mean=self.prior_mean)
+        blocks = self.curvature.blocks(theta, x, y, layout, act, likelihood)
+        with torch.no_grad():
+            energy = negative_log_likelihood(layout.output(theta, x, act), y, likelihood)
+        num_outputs = y.numel() if likelihood == "gaussian" else y.shape[0]
+        return checked(LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
+                                        num_outputs, act, self.prior_mean))
+
+
+def _prior_precision(model, alpha: Tensor | float | None, layout: Layout, tuned: bool,
+                     like: dict) -> Tensor:
+    """``alpha`` checked, as (L,) one per layer or (P,) one per weight (not evidence
+    ``tuned``); ``None``: the model's prior precision."""
+    p, layers = layout.num_parameters, layout.num_layers
+    alpha = torch.as_tensor(model_alpha(model) if alpha is None else alpha, **like)
+    if alpha.numel() not in (1, layers, p) or alpha.dim() > 1 or bool((alpha <= 0).any()):
+        raise ValueError(f"Expected alpha > 0, one number, one per layer ({layers}) or one per "
+                         f"weight ({p}), but got shape {tuple(alpha.shape)}, minimum "
+                         f"{float(alpha.min()):.3g}.")
+    if alpha.numel() == p and tuned:
+        raise ValueError("Evidence tuning fits alpha shared or per layer; expected alpha as "
+                         "one number or one per layer with evidence, but got one per weight.")
+    return (alpha if alpha.numel() == p else alpha.expand(layers)).clone()
+
+
+def _prior_mean(prior_mean: Tensor | float, p: int, like: dict) -> Tensor:
+    """``prior_mean`` checked, as (P,)."""
+    mean = torch.as_tensor(prior_mean, **like)
+    if mean.dim() > 1 or mean.numel() not in (1, p):
+        raise ValueError(f"Expected prior_mean as a number or of shape ({p},), but got shape "
+                         f"{tuple(mean.shape)}.")
+    return mean.expand(p).clone()
+
+
+def _noise_precision(model, beta: Tensor | float | None, likelihood: str, like: dict
+                     ) -> Tensor:
+    """``beta`` checked; ``None``: the model's noise precision (1 for a classifier)."""
+    if beta is None:
+        beta = model.observation_scale().detach() ** -2 if likelihood == "gaussian" else 1.0
+    beta = torch.as_tensor(beta, **like).clone()
+    if likelihood == "categorical" and float(beta) != 1.0:
+        raise ValueError(f"Expected beta == 1 for a categorical likelihood, but got {float(beta)}.")
+    check_positive("beta", float(beta))
+    return beta
+
+
+def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
+                      curvature: CurvatureSettings | None = None,
+                      evidence: EvidenceSettings | None = None,
+                      alpha: Tensor | float | None = None, beta: Tensor | float | None = None,
+                      prior_mean: Tensor | float = 0.0) -> LaplacePosterior:
+    """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP` or
+    :class:`~bnn_zoo.models.BayesianModule`) around ``theta`` (P,) on data ``x`` (N, D),
+    ``y`` (N,). ``model`` is read, never written.
+
+    ``curvature`` chooses the structure of ``H`` (default ``CurvatureSettings()``: the
+    full GGN); ``evidence`` whether the MAP is refitted and how ``alpha`` and ``beta`` are
+    tuned (default ``EvidenceSettings()``: refitted, not tuned; see
+    :func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`). ``alpha`` defaults to
+    the precision of the model's isotropic Gaussian prior; it may be one number, one per
+    layer (L,) or one per weight (P,; not with evidence tuning). ``prior_mean`` is a
+    number or (P,). ``beta`` defaults to the model's noise precision (1 for a
+    classifier).
+    """
+    curvature = CurvatureSettings() if curvature is None else curvature
+    evidence = EvidenceSettings() if evidence is None else evidence
+    for name, value, kind in (("curvature", curvature, CurvatureSettings),
+                              ("evidence", evidence, EvidenceSettings)):
+        if not isinstance(value, kind):
+            raise TypeError(f"Expected {name} to be a {kind.__name__}, but got {value!r}.")
+    x, y = check_data(x, y)
+    layout = layout_of(model)
+    p = layout.num_parameters
+    if theta.shape != (p,):
+        raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
+    likelihood = "gaussian" if model.task == "regression" else "categorical"
+    like = dict(dtype=x.dtype, device=x.device)
+    alpha = _prior_precision(model, alpha, layout, evidence.evidence is not None, like)
+    problem = _Problem(layout, getattr(model, "act", None), likelihood, x, y,
+                       _prior_mean(prior_mean, p, like), curvature, evidence.refine)
+    beta = _noise_precision(model, beta, likelihood, like)
+    post = problem.posterior(theta.detach().to(**like), alpha, beta)
+    if evidence.evidence is None:
+        return post
+    return maximize_evidence(post, evidence, problem.posterior)
