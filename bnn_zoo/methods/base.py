@@ -23,7 +23,8 @@ from bnn_zoo.core.checks import (
     check_positive_int,
 )
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.core.training import KL_WEIGHTINGS, FitResult
+from bnn_zoo.core.step import KL_WEIGHTINGS
+from bnn_zoo.core.training import FitResult
 
 __all__ = ["Budget", "Method", "ModelFactory", "Posterior", "Predictive", "UnsupportedProblem",
            "load_module_state"]
@@ -71,7 +72,7 @@ class Budget:
         range is refused here, naming the field, instead of being coerced or failing deep
         inside a method: ``steps``, ``num_particles`` ints >= 1, ``lr`` a finite number
         > 0, ``batch_size`` ``None`` or an int >= 1, ``kl_weighting`` one of
-        :data:`~bnn_zoo.core.training.KL_WEIGHTINGS`, ``jit`` and ``distributed`` bools
+        :data:`~bnn_zoo.core.step.KL_WEIGHTINGS`, ``jit`` and ``distributed`` bools
         (not 0/1), ``validation`` a number in [0, 1), ``check_every`` ``None`` or an int
         >= 1."""
         check_positive_int("steps", self.steps)

@@ -18,7 +18,7 @@ Numerical guards: the model escalates its Cholesky jitter where ``K + sigma^2 I`
 numerically positive definite (the largest relative jitter used is the posterior's
 diagnostic ``jitter``). Where the factorisation still fails, or the evidence or its
 gradient is not finite (an extreme learning rate), the fit stops with
-:class:`~bnn_zoo.core.training.TrainingDiverged` naming the learning rate, the step and the
+:class:`~bnn_zoo.core.step.TrainingDiverged` naming the learning rate, the step and the
 last finite hyperparameters, which the model keeps. The hyperparameters after the last
 step are checked too, so a fit that returns has a finite evidence and finite predictions.
 """
@@ -40,7 +40,8 @@ from tqdm.auto import tqdm
 
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.predictive import GaussianMixturePredictive
-from bnn_zoo.core.training import FitResult, SVIStep, TrainingDiverged
+from bnn_zoo.core.step import SVIStep, TrainingDiverged
+from bnn_zoo.core.training import FitResult
 from bnn_zoo.methods.base import Budget, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods.svi import result_from_state, result_state
 from bnn_zoo.models.nngp import NotPositiveDefinite
@@ -88,12 +89,12 @@ def _check_final_evidence(gp: nn.Module, x: Tensor, y: Tensor) -> None:
 def fit_evidence(gp: nn.Module, x: Tensor, y: Tensor, *, steps: int, lr: float, seed: int,
                  progress: bool | None = False) -> FitResult:
     """Maximise ``gp``'s log evidence (its ``obs`` site; the empty guide) by full-batch Adam,
-    one :class:`~bnn_zoo.core.training.SVIStep` per step (``progress``: a tqdm bar; ``None``:
+    one :class:`~bnn_zoo.core.step.SVIStep` per step (``progress``: a tqdm bar; ``None``:
     only when stderr is a terminal). ``gp`` is a GP model like
     :class:`~bnn_zoo.models.nngp.NNGPRegression`: ``log_evidence(x, y)``, ``posterior``,
     ``hyperparameters()`` and ``largest_jitter``.
 
-    Raises :class:`~bnn_zoo.core.training.TrainingDiverged`, naming ``lr``, the step and
+    Raises :class:`~bnn_zoo.core.step.TrainingDiverged`, naming ``lr``, the step and
     the hyperparameters, where the evidence, its gradient or the final evidence is not
     finite or ``K + sigma^2 I`` cannot be factorised (``NotPositiveDefinite`` from the
     model); ``gp`` then holds the last hyperparameters whose evidence was finite.
