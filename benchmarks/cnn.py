@@ -13,7 +13,7 @@ validation off (as ``bnn_zoo.fit`` trains). Timed in the same run, interleaved, 
   eps``, closed-form KL) of the same CNN with the same estimator as the zoo step;
 * ``zoo_<estimator>``: :class:`~bnn_zoo.models.BayesianModule` with the ``bbb`` entry's
   guide (:class:`~bnn_zoo.guides.BayesByBackpropGuide`) through
-  :class:`~bnn_zoo.core.training.SVIStep` (what ``bnn_zoo.fit`` runs, without validation)
+  :class:`~bnn_zoo.core.step.SVIStep` (what ``bnn_zoo.fit`` runs, without validation)
   with the estimator's ELBO and the loss traced as the ``bbb`` entry trains (``jit``);
   ``zoo_<estimator>_eager``: the same untraced.
 
@@ -42,7 +42,7 @@ from torch.nn import functional as F
 
 from bnn_zoo import zoo
 from bnn_zoo.core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFieldELBO
-from bnn_zoo.core.training import SVIStep
+from bnn_zoo.core.step import SVIStep
 from bnn_zoo.guides.bbb import softplus_inverse
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.memory import step_peaks

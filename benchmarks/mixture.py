@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 
 from bnn_zoo import data, fit
 from bnn_zoo.core.elbo import MixtureELBO, elbo_estimate
-from bnn_zoo.core.training import TrainingDiverged
+from bnn_zoo.core.step import TrainingDiverged
 from bnn_zoo.guides.mixture import MixtureGuide
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import save_figure

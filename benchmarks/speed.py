@@ -12,13 +12,13 @@ the same ``10 B`` points in minibatches of ``B`` (a fresh permutation every epoc
   (Kingma et al. 2015): each layer's pre-activations drawn from their Gaussian, mean
   ``h @ M + m``, variance ``h^2 @ S^2 + s^2``, one noise draw per point and unit;
 * ``zoo_bbb``: ``BayesianMLP`` + ``BayesByBackpropGuide`` through
-  :class:`~bnn_zoo.core.training.SVIStep` (what ``bnn_zoo.fit`` runs) with ``MeanFieldELBO``;
+  :class:`~bnn_zoo.core.step.SVIStep` (what ``bnn_zoo.fit`` runs) with ``MeanFieldELBO``;
 * ``zoo_bbb_jit``: the same with the JIT-traced loss;
 * ``zoo_bbb_lrt_jit``: the JIT-traced loss with :class:`LocalReparameterizationELBO`, as
   the ``bbb`` entry trains.
 
 All with Pyro's validation off, as ``bnn_zoo.fit`` trains by default, and
-``torch.optim.Adam(fused=True)``, as :class:`~bnn_zoo.core.training.SVIStep` steps. Ratios
+``torch.optim.Adam(fused=True)``, as :class:`~bnn_zoo.core.step.SVIStep` steps. Ratios
 to ``torch_map`` and the zoo-to-hand-written ratios of like estimators
 (``zoo_lrt_jit_vs_hand``: the goal is at most 1.1) are printed and written as
 ``speed.md``, ``.csv``, ``.json`` and a bar chart ``speed.png`` under ``--out``, with each
@@ -44,7 +44,7 @@ from torch.nn import functional as F
 
 from bnn_zoo.core.elbo import LocalReparameterizationELBO, MeanFieldELBO
 from bnn_zoo.core.nn import mlp_forward
-from bnn_zoo.core.training import SVIStep
+from bnn_zoo.core.step import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.guides.bbb import softplus_inverse
 from bnn_zoo.harness import flags

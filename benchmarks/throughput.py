@@ -3,7 +3,7 @@ a plain-PyTorch step, all at the same global batch.
 
 * ``torch``: one process, a deterministic ``nn.Sequential`` MLP of the same widths,
   Gaussian negative log-likelihood, ``torch.optim.Adam``;
-* ``bbb xW``: the ``bbb`` entry's model and guide through :class:`bnn_zoo.core.training.SVIStep`
+* ``bbb xW``: the ``bbb`` entry's model and guide through :class:`bnn_zoo.core.step.SVIStep`
   (traced, as the entry trains), on ``W`` processes of ``torch.distributed`` (gloo on
   the CPU over loopback, nccl on GPUs), each stepping on ``batch / W`` rows of its
   shard with the gradients averaged over the processes. ``W = 1`` runs in this
@@ -38,7 +38,7 @@ from matplotlib.figure import Figure
 from bnn_zoo import zoo
 from bnn_zoo.core import distributed
 from bnn_zoo.core.replicas import ReplicaSVIStep
-from bnn_zoo.core.training import SVIStep
+from bnn_zoo.core.step import SVIStep
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.tables import write_tables

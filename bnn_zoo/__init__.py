@@ -19,7 +19,8 @@ from bnn_zoo import zoo
 from bnn_zoo.core import data
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
 from bnn_zoo.core.replicas import fit_replicas, predict_replicas
-from bnn_zoo.core.training import FitResult, TrainingDiverged, fit
+from bnn_zoo.core.step import TrainingDiverged
+from bnn_zoo.core.training import FitResult, fit
 from bnn_zoo.evaluation.metrics import evaluate, metrics
 
 __all__ = ["CategoricalPredictive", "FitResult", "GaussianMixturePredictive",

@@ -20,7 +20,7 @@ from bnn_zoo import data, fit, zoo
 from bnn_zoo.core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFieldELBO
 from bnn_zoo.core.handlers import local_reparameterization
 from bnn_zoo.core.nn import affine, local_reparameterized_affine
-from bnn_zoo.core.training import SVIStep, kl_weights
+from bnn_zoo.core.step import SVIStep, kl_weights
 from bnn_zoo.guides import BayesByBackpropGuide, MeanFieldGuide
 from bnn_zoo.guides.bbb import deep_getattr, softplus_inverse
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
@@ -207,7 +207,7 @@ def test_svi_reaches_mean_field_optimum_for_linear_regression(runner):
 def test_minibatch_elbo_is_unbiased():
     """The loss on a random minibatch (likelihood scaled by N/B) averages to the full-batch
     loss: same guide state, 4 standard errors."""
-    from bnn_zoo.core.training import SVIStep
+    from bnn_zoo.core.step import SVIStep
 
     model, x, y, mean, var = blr_problem(n=40)
     guide = BayesByBackpropGuide(model).double()

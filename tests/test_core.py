@@ -16,7 +16,7 @@ import bnn_zoo
 from bnn_zoo import data, zoo
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.core.training import SVIStep, TrainingDiverged, _fusable, _grad_norm
+from bnn_zoo.core.step import SVIStep, TrainingDiverged, _fusable, _grad_norm
 from bnn_zoo.evaluation.metrics import expected_calibration_error, metrics
 from bnn_zoo.models import BayesianMLP, GaussianPrior
 

@@ -20,7 +20,7 @@ import bnn_zoo.core.elbo.mean_field
 from bnn_zoo import zoo
 from bnn_zoo.core.checks import check_device
 from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.core.training import SVIStep
+from bnn_zoo.core.step import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP
 

@@ -13,7 +13,7 @@ from torch import nn
 
 import bnn_zoo
 from bnn_zoo import data, zoo
-from bnn_zoo.core.training import SVIStep
+from bnn_zoo.core.step import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.harness import cli
 from bnn_zoo.models import BayesianMLP, BayesianModule

@@ -888,7 +888,7 @@ def test_method_writes_nothing_into_the_model():
 def test_map_phase_reads_back_as_the_budget_says(monkeypatch):
     """The single fit's MAP phase passes the budget's ``check_every`` to the SVI loop (as
     ``SVI.fit`` does): 1 when unset, otherwise the budget's."""
-    import bnn_zoo.methods.laplace as laplace_module
+    import bnn_zoo.methods.base as runner_module
 
     d, xs, ys, x, y, _ = standardized("sine")
     seen = []
@@ -897,8 +897,8 @@ def test_map_phase_reads_back_as_the_budget_says(monkeypatch):
         seen.append(kwargs["check_every"])
         return fit(*args, **kwargs)
 
-    fit = laplace_module.fit
-    monkeypatch.setattr(laplace_module, "fit", recording_fit)
+    fit = runner_module.fit
+    monkeypatch.setattr(runner_module, "fit", recording_fit)
     for check_every in (None, 5):
         Laplace().fit(lambda: BayesianMLP(1, 1, (4,)), x, y, task="regression", seed=0,
                       budget=Budget(steps=10, check_every=check_every), progress=False)

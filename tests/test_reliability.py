@@ -18,8 +18,8 @@ from pyro.infer.autoguide import AutoNormal
 
 import bnn_zoo
 from bnn_zoo import data, zoo
+from bnn_zoo.core.checkpoint import CheckpointWarning
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.core.training import CheckpointWarning
 from bnn_zoo.evaluation.metrics import NonFiniteMetricWarning, metrics
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
 from bnn_zoo.models import BayesianMLP

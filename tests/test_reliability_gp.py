@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core.training import TrainingDiverged
+from bnn_zoo.core.step import TrainingDiverged
 from bnn_zoo.methods.gp import fit_evidence
 from bnn_zoo.models.nngp import NNGPRegression, NotPositiveDefinite
 from bnn_zoo.models.nngp_kernel import NNGPKernel

@@ -19,7 +19,7 @@ from bnn_zoo.core.replicas import (
     split_replicas,
     weight_replicas,
 )
-from bnn_zoo.core.training import TrainingDiverged
+from bnn_zoo.core.step import TrainingDiverged
 from bnn_zoo.guides.bbb import BayesByBackpropGuide
 from bnn_zoo.harness import compare
 from bnn_zoo.methods.svi import SVI

@@ -24,7 +24,7 @@ from bnn_zoo.core.elbo import (
     ExpectedLikelihoodELBO,
     MeanFieldELBO,
 )
-from bnn_zoo.core.training import SVIStep
+from bnn_zoo.core.step import SVIStep
 from bnn_zoo.guides.logitnormal import LogitNormalGuide, plot_relevance
 from bnn_zoo.methods.logitnormal import OBJECTIVES
 from bnn_zoo.models.rff import (

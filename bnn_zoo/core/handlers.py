@@ -78,7 +78,7 @@ class weight_points(Messenger):
     by default) by a weight per member: ``weights`` (one per index of the plate), laid
     along the plate's dimension.
 
-    :class:`~bnn_zoo.core.training.SVIStep` pads an epoch's short last minibatch to the
+    :class:`~bnn_zoo.core.step.SVIStep` pads an epoch's short last minibatch to the
     batch size with weight-zero points and weights ``B / b`` on its ``b`` real ones, so
     every minibatch has one shape (one traced loss, not two) and the same value; replicas
     read their losses through weights on the replica plate

@@ -198,7 +198,7 @@ def sample_predictive(model: Callable, guide: Callable, x: Tensor, *, num_sample
     if dtype is not None:
         x = x.to(dtype)
     # A private parameter store: the modules' own parameters, whatever the caller's store
-    # holds (as :class:`bnn_zoo.core.training.SVIStep` trains them).
+    # holds (as :class:`bnn_zoo.core.step.SVIStep` trains them).
     with pyro.get_param_store().scope(), pyro.plate(
             "_predictive_samples", num_samples, dim=-max_plate_nesting - 1, device=x.device):
         guide_trace = poutine.trace(guide).get_trace(x, None)

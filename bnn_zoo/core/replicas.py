@@ -45,12 +45,14 @@ from bnn_zoo.core.checks import (
     check_tensor,
 )
 from bnn_zoo.core.handlers import weight_points
+from bnn_zoo.core.loop import run_steps
 from bnn_zoo.core.predictive import (
     GaussianMixturePredictive,
     Predictive,
     sample_predictive,
 )
-from bnn_zoo.core.training import FitResult, SVIStep, run_steps
+from bnn_zoo.core.step import SVIStep
+from bnn_zoo.core.training import FitResult
 
 __all__ = ["REPLICA_CHECK_EVERY", "REPLICA_DIM", "REPLICA_PLATE", "ReplicaSVIStep",
            "check_replica_data", "fit_replicas", "fit_single_pairs", "predict_replicas",
@@ -109,9 +111,10 @@ class ReplicaSVIStep(SVIStep):
     without reading anything back to the host; it records whether every replica's loss and
     gradient norm stayed finite, and sets the gradient of a replica where they did not to
     zero (so its parameters stay finite, and Pyro's validation quiet, until the check).
-    :meth:`~SVIStep.check` reads that back (every few steps and at the end, in
-    :func:`fit_replicas`): if some replica diverged, the parameters of all of them are
-    restored to those of the last check and :class:`TrainingDiverged` names the replicas.
+    :meth:`~bnn_zoo.core.step.SVIStep.check` reads that back (every few steps and at the
+    end, in :func:`fit_replicas`): if some replica diverged, the parameters of all of them
+    are restored to those of the last check and
+    :class:`~bnn_zoo.core.step.TrainingDiverged` names the replicas.
     """
 
     data_dim = 1  # x (R, N, D), y (R, N)
@@ -145,9 +148,9 @@ class ReplicaSVIStep(SVIStep):
         return (self.replica_weights,)
 
     def advance(self) -> Tensor:
-        """:meth:`SVIStep.advance` for R replicas: returns the (R,) losses of the step (each
-        replica's own, read from the replica weights' gradient) and keeps finiteness, and
-        zeroes the gradients, per replica."""
+        """:meth:`SVIStep.advance <bnn_zoo.core.step.SVIStep.advance>` for R replicas:
+        returns the (R,) losses of the step (each replica's own, read from the replica
+        weights' gradient) and keeps finiteness, and zeroes the gradients, per replica."""
         self.replica_weights.grad = None
         self.backward()
         losses = self.replica_weights.grad.detach().reshape(self.replicas)
@@ -162,7 +165,7 @@ class ReplicaSVIStep(SVIStep):
         return losses
 
     def __call__(self) -> list[float]:
-        """A step, then :meth:`~SVIStep.check`: the R losses, read back."""
+        """A step, then :meth:`~bnn_zoo.core.step.SVIStep.check`: the R losses, read back."""
         losses = self.advance()
         self.check()
         return losses.tolist()
@@ -190,7 +193,8 @@ def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, step
     after ``.replicated(R)``); the guide must hold its parameters per replica. Every replica
     takes the same minibatch indices, drawn from ``seed``. Losses stay on the device and
     are read back, and the NaN guard checked, every ``check_every`` steps and at the end
-    (see :meth:`SVIStep.check`; 1: every step). The other arguments are those of ``fit``.
+    (see :meth:`~bnn_zoo.core.step.SVIStep.check`; 1: every step). The other arguments are
+    those of ``fit``.
 
     Returns one :class:`FitResult` per replica: its loss history, and as ``seconds`` the
     batch's wall time shared equally by the R fits (so sums over fits are wall times).

@@ -1,8 +1,9 @@
 """Timing of steps for the speed benchmarks: interleaved, on any device.
 
-Speed is reported as ratios of steps timed in the same run, so every step is
-timed within each repeat, one after the other: a change in machine load during the run
-touches all of them alike, and the median over repeats drops the outliers.
+Speed is reported as ratios of steps timed in the same run, never as absolute times
+compared across runs or machines, so every step is timed within each repeat, one after
+the other: a change in machine load during the run touches all of them alike, and the
+median over repeats drops the outliers.
 """
 
 from __future__ import annotations

@@ -7,13 +7,13 @@ one method among others (Laplace, NUTS, ensembles, exact GP evidence); the zoo's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pyro
-import torch
-from torch import Tensor
+import pyro.infer
+from torch import Tensor, nn
 
 from bnn_zoo.core.checks import (
     check_bool,
@@ -23,10 +23,11 @@ from bnn_zoo.core.checks import (
     check_positive_int,
 )
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.core.training import KL_WEIGHTINGS, FitResult
+from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
+from bnn_zoo.core.step import KL_WEIGHTINGS
+from bnn_zoo.core.training import FitResult, fit
 
-__all__ = ["Budget", "Method", "ModelFactory", "Posterior", "Predictive", "UnsupportedProblem",
-           "load_module_state"]
+__all__ = ["Budget", "Method", "ModelFactory", "Posterior", "Predictive", "UnsupportedProblem"]
 
 Predictive = GaussianMixturePredictive | CategoricalPredictive
 
@@ -52,8 +53,14 @@ class Budget:
     the one that maximises their log-likelihood (see :mod:`bnn_zoo.evaluation.noise_tuning`).
     ``check_every`` is the number of steps between read-backs of the losses to the host
     (the NaN guard's checks; see :func:`bnn_zoo.core.training.fit`); ``None``: the
-    runner's default, every step for a single fit, every 100 steps for replicas
-    (:func:`bnn_zoo.core.replicas.fit_replicas`).
+    runner's default (:meth:`check_interval`).
+
+    A method trains under the budget whole: :meth:`run` (one fit) and
+    :meth:`run_replicas` (many fits in one pass) turn it into a run of the SVI runner, and a
+    method that cannot honour a field refuses it by name with :meth:`check_supported`
+    before it trains. ``validation`` belongs to the zoo's entry, which holds the points out
+    before the method fits the rest and tunes the noise on them after
+    (``Entry.fit``).
     """
 
     steps: int = 3000
@@ -71,7 +78,7 @@ class Budget:
         range is refused here, naming the field, instead of being coerced or failing deep
         inside a method: ``steps``, ``num_particles`` ints >= 1, ``lr`` a finite number
         > 0, ``batch_size`` ``None`` or an int >= 1, ``kl_weighting`` one of
-        :data:`~bnn_zoo.core.training.KL_WEIGHTINGS`, ``jit`` and ``distributed`` bools
+        :data:`~bnn_zoo.core.step.KL_WEIGHTINGS`, ``jit`` and ``distributed`` bools
         (not 0/1), ``validation`` a number in [0, 1), ``check_every`` ``None`` or an int
         >= 1."""
         check_positive_int("steps", self.steps)
@@ -83,6 +90,59 @@ class Budget:
         check_bool("distributed", self.distributed)
         check_fraction("validation", self.validation)
         check_positive_int("check_every", self.check_every, allow_none=True)
+
+    def check_supported(self, method: str, **supported: object) -> None:
+        """Refuse the fields ``method`` cannot honour: ``supported`` maps a field name to
+        the one value ``method`` trains with; a ``ValueError`` names ``method``, the first
+        field that holds another value, and the value expected."""
+        for name, value in supported.items():
+            if name not in self.__dataclass_fields__:
+                raise TypeError(f"Budget has no field {name!r}.")
+            actual = getattr(self, name)
+            if actual != value:
+                raise ValueError(f"{method} does not support {name}={actual!r}; expected "
+                                 f"{name}={value!r}.")
+
+    def check_interval(self, *, replicas: bool = False) -> int:
+        """Steps between the NaN guard's read-backs: ``check_every``, or where it is
+        ``None`` every step for a single fit (a NaN leaves exactly the last finite
+        parameters) and every :data:`~bnn_zoo.core.replicas.REPLICA_CHECK_EVERY` steps for
+        replicas (whose steps then never wait for the host)."""
+        if self.check_every is not None:
+            return self.check_every
+        return REPLICA_CHECK_EVERY if replicas else 1
+
+    def _svi_options(self) -> dict[str, Any]:
+        """The fields that every SVI run takes as they are."""
+        return {"steps": self.steps, "lr": self.lr, "batch_size": self.batch_size,
+                "num_particles": self.num_particles, "kl_weighting": self.kl_weighting,
+                "jit": self.jit}
+
+    def run(self, model: Callable, guide: Callable, x: Tensor, y: Tensor, *,
+            elbo: type[pyro.infer.ELBO], seed: int, progress: bool | None) -> FitResult:
+        """Train ``guide`` to ``model`` on ``x``, ``y`` by maximising ``elbo`` under this
+        budget (:func:`bnn_zoo.core.training.fit` with ``steps``, ``lr``,
+        ``batch_size``, ``num_particles``, ``kl_weighting``, ``jit``, ``distributed`` and
+        :meth:`check_interval`), seeded by ``seed``."""
+        return fit(model, guide, x, y, elbo=elbo, seed=seed, progress=progress,
+                   distributed=self.distributed, check_every=self.check_interval(),
+                   **self._svi_options())
+
+    def run_replicas(self, models: Sequence[nn.Module], guides: Sequence[nn.Module],
+                     build_guide: Callable[[nn.Module], nn.Module], x: Tensor, y: Tensor, *,
+                     elbo: type[pyro.infer.ELBO], seed: int, progress: bool | None
+                     ) -> list[FitResult]:
+        """Train the R single-fit pairs ``(models[r], guides[r])`` on ``x[r]``, ``y[r]`` as
+        the replicas of one pass under this budget
+        (:func:`bnn_zoo.core.replicas.fit_single_pairs`, whose batched guide is
+        ``build_guide(batched_model)``, with the fields :meth:`run` passes and
+        :meth:`check_interval` for replicas), every replica taking the minibatch order of
+        ``seed``. Replicas train on one process: ``distributed=True`` is refused."""
+        self.check_supported("Training as replicas", distributed=False)
+        return fit_single_pairs(models, guides, build_guide, x, y, elbo=elbo, seed=seed,
+                                progress=progress,
+                                check_every=self.check_interval(replicas=True),
+                                **self._svi_options())
 
 
 @runtime_checkable
@@ -129,31 +189,3 @@ class Method(Protocol):
 
     def with_guide_options(self, options: dict) -> Method:
         ...
-
-
-def _assign_buffers(module: torch.nn.Module, state: dict[str, Tensor]) -> None:
-    """Set every buffer of ``module`` named in ``state`` to the stored tensor, whatever its
-    current value (``None``, or data of another shape)."""
-    for key, value in state.items():
-        owner_name, _, name = key.rpartition(".")
-        try:
-            owner = module.get_submodule(owner_name)
-        except AttributeError:  # a submodule built lazily, on the first call
-            continue
-        if name in owner._buffers:
-            owner._buffers[name] = value
-
-
-def load_module_state(module: torch.nn.Module, state: dict[str, Tensor], *,
-                      initialise: Callable[[], object] | None = None) -> None:
-    """``module.load_state_dict(state)`` for modules whose state ``load_state_dict`` alone
-    cannot restore: buffers registered as ``None`` or holding data of another size (such
-    as a guide's conditioning data) are set from ``state``, before and after
-    ``initialise`` (called without gradients, in a private Pyro parameter store, so that
-    lazily built parameters exist); then the state is loaded."""
-    _assign_buffers(module, state)
-    if initialise is not None:
-        with torch.no_grad(), pyro.get_param_store().scope():
-            initialise()
-        _assign_buffers(module, state)
-    module.load_state_dict(state)

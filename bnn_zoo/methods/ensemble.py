@@ -36,7 +36,8 @@ from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.training import FitResult
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
 from bnn_zoo.methods.laplace import Laplace, LaplaceFit
-from bnn_zoo.methods.svi import SVI, SVIPosterior, result_from_state, result_state
+from bnn_zoo.methods.state import result_from_state, result_state
+from bnn_zoo.methods.svi import SVI, SVIPosterior
 
 __all__ = ["Ensemble", "EnsemblePosterior", "MemberChoice", "mixture"]
 

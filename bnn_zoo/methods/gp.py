@@ -18,7 +18,7 @@ Numerical guards: the model escalates its Cholesky jitter where ``K + sigma^2 I`
 numerically positive definite (the largest relative jitter used is the posterior's
 diagnostic ``jitter``). Where the factorisation still fails, or the evidence or its
 gradient is not finite (an extreme learning rate), the fit stops with
-:class:`~bnn_zoo.core.training.TrainingDiverged` naming the learning rate, the step and the
+:class:`~bnn_zoo.core.step.TrainingDiverged` naming the learning rate, the step and the
 last finite hyperparameters, which the model keeps. The hyperparameters after the last
 step are checked too, so a fit that returns has a finite evidence and finite predictions.
 """
@@ -26,7 +26,6 @@ step are checked too, so a fit that returns has a finite evidence and finite pre
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,13 +35,14 @@ import pyro
 import pyro.distributions as dist
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.loop import run_steps
 from bnn_zoo.core.predictive import GaussianMixturePredictive
-from bnn_zoo.core.training import FitResult, SVIStep, TrainingDiverged
+from bnn_zoo.core.step import SVIStep, TrainingDiverged
+from bnn_zoo.core.training import FitResult
 from bnn_zoo.methods.base import Budget, ModelFactory, UnsupportedProblem
-from bnn_zoo.methods.svi import result_from_state, result_state
+from bnn_zoo.methods.state import result_from_state, result_state
 from bnn_zoo.models.nngp import NotPositiveDefinite
 
 __all__ = ["ConditionedGP", "ExactGP", "GPPosterior", "fit_evidence", "no_guide"]
@@ -86,27 +86,28 @@ def _check_final_evidence(gp: nn.Module, x: Tensor, y: Tensor) -> None:
 
 
 def fit_evidence(gp: nn.Module, x: Tensor, y: Tensor, *, steps: int, lr: float, seed: int,
-                 progress: bool | None = False) -> FitResult:
+                 progress: bool | None = False, check_every: int = 1) -> FitResult:
     """Maximise ``gp``'s log evidence (its ``obs`` site; the empty guide) by full-batch Adam,
-    one :class:`~bnn_zoo.core.training.SVIStep` per step (``progress``: a tqdm bar; ``None``:
-    only when stderr is a terminal). ``gp`` is a GP model like
-    :class:`~bnn_zoo.models.nngp.NNGPRegression`: ``log_evidence(x, y)``, ``posterior``,
-    ``hyperparameters()`` and ``largest_jitter``.
+    one :class:`~bnn_zoo.core.step.SVIStep` per step, run by
+    :func:`~bnn_zoo.core.loop.run_steps` (``progress``: a tqdm bar; ``None``: only when
+    stderr is a terminal; ``check_every``: steps between the NaN guard's read-backs).
+    ``gp`` is a GP model like :class:`~bnn_zoo.models.nngp.NNGPRegression`:
+    ``log_evidence(x, y)``, ``posterior``, ``hyperparameters()`` and ``largest_jitter``.
 
-    Raises :class:`~bnn_zoo.core.training.TrainingDiverged`, naming ``lr``, the step and
+    Raises :class:`~bnn_zoo.core.step.TrainingDiverged`, naming ``lr``, the step and
     the hyperparameters, where the evidence, its gradient or the final evidence is not
     finite or ``K + sigma^2 I`` cannot be factorised (``NotPositiveDefinite`` from the
     model); ``gp`` then holds the last hyperparameters whose evidence was finite.
     """
     check_positive_int("steps", steps)
+    check_positive_int("check_every", check_every)
     pyro.set_rng_seed(seed)
     step = SVIStep(gp, no_guide, x, y, lr=lr, seed=seed)
     losses: list[float] = []
     started = time.perf_counter()
     try:
-        show = sys.stderr.isatty() if progress is None else progress
-        for _ in tqdm(range(steps), disable=not show, desc="ExactGP", leave=False):
-            losses.append(step())
+        run_steps(step, steps, losses, progress=progress, check_every=check_every,
+                  desc="ExactGP")
         _check_final_evidence(gp, x, y)
     except (NotPositiveDefinite, TrainingDiverged) as error:
         step.restore_parameters()
@@ -137,6 +138,18 @@ class GPPosterior:
         return {"model": self.model.state_dict(), "result": result_state(self.result)}
 
 
+def check_budget(budget: Budget) -> None:
+    """Refuse, by name, the fields of ``budget`` that exact GP regression cannot honour:
+    the evidence needs the whole data set (``batch_size=None``) on one process
+    (``distributed=False``); the model has no latent site, so nothing for particles or a KL
+    weighting to act on (``num_particles=1``, ``kl_weighting="uniform"``); and its Cholesky
+    jitter is chosen by data-dependent Python control flow, which a traced loss would
+    freeze (``jit=False``). ``steps``, ``lr`` and ``check_every`` are honoured by
+    :func:`fit_evidence`."""
+    budget.check_supported("ExactGP", batch_size=None, distributed=False, num_particles=1,
+                           kl_weighting="uniform", jit=False)
+
+
 @dataclass(frozen=True)
 class ExactGP:
     """Type-II maximum likelihood of an exact GP model, in float64 (module doc)."""
@@ -155,15 +168,11 @@ class ExactGP:
             raise UnsupportedProblem(f"ExactGP is exact GP regression, O(N^3) per step: "
                                      f"{x.shape[0]} training points exceed "
                                      f"max_points={self.max_points}.")
-        if budget.batch_size is not None:
-            raise ValueError("Expected batch_size=None for exact GP regression, but got "
-                             f"{budget.batch_size}.")
-        if budget.distributed:
-            raise ValueError("ExactGP does not run data-parallel: expected distributed=False.")
+        check_budget(budget)
         x64, y64 = x.double(), y.double()
         gp = build_model().to(dtype=torch.float64)
         result = fit_evidence(gp, x64, y64, steps=budget.steps, lr=budget.lr, seed=seed,
-                              progress=progress)
+                              progress=progress, check_every=budget.check_interval())
         return GPPosterior(ConditionedGP(gp, x64, y64), result,
                            {"jitter": gp.largest_jitter})
 

@@ -39,8 +39,7 @@ from torch import Tensor
 from bnn_zoo.core.checks import check_choice, check_positive
 from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.core.predictive import predict
-from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
-from bnn_zoo.core.training import FitResult, fit
+from bnn_zoo.core.training import FitResult
 from bnn_zoo.guides.curvature import MAX_DENSE_BYTES
 from bnn_zoo.guides.laplace import (
     LINKS,
@@ -50,7 +49,7 @@ from bnn_zoo.guides.laplace import (
     NonlinearModel,
 )
 from bnn_zoo.guides.layouts import layout_of
-from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_state
+from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
 from bnn_zoo.methods.laplace_evidence import (
     DAMPING,
     HYPER_BOUNDS,
@@ -58,19 +57,21 @@ from bnn_zoo.methods.laplace_evidence import (
     EvidenceSettings,
 )
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
-from bnn_zoo.methods.svi import module_state, result_from_state, result_state
+from bnn_zoo.methods.state import load_module_state, module_state, result_from_state, result_state
 
-__all__ = ["PREDICTIVES", "Laplace", "LaplaceFit", "check_not_distributed", "predictive_model"]
+__all__ = ["PREDICTIVES", "Laplace", "LaplaceFit", "check_budget", "predictive_model"]
 
 PREDICTIVES = ("glm", "mc")
 
 
-def check_not_distributed(budget: Budget) -> None:
-    """A ``ValueError`` for a data-parallel ``budget``: the Laplace method trains on one
-    process (its refits and curvatures need the whole training set)."""
-    if budget.distributed:
-        raise ValueError("The Laplace method does not train data-parallel; expected "
-                         "distributed=False.")
+def check_budget(budget: Budget) -> None:
+    """Refuse, by name, the fields of ``budget`` that the Laplace method cannot honour: its
+    MAP phase fits a point mass, whose ELBO is the log joint itself, so one particle and
+    no KL weighting (``num_particles=1``, ``kl_weighting="uniform"``); and it trains on
+    one process, since its refits and curvatures need the whole training set
+    (``distributed=False``)."""
+    budget.check_supported("Laplace", num_particles=1, kl_weighting="uniform",
+                           distributed=False)
 
 
 @dataclass(frozen=True)
@@ -173,11 +174,10 @@ class Laplace:
         """MAP by SVI under ``budget``, then the Laplace posterior of ``build_model()``: a
         :class:`~bnn_zoo.models.BayesianMLP` or a :class:`~bnn_zoo.models.BayesianModule`
         (any torch module; ``kron`` needs its layers to be ``nn.Linear`` or ``nn.Conv2d``)."""
-        check_not_distributed(budget)
+        check_budget(budget)
         model, guide = self._model_and_guide(build_model, x, task, seed)
-        result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
-                     batch_size=budget.batch_size, seed=seed, progress=progress, jit=budget.jit,
-                     check_every=budget.check_every or 1, elbo=MeanFieldELBO)
+        result = budget.run(model, guide, x, y, elbo=MeanFieldELBO, seed=seed,
+                            progress=progress)
         return self._posterior(model, guide, x, y, result)
 
     def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
@@ -195,7 +195,7 @@ class Laplace:
         with its seed (after ``pyro.set_rng_seed(seed)``, as ``Entry.fit`` does)."""
         if not self.replicas:
             raise ValueError("This Laplace method declares replicas=False; fit one by one.")
-        check_not_distributed(budget)
+        check_budget(budget)
         if not callable(getattr(build_model(), "replicated", None)):
             fits = []
             for r, seed in enumerate(seeds):
@@ -209,12 +209,9 @@ class Laplace:
             model, guide = self._model_and_guide(build_model, x[r], task, seed)
             models.append(model)
             guides.append(guide)
-        results = fit_single_pairs(models, guides, lambda model: self.build_guide(model, x),
-                                   x, y, steps=budget.steps, lr=budget.lr,
-                                   batch_size=budget.batch_size, seed=seeds[0],
-                                   progress=progress, jit=budget.jit,
-                                   check_every=budget.check_every or REPLICA_CHECK_EVERY,
-                                   elbo=MeanFieldELBO)
+        results = budget.run_replicas(models, guides,
+                                      lambda model: self.build_guide(model, x), x, y,
+                                      elbo=MeanFieldELBO, seed=seeds[0], progress=progress)
         return [self._posterior(*pair, x[r], y[r], result)
                 for r, (pair, result) in enumerate(zip(zip(models, guides), results))]
 

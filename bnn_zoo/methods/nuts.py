@@ -43,7 +43,8 @@ from torch import Tensor
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.predictive import GaussianMixturePredictive, predict
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, UnsupportedProblem
-from bnn_zoo.methods.svi import SVI, module_state
+from bnn_zoo.methods.state import module_state
+from bnn_zoo.methods.svi import SVI
 
 __all__ = ["NUTS", "NUTSPosterior", "PosteriorSamples", "bulk_ess", "chain_diagnostics",
            "output_draws", "r_hat_ess"]
@@ -211,7 +212,10 @@ class NUTSPosterior:
 
 @dataclass(frozen=True)
 class NUTS:
-    """NUTS chains on the entry's model, started from the SVI fit ``start`` (module doc)."""
+    """NUTS chains on the entry's model, started from the SVI fit ``start`` (module doc).
+
+    The budget trains the start, which honours every field as :class:`SVI` does; the
+    chains run on one process, so ``distributed=True`` is refused."""
 
     start: SVI
     warmup: int = 300
@@ -230,8 +234,7 @@ class NUTS:
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> NUTSPosterior:
-        if budget.distributed:
-            raise ValueError("NUTS does not run data-parallel: expected distributed=False.")
+        budget.check_supported("NUTS", distributed=False)
         if x.shape[0] > self.max_points:
             raise UnsupportedProblem(f"nuts runs on at most max_points={self.max_points} "
                                      f"training points, got {x.shape[0]}.")
@@ -275,7 +278,7 @@ class NUTS:
         model = build_model(**state["model_options"])
         model.load_state_dict(state["model"])
         samples = {k: v.to(device=x.device) for k, v in state["samples"].items()}
-        # A file saved before the chains were recorded: its draws as one chain.
+        # A state without "chains" holds its draws as one chain.
         return NUTSPosterior(model, PosteriorSamples(samples), state["model_options"],
                              state["diagnostics"], chains=state.get("chains", 1))
 

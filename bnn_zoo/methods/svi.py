@@ -1,5 +1,6 @@
 """Stochastic variational inference as a method: one guide, trained by
-:func:`bnn_zoo.core.training.fit` (Hoffman et al. 2013; Ranganath et al. 2014).
+:func:`bnn_zoo.core.training.fit` (Hoffman et al. 2013; Ranganath et al. 2014) under the
+entry's budget (:meth:`Budget.run <bnn_zoo.methods.base.Budget.run>`).
 
 ``SVI(guide, elbo)`` builds the model, builds ``guide(model, **guide_options)`` on the
 data's device and dtype, and maximises the ELBO under the entry's :class:`Budget`. The
@@ -9,7 +10,6 @@ predictive, and :func:`bnn_zoo.core.predictive.predict` gives it as a distributi
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,50 +20,17 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo.core.predictive import predict
-from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
-from bnn_zoo.core.training import FitResult, fit
-from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, load_module_state
+from bnn_zoo.core.training import FitResult
+from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
+from bnn_zoo.methods.options import accepted_keywords, check_keywords
+from bnn_zoo.methods.state import (
+    load_module_state,
+    module_state,
+    result_from_state,
+    result_state,
+)
 
-__all__ = ["SVI", "SVIPosterior", "accepted_keywords", "check_keywords", "result_from_state",
-           "result_state"]
-
-
-def accepted_keywords(factory: Callable, *, skip: tuple[str, ...] = ()) -> set[str] | None:
-    """The keyword options ``factory`` accepts (``None``: any, it takes ``**kwargs``),
-    without the positional inputs named in ``skip``. Used to check options (and, through
-    ``Entry.model_keywords``, by the UCI protocol to leave out a model option that a model
-    does not have)."""
-    params = inspect.signature(factory).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in skip}
-
-
-def check_keywords(namespace: str, options: Mapping[str, Any], accepted: set[str] | None
-                   ) -> dict[str, Any]:
-    """``options`` as a dict, or a ``ValueError`` naming ``namespace`` and the accepted
-    keys when one is unknown."""
-    if not isinstance(options, Mapping):
-        raise TypeError(f"Expected {namespace} to be a mapping of option names to values, "
-                        f"but got {options!r}.")
-    unknown = sorted(set(options) - accepted) if accepted is not None else []
-    if unknown:
-        raise ValueError(f"Unknown {namespace} {', '.join(map(repr, unknown))}; expected one "
-                         f"of: {', '.join(sorted(accepted)) or '(none)'}.")
-    return dict(options)
-
-
-def result_state(result: FitResult | None) -> dict | None:
-    """A :class:`FitResult` as plain data (its parameter snapshot left out)."""
-    if result is None:
-        return None
-    return {"losses": list(result.losses), "seconds": result.seconds, "steps": result.steps}
-
-
-def result_from_state(state: dict | None) -> FitResult | None:
-    """Inverse of :func:`result_state`."""
-    return None if state is None else FitResult(**state)
+__all__ = ["SVI", "SVIPosterior"]
 
 
 def _initialise(guide: nn.Module, x: Tensor, y: Tensor) -> None:
@@ -71,11 +38,6 @@ def _initialise(guide: nn.Module, x: Tensor, y: Tensor) -> None:
     lazily built parameters exist (Pyro's autoguides build them on the first call)."""
     with torch.no_grad(), pyro.get_param_store().scope():
         guide(x, y)
-
-
-def module_state(obj: Callable) -> dict[str, Tensor]:
-    """The ``state_dict`` of a model or guide (empty for a plain function)."""
-    return obj.state_dict() if isinstance(obj, nn.Module) else {}
 
 
 @dataclass
@@ -113,8 +75,9 @@ class SVI:
         mean-field guides, Pyro's ``AutoDelta`` and ``AutoNormal``; not a guide that joins
         all weights in one vector, such as ``AutoLowRankMultivariateNormal``).
 
-    The budget's ``steps``, ``lr``, ``batch_size``, ``num_particles``, ``kl_weighting``,
-    ``jit``, ``distributed`` and ``check_every`` go to :func:`bnn_zoo.core.training.fit`.
+    Every field of the budget is honoured (:meth:`Budget.run
+    <bnn_zoo.methods.base.Budget.run>`); fits as replicas (:meth:`fit_many`) refuse
+    ``distributed=True``.
     """
 
     guide: Callable[..., Callable]
@@ -143,18 +106,15 @@ class SVI:
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> SVIPosterior:
-        """Build model and guide and run :func:`bnn_zoo.core.training.fit` on them."""
+        """Build model and guide and train them under ``budget``
+        (:meth:`Budget.run <bnn_zoo.methods.base.Budget.run>`)."""
         model = build_model()
         return self._train(model, self.build_guide(model, x), x, y, seed=seed, budget=budget,
                            progress=progress)
 
     def _train(self, model: Callable, guide: Callable, x: Tensor, y: Tensor, *, seed: int,
                budget: Budget, progress: bool | None) -> SVIPosterior:
-        result = fit(model, guide, x, y, steps=budget.steps, lr=budget.lr,
-                     batch_size=budget.batch_size, num_particles=budget.num_particles,
-                     kl_weighting=budget.kl_weighting, elbo=self.elbo, seed=seed,
-                     progress=progress, jit=budget.jit, distributed=budget.distributed,
-                     check_every=budget.check_every or 1)
+        result = budget.run(model, guide, x, y, elbo=self.elbo, seed=seed, progress=progress)
         return SVIPosterior(model, guide, result)
 
     def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
@@ -170,8 +130,7 @@ class SVI:
         ``ValueError``)."""
         if not self.replicas:
             raise ValueError("This SVI method does not declare replicas=True; fit one by one.")
-        if budget.distributed:
-            raise ValueError("Expected distributed=False for fits as replicas.")
+        budget.check_supported("SVI.fit_many", distributed=False)
         models, guides = [], []
         for r, seed in enumerate(seeds):
             # The seeding of Entry.fit and then fit: the guide is built (Bayes by Backprop
@@ -189,12 +148,8 @@ class SVI:
             _initialise(guide, x, y)
             return guide
 
-        results = fit_single_pairs(models, guides, batched_guide, x, y, steps=budget.steps,
-                                   lr=budget.lr, batch_size=budget.batch_size,
-                                   num_particles=budget.num_particles,
-                                   kl_weighting=budget.kl_weighting, elbo=self.elbo,
-                                   seed=seeds[0], progress=progress, jit=budget.jit,
-                                   check_every=budget.check_every or REPLICA_CHECK_EVERY)
+        results = budget.run_replicas(models, guides, batched_guide, x, y, elbo=self.elbo,
+                                      seed=seeds[0], progress=progress)
         return [SVIPosterior(*pair) for pair in zip(models, guides, results)]
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,

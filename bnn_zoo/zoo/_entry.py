@@ -24,7 +24,7 @@ from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior, tune_noise
 from bnn_zoo.methods.base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods.ensemble import Ensemble
-from bnn_zoo.methods.svi import accepted_keywords, check_keywords
+from bnn_zoo.methods.options import accepted_keywords, check_keywords
 from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo._fitted import Fitted
 from bnn_zoo.zoo._networks import NET_MODEL_OPTIONS, Network, net_model_defaults, network_builder

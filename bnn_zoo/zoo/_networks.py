@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from bnn_zoo.core.checks import same_device
-from bnn_zoo.methods.svi import accepted_keywords
+from bnn_zoo.methods.options import accepted_keywords
 from bnn_zoo.models.module import BayesianModule, digits_cnn
 
 __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cnn",
