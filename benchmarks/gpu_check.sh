@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's GPU checks in one call (not yet run on a GPU): the tests that need CUDA,
+# The GPU checks in one call: the tests that need CUDA,
 # then benchmarks/throughput.py (bbb against a plain-torch step at batch 1024, and 20
 # replicas against one fit) and benchmarks/replicas.py (20 bbb fits as replicas against
 # one, end to end) on the GPU. Eight files come back: tests.log, throughput/* and
@@ -30,8 +30,10 @@ fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
     python3 -c "import torch, pyro; print('torch', torch.__version__, 'pyro', pyro.__version__,
                 'cuda', torch.cuda.is_available())"
-    python3 -m pytest -q -p no:cacheprovider -rs tests/test_devices.py tests/test_contract.py \
-        tests/test_memory.py
-} 2>&1 | tee "$out/tests.log"
+    python3 -m pytest -q -p no:cacheprovider -rs tests/core/test_devices.py tests/zoo/test_contract.py \
+        tests/harness/test_memory.py
+} 2>&1 | tee "$out/tests.log" && tests=0 || tests=$?
+# The benchmarks run whatever the tests said; the script's status is the tests'.
 python3 benchmarks/throughput.py --device "$device" --processes 1 --out "$out/throughput"
 python3 benchmarks/replicas.py --device "$device" --repeats 3 --out "$out/replicas"
+exit "$tests"

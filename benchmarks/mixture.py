@@ -113,7 +113,7 @@ def plot(guides: dict, names: list[str], estimators: list[str], k: int, path: Pa
     save_figure(fig, path)
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", default=[*TARGETS, "bnn"],
                         choices=[*TARGETS, "bnn"])
@@ -128,41 +128,31 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--grad-particles", type=flags.positive_int, default=16)
     flags.add_shared_flags(parser, out="results/mixture", threads=1,
                            without=("device", "splits"))
-    args = flags.parse(parser, argv)
+    return flags.parse(parser, argv)
 
-    rows, guides, variance_rows = [], {}, []
-    for name in args.targets:
-        bnn = name == "bnn"
-        for est in args.estimators:
-            for k in args.components:
-                pyro.set_rng_seed(args.seed)
-                model = make_target(name)
-                guide = make_guide(model, est, k, bnn)
-                started, status = time.perf_counter(), "ok"
-                try:
-                    fit(model, guide, *NO_DATA, steps=args.steps, lr=args.lr,
-                        num_particles=args.particles, elbo=MixtureELBO, seed=args.seed)
-                except TrainingDiverged:
-                    status = "diverged"
-                seconds = time.perf_counter() - started
-                elbo, se = elbo_estimate(model, guide, *NO_DATA, particles=args.eval_particles)
-                kl = None if model.log_normalizer is None else model.log_normalizer - elbo
-                rows.append({"target": name, "estimator": est, "K": k, "elbo": elbo,
-                             "elbo_se": se, "kl": kl,
-                             "effective_components": guide.effective_components(),
-                             "seconds": seconds, "status": status})
-                guides[(name, est, k)] = (model, guide)
-                print(rows[-1], flush=True)
-        multi = [k for k in args.components if k >= 2]
-        if "enumerate" in args.estimators and multi:
-            model, reference = guides[(name, "enumerate", max(multi))]
-            state = {key: v.detach().clone() for key, v in reference.state_dict().items()}
-            for est in args.estimators:
-                var = gradient_variance(model, state, est, max(multi), bnn, args.grad_particles,
-                                        args.grad_repeats)
-                variance_rows.append({"target": name, "estimator": est, "K": max(multi),
-                                      "grad_variance": var})
 
+def fit_one(name: str, est: str, k: int, args: argparse.Namespace) -> tuple[dict, tuple]:
+    """One mixture fit of ``k`` components with estimator ``est`` on target ``name``: its
+    row (KL or ELBO, effective components, time, status) and its (model, guide)."""
+    pyro.set_rng_seed(args.seed)
+    model = make_target(name)
+    guide = make_guide(model, est, k, name == "bnn")
+    started, status = time.perf_counter(), "ok"
+    try:
+        fit(model, guide, *NO_DATA, steps=args.steps, lr=args.lr,
+            num_particles=args.particles, elbo=MixtureELBO, seed=args.seed)
+    except TrainingDiverged:
+        status = "diverged"
+    seconds = time.perf_counter() - started
+    elbo, se = elbo_estimate(model, guide, *NO_DATA, particles=args.eval_particles)
+    kl = None if model.log_normalizer is None else model.log_normalizer - elbo
+    row = {"target": name, "estimator": est, "K": k, "elbo": elbo, "elbo_se": se, "kl": kl,
+           "effective_components": guide.effective_components(), "seconds": seconds,
+           "status": status}
+    return row, (model, guide)
+
+
+def write_results(args: argparse.Namespace, rows: list[dict], variance_rows: list[dict]) -> None:
     preamble = (f"Steps {args.steps}, lr {args.lr}, {args.particles} particles; KL = log Z - "
                 f"ELBO ({args.eval_particles} particles; ELBO only for bnn); "
                 "effective_components = exp(H(pi)).")
@@ -181,11 +171,31 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                            keys=("target", "K"), columns=tuple(args.estimators),
                            preamble="Gradient variance per particle (trace of the covariance, "
                                     "at the enumerate fit)."))
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    rows, guides, variance_rows = [], {}, []
+    for name in args.targets:
+        for est in args.estimators:
+            for k in args.components:
+                row, guides[(name, est, k)] = fit_one(name, est, k, args)
+                rows.append(row)
+                print(row, flush=True)
+        multi = [k for k in args.components if k >= 2]
+        if "enumerate" in args.estimators and multi:
+            model, reference = guides[(name, "enumerate", max(multi))]
+            state = {key: v.detach().clone() for key, v in reference.state_dict().items()}
+            for est in args.estimators:
+                var = gradient_variance(model, state, est, max(multi), name == "bnn",
+                                        args.grad_particles, args.grad_repeats)
+                variance_rows.append({"target": name, "estimator": est, "K": max(multi),
+                                      "grad_variance": var})
+    write_results(args, rows, variance_rows)
     two_d = [n for n in args.targets if n != "bnn"]
     if two_d:
         plot(guides, two_d, args.estimators, max(args.components), args.out / "mixture.png")
     return rows
-
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,7 @@ error of ``w2 - w2(K=1)`` (a bootstrap of the NUTS draws, which the guides share
 means over the guide's draws, in quadrature); the ELBO with its standard error (8 batches
 of 256 particles); and the effective number of components exp(H(pi)). Writes
 ``mixture_nuts.md``, ``.csv``, ``.json`` under ``--out``.
-``tests/test_mixture.py`` asserts what the table says on the same settings (slow) and on
+``tests/guides/test_mixture.py`` asserts what the table says on the same settings (slow) and on
 a short run (fast).
 
     python benchmarks/mixture_nuts.py --out benchmarks/results/mixture_nuts

@@ -66,7 +66,7 @@ are mostly weight-space symmetries with the same predictive.
 
 Why not Pyro's :class:`~pyro.distributions.MixtureOfDiagNormals`, whose
 ``rsample`` has implicit pathwise gradients for all parameters (Jankowiak &
-Karaletsos 2018)? Two defects in pyro 1.9 (both shown in ``tests/test_mixture.py``):
+Karaletsos 2018)? Two defects in pyro 1.9 (both shown in ``tests/guides/test_mixture.py``):
 (1) its backward evaluates :math:`q(\theta)` and products of
 scales outside log space, which overflows in float32 once
 :math:`\sum_j \log(1/\sigma_{ij})` exceeds about 88 (a 1-10-1 net's 31 weights at

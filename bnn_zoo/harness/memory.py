@@ -6,7 +6,7 @@
 * On the CPU: the process's resident set size (RSS), read from Linux's ``/proc``. The
   kernel's high-water mark ``VmHWM`` is reset to the current RSS by writing ``5`` to
   ``/proc/self/clear_refs`` (Linux >= 4.0) and read at the end: to the page (4 KiB), up
-  to the kernel's per-CPU counting (see ``tests/test_memory.py``), with no thread and no
+  to the kernel's per-CPU counting (see ``tests/harness/test_memory.py``), with no thread and no
   cost inside the block. Where that file cannot be written, a thread
   reads ``/proc/self/statm`` every ``interval`` seconds instead, which can miss a spike
   shorter than the interval. ``resource.getrusage``'s maximum RSS cannot serve: it only

@@ -27,7 +27,7 @@ from bnn_zoo.harness import cli, compare, flags, runs, tables
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.zoo import Entry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--steps", "5", "--num-samples", "5"]
 FIT = ["fit", "--entry", "map", "--data", "sine", *TINY]
 COMPARE = ["compare", "--entries", "map", *TINY]

@@ -24,7 +24,7 @@ from bnn_zoo.guides.mixture import DiagonalNormalMixture, MixtureGuide, componen
 from bnn_zoo.models.targets import UnnormalisedModel, banana, bnn_posterior, ring, target
 from bnn_zoo.models.targets import two_component as two_component_target
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NO_DATA = (torch.zeros(1, 1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
 
 

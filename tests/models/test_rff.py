@@ -37,7 +37,7 @@ from bnn_zoo.models.rff import (
 
 matplotlib.use("Agg")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def problem(n: int = 30, d: int = 3, k: int = 12, noise: float = 0.3):

@@ -50,7 +50,7 @@ from bnn_zoo.methods.laplace_evidence import EvidenceSettings, bounded_step, fix
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP, GaussianPrior
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 D = torch.float64
 
 

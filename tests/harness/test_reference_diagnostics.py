@@ -29,7 +29,7 @@ from bnn_zoo.methods.nuts import (
 )
 from bnn_zoo.models.mlp import BayesianMLP
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def white_noise(chains: int, draws: int, quantities: int = 1, seed: int = 0) -> torch.Tensor:

@@ -30,7 +30,7 @@ from bnn_zoo.models.mlp import init_to_fan_in
 
 # (entry, task, out_dim) of every entry whose method is SVI on a guide factory (the others,
 # Laplace, NUTS, ensembles, the exact GP, are checked as Pyro pairs after fitting, in
-# tests/test_contract.py).
+# tests/zoo/test_contract.py).
 PAIRS = [(name, zoo.get(name).tasks[0], 1 if zoo.get(name).tasks[0] == "regression" else 3)
          for name in zoo.names() if isinstance(zoo.get(name).method, SVIMethod)]
 # Guides that are mean-field Gaussian over a Gaussian prior: the closed-form-KL ELBO applies.

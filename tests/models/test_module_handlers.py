@@ -378,7 +378,7 @@ def test_bad_moments_are_refused_naming_the_site(handler, moments, error, match)
 def test_cnn_benchmark_runs_and_writes_its_ratios(tmp_path):
     """``benchmarks/cnn.py`` with tiny flags: one row per estimator with positive times and
     the zoo-to-hand-written ratio, written as Markdown, CSV and JSON."""
-    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "cnn.py"))
+    script = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "cnn.py"))
     rows = script["main"](["--repeats", "1", "--inner", "1", "--batch", "32", "--channels", "2",
                            "--out", str(tmp_path)])["rows"]
     assert [r["estimator"] for r in rows] == ["sample", "lrt", "flipout"]

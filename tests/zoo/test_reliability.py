@@ -24,7 +24,7 @@ from bnn_zoo.evaluation.metrics import NonFiniteMetricWarning, metrics
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
 from bnn_zoo.models import BayesianMLP
 
-SOURCE = Path(__file__).resolve().parents[2] / "shared" / "data" / "uci"
+SOURCE = Path(__file__).resolve().parents[3] / "shared" / "data" / "uci"
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from bnn_zoo.models import BayesianMLP, GaussianPrior
 from bnn_zoo.models.nngp import GaussianEvidence, NNGPRegression
 from bnn_zoo.models.nngp_kernel import NNGPKernel, expected_product
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 F64 = torch.float64
 
 

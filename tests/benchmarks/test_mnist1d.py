@@ -22,7 +22,7 @@ from bnn_zoo.core import data as data_module
 from bnn_zoo.harness import cli
 from bnn_zoo.zoo._networks import mnist1d_cnn
 
-CLASSIFICATION_BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "classification.py"
+CLASSIFICATION_BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "classification.py"
 NEEDS_PACKAGE = "the mnist1d data set needs the optional mnist1d package (bnn-zoo[mnist1d])"
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "laplace_torch.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "laplace_torch.py"
 
 
 @pytest.fixture(scope="module")

@@ -267,7 +267,7 @@ def mlp_pair(task: str):
 @pytest.mark.parametrize("task", ["regression", "classification"])
 def test_module_around_an_mlp_has_the_mlps_posterior(curvature, task):
     """The same network as a BayesianModule and as the zoo's BayesianMLP (one log joint,
-    see tests/test_module.py): the same evidence-tuned ``alpha`` and ``beta``, log
+    see tests/models/test_module.py): the same evidence-tuned ``alpha`` and ``beta``, log
     evidence and GLM predictive at the same MAP, whatever the curvature's storage order.
     (No L-BFGS refits here: on the two parameter orders they round differently, to MAPs
     1e-5 apart; the refit on a module is checked against the closed form below.)"""

@@ -35,7 +35,7 @@ from bnn_zoo.harness.figures import reliability_diagram
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
 
 F64 = torch.float64
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def random_gaussians(shape=(3, 4), seed=0):

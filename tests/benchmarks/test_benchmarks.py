@@ -21,32 +21,32 @@ import torch
 
 from bnn_zoo.harness import tables
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-TESTS = Path(__file__).resolve().parent
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+TESTS = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
 
 #: script -> (test file, test function) that runs it with tiny flags and checks its tables
 TINY_RUNS: dict[str, tuple[str, str]] = {
-    "bbb_priors.py": ("test_bbb.py",
+    "bbb_priors.py": ("guides/test_bbb.py",
                       "test_bbb_priors_benchmark_runs_and_its_committed_table_shows_the_seed_"
                       "prior_collapse"),
-    "classification.py": ("test_mean_field_clf.py", "test_classification_benchmark_script"),
-    "cnn.py": ("test_module_handlers.py", "test_cnn_benchmark_runs_and_writes_its_ratios"),
-    "compare_guides.py": ("test_benchmarks.py", "test_compare_guides_writes_a_row_per_entry"),
-    "distributed_fit.py": ("test_scale_scripts.py",
+    "classification.py": ("guides/test_mean_field_clf.py", "test_classification_benchmark_script"),
+    "cnn.py": ("models/test_module_handlers.py", "test_cnn_benchmark_runs_and_writes_its_ratios"),
+    "compare_guides.py": ("benchmarks/test_benchmarks.py", "test_compare_guides_writes_a_row_per_entry"),
+    "distributed_fit.py": ("benchmarks/test_scale_scripts.py",
                            "test_distributed_example_runs_as_one_process"),
-    "laplace_torch.py": ("test_laplace_torch_benchmark.py",
+    "laplace_torch.py": ("benchmarks/test_laplace_torch_benchmark.py",
                          "test_tiny_run_writes_both_pipelines_scores_and_the_ratios"),
-    "laplace_variants.py": ("test_laplace.py", "test_benchmark_script_runs_with_tiny_flags"),
-    "mixture.py": ("test_mixture.py", "test_benchmark_script_runs_with_tiny_flags"),
-    "mixture_nuts.py": ("test_mixture.py", "test_mixture_against_nuts_on_a_small_bnn_fast"),
-    "nngp.py": ("test_nngp.py", "test_benchmark_script_runs_with_tiny_flags"),
-    "replicas.py": ("test_benchmarks.py", "test_replicas_reports_the_times_and_peak_memory"),
-    "rff.py": ("test_rff.py", "test_benchmark_script_runs"),
-    "speed.py": ("test_benchmarks.py", "test_speed_reports_each_steps_time_and_peak_memory"),
-    "throughput.py": ("test_scale_scripts.py",
+    "laplace_variants.py": ("methods/test_laplace.py", "test_benchmark_script_runs_with_tiny_flags"),
+    "mixture.py": ("guides/test_mixture.py", "test_benchmark_script_runs_with_tiny_flags"),
+    "mixture_nuts.py": ("guides/test_mixture.py", "test_mixture_against_nuts_on_a_small_bnn_fast"),
+    "nngp.py": ("models/test_nngp.py", "test_benchmark_script_runs_with_tiny_flags"),
+    "replicas.py": ("benchmarks/test_benchmarks.py", "test_replicas_reports_the_times_and_peak_memory"),
+    "rff.py": ("models/test_rff.py", "test_benchmark_script_runs"),
+    "speed.py": ("benchmarks/test_benchmarks.py", "test_speed_reports_each_steps_time_and_peak_memory"),
+    "throughput.py": ("benchmarks/test_scale_scripts.py",
                       "test_throughput_benchmark_writes_table_json_and_figure"),
-    "uci.py": ("test_benchmarks.py",
+    "uci.py": ("benchmarks/test_benchmarks.py",
                "test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure"),
 }
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: Package name -> folder, as ``pyproject.toml``'s ``package-dir`` maps them.
 FOLDERS = {"bnn_zoo": ROOT / "bnn_zoo", "bnn_zoo.models": ROOT / "models",
            "bnn_zoo.guides": ROOT / "guides"}

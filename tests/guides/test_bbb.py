@@ -26,7 +26,7 @@ from bnn_zoo.guides.bbb import deep_getattr, softplus_inverse
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
 from bnn_zoo.models.priors import ScaleMixtureNormal
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def seed_net(sigma: float, prior_scale: float):
