@@ -27,7 +27,8 @@ from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
 from bnn_zoo.core.step import KL_WEIGHTINGS
 from bnn_zoo.core.training import FitResult, fit
 
-__all__ = ["Budget", "Method", "ModelFactory", "Posterior", "Predictive", "UnsupportedProblem"]
+__all__ = ["ENTRY_ONLY", "Budget", "Method", "ModelFactory", "Posterior", "Predictive",
+           "UnsupportedProblem"]
 
 Predictive = GaussianMixturePredictive | CategoricalPredictive
 
@@ -35,6 +36,11 @@ Predictive = GaussianMixturePredictive | CategoricalPredictive
 #: keyword arguments replace the entry's model options for that model (NUTS fixes the
 #: noise scale of its MAP start with ``build_model(noise_scale=...)``).
 ModelFactory = Callable[..., Callable]
+
+
+#: How a method's refusal of ``validation > 0`` names the one who applies it.
+ENTRY_ONLY = ("Training a method directly (validation is applied by a zoo entry's fit, which "
+              "holds the points out and tunes the noise on them)")
 
 
 class UnsupportedProblem(ValueError):
@@ -59,8 +65,9 @@ class Budget:
     :meth:`run_replicas` (many fits in one pass) turn it into a run of the SVI runner, and a
     method that cannot honour a field refuses it by name with :meth:`check_supported`
     before it trains. ``validation`` belongs to the zoo's entry, which holds the points out
-    before the method fits the rest and tunes the noise on them after
-    (``Entry.fit``).
+    before the method fits the rest and tunes the noise on them after (``Entry.fit``), and
+    hands the method the budget with ``validation=0``; a method given ``validation > 0``
+    refuses it (:data:`ENTRY_ONLY`), since it fits every point it is given.
     """
 
     steps: int = 3000
@@ -124,6 +131,7 @@ class Budget:
         budget (:func:`bnn_zoo.core.training.fit` with ``steps``, ``lr``,
         ``batch_size``, ``num_particles``, ``kl_weighting``, ``jit``, ``distributed`` and
         :meth:`check_interval`), seeded by ``seed``."""
+        self.check_supported(ENTRY_ONLY, validation=0.0)
         return fit(model, guide, x, y, elbo=elbo, seed=seed, progress=progress,
                    distributed=self.distributed, check_every=self.check_interval(),
                    **self._svi_options())
@@ -139,6 +147,7 @@ class Budget:
         :meth:`check_interval` for replicas), every replica taking the minibatch order of
         ``seed``. Replicas train on one process: ``distributed=True`` is refused."""
         self.check_supported("Training as replicas", distributed=False)
+        self.check_supported(ENTRY_ONLY, validation=0.0)
         return fit_single_pairs(models, guides, build_guide, x, y, elbo=elbo, seed=seed,
                                 progress=progress,
                                 check_every=self.check_interval(replicas=True),

@@ -210,8 +210,8 @@ class Entry:
             build_model, net_sites = self.net_model_factory(net, task, model_kw, data.x)
         pyro.set_rng_seed(seed)
         started = time.perf_counter()
-        posterior = method.fit(build_model, data.x, data.y, task=task, seed=seed, budget=budget,
-                               progress=progress)
+        posterior = method.fit(build_model, data.x, data.y, task=task, seed=seed,
+                               budget=replace(budget, validation=0.0), progress=progress)
         if data.validation is not None:
             posterior = tune_noise(posterior, *data.validation, distributed=budget.distributed)
         return Fitted(self.name, task, data.x_scaler, data.y_scaler, posterior,

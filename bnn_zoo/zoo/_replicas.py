@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -121,8 +122,8 @@ def fit_many(entry: Entry, xs: object, ys: object, *, seeds: Sequence[int],
     y = torch.stack([p.y for p in prepared])
     out_dim = output_dim(task, y)
     build_model = entry.model_factory(x.shape[-1], out_dim, task, model_kw, x)
-    posteriors = method.fit_many(build_model, x, y, task=task, seeds=seeds, budget=budget,
-                                 progress=progress)
+    posteriors = method.fit_many(build_model, x, y, task=task, seeds=seeds,
+                                 budget=replace(budget, validation=0.0), progress=progress)
     posteriors = [posterior if p.validation is None else tune_noise(posterior, *p.validation)
                   for posterior, p in zip(posteriors, prepared)]
     seconds = (time.perf_counter() - started) / len(seeds)

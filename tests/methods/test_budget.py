@@ -50,7 +50,8 @@ class Reached(Exception):
 
 
 def test_the_cases_cover_every_budget_field_but_the_entrys():
-    # validation is applied by Entry.fit (held-out points, tuned noise), not by a method.
+    # validation is applied by Entry.fit (held-out points, tuned noise), not by a method:
+    # see test_a_method_refuses_validation_which_the_entry_applies.
     assert set(VALUES) == {f.name for f in fields(Budget)} - {"validation"}
     assert all(getattr(BASE, name) != value for name, value in VALUES.items())
 
@@ -60,7 +61,7 @@ def _spy_runners(monkeypatch: pytest.MonkeyPatch) -> dict:
     seen: dict = {}
 
     def record(*args, **kwargs):
-        seen.update(kwargs)
+        seen.update(kwargs, args=args)
         raise Reached
 
     for module, name in ((base, "fit"), (base, "fit_single_pairs"), (gp, "fit_evidence")):
@@ -93,6 +94,27 @@ def test_each_budget_field_is_honoured_or_refused_by_name(case, field, monkeypat
     with pytest.raises(Reached):
         _call(case, budget)
     assert seen[field] == VALUES[field]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.entry}.{c.call}")
+def test_a_method_refuses_validation_which_the_entry_applies(case, monkeypatch):
+    """Given ``validation > 0`` directly, every method refuses it by name before training
+    (it would fit every point and tune nothing); the entry holds the points out, hands the
+    method ``validation=0`` and tunes the noise itself."""
+    seen = _spy_runners(monkeypatch)
+    with pytest.raises(ValueError, match="validation is applied by a zoo entry.* does not "
+                                         "support validation=0.25"):
+        _call(case, replace(BASE, validation=0.25))
+    assert not seen
+
+
+def test_the_entry_fits_the_method_without_the_held_out_points(monkeypatch):
+    seen = _spy_runners(monkeypatch)
+    x, y = torch.randn(20, 2), torch.randn(20)
+    with pytest.raises(Reached):
+        zoo.get("map").fit(x, y, seed=0, steps=1, batch_size=None, validation=0.25)
+    _, _, x_fit, y_fit = seen["args"]  # fit(model, guide, x, y, ...)
+    assert x_fit.shape == (15, 2) and y_fit.shape == (15,)  # a quarter of 20 held out
 
 
 def test_svi_trains_with_the_budgets_particles():
