@@ -11,8 +11,8 @@ in order, torch's layout; a layer is the parameters of one submodule). The layou
 evaluates the network ``f(x, theta)``, its Jacobian ``J = df/dtheta`` and, for
 Kronecker factors, each layer's inputs and output Jacobian; everything here is written
 on those alone, so every structure below works on both (``kron`` and ``kron_separate``
-on a module need every layer to be an ``nn.Linear`` or ``nn.Conv2d``). ``act`` is the
-MLP's hidden activation; a module has its own and takes ``None``.
+on a module need every layer to be an ``nn.Linear``, ``nn.Conv1d`` or ``nn.Conv2d``).
+``act`` is the MLP's hidden activation; a module has its own and takes ``None``.
 
 Every function here returns the curvature ``H`` of the *unit-precision* negative
 log-likelihood, so that the Laplace precision (PRML 5.7.1) is
@@ -180,7 +180,10 @@ def loss_whitening(f: Tensor, likelihood: str) -> Tensor:
 
 
 def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, likelihood: str):
-    x, y = check_data(x, y)
+    """``x`` and ``y`` checked (``x`` of the shape the layout's network takes), the
+    likelihood and the length of ``theta``."""
+    x, y = check_data(x, y, any_shape=True)
+    layout.check_input(x)
     check_choice("likelihood", likelihood, LIKELIHOODS)
     if theta.shape != (layout.num_parameters,):
         raise ValueError(f"Expected theta of shape ({layout.num_parameters},), "
@@ -317,8 +320,8 @@ def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activatio
     Approximate Fisher Matrix for Convolution Layers"; Ritter, Botev & Barber 2018, "A
     Scalable Laplace Approximation for Neural Networks"). For ``L = 1`` the exact block is
     ``sum_n a_n a_n^T ⊗ G_n``. A
-    :class:`~bnn_zoo.guides.layouts.ModuleLayout` with a layer other than ``nn.Linear``
-    or ``nn.Conv2d`` raises a ``ValueError`` naming it.
+    :class:`~bnn_zoo.guides.layouts.ModuleLayout` with a layer other than ``nn.Linear``,
+    ``nn.Conv1d`` or ``nn.Conv2d`` raises a ``ValueError`` naming it.
     """
     x, y = _checked(theta, x, y, layout, likelihood)
     factors: list[list[Tensor]] = []

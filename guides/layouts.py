@@ -13,16 +13,18 @@ its guide and its predictive models work unchanged on both:
 * :class:`ModuleLayout`: a :class:`~bnn_zoo.models.BayesianModule` around any
   ``torch.nn.Module``, weights in torch's layout ``(d_out, d_in, *kernel)``, the network
   evaluated by ``torch.func.functional_call``; Jacobians by ``torch.func`` (per-example
-  ``jacrev`` under ``vmap``), Kronecker factors for ``nn.Linear`` and ``nn.Conv2d``
-  layers from their inputs (patches) and output Jacobians, captured by forward hooks.
+  ``jacrev`` under ``vmap``), Kronecker factors for ``nn.Linear``, ``nn.Conv1d`` and
+  ``nn.Conv2d`` layers from their inputs (patches) and output Jacobians, captured by
+  forward hooks.
 
 Kronecker factors of a layer (K-FAC; Martens & Grosse 2015, and KFC for convolutions,
 Grosse & Martens 2016). A layer maps inputs ``a_{n,l}`` (``D`` numbers, with a trailing
 1 where it has a bias) at ``L`` locations ``l`` to ``z_{n,l} = W a_{n,l}``: ``L = 1``
 for a dense layer on ``(N, D)`` inputs, the ``L = H' W'`` output pixels of a
-convolution, whose ``a_{n,l}`` are the input patches (``F.unfold``) in the order of the
-weight's ``(C_in, k_h, k_w)``. :meth:`layer_factors` returns the ``a_{n,l}`` and the
-output Jacobians ``J_{n,k,l} = d f_{n,k} / d z_{n,l}``; the curvature module forms
+convolution (its ``L'`` output positions for a ``Conv1d``), whose ``a_{n,l}`` are the
+input patches (``F.unfold``) in the order of the weight's ``(C_in, *kernel)``.
+:meth:`layer_factors` returns the ``a_{n,l}`` and the output Jacobians
+``J_{n,k,l} = d f_{n,k} / d z_{n,l}``; the curvature module forms
 
 .. math::
 
@@ -51,7 +53,9 @@ from bnn_zoo.core.nn import mlp_forward
 __all__ = ["KRON_LAYERS", "Layout", "ModuleLayout", "ParameterLayout", "layout_of"]
 
 #: The layer types whose GGN block :class:`ModuleLayout` can Kronecker-factor.
-KRON_LAYERS = (nn.Linear, nn.Conv2d)
+KRON_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
+
+_CONV = (nn.Conv1d, nn.Conv2d)
 
 #: Per layer: its inputs ``a`` (N, L, D) (a trailing 1 for a bias) and the output's
 #: Jacobian in its outputs ``J_z`` (N, K, L, d_out).
@@ -214,18 +218,23 @@ def _owner(name: str) -> str:
     return name.rpartition(".")[0]
 
 
-def _conv_patches(module: nn.Conv2d, inputs: Tensor) -> Tensor:
-    """(N, L, C_in k_h k_w) the input patches of ``module`` at its ``L`` output pixels, in
-    the order of its weight's ``(C_in, k_h, k_w)``."""
+def _conv_patches(module: nn.Conv1d | nn.Conv2d, inputs: Tensor) -> Tensor:
+    """(N, L, C_in k_h k_w) the input patches of ``module`` at its ``L`` output pixels (a
+    ``Conv1d``: positions, ``k_w = 1``), in the order of its weight's ``(C_in, *kernel)``."""
     padding = module.padding
     if isinstance(padding, str):  # "valid", or "same": torch's split, the extra pixel last
         pads = []
         for k, d in zip(reversed(module.kernel_size), reversed(module.dilation)):
             total = d * (k - 1) if padding == "same" else 0
             pads += [total // 2, total - total // 2]
-        inputs, padding = F.pad(inputs, pads), 0
-    patches = F.unfold(inputs, module.kernel_size, module.dilation, padding, module.stride)
-    return patches.transpose(1, 2)
+        inputs, padding = F.pad(inputs, pads), (0,) * len(module.kernel_size)
+    if isinstance(module, nn.Conv1d):  # a one-pixel-wide image: (N, C, L, 1), kernel (k, 1)
+        inputs = inputs.unsqueeze(-1)
+        sizes = [(*module.kernel_size, 1), (*module.dilation, 1), (*padding, 0),
+                 (*module.stride, 1)]
+    else:
+        sizes = [module.kernel_size, module.dilation, padding, module.stride]
+    return F.unfold(inputs, *sizes).transpose(1, 2)
 
 
 @dataclass(frozen=True)
@@ -328,10 +337,10 @@ class ModuleLayout(_FlatWeights):
                     f"curvature='kron' factors only {', '.join(c.__name__ for c in KRON_LAYERS)} "
                     f"layers, but the parameter {names[0]!r} belongs to a "
                     f"{type(module).__name__}; use curvature='ggn', 'diag' or 'last_layer'.")
-            if isinstance(module, nn.Conv2d) and (module.groups != 1
-                                                  or module.padding_mode != "zeros"):
+            if isinstance(module, _CONV) and (module.groups != 1
+                                              or module.padding_mode != "zeros"):
                 raise ValueError(
-                    f"curvature='kron' factors Conv2d layers with groups=1 and zero padding, "
+                    f"curvature='kron' factors convolutions with groups=1 and zero padding, "
                     f"but {prefix!r} has groups={module.groups}, "
                     f"padding_mode={module.padding_mode!r}; use curvature='ggn' or 'diag'.")
             own = [f"{prefix}.{n}" if prefix else n for n, p in module.named_parameters(
@@ -399,7 +408,7 @@ class ModuleLayout(_FlatWeights):
             inputs = seen[module][0][0]
             jz = torch.stack([row[i] for row in rows], 1)  # (N, K, *z.shape[1:])
             n = inputs.shape[0]
-            if isinstance(module, nn.Conv2d):
+            if isinstance(module, _CONV):
                 a = _conv_patches(module, inputs)
                 jz = jz.flatten(3).transpose(2, 3)
             else:  # a Linear on (N, ..., D): every position of the middle dims a location

@@ -173,7 +173,8 @@ class Laplace:
             budget: Budget, progress: bool | None) -> LaplaceFit:
         """MAP by SVI under ``budget``, then the Laplace posterior of ``build_model()``: a
         :class:`~bnn_zoo.models.BayesianMLP` or a :class:`~bnn_zoo.models.BayesianModule`
-        (any torch module; ``kron`` needs its layers to be ``nn.Linear`` or ``nn.Conv2d``)."""
+        (any torch module, inputs of any shape; ``kron`` needs its layers to be ``nn.Linear``,
+        ``nn.Conv1d`` or ``nn.Conv2d``)."""
         check_budget(budget)
         model, guide = self._model_and_guide(build_model, x, task, seed)
         result = budget.run(model, guide, x, y, elbo=MeanFieldELBO, seed=seed,

@@ -217,8 +217,8 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
                       alpha: Tensor | float | None = None, beta: Tensor | float | None = None,
                       prior_mean: Tensor | float = 0.0) -> LaplacePosterior:
     """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP` or
-    :class:`~bnn_zoo.models.BayesianModule`) around ``theta`` (P,) on data ``x`` (N, D),
-    ``y`` (N,). ``model`` is read, never written.
+    :class:`~bnn_zoo.models.BayesianModule`) around ``theta`` (P,) on data ``x`` (N, D)
+    (a module's inputs of any shape (N, ...)), ``y`` (N,). ``model`` is read, never written.
 
     ``curvature`` chooses the structure of ``H`` (default ``CurvatureSettings()``: the
     full GGN); ``evidence`` whether the MAP is refitted and how ``alpha`` and ``beta`` are
@@ -235,8 +235,9 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
                               ("evidence", evidence, EvidenceSettings)):
         if not isinstance(value, kind):
             raise TypeError(f"Expected {name} to be a {kind.__name__}, but got {value!r}.")
-    x, y = check_data(x, y)
+    x, y = check_data(x, y, any_shape=True)
     layout = layout_of(model)
+    layout.check_input(x)
     p = layout.num_parameters
     if theta.shape != (p,):
         raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")

@@ -56,26 +56,30 @@ def batches_replicas(entry: Entry, *, model_options: Mapping[str, Any] | None = 
                       budget_overrides)[-1]
 
 
-def training_sets(xs: object, ys: object, seeds: object
+def training_sets(xs: object, ys: object, seeds: object, *, any_shape: bool = False
                   ) -> tuple[list[Tensor], list[Tensor], list[int]]:
     """The R training sets and seeds of :func:`fit_many`, checked.
 
     ``xs`` is a sequence of R inputs (N, D) or one array (R, N, D), ``ys`` likewise R
     targets (N,) or (R, N); or ``xs`` (N, D) and ``ys`` (N,) are one training set that every
     seed fits. ``seeds`` is a sequence of R ints >= 0. Every set must have the same size.
+    With ``any_shape`` (a user's network) the inputs of a set may have any shape (N, ...):
+    ``ys`` of shape (N,) then marks one training set.
     """
     if isinstance(seeds, (str, bytes, Mapping)) or not isinstance(seeds, Sequence) or not seeds:
         raise TypeError(f"Expected seeds to be a non-empty sequence of ints >= 0, but got "
                         f"{seeds!r}.")
     seeds = [check_seed(f"seeds[{r}]", seed) for r, seed in enumerate(seeds)]
-    if isinstance(xs, (Tensor, np.ndarray)) and xs.ndim == 2:
-        x, y = check_data(xs, ys)
+    arrays = (Tensor, np.ndarray)
+    if (isinstance(xs, arrays) and xs.ndim == 2) or (
+            any_shape and isinstance(xs, arrays) and isinstance(ys, arrays) and ys.ndim == 1):
+        x, y = check_data(xs, ys, any_shape=any_shape)
         return [x] * len(seeds), [y] * len(seeds), seeds
     xs, ys = list(xs), list(ys)
     if not (len(xs) == len(ys) == len(seeds)):
         raise ValueError(f"Expected one seed per training set, but got {len(xs)} inputs, "
                          f"{len(ys)} targets and {len(seeds)} seeds.")
-    pairs = [check_data(x, y) for x, y in zip(xs, ys)]
+    pairs = [check_data(x, y, any_shape=any_shape) for x, y in zip(xs, ys)]
     shapes = [(tuple(x.shape), tuple(y.shape)) for x, y in pairs]
     if len(set(shapes)) > 1:
         raise ValueError(f"Expected training sets of equal size (fit_many stacks them), but "
@@ -104,7 +108,7 @@ def fit_many(entry: Entry, xs: object, ys: object, *, seeds: Sequence[int],
     in distribution. Its ``fit_seconds`` is the batch's wall time shared equally. For
     classification the number of classes is that of all the sets together.
     """
-    xs, ys, seeds = training_sets(xs, ys, seeds)
+    xs, ys, seeds = training_sets(xs, ys, seeds, any_shape=net is not None)
     check_bool("progress", progress, allow_none=True)
     options, model_kw, method, budget, batches = _configure(
         entry, model_options, guide_options, method_options, budget_overrides)

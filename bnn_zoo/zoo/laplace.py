@@ -19,9 +19,9 @@ L-BFGS), then the Gaussian around it, with the GLM predictive:
   Fixes Overconfidence in ReLU Networks").
 
 The entries fit the zoo's MLP; with ``entry.fit(..., net=...)`` they fit any torch module
-the same way (its MAP
-trained untraced; ``kron`` and ``kron_separate`` need every parameterised layer to be an
-``nn.Linear`` or ``nn.Conv2d``, the other structures take any layer; see
+on inputs of the shape it takes (images (N, C, H, W), series (N, C, L)) the same way (its
+MAP trained untraced; ``kron`` and ``kron_separate`` need every parameterised layer to be
+an ``nn.Linear``, ``nn.Conv1d`` or ``nn.Conv2d``, the other structures take any layer; see
 :mod:`bnn_zoo.guides.layouts`).
 
 ``entry.fit_many`` (and ``benchmarks/uci.py``) trains the MAP phases of many fits (the

@@ -26,7 +26,8 @@ class LaplaceGuide(PyroModule):
     :class:`~bnn_zoo.guides.laplace.posterior.LaplacePosterior`.
 
     The locations are ``PyroParam``s named after the model's sample sites (dots replaced
-    by underscores), so the point mass trains with :func:`bnn_zoo.fit` or with Pyro's own
+    by underscores; ``_loc`` appended to a name without a dot, a bare module's
+    ``weight``), so the point mass trains with :func:`bnn_zoo.fit` or with Pyro's own
     ``SVI`` and a ``pyro.optim`` optimiser, with or without ``module_local_params``. With a
     posterior, the guide samples all weights jointly from an auxiliary standard normal
     site ``_laplace_eps`` transformed by the posterior's structure.
@@ -51,7 +52,10 @@ class LaplaceGuide(PyroModule):
         super().__init__()
         check_positive("bias_scale", bias_scale)
         self.layout = layout_of(model)
-        self.keys = {name: name.replace(".", "_") for name, _ in self.layout.sites}
+        # A PyroParam named as a sample site clashes with it in the trace: the site of a bare
+        # module's ``weight`` gets its location under ``weight_loc``.
+        self.keys = {name: name.replace(".", "_") if "." in name else f"{name}_loc"
+                     for name, _ in self.layout.sites}
         # A model whose weights have a layout of their own (a wrapped torch module) offers
         # its initial values; the MLP's (d_in, d_out) weights are drawn.
         offered = model.initial_weights() if hasattr(model, "initial_weights") else {}

@@ -253,14 +253,16 @@ class LaplacePosterior:
     def glm_predictive(self, x: Tensor, link: str = "probit", num_samples: int = 1000,
                        generator: torch.Generator | None = None
                        ) -> GaussianMixturePredictive | CategoricalPredictive:
-        """The linearised predictive at ``x`` (N, D), as a one-component predictive.
+        """The linearised predictive at ``x`` (N, D) (a module's inputs (N, ...)), as a
+        one-component predictive.
 
         Regression: ``N(f(x), 1/beta + g^T A^-1 g)`` (``link`` unused). Classification:
         ``E[softmax(l)]`` over the logits ``l ~ N(f, J A^-1 J^T)``, by the probit
         approximation ``softmax(f / sqrt(1 + pi/8 g_k^T A^-1 g_k))`` (``link="probit"``)
         or by ``num_samples`` draws of the logits (``link="mc"``, from ``generator``).
         """
-        x, _ = check_data(x)
+        x, _ = check_data(x, any_shape=True)
+        self.layout.check_input(x)
         check_choice("link", link, LINKS)
         check_positive_int("num_samples", num_samples)
         with torch.no_grad():

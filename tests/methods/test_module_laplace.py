@@ -146,15 +146,27 @@ def test_kron_of_a_linear_gaussian_layer_is_the_exact_ggn(bias):
     torch.testing.assert_close(block, dense[index][:, index])
 
 
-@pytest.mark.parametrize("task", ["regression", "classification"])
-def test_kron_of_one_pixel_convolution_and_one_point_is_exact(task):
-    """For one data point and a convolution with one output pixel (kernel = image) every
-    layer's K-FAC block is its exact GGN block (as for an MLP)."""
-    def net_of(out):
-        return nn.Sequential(nn.Unflatten(1, (1, 4, 4)), nn.Conv2d(1, 3, 4), nn.Tanh(),
-                             nn.Flatten(), nn.Linear(3, out))
+#: A convolution whose kernel covers its whole input (one output pixel), then a Linear
+#: layer: on flat inputs unflattened by the net, on images and on series as they are.
+ONE_PIXEL = {
+    "flat": ((16,), lambda out: nn.Sequential(nn.Unflatten(1, (1, 4, 4)), nn.Conv2d(1, 3, 4),
+                                              nn.Tanh(), nn.Flatten(), nn.Linear(3, out))),
+    "image": ((1, 4, 4), lambda out: nn.Sequential(nn.Conv2d(1, 3, 4), nn.Tanh(), nn.Flatten(),
+                                                   nn.Linear(3, out))),
+    "series": ((2, 8), lambda out: nn.Sequential(nn.Conv1d(2, 3, 8), nn.Tanh(), nn.Flatten(),
+                                                 nn.Linear(3, out))),
+}
 
+
+@pytest.mark.parametrize("inputs", sorted(ONE_PIXEL))
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_kron_of_one_pixel_convolution_and_one_point_is_exact(task, inputs):
+    """For one data point and a convolution with one output pixel (kernel = image) every
+    layer's K-FAC block is its exact GGN block (as for an MLP), whatever the input's
+    shape: flat, an image (N, C, H, W) or a series (N, C, L) given as it is."""
+    shape, net_of = ONE_PIXEL[inputs]
     net, layout, theta, x, y = problem(net_of, task, n=1)
+    x = x.view(1, *shape)
     dense = naive_ggn(net, theta, x, LIK[task])
     blocks = kron_block(layout, theta, x, y, LIK[task])
     assert len(blocks) == 2
@@ -162,51 +174,94 @@ def test_kron_of_one_pixel_convolution_and_one_point_is_exact(task):
         torch.testing.assert_close(block, dense[index][:, index])
 
 
+def patches_by_hand(inputs: torch.Tensor, padding, stride: int) -> torch.Tensor:
+    """(N, L, C k^d) the 2-wide (2x2 for images) patches of ``inputs`` (N, C, L) or
+    (N, C, H, W) at every ``stride``-th position, with ``padding`` zeros around ("same":
+    the one pixel after, as torch pads an even kernel)."""
+    dims = inputs.dim() - 2
+    if padding == "same":
+        inputs = nn.functional.pad(inputs, (0, 1) * dims)
+    elif padding:
+        inputs = nn.functional.pad(inputs, (padding,) * 2 * dims)
+    starts = [range(0, size - 1, stride) for size in inputs.shape[2:]]
+    if dims == 1:
+        return torch.stack([torch.stack([image[:, i:i + 2].flatten() for i in starts[0]])
+                            for image in inputs])
+    return torch.stack([torch.stack([image[:, i:i + 2, j:j + 2].flatten()
+                                     for i in starts[0] for j in starts[1]])
+                        for image in inputs])
+
+
 # padding="same" with an even kernel pads asymmetrically, the case worth testing; torch
 # warns that it copies the input to do so, which is torch's concern, not the test's.
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel:UserWarning")
 @pytest.mark.parametrize("padding, stride", [(0, 1), (1, 2), ("same", 1)])
 @pytest.mark.parametrize("task", ["regression", "classification"])
-def test_conv_kron_factors_match_patches_cut_by_hand(padding, stride, task):
+@pytest.mark.parametrize("shape", [(2, 4, 4), (2, 5)], ids=["conv2d", "conv1d"])
+def test_conv_kron_factors_match_patches_cut_by_hand(shape, padding, stride, task):
     """KFC / KFAC-expand (Grosse & Martens 2016): ``Q = 1/(N L) sum_{n,l} a a^T`` over the
-    input patches ``a_{n,l} = [x_n[:, i:i+2, j:j+2], 1]`` cut by hand, and ``G = sum_{n,l}
-    J_{n,l}^T Lambda_n J_{n,l}`` from the autograd Jacobians in the convolution's outputs.
-    The patches times ``[W^T; b]`` must be the convolution's own output."""
-    conv = nn.Conv2d(2, 3, 2, padding=padding, stride=stride).double()
-    net = nn.Sequential(nn.Unflatten(1, (2, 4, 4)), conv, nn.Tanh(), nn.Flatten()).double()
+    input patches ``a_{n,l} = [x_n[:, i:i+2, j:j+2], 1]`` (a series: ``[x_n[:, i:i+2],
+    1]``) cut by hand, and ``G = sum_{n,l} J_{n,l}^T Lambda_n J_{n,l}`` from the autograd
+    Jacobians in the convolution's outputs. The patches times ``[W^T; b]`` must be the
+    convolution's own output. The inputs (N, C, H, W) or (N, C, L) reach the net as they
+    are."""
+    conv = (nn.Conv2d if len(shape) == 3 else nn.Conv1d)(2, 3, 2, padding=padding,
+                                                         stride=stride).double()
+    net = nn.Sequential(conv, nn.Tanh(), nn.Flatten()).double()
     with torch.no_grad():
-        width = net(torch.zeros(1, 32, dtype=D)).shape[1]
+        width = net(torch.zeros(1, *shape, dtype=D)).shape[1]
     out = 1 if task == "regression" else 3
     net.append(nn.Linear(width, out).double())
     model = BayesianModule(net, task=task, noise_scale=1.0 if out == 1 else None)
     layout = layout_of(model)
     g = torch.Generator().manual_seed(6)
     theta = layout.flatten(model.initial_weights())
-    x = torch.randn(5, 32, generator=g, dtype=D)
+    x = torch.randn(5, *shape, generator=g, dtype=D)
     y = torch.randn(5, dtype=D) if out == 1 else torch.randint(0, 3, (5,), generator=g)
     (q, gg), _ = kron_ggn(theta, x, y, layout, None, LIK[task])
 
-    images = x.view(5, 2, 4, 4)
-    if padding == "same":  # kernel 2: torch pads one pixel after, none before
-        images = nn.functional.pad(images, (0, 1, 0, 1))
-    elif padding:
-        images = nn.functional.pad(images, (padding,) * 4)
-    rows = range(0, images.shape[2] - 1, stride)
-    cols = range(0, images.shape[3] - 1, stride)
-    patches = torch.stack([torch.stack([images[n, :, i:i + 2, j:j + 2].flatten()
-                                        for i in rows for j in cols]) for n in range(5)])
-    a = torch.cat([patches, torch.ones(*patches.shape[:2], 1, dtype=D)], -1)  # (N, L, 9)
-    z = conv(x.view(5, 2, 4, 4))
+    patches = patches_by_hand(x, padding, stride)
+    a = torch.cat([patches, torch.ones(*patches.shape[:2], 1, dtype=D)], -1)  # (N, L, D + 1)
+    z = conv(x)
     weights = torch.cat([conv.weight.flatten(1).T, conv.bias[None]])
     torch.testing.assert_close(a @ weights, z.flatten(2).transpose(1, 2))
     torch.testing.assert_close(q, torch.einsum("nli,nlj->ij", a, a) / a.shape[0] / a.shape[1])
 
     zl = z.detach().requires_grad_()
-    f = net[2:](zl)
+    f = net[1:](zl)
     jz = torch.stack([torch.autograd.grad(f[:, k].sum(), zl, retain_graph=True)[0]
                       for k in range(out)], 1).flatten(3)  # (N, K, d_out, L)
     lam = loss_hessians(f.detach(), LIK[task])
     torch.testing.assert_close(gg, torch.einsum("nkol,nkj,njpl->op", jz, lam, jz))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 3), (2, 4)], ids=["conv2d", "conv1d"])
+def test_kron_of_a_whole_input_convolution_is_the_ggn_posterior_on_images(shape):
+    """A convolution whose kernel covers its input, one output channel, Gaussian
+    likelihood: a linear-Gaussian model with one location, on which K-FAC is exact. So on
+    images (N, C, H, W) and series (N, C, L) given as they are, ``kron`` and ``ggn`` give
+    the same posterior through every step on those inputs: the L-BFGS refits, the
+    curvature, the evidence fixed point and the GLM predictive."""
+    conv = (nn.Conv2d if len(shape) == 3 else nn.Conv1d)(2, 1, shape[1:]).double()
+    model = BayesianModule(nn.Sequential(conv, nn.Flatten()), noise_scale=0.5,
+                           prior=GaussianPrior(0.8))
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(25, *shape, generator=g, dtype=D)
+    w = torch.randn(x[0].numel(), generator=g, dtype=D)
+    y = x.flatten(1) @ w + 0.3 * torch.randn(25, generator=g, dtype=D)
+    theta = torch.zeros(layout_of(model).num_parameters, dtype=D)
+    posts = [laplace_posterior(model, theta, x, y, curvature=CurvatureSettings(curvature),
+                               evidence=EvidenceSettings("fixed_point", iterations=4))
+             for curvature in ("kron", "ggn")]
+    kron, dense = posts
+    assert kron.iterations == dense.iterations > 1
+    for a, b in ((kron.theta, dense.theta), (kron.alpha, dense.alpha), (kron.beta, dense.beta),
+                 (kron.covariance(), dense.covariance()),
+                 (kron.log_evidence(), dense.log_evidence())):
+        torch.testing.assert_close(a, b)
+    x_test = torch.randn(6, *shape, generator=g, dtype=D)
+    torch.testing.assert_close(kron.glm_predictive(x_test).scale,
+                               dense.glm_predictive(x_test).scale)
 
 
 def test_kron_refuses_what_it_cannot_factor_naming_the_parameter():

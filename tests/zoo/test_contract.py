@@ -2,7 +2,9 @@
 entry supports: a tiny fit (the entry's own :attr:`~bnn_zoo.zoo.Entry.tiny` keywords, so a
 new entry is covered as it is registered), predictive shapes, metric keys, determinism under
 a seed, dtype and device of the data, plain Pyro's ``Predictive`` on the fitted pair, and a
-save/load round trip that predicts the same."""
+save/load round trip that predicts the same; and for every entry that takes a user's
+network, the same on images (N, C, H, W) and series (N, C, L) given to a small CNN as
+they are."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import re
 import pyro
 import pytest
 import torch
+from torch import nn
 
 from bnn_zoo import data, zoo
 from bnn_zoo.methods.ensemble import Ensemble
@@ -123,6 +126,61 @@ def test_device_follows_the_data(name, task):
     pred = fitted.predict(x_test, num_samples=4)
     assert all(v.device.type == "cuda" for v in vars(pred).values() if v is not None)
     assert pred.mean.dtype == torch.float32
+
+
+# --- a user's network on inputs of any shape ---------------------------------------------
+
+#: The input shape (C, H, W) or (C, L) and the network of each layout: a convolution, ReLU,
+#: average pooling, then Linear -> Tanh -> Linear, as a user writes a small CNN.
+SHAPED = {
+    "image": ((1, 4, 4), lambda out: nn.Sequential(
+        nn.Conv2d(1, 2, 2), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(), nn.Linear(2, 3),
+        nn.Tanh(), nn.Linear(3, out))),
+    "series": ((2, 6), lambda out: nn.Sequential(
+        nn.Conv1d(2, 2, 3), nn.ReLU(), nn.AvgPool1d(2), nn.Flatten(), nn.Linear(4, 3),
+        nn.Tanh(), nn.Linear(3, out))),
+}
+NET_CASES = [(name, task, layout) for name in zoo.names(accepts_net=True)
+             for task in zoo.get(name).tasks for layout in SHAPED]
+
+
+def shaped_problem(task: str, layout: str):
+    """30 training and 10 test inputs of the layout's shape (float32, as CNNs run), with
+    regression targets (their mean) or two classes (its sign), and the layout's network
+    factory."""
+    shape, make_net = SHAPED[layout]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, *shape, generator=g)
+    signal = x.flatten(1).mean(1)
+    y = signal if task == "regression" else (signal > signal.median()).long()
+    out = 1 if task == "regression" else 2
+    return x[:30], y[:30], x[30:], y[30:], lambda: make_net(out)
+
+
+@pytest.mark.parametrize("name,task,layout", NET_CASES,
+                         ids=[f"{n}-{t}-{s}" for n, t, s in NET_CASES])
+def test_network_takes_images_and_series_as_they_are(name, task, layout, tmp_path):
+    """Every entry that takes a network fits, predicts, evaluates and saves with a CNN on
+    inputs (N, C, H, W) or (N, C, L), no reshaping inside the network."""
+    x, y, x_test, y_test, make_net = shaped_problem(task, layout)
+    pyro.set_rng_seed(0)
+    fitted = tiny_fit(name, task, x, y, net=make_net)
+    assert fitted.in_shape == x.shape[1:]
+    n, out = x_test.shape[0], 1 if task == "regression" else 2
+    pred = fitted.predict(x_test, num_samples=4)
+    assert pred.mean.shape == ((n,) if task == "regression" else (n, out))
+    assert bool(torch.isfinite(pred.mean).all()) and pred.mean.dtype == torch.float32
+    metrics = fitted.evaluate(x_test, y_test, num_samples=4)
+    assert (REGRESSION_METRICS if task == "regression" else CLASSIFICATION_METRICS) <= set(
+        metrics)
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    fitted.save(tmp_path / "fit.pt")
+    loaded = zoo.load(tmp_path / "fit.pt", net=make_net)
+    predictions = []
+    for f in (fitted, loaded):
+        pyro.set_rng_seed(5)
+        predictions.append(f.predict(x_test, num_samples=4).mean)
+    torch.testing.assert_close(*predictions)
 
 
 @pytest.mark.parametrize("name", zoo.names())

@@ -188,6 +188,31 @@ def test_bad_net_or_option_is_named(case):
         assert word in str(info.value), (word, str(info.value))
 
 
+@pytest.mark.parametrize("name", ["map", "laplace"])
+def test_fit_many_of_a_network_on_images(name):
+    """One image set (N, 1, 8, 8) with labels (N,) fitted from two seeds, or two sets: each
+    fit is the entry's fit of its set with its seed."""
+    x, y = images(40)
+    entry = zoo.get(name)
+    options = {**entry.tiny, "net": tiny_cnn}
+    fits = entry.fit_many(x, y, seeds=[0, 1], **options)
+    pairs = entry.fit_many([x, x.flip(-1)], [y, y], seeds=[0, 1], **options)
+    for fitted, (xr, seed) in zip([*fits, *pairs], [(x, 0), (x, 1), (x, 0), (x.flip(-1), 1)]):
+        assert fitted.in_shape == (1, 8, 8)
+        torch.testing.assert_close(seeded_predictive_mean(fitted, x), seeded_predictive_mean(
+            entry.fit(xr, y, seed=seed, **options), x))
+
+
+def test_a_bare_module_is_a_network_for_laplace():
+    """A network that is one layer (parameters ``weight`` and ``bias``, no dots in their
+    names) fits under the Laplace guide, whose locations are not named as the sites."""
+    x, y = images(30)
+    fitted = zoo.get("laplace").fit(x.flatten(1), y, net=lambda: nn.Linear(64, 10),
+                                    **zoo.get("laplace").tiny)
+    assert fitted.net_sites == (("weight", (10, 64)), ("bias", (10,)))
+    assert fitted.predict(x.flatten(1), num_samples=2).probs.shape == (1, 30, 10)
+
+
 def test_image_inputs_need_a_network():
     x, y = images(20)
     with pytest.raises(ValueError, match=r"\(N, D\).*'bbb'.*\(20, 1, 8, 8\).*net="):
