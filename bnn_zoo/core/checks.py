@@ -16,7 +16,7 @@ from torch import Tensor
 
 __all__ = ["as_data_tensor", "check_bool", "check_choice", "check_class_labels", "check_data",
            "check_device", "check_fraction", "check_module_device", "check_positive",
-           "check_positive_int", "check_seed", "check_tensor", "same_device"]
+           "check_positive_int", "check_seed", "check_tensor", "check_values", "same_device"]
 
 
 def check_tensor(name: str, value: object, *, ndim: int | Sequence[int] | None = None,
@@ -65,23 +65,38 @@ def as_data_tensor(name: str, value: object) -> object:
     return value
 
 
-def check_data(x: object, y: object | None = None, *, any_shape: bool = False
-               ) -> tuple[Tensor, Tensor | None]:
+def check_values(name: str, value: Tensor) -> Tensor:
+    """Return ``value`` if it holds values: a tensor on the ``meta`` device has a shape and
+    a dtype but no data, and nothing can be fitted to it or predicted at it."""
+    if value.is_meta:
+        raise ValueError(f"Expected {name} on a device that holds data ('cpu', 'cuda'), but it "
+                         "is on the 'meta' device, which holds shapes without values; pass "
+                         f"{name} with its values, e.g. {name}.to('cpu').")
+    return value
+
+
+def check_data(x: object, y: object | None = None, *, any_shape: bool = False,
+               values: bool = True) -> tuple[Tensor, Tensor | None]:
     """Check inputs ``x`` of shape (N, D) and, if given, targets ``y`` of length N.
 
     ``any_shape=True`` accepts inputs of any shape (N, ...) (images (N, C, H, W), series
     (N, C, L)), for a model that checks the shape of its own inputs (a user's network:
-    :class:`~bnn_zoo.models.BayesianModule`). Returns them as tensors: numpy arrays are
-    converted and tensors that require gradients detached (see :func:`as_data_tensor`);
-    nothing else is coerced.
+    :class:`~bnn_zoo.models.BayesianModule`). ``values=False`` accepts tensors without
+    values (the ``meta`` device, see :func:`check_values`), for the internals that run on
+    them. Returns them as tensors: numpy arrays are converted and tensors that require
+    gradients detached (see :func:`as_data_tensor`); nothing else is coerced.
     """
     x = check_tensor("x", as_data_tensor("x", x), ndim=None if any_shape else 2, floating=True)
     if any_shape and x.dim() == 0:
         raise ValueError("Expected x to have a first dimension of N data points, but got a "
                          "0-dimensional tensor.")
+    if values:
+        check_values("x", x)
     if y is None:
         return x, None
     y = check_tensor("y", as_data_tensor("y", y), ndim=(1, 2))
+    if values:
+        check_values("y", y)
     if y.shape[0] != x.shape[0]:
         raise ValueError(
             f"Expected y to have one row per row of x ({x.shape[0]}), but got {y.shape[0]}."

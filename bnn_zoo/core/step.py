@@ -205,8 +205,10 @@ class SVIStep:
         """The checked training data (:func:`~bnn_zoo.core.checks.check_data`); a subclass
         for other layouts (replicas: :class:`bnn_zoo.core.replicas.ReplicaSVIStep`) replaces
         it, with :meth:`handlers` and :meth:`trace_inputs`. ``x`` may have any shape (N, ...):
-        the model checks its own inputs."""
-        return check_data(x, y, any_shape=True)
+        the model checks its own inputs. The step runs on any device, ``meta`` included (its
+        tests' stand-in for a GPU); :func:`~bnn_zoo.core.training.fit` refuses data without
+        values before it builds one."""
+        return check_data(x, y, any_shape=True, values=False)
 
     def handlers(self) -> list[Messenger]:
         """Effect handlers installed around every loss evaluation (none here)."""

@@ -18,7 +18,7 @@ import pyro.infer
 from torch import Tensor, nn
 
 from bnn_zoo.core.checkpoint import checkpoint_path, resume
-from bnn_zoo.core.checks import check_bool, check_positive_int, check_seed
+from bnn_zoo.core.checks import check_bool, check_positive_int, check_seed, check_values
 from bnn_zoo.core.loop import run_steps
 from bnn_zoo.core.step import SVIStep
 
@@ -61,7 +61,7 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
         put its data in ``pyro.plate("data", N)``.
     x, y : inputs (N, D) (or (N, ...) for a model that takes them, such as a
         :class:`~bnn_zoo.models.BayesianModule`) and (N,) targets, on the device the fit
-        should run on.
+        should run on (one that holds data: ``meta`` tensors are refused).
     steps : total number of optimiser steps (minibatches).
     lr : Adam learning rate; one fused ``torch.optim.Adam`` over all parameters
         of the model and the guide.
@@ -116,6 +116,9 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
         broadcast), checked on the first trace; if ``checkpoint`` does not belong to this
         run, cannot be read, or has done more than ``steps`` steps.
     """
+    for name, value in (("x", x), ("y", y)):  # the step itself runs on meta tensors too
+        if isinstance(value, Tensor):
+            check_values(name, value)
     check_positive_int("steps", steps)
     check_positive_int("checkpoint_every", checkpoint_every)
     check_positive_int("check_every", check_every)

@@ -87,6 +87,9 @@ def torch_device(text: str) -> torch.device:
         device = check_device("--device", text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    if device.type == "meta":
+        raise argparse.ArgumentTypeError("expected a device that holds data (cpu, cuda), got "
+                                         "'meta', which holds shapes without values")
     count = torch.cuda.device_count() if device.type == "cuda" else 0
     if device.type == "cuda" and device.index is not None and device.index >= count:
         raise argparse.ArgumentTypeError(f"expected a CUDA device index below {count} (the "

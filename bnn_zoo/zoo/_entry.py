@@ -27,7 +27,13 @@ from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.options import accepted_keywords, check_keywords
 from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo._fitted import Fitted
-from bnn_zoo.zoo._networks import NET_MODEL_OPTIONS, Network, net_model_defaults, network_builder
+from bnn_zoo.zoo._networks import (
+    NET_MODEL_OPTIONS,
+    Network,
+    net_model_defaults,
+    net_outputs,
+    network_builder,
+)
 from bnn_zoo.zoo._preparation import check_inputs, check_targets, output_dim, training_data
 from bnn_zoo.zoo._replicas import fit_many
 
@@ -118,18 +124,21 @@ class Entry:
         return build_model
 
     def net_model_factory(self, net: Network, task: str, model_options: Mapping[str, Any],
-                          like: Tensor) -> tuple[ModelFactory, tuple]:
+                          like: Tensor, classes: int) -> tuple[ModelFactory, tuple, int]:
         """``build_model(**overrides)`` of a fit with ``net=``: a fresh
         :class:`BayesianModule` on the network (see
-        :func:`~bnn_zoo.zoo._networks.network_builder`), and the ``(name, shape)`` of the
-        network's parameters, read from one model built here so that a bad network or
-        option is refused before any fit."""
+        :func:`~bnn_zoo.zoo._networks.network_builder`), the ``(name, shape)`` of the
+        network's parameters and its number of outputs, read from one model built here
+        and applied to the inputs ``like`` (:func:`~bnn_zoo.zoo._networks.net_outputs`,
+        at least ``classes`` for classification), so that a bad network or option is
+        refused before any fit."""
         make_net = network_builder(net, like)
 
         def build_model(**overrides: Any) -> BayesianModule:
             return BayesianModule(make_net(), task=task, **{**model_options, **overrides})
 
-        return build_model, tuple(build_model().sites)
+        model = build_model()
+        return build_model, tuple(model.sites), net_outputs(model.net, like, task, classes)
 
     def settings(self, model_options: Mapping[str, Any] | None,
                  guide_options: Mapping[str, Any] | None,
@@ -174,7 +183,9 @@ class Entry:
 
         ``net`` (entries with ``accepts_net``; others raise :class:`UnsupportedProblem`):
         a ``torch.nn.Module`` mapping inputs (N, ...) to outputs (N, 1) (regression) or
-        (N, C) class logits, or a zero-argument factory returning one. The model is then
+        (N, C) class logits (``C`` at least the number of classes of ``y``), or a
+        zero-argument factory returning one; a network whose output has another shape is
+        refused before any training. The model is then
         :class:`~bnn_zoo.models.BayesianModule` ``(net, task=task, **model_options)``
         (options ``prior``, ``noise_scale``, ``init_noise_scale``; the entry's own prior by
         default), ``x`` may have any shape (N, ...) and is standardised elementwise (each
@@ -207,7 +218,8 @@ class Entry:
             build_model = self.model_factory(x.shape[1], out_dim, task, model_kw, data.x)
         else:
             in_shape = tuple(x.shape[1:])
-            build_model, net_sites = self.net_model_factory(net, task, model_kw, data.x)
+            build_model, net_sites, out_dim = self.net_model_factory(net, task, model_kw,
+                                                                     data.x, out_dim)
         pyro.set_rng_seed(seed)
         started = time.perf_counter()
         posterior = method.fit(build_model, data.x, data.y, task=task, seed=seed,
@@ -256,7 +268,8 @@ class Entry:
             build_model = self.model_factory(state["in_dim"], state["out_dim"], state["task"],
                                              model_kw, like)
         else:
-            build_model, net_sites = self.net_model_factory(net, state["task"], model_kw, like)
+            build_model, net_sites, _ = self.net_model_factory(net, state["task"], model_kw,
+                                                               like, state["out_dim"])
             expected = tuple((name, tuple(shape)) for name, shape in saved_sites)
             if net_sites != expected:
                 raise ValueError(f"Expected net to have the parameters saved in {source}, "

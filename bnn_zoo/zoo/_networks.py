@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor, nn
 
 from bnn_zoo.core.checks import same_device
@@ -20,7 +21,7 @@ from bnn_zoo.methods.options import accepted_keywords
 from bnn_zoo.models.module import BayesianModule, digits_cnn
 
 __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cnn",
-           "net_model_defaults", "network_builder"]
+           "net_model_defaults", "net_outputs", "network_builder"]
 
 #: What ``net=`` takes: a module (used as given) or a factory (called for every model).
 Network = nn.Module | Callable[[], nn.Module]
@@ -63,6 +64,34 @@ def network_builder(net: object, like: Tensor) -> Callable[[], nn.Module]:
         return made.to(device=like.device, dtype=like.dtype)
 
     return build
+
+
+def net_outputs(net: nn.Module, x: Tensor, task: str, classes: int) -> int:
+    """The number of outputs ``K`` of ``net``, read from its output at the first two points
+    of ``x`` and checked against the task before any training: ``(n, 1)`` for regression,
+    ``(n, K)`` class logits with ``K >= classes`` (the labels 0..classes-1 of ``y``; more
+    where the network knows classes the training labels do not hold) for classification.
+    A network that cannot be applied to ``x``'s shape is refused naming that shape."""
+    probe = x[:2]
+    try:
+        with torch.no_grad():
+            out = net(probe)
+    except RuntimeError as error:
+        raise ValueError(f"Expected net to take inputs shaped as x (N, "
+                         f"{', '.join(map(str, x.shape[1:]))}), but applied to the first "
+                         f"{len(probe)} points it fails: {error}") from None
+    shape = tuple(out.shape) if isinstance(out, Tensor) else None
+    if task == "regression":
+        expected, ok = "(n, 1) for regression", shape == (len(probe), 1)
+    else:
+        expected = f"(n, K) class logits with K >= {max(classes, 2)} (the classes of y)"
+        ok = (shape is not None and len(shape) == 2 and shape[0] == len(probe)
+              and shape[1] >= max(classes, 2))
+    if not ok:
+        got = shape if shape is not None else type(out).__name__
+        raise ValueError(f"Expected net to map inputs {tuple(probe.shape)} (the first "
+                         f"{len(probe)} points of x) to outputs {expected}, but got {got}.")
+    return shape[1]
 
 
 def net_model_defaults(model: Callable) -> dict:

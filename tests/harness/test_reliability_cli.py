@@ -95,6 +95,8 @@ CLI_ERRORS = {
                                        ["split", "20"], lambda out, mp: _shared_uci(mp)),
     "device without CUDA": ([*FIT, "--device", CUDA], ["--device", "cuda"], None),
     "device unknown": ([*COMPARE, "--device", "gpu"], ["--device", "gpu"], None),
+    "device without data": ([*FIT, "--device", "meta"], ["--device", "'meta'", "holds data"],
+                            None),
     "entry unknown": (["fit", "--entry", "no_such", "--data", "sine"], ["--entry", "no_such"],
                       None),
     "entry missing": (["fit", "--data", "sine"], ["--entry"], None),

@@ -17,6 +17,7 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 
 import bnn_zoo
+import bnn_zoo.methods.base
 from bnn_zoo import data, zoo
 from bnn_zoo.core.checkpoint import CheckpointWarning
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
@@ -235,6 +236,9 @@ DATA_CASES = {
     "x inf": (X.clone().index_fill_(0, torch.tensor([3]), math.inf), Y, ValueError,
               ["x", "finite"]),
     "y on another device": (X, Y.to(META), ValueError, ["device", "meta"]),
+    "x on the meta device": (X.to(META), Y, ValueError, ["x", "'meta'", "holds data"]),
+    "x and y on the meta device": (X.to(META), Y.to(META), ValueError,
+                                   ["x", "'meta'", "holds data"]),
 }
 
 
@@ -260,6 +264,55 @@ def test_model_on_another_device_than_the_data():
     model = BayesianMLP(2, 1, (4,)).to(META)
     expect(lambda: bnn_zoo.fit(model, AutoNormal(model), X, Y, steps=2), ValueError,
            ["model", "device"])
+
+
+# --- a user's network whose output does not fit the task ----------------------------------
+
+class _Pair(torch.nn.Module):
+    """A network that returns two tensors instead of one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.layer(x), self.layer(x)
+
+
+_, LABELS3 = problem(classes=3)
+NET_OUTPUT_CASES = {
+    # case: (targets, the network's factory, words the message must contain)
+    "3 outputs for regression": (Y, lambda: torch.nn.Linear(2, 3),
+                                 ["net", "(2, 2)", "(n, 1) for regression", "(2, 3)"]),
+    "1 output for 3 classes": (LABELS3, lambda: torch.nn.Linear(2, 1),
+                               ["net", "K >= 3", "(2, 1)"]),
+    "2 outputs for 3 classes": (LABELS3, lambda: torch.nn.Linear(2, 2),
+                                ["net", "K >= 3", "(2, 2)"]),
+    "outputs (N,)": (Y, lambda: torch.nn.Sequential(torch.nn.Linear(2, 1),
+                                                    torch.nn.Flatten(0)),
+                     ["net", "(n, 1)", "(2,)"]),
+    "outputs (N, 1, 1)": (Y, lambda: torch.nn.Sequential(torch.nn.Linear(2, 1),
+                                                         torch.nn.Unflatten(1, (1, 1))),
+                          ["net", "(n, 1)", "(2, 1, 1)"]),
+    "outputs a tuple": (Y, _Pair, ["net", "(n, 1)", "tuple"]),
+    "net that does not take x's shape": (Y, lambda: torch.nn.Linear(5, 1),
+                                         ["net", "inputs shaped as x (N, 2)"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NET_OUTPUT_CASES))
+@pytest.mark.parametrize("name", ["map", "laplace"])
+def test_network_output_that_does_not_fit_the_task_is_refused_before_training(
+        name, case, monkeypatch):
+    y, net, words = NET_OUTPUT_CASES[case]
+    monkeypatch.setattr(bnn_zoo.methods.base, "fit", lambda *a, **k: pytest.fail("a fit ran"))
+    expect(lambda: zoo.get(name).fit(X, y, net=net, steps=2), ValueError, words)
+
+
+def test_network_with_more_outputs_than_the_labels_classes_gives_them_all():
+    """A network knows classes the training labels may lack: its outputs set the classes."""
+    fitted = zoo.get("map").fit(X, LABELS, net=lambda: torch.nn.Linear(2, 3), steps=2, jit=False)
+    assert fitted.out_dim == 3 and fitted.predict(X, num_samples=2).probs.shape == (2, 30, 3)
 
 
 # --- Budget fields ------------------------------------------------------------------------
@@ -365,6 +418,18 @@ PREDICT_CASES = {
     "x empty": ("regression", lambda f: f.predict(X[:0]), ValueError, ["x", "non-empty"]),
     "x on another device": ("regression", lambda f: f.predict(X.to(META)), ValueError,
                             ["x", "device"]),
+    "evaluate x and y on the meta device": ("regression",
+                                            lambda f: f.evaluate(X.to(META), Y.to(META)),
+                                            ValueError, ["x", "'meta'", "holds data"]),
+    "evaluate y on the meta device": ("classification",
+                                      lambda f: f.evaluate(X, LABELS.to(META)), ValueError,
+                                      ["y", "'meta'", "holds data"]),
+    "bnn_zoo.predict x on the meta device": (
+        "regression", lambda f: bnn_zoo.predict(f.model, f.guide, X.to(META)), ValueError,
+        ["x", "'meta'", "holds data"]),
+    "bnn_zoo.evaluate y on the meta device": (
+        "regression", lambda f: bnn_zoo.evaluate(f.model, f.guide, X, Y.to(META)),
+        ValueError, ["y", "'meta'", "holds data"]),
     "evaluate y (N, 1)": ("regression", lambda f: f.evaluate(X, Y[:, None]), ValueError,
                           ["y", "(30,)", "(30, 1)"]),
     "evaluate y shorter": ("regression", lambda f: f.evaluate(X, Y[:5]), ValueError,
