@@ -10,7 +10,10 @@ log p(w)`` in as few operations as it can), then builds the posterior around it
 full-batch L-BFGS, builds the curvature in the structure of its
 :attr:`~Laplace.curvature_settings` and, if its :attr:`~Laplace.evidence_settings` ask,
 maximises the evidence in ``alpha`` and ``beta``
-(:mod:`bnn_zoo.methods.laplace_evidence`).
+(:mod:`bnn_zoo.methods.laplace_evidence`). With points held out
+(:attr:`~Laplace.validation_settings`), the MAP, the curvature and the evidence use the
+others, and ``alpha`` is then scaled by the factor of a grid whose GLM predictive gives the
+held-out points the highest likelihood (:mod:`bnn_zoo.methods.laplace_validation`).
 
 The fitted ``alpha`` and ``beta`` live in the returned posterior only: nothing is written
 into the model that ``build_model`` returned. The posterior's Pyro pair is the
@@ -57,6 +60,12 @@ from bnn_zoo.methods.laplace_evidence import (
     EvidenceSettings,
 )
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
+from bnn_zoo.methods.laplace_validation import (
+    BETA_GRID,
+    GRID,
+    ValidationSettings,
+    tune_on_held_out,
+)
 from bnn_zoo.methods.state import load_module_state, module_state, result_from_state, result_state
 
 __all__ = ["PREDICTIVES", "Laplace", "LaplaceFit", "check_budget", "predictive_model"]
@@ -111,6 +120,12 @@ class Laplace:
         ``log beta`` by ``damping`` (default 0.5) times their distance to the target, at
         most ``max_log_step`` (default ``log 10``), and keeps them in ``bounds`` (default
         ``(1e-6, 1e6)``).
+    holdout : the fraction of the training points held out to choose ``alpha`` on a grid
+        (default 0: none), or ``"auto"`` (a tenth of a classifier's points, none of a
+        regression's); see :mod:`bnn_zoo.methods.laplace_validation`.
+    grid, beta_grid : the factors of ``alpha`` (default 25, log-spaced from 1e-3 to 1e3) and
+        of a regression's ``beta`` (default 13, from 1e-2 to 1e2) the held-out points choose
+        from.
     prior_precision : ``None`` (default: the model's isotropic prior), one number, one
         per layer (a sequence of ``L``) or one per weight (a (P,) tensor; no evidence
         tuning then).
@@ -140,6 +155,9 @@ class Laplace:
     bounds: tuple[float, float] = HYPER_BOUNDS
     max_log_step: float = MAX_LOG_STEP
     damping: float = DAMPING
+    holdout: float | str = 0.0
+    grid: tuple[float, ...] = GRID
+    beta_grid: tuple[float, ...] = BETA_GRID
     rank: int = 10
     subnetwork: tuple[int, ...] | None = None
     bias_scale: float = 1.0
@@ -147,7 +165,7 @@ class Laplace:
     replicas: bool = True
 
     def __post_init__(self) -> None:
-        for settings in (CurvatureSettings, EvidenceSettings):  # each checks its fields
+        for settings in (CurvatureSettings, EvidenceSettings, ValidationSettings):
             settings(**self._fields_of(settings))
         check_choice("predictive", self.predictive, PREDICTIVES)
         check_choice("link", self.link, LINKS)
@@ -165,6 +183,11 @@ class Laplace:
         ``tol``, ``bounds``, ``max_log_step`` and ``damping`` as one object."""
         return EvidenceSettings(**self._fields_of(EvidenceSettings))
 
+    @property
+    def validation_settings(self) -> ValidationSettings:
+        """The fields ``holdout``, ``grid`` and ``beta_grid`` as one object."""
+        return ValidationSettings(**self._fields_of(ValidationSettings))
+
     def _fields_of(self, settings: type) -> dict[str, Any]:
         """The values of this method's fields that ``settings`` (a dataclass) has."""
         return {f.name: getattr(self, f.name) for f in fields(settings)}
@@ -176,10 +199,11 @@ class Laplace:
         (any torch module, inputs of any shape; ``kron`` needs its layers to be ``nn.Linear``,
         ``nn.Conv1d`` or ``nn.Conv2d``)."""
         check_budget(budget)
+        x, y, held_out = self.validation_settings.split(x, y, task, seed)
         model, guide = self._model_and_guide(build_model, x, task, seed)
         result = budget.run(model, guide, x, y, elbo=MeanFieldELBO, seed=seed,
                             progress=progress)
-        return self._posterior(model, guide, x, y, result)
+        return self._posterior(model, guide, x, y, result, held_out)
 
     def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
                  seeds: Sequence[int], budget: Budget, progress: bool | None
@@ -204,6 +228,10 @@ class Laplace:
                 fits.append(self.fit(build_model, x[r], y[r], task=task, seed=seed,
                                      budget=budget, progress=progress))
             return fits
+        splits = [self.validation_settings.split(x[r], y[r], task, seed)
+                  for r, seed in enumerate(seeds)]
+        x = torch.stack([split[0] for split in splits])
+        y = torch.stack([split[1] for split in splits])
         models, guides = [], []
         for r, seed in enumerate(seeds):
             pyro.set_rng_seed(seed)
@@ -213,7 +241,7 @@ class Laplace:
         results = budget.run_replicas(models, guides,
                                       lambda model: self.build_guide(model, x), x, y,
                                       elbo=MeanFieldELBO, seed=seeds[0], progress=progress)
-        return [self._posterior(*pair, x[r], y[r], result)
+        return [self._posterior(*pair, x[r], y[r], result, splits[r][2])
                 for r, (pair, result) in enumerate(zip(zip(models, guides), results))]
 
     def _model_and_guide(self, build_model: ModelFactory, like: Tensor, task: str,
@@ -228,14 +256,17 @@ class Laplace:
                                        generator=torch.Generator().manual_seed(seed))
 
     def _posterior(self, model, guide: LaplaceGuide, x: Tensor, y: Tensor,
-                   result: FitResult) -> LaplaceFit:
-        """The fit around the MAP ``guide`` holds: :func:`laplace_posterior`, the guide set
-        to sample it, and the predictive's Pyro model."""
+                   result: FitResult, held_out: tuple[Tensor, Tensor] | None) -> LaplaceFit:
+        """The fit around the MAP ``guide`` holds: :func:`laplace_posterior`, its ``alpha``
+        scaled on the ``held_out`` points (if any), the guide set to sample it, and the
+        predictive's Pyro model."""
         with torch.no_grad():
             theta = guide.theta()
         post = laplace_posterior(model, theta, x, y, curvature=self.curvature_settings,
                                  evidence=self.evidence_settings, alpha=self.prior_precision,
                                  prior_mean=self.prior_mean)
+        if held_out is not None:
+            post, _ = tune_on_held_out(post, *held_out, self.validation_settings, self.link)
         guide.set_posterior(post)
         return LaplaceFit(post, predictive_model(post, self.predictive), guide,
                           self.predictive, result, self.link)

@@ -9,7 +9,8 @@ the evidence is stationary where ``alpha = gamma / ||w - m||^2`` and
 ``1 / beta = 2 E_D / (N - gamma)`` (PRML 5.178-5.180, with the prior mean ``m``). With a
 prior precision per layer, ``gamma_l = W_l - alpha_l tr_l(A^-1)`` and
 ``alpha_l = gamma_l / ||w_l - m_l||^2``. :func:`fixed_point_update` gives these targets;
-:func:`gradient_update` instead maximises the evidence
+:func:`gradient_update` (also where a fixed-point target is not positive, or the fixed
+point cycles) maximises the evidence
 (:meth:`~bnn_zoo.guides.laplace.LaplacePosterior.log_evidence`) in ``log alpha`` and
 ``log beta`` by L-BFGS at the current MAP.
 
@@ -147,9 +148,14 @@ def bounded_step(current: Tensor, target: Tensor, bounds: tuple[float, float],
     """A checked, damped step of positive hyperparameters ``current`` towards ``target``, in
     log space: ``log new = log current + damping (log target - log current)``.
 
-    A target that is not positive (``N - gamma <= 0``, ``gamma_l <= 0``: the data pin
-    nothing, so the evidence grows without bound) or is infinite is read as the upper
-    bound; a NaN target as no move. The target is clipped to ``bounds`` and the step
+    A target that is not positive is read as the lower bound: the evidence's derivative
+    in ``beta`` is ``-E_D + (N - gamma) / (2 beta)`` and in ``alpha_l`` is
+    ``(gamma_l - alpha_l ||w_l - m_l||^2) / (2 alpha_l)``, both negative where the target
+    ``(N - gamma) / (2 E_D)`` or ``gamma_l / ||w_l - m_l||^2`` is not positive (a curvature
+    structure whose ``gamma`` exceeds ``N``, as a diagonal or Kronecker-factored one of a
+    network with more weights than data points can). An infinite target (``E_D = 0`` or
+    ``w_l = m_l``: the evidence grows without bound) is read as the upper bound; a NaN
+    target as no move. The target is clipped to ``bounds`` and the step
     ``log new - log current`` to ``[-max_log_step, max_log_step]``. A damping below 1
     turns the period-two oscillation of a fixed point whose map has slope near -1 (the
     noise update on a handful of points, ``beta = (N - gamma) / (2 E_D)`` with both
@@ -159,7 +165,7 @@ def bounded_step(current: Tensor, target: Tensor, bounds: tuple[float, float],
     low, high = (math.log(b) for b in bounds)
     log_current = torch.log(current)
     log_target = torch.where(target > 0, torch.log(target.clamp_min(torch.finfo(
-        target.dtype).tiny)), torch.full_like(target, high))
+        target.dtype).tiny)), torch.full_like(target, low))
     log_target = torch.where(torch.isnan(target), log_current, log_target).clamp(low, high)
     distance = (log_target - log_current).abs()
     step = (damping * (log_target - log_current)).clamp(-max_log_step, max_log_step)
@@ -171,11 +177,18 @@ def evidence_step(post: LaplacePosterior, settings: EvidenceSettings
     """The damped, bounded step (:func:`bounded_step`) from ``post``'s ``alpha`` and
     ``beta`` towards the evidence-optimal ones at its MAP and curvature, and the largest
     log distance to those (``beta``'s for a Gaussian likelihood only; a categorical one
-    keeps ``beta = 1``)."""
+    keeps ``beta = 1``).
+
+    ``"fixed_point"`` takes MacKay's targets where they exist, and the gradient update's
+    where one is not positive (no fixed point on that side: ``gamma > N`` for ``beta``,
+    which a diagonal or Kronecker-factored curvature of a network with more weights than
+    data points can give, where the fixed-point map jumps across the optimum)."""
+    target_alpha, target_beta = None, None
     if settings.evidence == "fixed_point":
         with torch.no_grad():
             target_alpha, target_beta = fixed_point_update(post, settings.per_layer_alpha)
-    else:
+    if target_alpha is None or not (bool((target_alpha > 0).all())
+                                    and bool((target_beta > 0).all())):
         target_alpha, target_beta = gradient_update(post, settings.per_layer_alpha)
     step = (settings.bounds, settings.max_log_step, settings.damping)
     new_alpha, alpha_distance = bounded_step(post.alpha, target_alpha, *step)
@@ -195,16 +208,21 @@ def checked(post: LaplacePosterior) -> LaplacePosterior:
 
 
 def _settle(post: LaplacePosterior, alpha: Tensor, beta: Tensor,
-            settings: EvidenceSettings) -> LaplacePosterior:
+            settings: EvidenceSettings) -> tuple[LaplacePosterior, EvidenceSettings]:
     """The posterior at ``post``'s MAP and curvature (the blocks, which do not depend on
     ``alpha`` and ``beta``) after steps from ``alpha``, ``beta`` until one is below
-    ``tol`` or after ``iterations``."""
+    ``tol`` or after ``iterations``. Fixed-point steps that have not settled by then (a
+    fixed-point map steeper than the damping can tame cycles) are followed by gradient
+    steps from where they ended. Returns the posterior and the settings of the steps that
+    ended (``evidence="gradient"`` after that fall-back)."""
     for _ in range(settings.iterations):
         post = checked(replace(post, alpha=alpha, beta=beta))
         alpha, beta, distance = evidence_step(post, settings)
         if distance < settings.tol:
-            break
-    return post
+            return post, settings
+    if settings.evidence == "fixed_point":
+        return _settle(post, post.alpha, post.beta, replace(settings, evidence="gradient"))
+    return post, settings
 
 
 def _record(post: LaplacePosterior) -> tuple[list[float], float, float]:
@@ -235,7 +253,9 @@ def maximize_evidence(post: LaplacePosterior, settings: EvidenceSettings,
         if distance < settings.tol:
             converged = True
             break
-        post = _settle(post, alpha, beta, settings)
+        # A fixed point that cycled is gradient-tuned from then on: near such an optimum
+        # the fixed-point targets magnify the optimum's round-off above ``tol``.
+        post, settings = _settle(post, alpha, beta, settings)
         if settings.refine:
             post = refit(post.theta, post.alpha, post.beta)
         history.append(_record(post))

@@ -7,16 +7,22 @@ Each entry runs :class:`~bnn_zoo.methods.laplace.Laplace`: the MAP by SVI (a
 L-BFGS), then the Gaussian around it, with the GLM predictive:
 
 * ``laplace``: GGN curvature, ``alpha`` and ``beta`` tuned by MacKay's evidence fixed
-  point (the best of the variants in ``benchmarks/laplace_variants.py``);
-* ``laplace_full`` (curvature ``"hessian"``, the exact Hessian), ``laplace_ggn``,
-  ``laplace_diag``, ``laplace_kron``, ``laplace_last_layer``: one curvature each,
-  ``alpha`` from the prior and ``beta`` from the MAP's learned noise (no evidence
-  tuning). The exact Hessian of ``laplace_full`` is projected onto the PSD cone where
-  the precision is not positive definite even with jitter (``indefinite="clip"``). The
-  structures follow Daxberger et al. 2021 ("Laplace Redux -- Effortless Bayesian Deep
-  Learning"); K-FAC is Ritter et al. 2018 ("A Scalable Laplace Approximation for Neural
-  Networks"), the last layer Kristiadi et al. 2020 ("Being Bayesian, Even Just a Bit,
-  Fixes Overconfidence in ReLU Networks").
+  point with MAP refits (the best of the variants in ``benchmarks/laplace_variants.py``);
+* ``laplace_full`` (curvature ``"hessian"``, the exact Hessian), ``laplace_ggn`` (the GGN
+  with one ``alpha`` per layer), ``laplace_diag``, ``laplace_kron``: one curvature each,
+  tuned the same way. The exact Hessian of ``laplace_full`` is projected onto the PSD cone
+  where the precision is not positive definite even with jitter (``indefinite="clip"``);
+* ``laplace_last_layer``: the last layer's GGN around the trained MAP without refits (a
+  refit would let the other layers, fixed like hyperparameters, fit the noise of the
+  training points), ``alpha`` and ``beta`` from the evidence, then scaled on a tenth of the
+  training points held out (:mod:`bnn_zoo.methods.laplace_validation`).
+
+A classifier's ``alpha`` is chosen on held-out points by every entry (``holdout="auto"``:
+a tenth of the points; the evidence-tuned GLM predictive of a classifier is
+underconfident). The structures follow Daxberger et al. 2021 ("Laplace Redux --
+Effortless Bayesian Deep Learning"); K-FAC is Ritter et al. 2018 ("A Scalable Laplace
+Approximation for Neural Networks"), the last layer Kristiadi et al. 2020 ("Being
+Bayesian, Even Just a Bit, Fixes Overconfidence in ReLU Networks").
 
 The entries fit the zoo's MLP; with ``entry.fit(..., net=...)`` they fit any torch module
 on inputs of the shape it takes (images (N, C, H, W), series (N, C, L)) the same way (its
@@ -55,21 +61,27 @@ def laplace_entry(name: str, description: str, method: Laplace, source: str) -> 
 
 REDUX = 'Daxberger et al. 2021, "Laplace Redux -- Effortless Bayesian Deep Learning"'
 
+TUNED = {"evidence": "fixed_point", "holdout": "auto"}
+
 laplace_entry("laplace", "GGN Laplace, GLM predictive, alpha and beta by evidence fixed point",
-              Laplace(curvature="ggn", evidence="fixed_point"),
+              Laplace(curvature="ggn", **TUNED),
               'MacKay 1992, "A Practical Bayesian Framework for Backpropagation Networks"')
-laplace_entry("laplace_full", "Laplace with the exact Hessian (PSD-projected), GLM predictive",
-              Laplace(curvature="hessian", indefinite="clip"),
+laplace_entry("laplace_full", "Laplace with the exact Hessian (PSD-projected), GLM predictive, "
+              "alpha and beta by evidence",
+              Laplace(curvature="hessian", indefinite="clip", **TUNED),
               'Bishop 2006, "Pattern Recognition and Machine Learning", section 5.7')
-laplace_entry("laplace_ggn", "Laplace with the generalised Gauss-Newton, GLM predictive",
-              Laplace(curvature="ggn"), REDUX)
-laplace_entry("laplace_diag", "Laplace with the diagonal GGN, GLM predictive",
-              Laplace(curvature="diag"), REDUX)
+laplace_entry("laplace_ggn", "Laplace with the generalised Gauss-Newton, GLM predictive, one "
+              "alpha per layer and beta by evidence",
+              Laplace(curvature="ggn", per_layer_alpha=True, **TUNED), REDUX)
+laplace_entry("laplace_diag", "Laplace with the diagonal GGN, GLM predictive, alpha and beta by "
+              "evidence", Laplace(curvature="diag", **TUNED), REDUX)
 laplace_entry("laplace_kron",
-              "Laplace with a Kronecker-factored GGN per layer (K-FAC), GLM predictive",
-              Laplace(curvature="kron"),
+              "Laplace with a Kronecker-factored GGN per layer (K-FAC), GLM predictive, alpha "
+              "and beta by evidence", Laplace(curvature="kron", **TUNED),
               'Ritter et al. 2018, "A Scalable Laplace Approximation for Neural Networks"')
-laplace_entry("laplace_last_layer", "Laplace on the last layer's weights (GGN), GLM predictive",
-              Laplace(curvature="last_layer"),
+laplace_entry("laplace_last_layer", "Laplace on the last layer's weights (GGN), GLM predictive, "
+              "alpha and beta by evidence and held-out points",
+              Laplace(curvature="last_layer", evidence="fixed_point", refine=False,
+                      holdout=0.1),
               'Kristiadi et al. 2020, "Being Bayesian, Even Just a Bit, Fixes Overconfidence '
               'in ReLU Networks"')

@@ -276,13 +276,16 @@ def model_nll_flat(model, layout, theta, x, y):
 
 
 def test_bounded_step_keeps_hyperparameters_finite():
-    current = torch.tensor([1.0, 1.0, 1.0, 1.0, 1e5], dtype=D)
-    target = torch.tensor([math.nan, -3.0, math.inf, 1e30, 1e5 * math.e], dtype=D)
+    """NaN: no move; a target that is not positive (the evidence falls as the value grows):
+    towards the lower bound; an infinite one: towards the upper bound; each step at most
+    ``max_log_step`` and ``damping`` of the way."""
+    current = torch.tensor([1.0, 1.0, 1.0, 1.0, 1e5, 1.0], dtype=D)
+    target = torch.tensor([math.nan, -3.0, math.inf, 1e30, 1e5 * math.e, 0.0], dtype=D)
     new, distance = bounded_step(current, target, (1e-6, 1e6), max_log_step=1.0, damping=0.5)
     high = math.log(1e6)
-    torch.testing.assert_close(new.log(), torch.tensor([0, 1, 1, 1, math.log(1e5) + 0.5],
+    torch.testing.assert_close(new.log(), torch.tensor([0, -1, 1, 1, math.log(1e5) + 0.5, -1],
                                                        dtype=D))
-    torch.testing.assert_close(distance, torch.tensor([0, high, high, high, 1], dtype=D))
+    torch.testing.assert_close(distance, torch.tensor([0, high, high, high, 1, high], dtype=D))
 
 
 @pytest.mark.parametrize("n", [3, 10])
@@ -912,7 +915,8 @@ def test_entries_use_the_method():
     x, y = d.x_train[:200], d.y_train[:200]
     assert {"laplace", "laplace_full", "laplace_ggn", "laplace_diag", "laplace_kron",
             "laplace_last_layer"} <= set(zoo.names("classification"))
-    assert zoo.get("laplace").method == Laplace(curvature="ggn", evidence="fixed_point")
+    assert zoo.get("laplace").method == Laplace(curvature="ggn", evidence="fixed_point",
+                                                holdout="auto")
     assert zoo.get("laplace_full").method.curvature == "hessian"
     fitted = zoo.get("laplace_kron").fit(x, y, seed=0, steps=150,
                                          method_options={"predictive": "mc"})
