@@ -96,7 +96,8 @@ def kron_reference(model, layout, theta, x, separate: bool):
         g = torch.einsum("nko,nkl,nlr->or", jz, lam, jz)
         if separate:
             w_stop = index.stop - b.shape[-1]
-            out[index.start:w_stop, index.start:w_stop] = torch.kron(q[:-1, :-1].contiguous(), g.contiguous())
+            weights = slice(index.start, w_stop)
+            out[weights, weights] = torch.kron(q[:-1, :-1].contiguous(), g.contiguous())
             out[w_stop:index.stop, w_stop:index.stop] = g
         else:
             out[index, index] = torch.kron(q, g.contiguous())
@@ -242,13 +243,14 @@ def test_holdout_fits_the_map_on_the_rest_and_auto_holds_out_a_classifiers_point
     d = data.load("two_moons")
     x, y = d.x_train[:100], d.y_train[:100]
     budget = Budget(steps=5, batch_size=None, jit=False)
-    for holdout, task, fitted_points in ((0.2, "classification", 80), ("auto", "classification",
-                                                                       90), ("auto", "regression", 100)):
+    cases = ((0.2, "classification", 80), ("auto", "classification", 90),
+             ("auto", "regression", 100))
+    for holdout, task, fitted_points in cases:
         method = Laplace(holdout=holdout, refine=False)
+        classes = 2 if task == "classification" else 1
         targets = y if task == "classification" else y.to(x.dtype)
-        fit = method.fit(lambda: BayesianMLP(2, 2 if task == "classification" else 1, (4,),
-                                             task=task), x, targets, task=task, seed=0,
-                         budget=budget, progress=False)
+        fit = method.fit(lambda: BayesianMLP(2, classes, (4,), task=task), x, targets,
+                         task=task, seed=0, budget=budget, progress=False)
         assert fit.laplace.num_outputs == fitted_points
     assert ValidationSettings(holdout="auto").fraction("regression") == 0.0
 
