@@ -8,6 +8,7 @@ hand."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -249,7 +250,7 @@ def test_holdout_fits_the_map_on_the_rest_and_auto_holds_out_a_classifiers_point
         method = Laplace(holdout=holdout, refine=False)
         classes = 2 if task == "classification" else 1
         targets = y if task == "classification" else y.to(x.dtype)
-        fit = method.fit(lambda: BayesianMLP(2, classes, (4,), task=task), x, targets,
+        fit = method.fit(partial(BayesianMLP, 2, classes, (4,), task=task), x, targets,
                          task=task, seed=0, budget=budget, progress=False)
         assert fit.laplace.num_outputs == fitted_points
     assert ValidationSettings(holdout="auto").fraction("regression") == 0.0
