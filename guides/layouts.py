@@ -12,7 +12,9 @@ its guide and its predictive models work unchanged on both:
   layers' pre-activations.
 * :class:`ModuleLayout`: a :class:`~bnn_zoo.models.BayesianModule` around any
   ``torch.nn.Module``, weights in torch's layout ``(d_out, d_in, *kernel)``, the network
-  evaluated by ``torch.func.functional_call``; Jacobians by ``torch.func`` (per-example
+  evaluated by ``torch.func.functional_call`` in eval mode (batch norm an affine map per
+  channel with the model's running statistics; deterministic parameters at the model's
+  values, outside ``theta``); Jacobians by ``torch.func`` (per-example
   ``jacrev`` under ``vmap``), Kronecker factors for ``nn.Linear``, ``nn.Conv1d`` and
   ``nn.Conv2d`` layers from their inputs (patches) and output Jacobians, captured by
   forward hooks.
@@ -49,6 +51,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
 from bnn_zoo.core.nn import mlp_forward
+from bnn_zoo.models.module_options import net_mode
 
 __all__ = ["KRON_LAYERS", "Layout", "ModuleLayout", "ParameterLayout", "layout_of"]
 
@@ -242,15 +245,20 @@ class ModuleLayout(_FlatWeights):
     """Where each parameter tensor of a torch module sits in ``theta``, and the module as a
     function of ``theta``.
 
-    ``sites`` are ``net.named_parameters()``'s names and shapes, in that order (torch's
-    layout ``(d_out, d_in, *kernel)``); a layer is the parameters one submodule holds
-    itself (a ``Linear``'s weight and bias), so layers follow the order in which the
-    submodules were registered, the forward order for ``nn.Sequential``, and the
-    ``last_layer`` structure covers the last of them.
+    ``sites`` are the names and shapes of the random parameters among
+    ``net.named_parameters()``, in that order (torch's layout ``(d_out, d_in, *kernel)``);
+    a layer is the parameters one submodule holds itself (a ``Linear``'s weight and bias),
+    so layers follow the order in which the submodules were registered, the forward order
+    for ``nn.Sequential``, and the ``last_layer`` structure covers the last of them.
+
+    ``fixed`` gives the net's other tensors (deterministic parameters, running
+    statistics) by name, read at every evaluation (the model's current values); the net
+    runs in eval mode, so each point's output depends on that point alone.
     """
 
     sites: tuple[tuple[str, tuple[int, ...]], ...]
     net: nn.Module = field(repr=False)
+    fixed: Callable[[], dict[str, Tensor]] | None = field(default=None, repr=False)
     #: Layers of any kind, torch's weights stored ``(d_out, d_in)``: Jacobians by torch.func.
     outer_product_jacobian = False
 
@@ -258,11 +266,20 @@ class ModuleLayout(_FlatWeights):
     def from_model(cls, model) -> ModuleLayout:
         """The layout of a :class:`~bnn_zoo.models.BayesianModule` (its ``net`` and ``sites``)."""
         sites = tuple((name, tuple(shape)) for name, shape in model.sites)
-        found = tuple((name, tuple(p.shape)) for name, p in model.net.named_parameters())
+        hidden = getattr(model, "deterministic", frozenset())
+        found = tuple((name, tuple(p.shape)) for name, p in model.net.named_parameters()
+                      if name not in hidden)
         if sites != found:
-            raise ValueError(f"Expected model.sites to be the net's named parameters {found}, "
+            raise ValueError(f"Expected model.sites to be the net's random parameters {found}, "
                              f"but got {sites}.")
-        return cls(sites, model.net)
+        return cls(sites, model.net, getattr(model, "fixed_tensors", None))
+
+    def call(self, tensors: dict[str, Tensor], x: Tensor) -> Tensor:
+        """The net on ``x`` in eval mode with the random parameters ``tensors`` (by name)
+        and the model's fixed tensors."""
+        fixed = {} if self.fixed is None else self.fixed()
+        with net_mode(self.net, False):
+            return functional_call(self.net, {**fixed, **tensors}, (x,))
 
     @property
     def description(self) -> str:
@@ -292,10 +309,9 @@ class ModuleLayout(_FlatWeights):
         """``f(x, theta)`` (*S, N, K) for ``theta`` (*S, P), all samples in one vectorised
         call (``act`` is the MLP's and unused: the module has its own)."""
         if theta.dim() == 1:
-            return functional_call(self.net, self.unflatten(theta), (x,))
+            return self.call(self.unflatten(theta), x)
         flat = theta.reshape(-1, theta.shape[-1])
-        f = vmap(lambda t: functional_call(self.net, self.unflatten(t), (x,)),
-                 randomness="different")(flat)
+        f = vmap(lambda t: self.call(self.unflatten(t), x), randomness="different")(flat)
         return f.reshape(*theta.shape[:-1], *f.shape[1:])
 
     def jacobian(self, theta: Tensor, x: Tensor, act: object = None,
@@ -318,7 +334,7 @@ class ModuleLayout(_FlatWeights):
         rest = {name: value for name, value in params.items() if name not in wrt}
 
         def point(weights: dict[str, Tensor], xi: Tensor) -> tuple[Tensor, Tensor]:
-            out = functional_call(self.net, {**rest, **weights}, (xi.unsqueeze(0),))[0]
+            out = self.call({**rest, **weights}, xi.unsqueeze(0))[0]
             return out, out
 
         jac, f = vmap(jacrev(point, has_aux=True), in_dims=(None, 0))(wrt, x)
@@ -336,7 +352,9 @@ class ModuleLayout(_FlatWeights):
                 raise ValueError(
                     f"curvature='kron' factors only {', '.join(c.__name__ for c in KRON_LAYERS)} "
                     f"layers, but the parameter {names[0]!r} belongs to a "
-                    f"{type(module).__name__}; use curvature='ggn', 'diag' or 'last_layer'.")
+                    f"{type(module).__name__}; keep that layer deterministic "
+                    f"(model_options={{'deterministic': [{prefix!r}]}}; batch norm is by "
+                    "default), or use curvature='ggn', 'diag' or 'last_layer'.")
             if isinstance(module, _CONV) and (module.groups != 1
                                               or module.padding_mode != "zeros"):
                 raise ValueError(
@@ -389,7 +407,7 @@ class ModuleLayout(_FlatWeights):
         handles = [module.register_forward_hook(capture) for module in modules]
         try:
             with torch.enable_grad():
-                f = functional_call(self.net, self.unflatten(theta.detach()), (x,))
+                f = self.call(self.unflatten(theta.detach()), x)
         finally:
             for handle in handles:
                 handle.remove()
