@@ -46,11 +46,11 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
 from bnn_zoo.core.nn import mlp_forward
+from bnn_zoo.guides.conv_patches import conv_patches
 from bnn_zoo.models.module_options import net_mode
 
 __all__ = ["KRON_LAYERS", "Layout", "ModuleLayout", "ParameterLayout", "layout_of"]
@@ -221,25 +221,6 @@ def _owner(name: str) -> str:
     return name.rpartition(".")[0]
 
 
-def _conv_patches(module: nn.Conv1d | nn.Conv2d, inputs: Tensor) -> Tensor:
-    """(N, L, C_in k_h k_w) the input patches of ``module`` at its ``L`` output pixels (a
-    ``Conv1d``: positions, ``k_w = 1``), in the order of its weight's ``(C_in, *kernel)``."""
-    padding = module.padding
-    if isinstance(padding, str):  # "valid", or "same": torch's split, the extra pixel last
-        pads = []
-        for k, d in zip(reversed(module.kernel_size), reversed(module.dilation)):
-            total = d * (k - 1) if padding == "same" else 0
-            pads += [total // 2, total - total // 2]
-        inputs, padding = F.pad(inputs, pads), (0,) * len(module.kernel_size)
-    if isinstance(module, nn.Conv1d):  # a one-pixel-wide image: (N, C, L, 1), kernel (k, 1)
-        inputs = inputs.unsqueeze(-1)
-        sizes = [(*module.kernel_size, 1), (*module.dilation, 1), (*padding, 0),
-                 (*module.stride, 1)]
-    else:
-        sizes = [module.kernel_size, module.dilation, padding, module.stride]
-    return F.unfold(inputs, *sizes).transpose(1, 2)
-
-
 @dataclass(frozen=True)
 class ModuleLayout(_FlatWeights):
     """Where each parameter tensor of a torch module sits in ``theta``, and the module as a
@@ -361,14 +342,20 @@ class ModuleLayout(_FlatWeights):
                     f"curvature='kron' factors convolutions with groups=1 and zero padding, "
                     f"but {prefix!r} has groups={module.groups}, "
                     f"padding_mode={module.padding_mode!r}; use curvature='ggn' or 'diag'.")
-            own = [f"{prefix}.{n}" if prefix else n for n, p in module.named_parameters(
-                recurse=False)]
+            sites = dict(self.sites)  # a deterministic bias is the net's, outside theta
+            own = [name for name in (f"{prefix}.{n}" if prefix else n for n, _ in
+                                     module.named_parameters(recurse=False)) if name in sites]
             if names != own or own[0].rpartition(".")[2] != "weight":
                 raise ValueError(f"curvature='kron' needs layer {prefix!r} to hold its own "
                                  f"weight (and bias), but its parameters are {names} (a weight "
                                  "shared with another layer?).")
             modules.append(module)
         return modules
+
+    def _random_bias(self, module: nn.Module, prefix: str) -> bool:
+        """Whether ``module`` (named ``prefix``) has a bias among the random parameters."""
+        return module.bias is not None and (f"{prefix}.bias" if prefix else "bias") in dict(
+            self.sites)
 
     def kron_indices(self, like: Tensor) -> list[tuple[Tensor, bool]]:
         """Per layer the positions in ``theta`` of ``[W^T; b]`` in row-major
@@ -381,7 +368,7 @@ class ModuleLayout(_FlatWeights):
             fan_in = module.weight[0].numel()
             rows = torch.arange(fan_in, device=like.device)[:, None]
             index = offsets[name] + rows + fan_in * torch.arange(d_out, device=like.device)
-            bias = module.bias is not None
+            bias = self._random_bias(module, prefix)
             if bias:
                 start = offsets[f"{prefix}.bias" if prefix else "bias"]
                 index = torch.cat([index, start + torch.arange(d_out, device=like.device)[None]])
@@ -422,17 +409,17 @@ class ModuleLayout(_FlatWeights):
                                     allow_unused=True, materialize_grads=True)
                 for k in range(k_out)]
         out = []
-        for i, module in enumerate(modules):
+        for i, (module, prefix) in enumerate(zip(modules, self.layer_names)):
             inputs = seen[module][0][0]
             jz = torch.stack([row[i] for row in rows], 1)  # (N, K, *z.shape[1:])
             n = inputs.shape[0]
             if isinstance(module, _CONV):
-                a = _conv_patches(module, inputs)
+                a = conv_patches(module, inputs)
                 jz = jz.flatten(3).transpose(2, 3)
             else:  # a Linear on (N, ..., D): every position of the middle dims a location
                 a = inputs.reshape(n, -1, inputs.shape[-1])
                 jz = jz.reshape(n, k_out, -1, jz.shape[-1])
-            if module.bias is not None:
+            if self._random_bias(module, prefix):
                 a = torch.cat([a, a.new_ones(*a.shape[:-1], 1)], -1)
             out.append((a, jz))
         return f.detach(), out

@@ -567,3 +567,26 @@ def test_priors_per_layer_give_laplace_its_prior_precision_per_layer():
     with pytest.raises(ValueError, match="one per weight"):
         laplace_posterior(fan_in, theta, x.double(), y,
                           evidence=EvidenceSettings(evidence="fixed_point"))
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_kron_of_a_layer_with_a_deterministic_bias_is_exact_on_one_point(task):
+    """A convolution whose bias is deterministic: its K-FAC block covers the weight alone
+    (no bias row), exact for one point and one output pixel as with a bias."""
+    torch.manual_seed(2)
+    net = ONE_PIXEL["image"][1](1 if task == "regression" else 3).double()
+    model = BayesianModule(net, task=task, deterministic=["0.bias"],
+                           noise_scale=1.0 if task == "regression" else None)
+    layout = layout_of(model)
+    assert [name for name, _ in layout.sites] == ["0.weight", "3.weight", "3.bias"]
+    theta = torch.randn(layout.num_parameters, dtype=D)
+    x = torch.randn(1, 1, 4, 4, dtype=D)
+    y = torch.randn(1, dtype=D) if task == "regression" else torch.tensor([2])
+    jac = sites_jacobian(net, layout, theta, x)
+    f = functional_call(net, layout.unflatten(theta), (x,))
+    dense = torch.einsum("nkp,nkl,nlq->pq", jac, loss_hessians(f, LIK[task]), jac)
+    blocks = kron_block(layout, theta, x, y, LIK[task])
+    assert [index.numel() for _, index in blocks] == [3 * 16, net[3].weight.numel()
+                                                      + net[3].bias.numel()]
+    for block, index in blocks:
+        torch.testing.assert_close(block, dense[index][:, index])
