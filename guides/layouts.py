@@ -12,7 +12,9 @@ its guide and its predictive models work unchanged on both:
   layers' pre-activations.
 * :class:`ModuleLayout`: a :class:`~bnn_zoo.models.BayesianModule` around any
   ``torch.nn.Module``, weights in torch's layout ``(d_out, d_in, *kernel)``, the network
-  evaluated by ``torch.func.functional_call``; Jacobians by ``torch.func`` (per-example
+  evaluated by ``torch.func.functional_call`` in eval mode (batch norm an affine map per
+  channel with the model's running statistics; deterministic parameters at the model's
+  values, outside ``theta``); Jacobians by ``torch.func`` (per-example
   ``jacrev`` under ``vmap``), Kronecker factors for ``nn.Linear``, ``nn.Conv1d`` and
   ``nn.Conv2d`` layers from their inputs (patches) and output Jacobians, captured by
   forward hooks.
@@ -44,11 +46,12 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
 from bnn_zoo.core.nn import mlp_forward
+from bnn_zoo.guides.conv_patches import conv_patches
+from bnn_zoo.models.module_options import net_mode
 
 __all__ = ["KRON_LAYERS", "Layout", "ModuleLayout", "ParameterLayout", "layout_of"]
 
@@ -218,39 +221,25 @@ def _owner(name: str) -> str:
     return name.rpartition(".")[0]
 
 
-def _conv_patches(module: nn.Conv1d | nn.Conv2d, inputs: Tensor) -> Tensor:
-    """(N, L, C_in k_h k_w) the input patches of ``module`` at its ``L`` output pixels (a
-    ``Conv1d``: positions, ``k_w = 1``), in the order of its weight's ``(C_in, *kernel)``."""
-    padding = module.padding
-    if isinstance(padding, str):  # "valid", or "same": torch's split, the extra pixel last
-        pads = []
-        for k, d in zip(reversed(module.kernel_size), reversed(module.dilation)):
-            total = d * (k - 1) if padding == "same" else 0
-            pads += [total // 2, total - total // 2]
-        inputs, padding = F.pad(inputs, pads), (0,) * len(module.kernel_size)
-    if isinstance(module, nn.Conv1d):  # a one-pixel-wide image: (N, C, L, 1), kernel (k, 1)
-        inputs = inputs.unsqueeze(-1)
-        sizes = [(*module.kernel_size, 1), (*module.dilation, 1), (*padding, 0),
-                 (*module.stride, 1)]
-    else:
-        sizes = [module.kernel_size, module.dilation, padding, module.stride]
-    return F.unfold(inputs, *sizes).transpose(1, 2)
-
-
 @dataclass(frozen=True)
 class ModuleLayout(_FlatWeights):
     """Where each parameter tensor of a torch module sits in ``theta``, and the module as a
     function of ``theta``.
 
-    ``sites`` are ``net.named_parameters()``'s names and shapes, in that order (torch's
-    layout ``(d_out, d_in, *kernel)``); a layer is the parameters one submodule holds
-    itself (a ``Linear``'s weight and bias), so layers follow the order in which the
-    submodules were registered, the forward order for ``nn.Sequential``, and the
-    ``last_layer`` structure covers the last of them.
+    ``sites`` are the names and shapes of the random parameters among
+    ``net.named_parameters()``, in that order (torch's layout ``(d_out, d_in, *kernel)``);
+    a layer is the parameters one submodule holds itself (a ``Linear``'s weight and bias),
+    so layers follow the order in which the submodules were registered, the forward order
+    for ``nn.Sequential``, and the ``last_layer`` structure covers the last of them.
+
+    ``fixed`` gives the net's other tensors (deterministic parameters, running
+    statistics) by name, read at every evaluation (the model's current values); the net
+    runs in eval mode, so each point's output depends on that point alone.
     """
 
     sites: tuple[tuple[str, tuple[int, ...]], ...]
     net: nn.Module = field(repr=False)
+    fixed: Callable[[], dict[str, Tensor]] | None = field(default=None, repr=False)
     #: Layers of any kind, torch's weights stored ``(d_out, d_in)``: Jacobians by torch.func.
     outer_product_jacobian = False
 
@@ -258,11 +247,20 @@ class ModuleLayout(_FlatWeights):
     def from_model(cls, model) -> ModuleLayout:
         """The layout of a :class:`~bnn_zoo.models.BayesianModule` (its ``net`` and ``sites``)."""
         sites = tuple((name, tuple(shape)) for name, shape in model.sites)
-        found = tuple((name, tuple(p.shape)) for name, p in model.net.named_parameters())
+        hidden = getattr(model, "deterministic", frozenset())
+        found = tuple((name, tuple(p.shape)) for name, p in model.net.named_parameters()
+                      if name not in hidden)
         if sites != found:
-            raise ValueError(f"Expected model.sites to be the net's named parameters {found}, "
+            raise ValueError(f"Expected model.sites to be the net's random parameters {found}, "
                              f"but got {sites}.")
-        return cls(sites, model.net)
+        return cls(sites, model.net, getattr(model, "fixed_tensors", None))
+
+    def call(self, tensors: dict[str, Tensor], x: Tensor) -> Tensor:
+        """The net on ``x`` in eval mode with the random parameters ``tensors`` (by name)
+        and the model's fixed tensors."""
+        fixed = {} if self.fixed is None else self.fixed()
+        with net_mode(self.net, False):
+            return functional_call(self.net, {**fixed, **tensors}, (x,))
 
     @property
     def description(self) -> str:
@@ -292,10 +290,9 @@ class ModuleLayout(_FlatWeights):
         """``f(x, theta)`` (*S, N, K) for ``theta`` (*S, P), all samples in one vectorised
         call (``act`` is the MLP's and unused: the module has its own)."""
         if theta.dim() == 1:
-            return functional_call(self.net, self.unflatten(theta), (x,))
+            return self.call(self.unflatten(theta), x)
         flat = theta.reshape(-1, theta.shape[-1])
-        f = vmap(lambda t: functional_call(self.net, self.unflatten(t), (x,)),
-                 randomness="different")(flat)
+        f = vmap(lambda t: self.call(self.unflatten(t), x), randomness="different")(flat)
         return f.reshape(*theta.shape[:-1], *f.shape[1:])
 
     def jacobian(self, theta: Tensor, x: Tensor, act: object = None,
@@ -318,7 +315,7 @@ class ModuleLayout(_FlatWeights):
         rest = {name: value for name, value in params.items() if name not in wrt}
 
         def point(weights: dict[str, Tensor], xi: Tensor) -> tuple[Tensor, Tensor]:
-            out = functional_call(self.net, {**rest, **weights}, (xi.unsqueeze(0),))[0]
+            out = self.call({**rest, **weights}, xi.unsqueeze(0))[0]
             return out, out
 
         jac, f = vmap(jacrev(point, has_aux=True), in_dims=(None, 0))(wrt, x)
@@ -336,21 +333,29 @@ class ModuleLayout(_FlatWeights):
                 raise ValueError(
                     f"curvature='kron' factors only {', '.join(c.__name__ for c in KRON_LAYERS)} "
                     f"layers, but the parameter {names[0]!r} belongs to a "
-                    f"{type(module).__name__}; use curvature='ggn', 'diag' or 'last_layer'.")
+                    f"{type(module).__name__}; keep that layer deterministic "
+                    f"(model_options={{'deterministic': [{prefix!r}]}}; batch norm is by "
+                    "default), or use curvature='ggn', 'diag' or 'last_layer'.")
             if isinstance(module, _CONV) and (module.groups != 1
                                               or module.padding_mode != "zeros"):
                 raise ValueError(
                     f"curvature='kron' factors convolutions with groups=1 and zero padding, "
                     f"but {prefix!r} has groups={module.groups}, "
                     f"padding_mode={module.padding_mode!r}; use curvature='ggn' or 'diag'.")
-            own = [f"{prefix}.{n}" if prefix else n for n, p in module.named_parameters(
-                recurse=False)]
+            sites = dict(self.sites)  # a deterministic bias is the net's, outside theta
+            own = [name for name in (f"{prefix}.{n}" if prefix else n for n, _ in
+                                     module.named_parameters(recurse=False)) if name in sites]
             if names != own or own[0].rpartition(".")[2] != "weight":
                 raise ValueError(f"curvature='kron' needs layer {prefix!r} to hold its own "
                                  f"weight (and bias), but its parameters are {names} (a weight "
                                  "shared with another layer?).")
             modules.append(module)
         return modules
+
+    def _random_bias(self, module: nn.Module, prefix: str) -> bool:
+        """Whether ``module`` (named ``prefix``) has a bias among the random parameters."""
+        return module.bias is not None and (f"{prefix}.bias" if prefix else "bias") in dict(
+            self.sites)
 
     def kron_indices(self, like: Tensor) -> list[tuple[Tensor, bool]]:
         """Per layer the positions in ``theta`` of ``[W^T; b]`` in row-major
@@ -363,7 +368,7 @@ class ModuleLayout(_FlatWeights):
             fan_in = module.weight[0].numel()
             rows = torch.arange(fan_in, device=like.device)[:, None]
             index = offsets[name] + rows + fan_in * torch.arange(d_out, device=like.device)
-            bias = module.bias is not None
+            bias = self._random_bias(module, prefix)
             if bias:
                 start = offsets[f"{prefix}.bias" if prefix else "bias"]
                 index = torch.cat([index, start + torch.arange(d_out, device=like.device)[None]])
@@ -389,7 +394,7 @@ class ModuleLayout(_FlatWeights):
         handles = [module.register_forward_hook(capture) for module in modules]
         try:
             with torch.enable_grad():
-                f = functional_call(self.net, self.unflatten(theta.detach()), (x,))
+                f = self.call(self.unflatten(theta.detach()), x)
         finally:
             for handle in handles:
                 handle.remove()
@@ -404,17 +409,17 @@ class ModuleLayout(_FlatWeights):
                                     allow_unused=True, materialize_grads=True)
                 for k in range(k_out)]
         out = []
-        for i, module in enumerate(modules):
+        for i, (module, prefix) in enumerate(zip(modules, self.layer_names)):
             inputs = seen[module][0][0]
             jz = torch.stack([row[i] for row in rows], 1)  # (N, K, *z.shape[1:])
             n = inputs.shape[0]
             if isinstance(module, _CONV):
-                a = _conv_patches(module, inputs)
+                a = conv_patches(module, inputs)
                 jz = jz.flatten(3).transpose(2, 3)
             else:  # a Linear on (N, ..., D): every position of the middle dims a location
                 a = inputs.reshape(n, -1, inputs.shape[-1])
                 jz = jz.reshape(n, k_out, -1, jz.shape[-1])
-            if module.bias is not None:
+            if self._random_bias(module, prefix):
                 a = torch.cat([a, a.new_ones(*a.shape[:-1], 1)], -1)
             out.append((a, jz))
         return f.detach(), out

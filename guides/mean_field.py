@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from bnn_zoo.core.checks import check_tensor
 from bnn_zoo.guides.bbb import BayesByBackpropGuide
+from bnn_zoo.models.priors import prior_of_site
 
 __all__ = ["MeanFieldGuide", "diagonal_gaussian_kl"]
 
@@ -129,7 +130,7 @@ class MeanFieldGuide(BayesByBackpropGuide):
         """
         total = 0.0
         for name, q in self.distributions().items():
-            prior = self.prior.distribution(self.site_shapes[name], q.loc)
+            prior = prior_of_site(self.prior, name).distribution(self.site_shapes[name], q.loc)
             base = prior.base_dist if isinstance(prior, dist.Independent) else prior
             if not isinstance(base, dist.Normal):
                 raise TypeError(f"A closed-form KL needs a Gaussian prior, but the prior of "

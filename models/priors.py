@@ -19,7 +19,8 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_positive
 
-__all__ = ["GaussianPrior", "ScaleMixtureNormal", "ScaleMixturePrior"]
+__all__ = ["GaussianPrior", "ScaleMixtureNormal", "ScaleMixturePrior", "SitePriors",
+           "TorchFanInPrior", "prior_of_site"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,23 @@ class GaussianPrior:
     def distribution(self, shape: tuple[int, ...], like: Tensor) -> dist.TorchDistribution:
         zero = torch.zeros((), dtype=like.dtype, device=like.device)
         return dist.Normal(zero, self.scale_for(shape)).expand(shape).to_event(len(shape))
+
+
+class TorchFanInPrior(GaussianPrior):
+    """:class:`GaussianPrior` with ``fan_in=True`` for tensors in torch's layout.
+
+    A torch weight is ``(d_out, d_in, *kernel)`` (``Linear``, ``Conv1d/2d/3d``), so its
+    fan-in is ``prod(shape[1:])`` (``d_in`` times the kernel size), and the prior scale is
+    ``scale / sqrt(fan_in)`` (Neal 1996); tensors of one dimension (biases) keep ``scale``.
+    :class:`~bnn_zoo.models.BayesianModule` uses it in place of
+    ``GaussianPrior(fan_in=True)``, whose ``scale_for`` reads the zoo's own ``(d_in, d_out)``
+    layout.
+    """
+
+    def scale_for(self, shape: tuple[int, ...]) -> float:
+        if self.fan_in and len(shape) >= 2:
+            return self.scale / math.sqrt(math.prod(shape[1:]))
+        return self.scale
 
 
 class ScaleMixtureNormal(TorchDistribution):
@@ -124,3 +142,34 @@ class ScaleMixturePrior:
 
         base = ScaleMixtureNormal(const(self.pi), const(self.sigma1), const(self.sigma2))
         return base.expand(shape).to_event(len(shape))
+
+
+@dataclass(frozen=True)
+class SitePriors:
+    """A prior per weight tensor, by sample-site name: the ``prior`` of a model whose
+    tensors have different priors (layer-wise priors,
+    :class:`~bnn_zoo.models.BayesianModule` with a mapping or a function of the name).
+
+    ``priors`` is the ``(site name, prior)`` of every site, in the model's order. Its
+    :meth:`distribution` needs the site's name: :func:`prior_of_site` gives the prior of one.
+    """
+
+    priors: tuple[tuple[str, GaussianPrior | ScaleMixturePrior], ...]
+
+    def for_site(self, name: str) -> GaussianPrior | ScaleMixturePrior:
+        """The prior of the site ``name``."""
+        for site, prior in self.priors:
+            if site == name:
+                return prior
+        raise KeyError(f"No prior for the site {name!r}; the sites are "
+                       f"{[site for site, _ in self.priors]}.")
+
+    def distribution(self, shape: tuple[int, ...], like: Tensor) -> dist.TorchDistribution:
+        raise TypeError("SitePriors holds a prior per site: take the site's prior with "
+                        "prior_of_site(prior, name).distribution(shape, like).")
+
+
+def prior_of_site(prior: object, name: str) -> object:
+    """The prior of the site ``name`` under a model's ``prior``: ``prior`` itself for one
+    prior shared by every site, the site's own for :class:`SitePriors`."""
+    return prior.for_site(name) if isinstance(prior, SitePriors) else prior

@@ -216,8 +216,9 @@ class SVIStep:
 
     def trace_inputs(self) -> tuple[Tensor, ...]:
         """Tensors besides the parameters and data that :meth:`compiled_loss` takes as
-        inputs of its trace (none here)."""
-        return ()
+        inputs of its trace: the modules' buffers, state that a step may update in place
+        (batch-norm running statistics) and that a trace must not bake in as constants."""
+        return tuple(buffer for module in self.modules for buffer in module.buffers())
 
     def loss(self, i: int, idx: Tensor, weights: Tensor | None = None) -> Tensor:
         """Negative ELBO of minibatch ``i`` of the epoch with indices ``idx``; ``weights``

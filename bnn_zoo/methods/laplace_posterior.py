@@ -134,8 +134,12 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
                           tolerance_change=max(eps, rtol * start)).x
 
 
-def model_alpha(model) -> float:
-    """The prior precision ``alpha = scale^-2`` of a model with an isotropic Gaussian prior."""
+def model_alpha(model) -> float | Tensor:
+    """The prior precision ``alpha = scale^-2`` of a model with an isotropic Gaussian prior;
+    a model that gives its own (``prior_precision()``: one number, one per layer or one per
+    weight, e.g. a :class:`~bnn_zoo.models.BayesianModule` with priors per layer) gives it."""
+    if callable(getattr(model, "prior_precision", None)):
+        return model.prior_precision()
     prior = getattr(model, "prior", None)
     if not isinstance(prior, GaussianPrior) or prior.fan_in:
         raise ValueError("The Laplace approximation needs the isotropic prior "

@@ -2,9 +2,11 @@
 
 ``net`` is a ``torch.nn.Module`` or a zero-argument factory returning one. The entry's model
 becomes :class:`~bnn_zoo.models.BayesianModule` ``(net, task=task, **model_options)``, a
-prior on every parameter tensor of the net, and the entry's method (its guide, budget and
-predictive) runs on it unchanged. This module turns ``net`` into a builder of fresh models,
-checks where it lives, and names the networks the harness bundles (``compare --net cnn``).
+prior on every parameter tensor of the net not kept deterministic (``model_options`` such
+as ``{"deterministic": ["0"], "prior": {"4": GaussianPrior(0.5)}}``), and the entry's
+method (its guide, budget and predictive) runs on it unchanged. This module turns ``net``
+into a builder of fresh models, checks where it lives, and names the networks the harness
+bundles (``compare --net cnn``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import Tensor, nn
 from bnn_zoo.core.checks import same_device
 from bnn_zoo.methods.options import accepted_keywords
 from bnn_zoo.models.module import BayesianModule, digits_cnn
+from bnn_zoo.models.module_options import net_mode
 
 __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cnn",
            "net_model_defaults", "net_outputs", "network_builder"]
@@ -74,7 +77,7 @@ def net_outputs(net: nn.Module, x: Tensor, task: str, classes: int) -> int:
     A network that cannot be applied to ``x``'s shape is refused naming that shape."""
     probe = x[:2]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), net_mode(net, False):  # running statistics left as they are
             out = net(probe)
     except RuntimeError as error:
         raise ValueError(f"Expected net to take inputs shaped as x (N, "

@@ -8,6 +8,7 @@ small CNN on digits."""
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 
@@ -424,3 +425,168 @@ def test_laplace_entry_fits_a_bring_your_own_network_model(predictive):
     out = fitted.evaluate(x_test[120:], y_test[120:])
     assert all(math.isfinite(out[k]) for k in ("accuracy", "nll", "brier", "ece"))
     assert out["accuracy"] > 0.5
+
+
+# --------------------------------------------------------------------------- batch norm
+#: Layers with batch norm between: a one-pixel convolution (kernel = image) or a Linear
+#: layer, then BatchNorm, Tanh and a Linear head; inputs (1, 4, 4) images or 16 features.
+BATCH_NORM_NETS = {
+    "conv2d": ((1, 4, 4), lambda out: nn.Sequential(
+        nn.Conv2d(1, 3, 4), nn.BatchNorm2d(3), nn.Tanh(), nn.Flatten(), nn.Linear(3, out))),
+    "conv1d": ((2, 8), lambda out: nn.Sequential(
+        nn.Conv1d(2, 3, 8), nn.BatchNorm1d(3), nn.Tanh(), nn.Flatten(), nn.Linear(3, out))),
+    "linear": ((16,), lambda out: nn.Sequential(
+        nn.Linear(16, 4), nn.BatchNorm1d(4), nn.Tanh(), nn.Linear(4, out))),
+}
+
+
+def batch_norm_problem(name: str, task: str, n: int):
+    """A BayesianModule around a batch-norm net in float64 whose batch norm's deterministic
+    scale and shift and running statistics are far from their initial values, a ``theta``
+    of its random parameters, and the plain torch net in eval mode holding all of it."""
+    shape, make = BATCH_NORM_NETS[name]
+    g = torch.Generator().manual_seed(5)
+    out = 1 if task == "regression" else 3
+    torch.manual_seed(5)
+    net = make(out).double()
+    model = BayesianModule(net, task=task, noise_scale=1.0 if task == "regression" else None)
+    state = model.net_state
+    with torch.no_grad():
+        for value in state.parameters():
+            value.copy_(torch.rand(value.shape, generator=g, dtype=D) + 0.5)
+        state.set_buffers({"1.running_mean": torch.randn(net[1].num_features, generator=g,
+                                                         dtype=D),
+                           "1.running_var": torch.rand(net[1].num_features, generator=g,
+                                                       dtype=D) + 0.2})
+    layout = layout_of(model)
+    theta = torch.randn(layout.num_parameters, generator=g, dtype=D)
+    x = torch.randn(n, *shape, generator=g, dtype=D)
+    y = torch.randn(n, generator=g, dtype=D) if out == 1 else torch.randint(0, 3, (n,),
+                                                                           generator=g)
+    reference = nn.Sequential(*[copy.deepcopy(m) for m in net]).eval()
+    with torch.no_grad():
+        for key, value in {**model.fixed_tensors(), **layout.unflatten(theta)}.items():
+            target = (reference.get_buffer(key) if key in state.buffer_names
+                      else reference.get_parameter(key))
+            target.copy_(value)
+    return model, layout, theta, x, y, reference
+
+
+def sites_jacobian(reference: nn.Module, layout, theta, x):
+    """(N, K, P) per point and output, autograd through the eval-mode net in the random
+    parameters only."""
+    rows = []
+    for n in range(x.shape[0]):
+        t = theta.clone().requires_grad_()
+        f = functional_call(reference, layout.unflatten(t), (x[n:n + 1],))[0]
+        rows.append(torch.stack([torch.autograd.grad(f[k], t, retain_graph=True)[0]
+                                 for k in range(f.shape[0])]))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("name", sorted(BATCH_NORM_NETS))
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_kron_with_batch_norm_between_is_the_dense_ggn_on_one_point(name, task):
+    """Batch norm in eval mode is an affine map per channel with the model's running
+    statistics and (deterministic) scale and shift: for one point every K-FAC block of the
+    layers around it is the exact GGN block of the eval-mode net, and ``ggn`` is that
+    dense GGN; both read the model's trained tensors, not the net's own."""
+    model, layout, theta, x, y, reference = batch_norm_problem(name, task, n=1)
+    head = "3" if name == "linear" else "4"
+    assert [site for site, _ in layout.sites] == ["0.weight", "0.bias", f"{head}.weight",
+                                                   f"{head}.bias"]
+    jac = sites_jacobian(reference, layout, theta, x)
+    f = reference(x)
+    dense = torch.einsum("nkp,nkl,nlq->pq", jac, loss_hessians(f, LIK[task]), jac)
+    torch.testing.assert_close(layout.output(theta, x), f)
+    torch.testing.assert_close(ggn(theta, x, y, layout, None, LIK[task]), dense)
+    blocks = kron_block(layout, theta, x, y, LIK[task])
+    assert len(blocks) == 2
+    for block, index in blocks:
+        torch.testing.assert_close(block, dense[index][:, index])
+    # the net's own (initial) batch norm would give another output
+    assert not torch.allclose(layout.output(theta, x),
+                              functional_call(model.net.eval(), layout.unflatten(theta), (x,)))
+
+
+def test_kron_refuses_a_random_batch_norm_naming_the_option():
+    net = BATCH_NORM_NETS["linear"][1](1)
+    model = BayesianModule(net, deterministic=())
+    layout = layout_of(model)
+    with pytest.raises(ValueError, match=r"'1.weight' belongs to a BatchNorm1d.*deterministic"):
+        layout.kron_layers()
+
+
+@pytest.mark.parametrize("curvature", ["kron", "kron_separate", "diag"])
+def test_laplace_fits_a_conv_batch_norm_net_and_predicts_with_the_eval_net(curvature):
+    """Conv2d -> BatchNorm2d -> ReLU -> pool -> Linear through the ``laplace`` method: the MAP
+    by SVI in train mode updates the running statistics, the curvature and the GLM
+    predictive use the eval-mode net, whose mean output is a plain ``net.eval()`` with the
+    MAP weights and the model's batch norm."""
+    x, y = digits(120)
+    x = x.view(-1, 1, 8, 8)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AvgPool2d(2),
+                        nn.Flatten(), nn.Linear(36, 10))
+    model = BayesianModule(net, task="classification")
+    method = Laplace(curvature=curvature)
+    fit = method.fit(lambda: model, x, y, task="classification", seed=0,
+                     budget=Budget(steps=60, lr=1e-2, batch_size=None), progress=False)
+    stats = model.fixed_tensors()
+    assert int(stats["1.num_batches_tracked"]) >= 60
+    assert not torch.equal(stats["1.running_mean"], net[1].running_mean)
+    reference = copy.deepcopy(net).eval()
+    with torch.no_grad():
+        for key, value in {**stats, **fit.laplace.layout.unflatten(fit.laplace.theta)}.items():
+            target = (reference.get_buffer(key) if key in model.net_state.buffer_names
+                      else reference.get_parameter(key))
+            target.copy_(value)
+        torch.testing.assert_close(fit.laplace.layout.output(fit.laplace.theta, x[:30]),
+                                   reference(x[:30]))
+    probs = fit.predict(x[:30], 1).probs[0]
+    assert float((probs.argmax(-1) == y[:30]).float().mean()) > 0.7
+    assert all(torch.equal(v, stats[k]) for k, v in model.fixed_tensors().items())
+
+
+# --------------------------------------------------------------------------- priors per layer
+def test_priors_per_layer_give_laplace_its_prior_precision_per_layer():
+    """Gaussian priors per layer: ``alpha`` per layer (and tuned by the evidence from
+    there); a fan-in prior: per weight (not tunable, refused naming it)."""
+    x, y = digits(40)
+    net = nn.Sequential(nn.Linear(64, 5), nn.Tanh(), nn.Linear(5, 10)).double()
+    model = BayesianModule(net, task="classification",
+                           prior={"0": GaussianPrior(0.5), "2": GaussianPrior(2.0)})
+    theta = layout_of(model).flatten(model.initial_weights())
+    post = laplace_posterior(model, theta, x.double(), y,
+                             evidence=EvidenceSettings(refine=False))
+    torch.testing.assert_close(post.alpha, torch.tensor([4.0, 0.25], dtype=D))
+    fan_in = BayesianModule(net, task="classification", prior=GaussianPrior(fan_in=True))
+    post = laplace_posterior(fan_in, theta, x.double(), y,
+                             evidence=EvidenceSettings(refine=False))
+    torch.testing.assert_close(post.alpha_vector(), fan_in.prior_precision())
+    with pytest.raises(ValueError, match="one per weight"):
+        laplace_posterior(fan_in, theta, x.double(), y,
+                          evidence=EvidenceSettings(evidence="fixed_point"))
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_kron_of_a_layer_with_a_deterministic_bias_is_exact_on_one_point(task):
+    """A convolution whose bias is deterministic: its K-FAC block covers the weight alone
+    (no bias row), exact for one point and one output pixel as with a bias."""
+    torch.manual_seed(2)
+    net = ONE_PIXEL["image"][1](1 if task == "regression" else 3).double()
+    model = BayesianModule(net, task=task, deterministic=["0.bias"],
+                           noise_scale=1.0 if task == "regression" else None)
+    layout = layout_of(model)
+    assert [name for name, _ in layout.sites] == ["0.weight", "3.weight", "3.bias"]
+    theta = torch.randn(layout.num_parameters, dtype=D)
+    x = torch.randn(1, 1, 4, 4, dtype=D)
+    y = torch.randn(1, dtype=D) if task == "regression" else torch.tensor([2])
+    jac = sites_jacobian(net, layout, theta, x)
+    f = functional_call(net, layout.unflatten(theta), (x,))
+    dense = torch.einsum("nkp,nkl,nlq->pq", jac, loss_hessians(f, LIK[task]), jac)
+    blocks = kron_block(layout, theta, x, y, LIK[task])
+    assert [index.numel() for _, index in blocks] == [3 * 16, net[3].weight.numel()
+                                                      + net[3].bias.numel()]
+    for block, index in blocks:
+        torch.testing.assert_close(block, dense[index][:, index])

@@ -161,9 +161,8 @@ class Frozen(nn.Module):
 BAD_NET_CASES = {
     "net a number": (dict(net=3), TypeError, ["net", "torch.nn.Module", "int"]),
     "factory returning a number": (dict(net=lambda: 3), TypeError, ["net()", "int"]),
-    "net with batch norm": (dict(net=nn.Sequential(nn.Flatten(), nn.BatchNorm1d(64),
-                                                   nn.Linear(64, 10))),
-                            ValueError, ["buffer", "'1.running_mean'"]),
+    "unknown deterministic layer": (dict(net=tiny_cnn, model_options={"deterministic": ["9"]}),
+                                    ValueError, ["deterministic", "'9'", "neither"]),
     "frozen parameter": (dict(net=Frozen()), ValueError, ["'layer.bias'", "requires_grad"]),
     "MLP option": (dict(net=tiny_cnn, model_options={"hidden": (5,), "prior_scale": 2.0}),
                    ValueError, ["model_options", "'hidden'", "'prior_scale'", "noise_scale",
