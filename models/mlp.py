@@ -8,9 +8,10 @@ deterministic site ``f``, and the likelihood at site ``obs`` inside
 * regression: ``y_n ~ N(f(x_n), sigma^2)``, with ``sigma`` fixed or learned as
   a point estimate (type-II maximum likelihood); ``beta = sigma^-2`` is the
   noise precision of Bishop (PRML 5.7); with ``out_dim`` D > 1 the targets are (N, D)
-  and ``y_nd ~ N(f_d(x_n), sigma_d^2)``, one ``sigma_d`` per output; with ``noise="heteroscedastic"`` the network has
-  a second output and ``sigma(x_n) = softplus(s(x_n)) + 10^-3`` (Lakshminarayanan et al.
-  2017; :mod:`bnn_zoo.models.likelihood`);
+  and ``y_nd ~ N(f_d(x_n), sigma_d^2)``, one ``sigma_d`` per output; with
+  ``noise="heteroscedastic"`` the network has a second output and ``sigma(x_n) =
+  softplus(s(x_n)) + 10^-3`` (Lakshminarayanan et al. 2017;
+  :mod:`bnn_zoo.models.likelihood`);
 * classification: ``y_n ~ Categorical(softmax(f(x_n)))``.
 
 Minibatches come from the data plate: ``bnn_zoo.fit`` sets the plate's
