@@ -293,7 +293,8 @@ class LaplaceFit:
 
     ``diagnostics``: ``beta`` (``beta_d`` per output for D outputs), ``alpha_l`` (per
     layer; the layer's mean for a per-weight ``alpha``), ``log_evidence``, ``clipped``
-    (Hessian eigenvalues the projection set to zero), ``jitter`` (added to the dense precision's diagonal for its Cholesky),
+    (Hessian eigenvalues the projection set to zero), ``jitter`` (added to the dense
+    precision's diagonal for its Cholesky),
     ``converged`` (bool: the evidence loop ended on a consistent (MAP, ``alpha``,
     ``beta``); ``True`` without evidence tuning) and ``evidence_iterations`` (the
     refits the evidence loop made). A non-finite value is warned about.
