@@ -25,6 +25,22 @@ with, per data point and ``f = f(x_n, theta)``,
   error without its ``beta``); its Hessian in ``f`` is ``Lambda_n = I_K``;
 * categorical likelihood: ``E(theta) = -sum_n log softmax(f_n)[t_n]`` (``beta = 1``);
   its Hessian in ``f`` is ``Lambda_n = diag(p_n) - p_n p_n^T``.
+* Gaussian likelihood on D outputs with a noise precision per output, ``beta`` (D,)
+  (:class:`GaussianPrecision`): ``E(theta) = 1/2 sum_{n,d} beta_d (f_nd - t_nd)^2``, so
+  ``Lambda_n = diag(beta)`` and the GGN is ``sum_n J_n^T diag(beta) J_n``; with ``beta =
+  e_d`` (one output's indicator) it is output ``d``'s own curvature ``H_d = sum_n
+  J_{n,d}^T J_{n,d}``, and ``sum_n J_n^T diag(beta) J_n = sum_d beta_d H_d``;
+* heteroscedastic Gaussian (``"heteroscedastic"``): the network's two outputs are the mean
+  ``mu`` and the raw scale ``s`` with ``sigma = softplus(s) + MIN_SCALE``
+  (:func:`~bnn_zoo.models.likelihood.heteroscedastic_scale`), ``E(theta) = sum_n
+  (t_n - mu_n)^2 / (2 sigma_n^2) + log sigma_n`` (the model's negative log-likelihood
+  less ``N/2 log 2 pi``; the noise is the network's, ``beta = 1``). ``Lambda_n`` is the
+  Fisher information of ``N(mu, sigma^2)`` in ``(mu, s)``, ``diag(1 / sigma^2, 2
+  sigma'(s)^2 / sigma^2)`` with ``sigma'(s) = sigmoid(s)``: the expected Hessian, which is
+  positive definite where the Hessian in ``(mu, s)`` need not be (the GGN of an
+  exponential family in its mean and scale, as in Immer et al. 2023, "Effective Bayesian
+  Heteroscedastic Regression with Deep Neural Networks", which take it in the natural
+  parameters; the two Fishers give the same GGN through the chain rule).
 
 Structures (``P`` weights; ``L`` layers of ``p_l`` weights each):
 
@@ -59,7 +75,9 @@ hidden layers under the Gaussian likelihood.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -68,15 +86,17 @@ from bnn_zoo.core.checks import check_choice, check_data
 from bnn_zoo.core.nn import ACTIVATION_BACKWARD
 from bnn_zoo.guides.layouts import Layout
 from bnn_zoo.guides.layouts import ParameterLayout as ParameterLayout
+from bnn_zoo.models.likelihood import heteroscedastic_scale
 
-__all__ = ["CURVATURES", "LIKELIHOODS", "MAX_DENSE_BYTES", "ParameterLayout", "check_curvature",
+__all__ = ["CURVATURES", "LIKELIHOODS", "MAX_DENSE_BYTES", "GaussianPrecision", "Likelihood",
+           "ParameterLayout", "check_curvature",
            "check_dense_fits", "diagonal_ggn", "energy_and_gradient", "full_hessian", "ggn",
            "jacobian", "kron_ggn", "last_layer_ggn", "loss_whitening", "negative_log_likelihood",
            "output_gradient", "subnetwork_ggn", "subnetwork_indices"]
 
 CURVATURES = ("hessian", "ggn", "diag", "kron", "kron_separate", "last_layer", "low_rank",
               "subnetwork")
-LIKELIHOODS = ("gaussian", "categorical")
+LIKELIHOODS = ("gaussian", "categorical", "heteroscedastic")
 #: The MLP's hidden activation; ``None`` for a module, which has its own.
 Activation = Callable[[Tensor], Tensor] | None
 MAX_DENSE_BYTES = 2 * 1024**3
@@ -106,18 +126,53 @@ def check_dense_fits(num_parameters: int, dtype: torch.dtype, curvature: str,
         )
 
 
-def negative_log_likelihood(f: Tensor, y: Tensor, likelihood: str) -> Tensor:
-    """``E`` of the module docstring: ``1/2 sum (f - y)^2`` or the summed cross-entropy."""
+@dataclass(frozen=True, eq=False)
+class GaussianPrecision:
+    """The Gaussian likelihood of targets (N, D) with the noise precisions ``precision``
+    (D,) folded into the energy, ``E = 1/2 sum_{n,d} beta_d (f_nd - t_nd)^2`` (see the
+    module docstring): passed where a curvature function takes ``likelihood``."""
+
+    precision: Tensor
+
+
+#: A likelihood: one of :data:`LIKELIHOODS`, or a :class:`GaussianPrecision`.
+Likelihood = str | GaussianPrecision
+
+
+def _heteroscedastic_parts(f: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean ``mu``, scale ``sigma`` and ``dsigma/ds = sigmoid(s)`` (each (N,)) of
+    heteroscedastic outputs ``f = (mu, s)`` (N, 2)."""
+    return f[..., 0], heteroscedastic_scale(f[..., 1]), torch.sigmoid(f[..., 1])
+
+
+def negative_log_likelihood(f: Tensor, y: Tensor, likelihood: Likelihood) -> Tensor:
+    """``E`` of the module docstring: ``1/2 sum (f - y)^2`` (over every output of targets
+    (N, D)), ``1/2 sum beta_d (f - y)^2`` (:class:`GaussianPrecision`), the heteroscedastic
+    ``sum (y - mu)^2 / (2 sigma^2) + log sigma`` or the summed cross-entropy."""
+    if isinstance(likelihood, GaussianPrecision):
+        return 0.5 * ((f - y) ** 2 * likelihood.precision).sum()
     if likelihood == "gaussian":  # mse_loss: one kernel each way, where (f - y)^2 takes three
-        return 0.5 * torch.nn.functional.mse_loss(f.squeeze(-1), y, reduction="sum")
+        f = f if y.dim() == f.dim() else f.squeeze(-1)
+        return 0.5 * torch.nn.functional.mse_loss(f, y, reduction="sum")
+    if likelihood == "heteroscedastic":
+        mu, sigma, _ = _heteroscedastic_parts(f)
+        return ((y - mu) ** 2 / (2 * sigma**2) + torch.log(sigma)).sum()
     return torch.nn.functional.cross_entropy(f, y.long(), reduction="sum")
 
 
-def output_gradient(f: Tensor, y: Tensor, likelihood: str) -> Tensor:
-    """``dE/df`` (N, K) of :func:`negative_log_likelihood`: ``f - y`` (Gaussian) or
-    ``softmax(f) - onehot(y)`` (categorical)."""
+def output_gradient(f: Tensor, y: Tensor, likelihood: Likelihood) -> Tensor:
+    """``dE/df`` (N, K) of :func:`negative_log_likelihood`: ``f - y`` (Gaussian; times
+    ``beta`` for :class:`GaussianPrecision`), ``((mu - y) / sigma^2, (1 - r^2) sigma' /
+    sigma)`` with ``r = (y - mu) / sigma`` (heteroscedastic) or ``softmax(f) - onehot(y)``
+    (categorical)."""
+    if isinstance(likelihood, GaussianPrecision):
+        return (f - y) * likelihood.precision
     if likelihood == "gaussian":
-        return f - y.unsqueeze(-1)
+        return f - (y if y.dim() == f.dim() else y.unsqueeze(-1))
+    if likelihood == "heteroscedastic":
+        mu, sigma, slope = _heteroscedastic_parts(f)
+        r = (y - mu) / sigma
+        return torch.stack([-r / sigma, (1 - r**2) * slope / sigma], -1)
     return torch.softmax(f, -1).scatter_add_(
         -1, y.long().unsqueeze(-1), f.new_full((f.shape[0], 1), -1.0))
 
@@ -166,15 +221,22 @@ def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act
     return negative_log_likelihood(f, y, likelihood), torch.cat(grads[::-1])
 
 
-def loss_whitening(f: Tensor, likelihood: str) -> Tensor:
+def loss_whitening(f: Tensor, likelihood: Likelihood) -> Tensor:
     """(N, K, K) factors ``R_n`` with ``R_n^T R_n = Lambda_n``, the Hessian of ``E`` in ``f_n``.
 
     Categorical: ``R_n = diag(sqrt(p_n)) (I - 1 p_n^T)``, since
-    ``diag(p) - p p^T = sum_k p_k (e_k - p)(e_k - p)^T``.
+    ``diag(p) - p p^T = sum_k p_k (e_k - p)(e_k - p)^T``. :class:`GaussianPrecision`:
+    ``diag(sqrt(beta))``; heteroscedastic: ``diag(1 / sigma, sqrt(2) sigma' / sigma)``, the
+    square root of the Fisher information in ``(mu, s)``.
     """
     eye = torch.eye(f.shape[-1], dtype=f.dtype, device=f.device)
+    if isinstance(likelihood, GaussianPrecision):
+        return torch.diag_embed(likelihood.precision.sqrt()).expand(f.shape[0], -1, -1)
     if likelihood == "gaussian":
         return eye.expand(f.shape[0], -1, -1)
+    if likelihood == "heteroscedastic":
+        _, sigma, slope = _heteroscedastic_parts(f)
+        return torch.diag_embed(torch.stack([1 / sigma, math.sqrt(2) * slope / sigma], -1))
     p = torch.softmax(f, -1)
     return p.sqrt().unsqueeze(-1) * (eye - p.unsqueeze(-2))
 
@@ -184,7 +246,8 @@ def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, likelihood: st
     likelihood and the length of ``theta``."""
     x, y = check_data(x, y, any_shape=True)
     layout.check_input(x)
-    check_choice("likelihood", likelihood, LIKELIHOODS)
+    if not isinstance(likelihood, GaussianPrecision):
+        check_choice("likelihood", likelihood, LIKELIHOODS)
     if theta.shape != (layout.num_parameters,):
         raise ValueError(f"Expected theta of shape ({layout.num_parameters},), "
                          f"but got {tuple(theta.shape)}.")

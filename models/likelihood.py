@@ -5,7 +5,9 @@ Every network model ends the same way: the inputs go into ``pyro.plate("data", N
 likelihood is rescaled by ``N / B``), the network output is recorded as
 ``pyro.deterministic("f")`` and the targets are observed at ``"obs"``:
 
-* regression: ``y_n ~ N(f(x_n), sigma^2)``;
+* regression: ``y_n ~ N(f(x_n), sigma^2)``; with D > 1 outputs, targets ``y_n`` (D,) and
+  ``y_nd ~ N(f_d(x_n), sigma_d^2)`` independently, one noise scale per output (one event of
+  D numbers per data point);
 * heteroscedastic regression: the network has two outputs, a mean ``f(x_n)`` (recorded as
   ``f``) and a raw scale ``s(x_n)``, and ``y_n ~ N(f(x_n), sigma(x_n)^2)`` with
   ``sigma(x) = softplus(s(x)) + MIN_SCALE`` (recorded as ``"noise_scale"``; the Gaussian
@@ -39,7 +41,8 @@ def observe(x: Tensor, y: Tensor | None, network: Callable[[Tensor], Tensor], *,
     """Run ``network`` on (the minibatch of) ``x`` inside the data plate and observe ``y``.
 
     ``network(x)`` returns the outputs (*S, N, K); ``noise_scale()`` gives ``sigma`` for
-    regression; with ``heteroscedastic=True`` instead, ``network`` returns (*S, N, 2), the
+    regression (a number, or (D,) for D outputs, when ``y`` is (N, D)); with
+    ``heteroscedastic=True`` instead, ``network`` returns (*S, N, 2), the
     mean and the raw scale of each point (see :func:`heteroscedastic_scale`).
     Returns the outputs ``f`` (the mean only, (*S, N, 1), when heteroscedastic).
     ``data_dim`` is the dimension of ``x`` and ``y`` that runs over the data points: 1 for
@@ -57,7 +60,9 @@ def observe(x: Tensor, y: Tensor | None, network: Callable[[Tensor], Tensor], *,
             pyro.sample("obs", dist.Normal(f.squeeze(-1), scale), obs=y)
             return f
         f = pyro.deterministic("f", out)
-        if regression:
+        if regression and f.shape[-1] > 1:
+            pyro.sample("obs", dist.Normal(f, noise_scale().to(f.dtype)).to_event(1), obs=y)
+        elif regression:
             pyro.sample("obs", dist.Normal(f.squeeze(-1), noise_scale().to(f.dtype)), obs=y)
         else:
             pyro.sample("obs", dist.Categorical(logits=f), obs=y)

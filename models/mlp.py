@@ -7,9 +7,11 @@ deterministic site ``f``, and the likelihood at site ``obs`` inside
 
 * regression: ``y_n ~ N(f(x_n), sigma^2)``, with ``sigma`` fixed or learned as
   a point estimate (type-II maximum likelihood); ``beta = sigma^-2`` is the
-  noise precision of Bishop (PRML 5.7); with ``noise="heteroscedastic"`` the network has
-  a second output and ``sigma(x_n) = softplus(s(x_n)) + 10^-3`` (Lakshminarayanan et al.
-  2017; :mod:`bnn_zoo.models.likelihood`);
+  noise precision of Bishop (PRML 5.7); with ``out_dim`` D > 1 the targets are (N, D)
+  and ``y_nd ~ N(f_d(x_n), sigma_d^2)``, one ``sigma_d`` per output; with
+  ``noise="heteroscedastic"`` the network has a second output and ``sigma(x_n) =
+  softplus(s(x_n)) + 10^-3`` (Lakshminarayanan et al. 2017;
+  :mod:`bnn_zoo.models.likelihood`);
 * classification: ``y_n ~ Categorical(softmax(f(x_n)))``.
 
 Minibatches come from the data plate: ``bnn_zoo.fit`` sets the plate's
@@ -59,17 +61,20 @@ class BayesianMLP(ObservationNoise, PyroModule):
 
     Parameters
     ----------
-    in_dim, out_dim : input width and output width (1 for regression, the number
-        of classes for classification).
+    in_dim, out_dim : input width and output width (regression: the number D of outputs,
+        1 for targets (N,), D > 1 for targets (N, D); classification: the number of
+        classes).
     hidden : widths of the hidden layers.
     activation : hidden activation (``relu`` default; ``sigmoid`` for the seed's 1-3-1 net).
     task : ``"regression"`` or ``"classification"``.
     prior : :class:`GaussianPrior` (default ``N(0, 1)``) or :class:`ScaleMixturePrior`.
     noise_scale : regression only; a float fixes ``sigma``, ``None`` learns it
-        (initialised at ``init_noise_scale``).
+        (initialised at ``init_noise_scale``); for D outputs, one ``sigma_d`` per output,
+        each fixed to (or starting at) that number.
     noise : ``"homoscedastic"`` (default: one ``sigma``) or ``"heteroscedastic"``
-        (regression only: a second output gives each point its own ``sigma(x)``; then
-        ``noise_scale`` must be ``None`` and the model has no :meth:`observation_scale`).
+        (regression with one output only: a second output gives each point its own
+        ``sigma(x)``; then ``noise_scale`` must be ``None`` and the model has no
+        :meth:`observation_scale`).
 
     :meth:`replicated` gives the same model for R independent fits in one pass
     (:mod:`bnn_zoo.core.replicas`).
@@ -88,8 +93,9 @@ class BayesianMLP(ObservationNoise, PyroModule):
                              f"noise_scale=None, but got task={task!r}, "
                              f"noise_scale={noise_scale!r}.")
         self.sizes = layer_sizes(in_dim, tuple(hidden), out_dim + self.heteroscedastic)
-        if task == "regression" and out_dim != 1:
-            raise ValueError(f"Expected out_dim == 1 for regression, but got {out_dim}.")
+        if task == "regression" and (out_dim < 1 or (self.heteroscedastic and out_dim != 1)):
+            raise ValueError(f"Expected out_dim >= 1 for regression (1 with "
+                             f"noise='heteroscedastic'), but got {out_dim}.")
         if task == "classification" and out_dim < 2:
             raise ValueError(f"Expected out_dim >= 2 classes for classification, got {out_dim}.")
         self.activation_name = activation
@@ -101,7 +107,8 @@ class BayesianMLP(ObservationNoise, PyroModule):
             )
         self.prior = prior
         if not self.heteroscedastic:
-            self.init_noise(noise_scale if task == "regression" else 1.0, init_noise_scale)
+            self.init_noise(noise_scale if task == "regression" else 1.0, init_noise_scale,
+                            out_dim if task == "regression" else 1)
         else:
             self.learn_noise = False
         #: ``None`` for a single fit; R for a model of R replicas (see :meth:`replicated`).
@@ -114,7 +121,8 @@ class BayesianMLP(ObservationNoise, PyroModule):
         site inside ``pyro.plate("replicas", R, dim=-2)``
         (:func:`~bnn_zoo.core.replicas.replica_plate`), so the weights of replica ``r`` have
         the leading index ``r`` and see only ``x[r]``, ``y[r]``; a learned noise scale
-        becomes one per replica, shape (R, 1), starting at this model's value.
+        becomes one per replica, shape (R, 1) (D outputs: (R, 1, D)), starting at this
+        model's value.
         """
         check_positive_int("replicas", replicas)
         if self.replicas is not None:
@@ -123,7 +131,8 @@ class BayesianMLP(ObservationNoise, PyroModule):
         twin = copy.deepcopy(self)
         twin.replicas = replicas
         if self.learn_noise:
-            start = self.noise_scale.detach().expand(replicas, 1).clone()
+            value = self.noise_scale.detach()
+            start = value.expand(replicas, 1, *value.shape).clone()
             twin.noise_scale = PyroParam(start, constraint=constraints.positive)
         return twin
 

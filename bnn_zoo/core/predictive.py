@@ -6,7 +6,8 @@ and reads the likelihood at the site ``obs``. The result is an equally weighted
 mixture over the samples:
 
 * regression, a Gaussian mixture ``p(y|x) = 1/S sum_s N(y; mu_s(x), sigma_s(x)^2)``
-  (:class:`GaussianMixturePredictive`);
+  (:class:`GaussianMixturePredictive`; with D outputs each component is the product of
+  D independent Gaussians, ``prod_d N(y_d; mu_sd(x), sigma_sd(x)^2)``);
 * classification, the Monte Carlo average of class probabilities
   ``p(y|x) = 1/S sum_s softmax(f_s(x))`` (:class:`CategoricalPredictive`) -- the
   average of the probabilities, not the probabilities of the average weights.
@@ -31,7 +32,10 @@ __all__ = ["CategoricalPredictive", "GaussianMixturePredictive", "predict"]
 
 @dataclass(frozen=True)
 class GaussianMixturePredictive:
-    """Equal-weight mixture of Gaussians: ``loc`` and ``scale`` of shape (S, N)."""
+    """Equal-weight mixture of Gaussians: ``loc`` and ``scale`` of shape (S, N), or (S, N, D)
+    for D outputs (component ``s`` the product of D independent Gaussians). ``mean``,
+    ``variance``, ``cdf``, ``quantile`` and ``interval`` are per output, (N,) or (N, D);
+    :meth:`log_prob` is the joint density of a point's D outputs, (N,)."""
 
     loc: Tensor
     scale: Tensor
@@ -46,12 +50,13 @@ class GaussianMixturePredictive:
 
     @property
     def mean(self) -> Tensor:
-        """(N,) predictive mean."""
+        """(N,) (or (N, D)) predictive mean."""
         return self.loc.mean(0)
 
     @property
     def variance(self) -> Tensor:
-        """(N,) predictive variance: mean of ``sigma_s^2`` plus variance of ``mu_s``."""
+        """(N,) (or (N, D)) predictive variance: mean of ``sigma_s^2`` plus variance of
+        ``mu_s``."""
         return (self.scale**2).mean(0) + self.loc.var(0, unbiased=False)
 
     @property
@@ -59,15 +64,20 @@ class GaussianMixturePredictive:
         return self.variance.sqrt()
 
     def log_prob(self, y: Tensor) -> Tensor:
-        """(N,) ``log 1/S sum_s N(y_n; mu_sn, sigma_sn^2)`` (log-mean-exp over samples)."""
+        """(N,) ``log 1/S sum_s N(y_n; mu_sn, sigma_sn^2)`` (log-mean-exp over samples); for
+        D outputs, ``y`` (N, D) and ``log 1/S sum_s prod_d N(y_nd; mu_snd, sigma_snd^2)``,
+        the outputs' log densities summed inside each component."""
         lp = dist.Normal(self.loc, self.scale).log_prob(y)
+        if self.loc.dim() == 3:
+            lp = lp.sum(-1)
         return torch.logsumexp(lp, 0) - math.log(self.loc.shape[0])
 
     def cdf(self, y: Tensor) -> Tensor:
         return dist.Normal(self.loc, self.scale).cdf(y).mean(0)
 
     def quantile(self, q: float, iterations: int = 60) -> Tensor:
-        """(N,) the ``q`` quantile of the mixture, by bisection on its CDF."""
+        """(N,) (or (N, D), per output) the ``q`` quantile of the mixture, by bisection on
+        its CDF."""
         if not 0.0 < q < 1.0:
             raise ValueError(f"Expected 0 < q < 1, but got {q!r}.")
         spread = 10 * self.scale.max(0).values

@@ -6,6 +6,11 @@ Regression (from a :class:`~bnn_zoo.core.predictive.GaussianMixturePredictive`):
 * ``ll``: mean test log-likelihood per point, ``1/N sum_n log 1/S sum_s N(y_n; mu_sn, sigma_sn^2)``;
 * ``coverage_{50,90,95}``: fraction of targets inside the central predictive interval.
 
+With D outputs (targets (N, D)) a point's log-likelihood is the joint one of its D outputs,
+``log 1/S sum_s prod_d N(y_nd; mu_snd, sigma_snd^2)`` (a sum over outputs for one component),
+averaged over points; ``rmse`` is over all N D numbers, ``sqrt(1/(N D) sum_{n,d} (y_nd -
+mean_nd)^2``, and the coverages are per output interval, over all N D numbers.
+
 Classification (from a :class:`~bnn_zoo.core.predictive.CategoricalPredictive`):
 
 * ``accuracy`` of the arg-max of the averaged probabilities; ``nll`` per point,
@@ -19,7 +24,7 @@ Classification (from a :class:`~bnn_zoo.core.predictive.CategoricalPredictive`):
 * :func:`auroc`: how well a score (the predictive entropy) tells two sets of points apart,
   e.g. test points from a shifted set (:func:`shifted_inputs`).
 
-Targets are checked first: regression targets must have the predictive's shape (N,)
+Targets are checked first: regression targets must have the predictive's shape (N,) or (N, D)
 (integer targets are cast to its dtype); classification labels must be integers in
 ``0..C-1`` for the predictive's ``C`` classes (float labels only when exactly integral,
 then cast). A metric that comes out NaN or infinite (a log-likelihood of a target the

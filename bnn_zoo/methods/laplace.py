@@ -322,9 +322,10 @@ class LaplaceFit:
     :meth:`predict` gives the GLM predictive in closed form (classification: by ``link``),
     or the Monte Carlo one.
 
-    ``diagnostics``: ``beta``, ``alpha_l`` (per layer; the layer's mean for a per-weight
-    ``alpha``), ``log_evidence``, ``clipped`` (Hessian eigenvalues the projection set to
-    zero), ``jitter`` (added to the dense precision's diagonal for its Cholesky),
+    ``diagnostics``: ``beta`` (``beta_d`` per output for D outputs), ``alpha_l`` (per
+    layer; the layer's mean for a per-weight ``alpha``), ``log_evidence``, ``clipped``
+    (Hessian eigenvalues the projection set to zero), ``jitter`` (added to the dense
+    precision's diagonal for its Cholesky),
     ``converged`` (bool: the evidence loop ended on a consistent (MAP, ``alpha``,
     ``beta``); ``True`` without evidence tuning) and ``evidence_iterations`` (the
     refits the evidence loop made). A non-finite value is warned about.
@@ -343,8 +344,10 @@ class LaplaceFit:
         with torch.no_grad():
             counts = post.layer_sums(torch.ones_like(post.theta))
             alpha = post.layer_sums(post.alpha_vector()) / counts
+            beta = {f"beta_{d}": float(b) for d, b in enumerate(post.beta)} \
+                if post.beta.dim() else {"beta": float(post.beta)}
             self.diagnostics = {
-                "beta": float(post.beta), "log_evidence": float(post.log_evidence()),
+                **beta, "log_evidence": float(post.log_evidence()),
                 "clipped": float(post.clipped), "jitter": post.jitter,
                 "converged": post.converged is not False,
                 "evidence_iterations": post.iterations,

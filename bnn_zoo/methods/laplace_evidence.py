@@ -101,9 +101,13 @@ class EvidenceSettings:
 
 def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor, Tensor]:
     """MacKay's updates (PRML 5.178-5.180) of ``alpha`` (per layer or shared) and ``beta``:
-    ``alpha_l = gamma_l / ||w_l - m_l||^2``, ``beta = (N - gamma) / (2 E_D)``. Unbounded:
-    the targets may be infinite or not positive (see :func:`bounded_step`). Sums run over
-    the covered weights of each layer."""
+    ``alpha_l = gamma_l / ||w_l - m_l||^2``, ``beta = (N - gamma) / (2 E_D)``; with a
+    noise precision per output (``beta`` (D,)), ``beta_d = (N - gamma_d) / (2 E_d)``, where
+    ``gamma_d = beta_d tr(A^-1 H_d)`` is the share of the effective parameters attributed
+    to output ``d`` (the evidence's derivative in ``beta_d``, ``-E_d + N / (2 beta_d) -
+    tr(A^-1 H_d) / 2``, is zero there). A heteroscedastic likelihood keeps ``beta = 1``.
+    Unbounded: the targets may be infinite or not positive (see :func:`bounded_step`).
+    Sums run over the covered weights of each layer."""
     covered = post.covered_layers
     gamma = post.effective_parameters(per_layer)
     sq = post.layer_sums(post.covered * (post.theta - post.prior_mean) ** 2)
@@ -113,7 +117,10 @@ def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor,
     else:
         alpha[covered] = gamma / sq[covered].sum()
     beta = post.beta
-    if post.likelihood == "gaussian":
+    if post.likelihood == "gaussian" and post.beta.dim():
+        points = post.num_outputs // post.beta.numel()
+        beta = (points - post.output_effective_parameters()) / (2 * post.energy)
+    elif post.likelihood == "gaussian":
         beta = (post.num_outputs - gamma.sum()) / (2 * post.energy)
     return alpha, beta
 
@@ -121,17 +128,19 @@ def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor,
 def gradient_update(post: LaplacePosterior, per_layer: bool,
                     max_iter: int = 100) -> tuple[Tensor, Tensor]:
     """Maximise :meth:`LaplacePosterior.log_evidence` in ``log alpha``, ``log beta`` by L-BFGS
-    (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`, as the refits)."""
+    (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`, as the refits); ``log beta`` is (D,) with
+    a noise precision per output, and absent where ``beta`` stays 1 (classification,
+    heteroscedastic regression)."""
     covered = post.covered_layers
     log_alpha = torch.log(post.alpha[covered] if per_layer else post.alpha[covered[:1]])
     regression = post.likelihood == "gaussian"
-    start = torch.cat([log_alpha, torch.log(post.beta).reshape(1)]) if regression else log_alpha
+    start = torch.cat([log_alpha, torch.log(post.beta).reshape(-1)]) if regression else log_alpha
     k = log_alpha.numel()
 
     def hyperparameters(x: Tensor) -> tuple[Tensor, Tensor]:
         alpha = post.alpha.clone()
         alpha[covered] = x[:k].exp().expand(len(covered))
-        return alpha, x[k].exp() if regression else post.beta
+        return alpha, x[k:].exp().reshape(post.beta.shape) if regression else post.beta
 
     def objective_and_gradient(x: Tensor) -> tuple[Tensor, Tensor]:
         x = x.detach().requires_grad_()
@@ -196,7 +205,7 @@ def evidence_step(post: LaplacePosterior, settings: EvidenceSettings
     distance = float(alpha_distance.max())
     if post.likelihood != "gaussian":
         return new_alpha, post.beta, distance
-    return new_alpha, new_beta, max(distance, float(beta_distance))
+    return new_alpha, new_beta, max(distance, float(beta_distance.max()))
 
 
 def checked(post: LaplacePosterior) -> LaplacePosterior:
@@ -228,7 +237,7 @@ def _settle(post: LaplacePosterior, alpha: Tensor, beta: Tensor,
 def _record(post: LaplacePosterior) -> tuple[list[float], float, float]:
     """``(alpha, beta, log evidence)`` of ``post``, for its ``history``."""
     with torch.no_grad():
-        return post.alpha.tolist(), float(post.beta), float(post.log_evidence())
+        return post.alpha.tolist(), post.beta.tolist(), float(post.log_evidence())
 
 
 def maximize_evidence(post: LaplacePosterior, settings: EvidenceSettings,

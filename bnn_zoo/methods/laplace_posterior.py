@@ -15,6 +15,11 @@ Memory, ``P`` weights: ``hessian`` and ``ggn`` hold a dense ``P x P`` precision 
 Cholesky factor (refused above ``max_bytes``), ``kron`` two factors per layer,
 ``(d_in + 1)^2 + d_out^2`` (``kron_separate`` ``d_in^2 + 2 d_out^2``), ``diag`` ``P``
 numbers, ``last_layer`` the last layer's size squared.
+
+Regression on targets (N, D) fits a noise precision per output, ``beta`` (D,), with each
+output's curvature held apart (:mod:`~bnn_zoo.guides.laplace.output_blocks`; all
+structures but ``kron_separate``); a heteroscedastic model (``noise="heteroscedastic"``)
+has ``beta = 1`` and the Fisher GGN of its two heads (:mod:`bnn_zoo.guides.curvature`).
 """
 
 from __future__ import annotations
@@ -31,16 +36,20 @@ from bnn_zoo.core.lbfgs import minimize_lbfgs
 from bnn_zoo.guides.curvature import (
     MAX_DENSE_BYTES,
     Activation,
+    GaussianPrecision,
+    Likelihood,
     check_curvature,
     energy_and_gradient,
     negative_log_likelihood,
 )
 from bnn_zoo.guides.laplace import INDEFINITE, Block, LaplacePosterior, curvature_blocks
+from bnn_zoo.guides.laplace.output_blocks import output_blocks
 from bnn_zoo.guides.layouts import Layout, layout_of
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings, checked, maximize_evidence
 from bnn_zoo.models.priors import GaussianPrior
 
-__all__ = ["CurvatureSettings", "laplace_posterior", "model_alpha", "refine_map"]
+__all__ = ["CurvatureSettings", "laplace_posterior", "model_alpha", "model_likelihood",
+           "refine_map"]
 
 
 @dataclass(frozen=True)
@@ -80,20 +89,27 @@ class CurvatureSettings:
     def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
                likelihood: str) -> list[Block]:
         """The precision blocks of this curvature at ``theta`` (P,) on ``x`` (N, D), ``y``
-        (:func:`~bnn_zoo.guides.laplace.curvature_blocks`)."""
+        (:func:`~bnn_zoo.guides.laplace.curvature_blocks`; for Gaussian targets (N, D), one
+        curvature per output, :func:`~bnn_zoo.guides.laplace.output_blocks.output_blocks`)."""
+        if likelihood == "gaussian" and y.dim() == 2:
+            return output_blocks(self.curvature, theta, x, y, layout, act,
+                                 indefinite=self.indefinite, max_bytes=self.max_bytes,
+                                 rank=self.rank, subnetwork=self.subnetwork)
         return curvature_blocks(self.curvature, theta, x, y, layout, act, likelihood,
                                 indefinite=self.indefinite, max_bytes=self.max_bytes,
                                 rank=self.rank, subnetwork=self.subnetwork)
 
 
 def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-               likelihood: str, alpha: Tensor, beta: Tensor,
+               likelihood: Likelihood, alpha: Tensor, beta: Tensor,
                *, prior_mean: Tensor | None = None, max_iter: int = 500,
                rtol: float | None = None) -> Tensor:
     """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
     full-batch L-BFGS (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`: 50 pairs in compact form,
     strong Wolfe line search); ``alpha`` and the prior mean ``m`` are (P,) (``m`` zero by
-    default). Returns the new (P,) MAP.
+    default); a noise precision per output (``beta`` (D,)) is folded into the likelihood
+    (:class:`~bnn_zoo.guides.curvature.GaussianPrecision`), so that ``beta E_D`` reads
+    ``sum_d beta_d E_d``. Returns the new (P,) MAP.
 
     L-BFGS minimises that objective divided by ``n``, the number of observed numbers (the
     mean per observation: about ``(n - gamma) / (2 n) <= 1/2`` at the evidence optimum, so
@@ -118,6 +134,8 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
     check_positive("rtol", rtol)
     mean = torch.zeros_like(theta) if prior_mean is None else prior_mean
     count = y.numel()
+    if beta.dim():
+        likelihood, beta = GaussianPrecision(beta), beta.new_ones(())
 
     def objective_and_gradient(t: Tensor) -> tuple[Tensor, Tensor]:
         """The objective over ``n`` and its gradient: the data term's by
@@ -132,6 +150,15 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
     return minimize_lbfgs(objective_and_gradient, theta, history=50, max_iter=max_iter,
                           tolerance_grad=math.sqrt(eps),
                           tolerance_change=max(eps, rtol * start)).x
+
+
+def model_likelihood(model) -> str:
+    """The likelihood of ``model`` as the curvatures name it: ``"categorical"`` for a
+    classifier, ``"heteroscedastic"`` for a regression model whose network gives each point
+    its own noise scale (``noise="heteroscedastic"``), ``"gaussian"`` otherwise."""
+    if model.task != "regression":
+        return "categorical"
+    return "heteroscedastic" if getattr(model, "heteroscedastic", False) else "gaussian"
 
 
 def model_alpha(model) -> float | Tensor:
@@ -172,7 +199,9 @@ class _Problem:
                                prior_mean=self.prior_mean)
         blocks = self.curvature.blocks(theta, x, y, layout, act, likelihood)
         with torch.no_grad():
-            energy = negative_log_likelihood(layout.output(theta, x, act), y, likelihood)
+            f = layout.output(theta, x, act)
+            energy = 0.5 * ((f - y) ** 2).sum(0) if beta.dim() else \
+                negative_log_likelihood(f, y, likelihood)
         num_outputs = y.numel() if likelihood == "gaussian" else y.shape[0]
         return checked(LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
                                         num_outputs, act, self.prior_mean))
@@ -203,15 +232,24 @@ def _prior_mean(prior_mean: Tensor | float, p: int, like: dict) -> Tensor:
     return mean.expand(p).clone()
 
 
-def _noise_precision(model, beta: Tensor | float | None, likelihood: str, like: dict
-                     ) -> Tensor:
-    """``beta`` checked; ``None``: the model's noise precision (1 for a classifier)."""
+def _noise_precision(model, beta: Tensor | float | None, likelihood: str, y: Tensor,
+                     like: dict) -> Tensor:
+    """``beta`` checked, a number or (D,) for Gaussian targets (N, D); ``None``: the model's
+    noise precision (1 for a classifier and a heteroscedastic model)."""
     if beta is None:
         beta = model.observation_scale().detach() ** -2 if likelihood == "gaussian" else 1.0
     beta = torch.as_tensor(beta, **like).clone()
-    if likelihood == "categorical" and float(beta) != 1.0:
-        raise ValueError(f"Expected beta == 1 for a categorical likelihood, but got {float(beta)}.")
-    check_positive("beta", float(beta))
+    shape = (y.shape[1],) if likelihood == "gaussian" and y.dim() == 2 else ()
+    if beta.numel() == 1 or beta.shape == shape:
+        beta = beta.reshape(()).expand(shape).clone() if beta.numel() == 1 else beta
+    else:
+        raise ValueError(f"Expected beta as a number or one per output {shape}, but got shape "
+                         f"{tuple(beta.shape)}.")
+    if likelihood != "gaussian" and float(beta) != 1.0:
+        raise ValueError(f"Expected beta == 1 for a {likelihood} likelihood (classification, "
+                         f"or the network's own noise), but got {float(beta)}.")
+    if not bool((beta > 0).all()) or not bool(torch.isfinite(beta).all()):
+        raise ValueError(f"Expected beta > 0, but got {beta.tolist()}.")
     return beta
 
 
@@ -245,12 +283,15 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
     p = layout.num_parameters
     if theta.shape != (p,):
         raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
-    likelihood = "gaussian" if model.task == "regression" else "categorical"
+    likelihood = model_likelihood(model)
+    if likelihood == "heteroscedastic" and y.dim() != 1:
+        raise ValueError(f"Expected y of shape (N,) for a heteroscedastic model, but got "
+                         f"{tuple(y.shape)}.")
     like = dict(dtype=x.dtype, device=x.device)
     alpha = _prior_precision(model, alpha, layout, evidence.evidence is not None, like)
     problem = _Problem(layout, getattr(model, "act", None), likelihood, x, y,
                        _prior_mean(prior_mean, p, like), curvature, evidence.refine)
-    beta = _noise_precision(model, beta, likelihood, like)
+    beta = _noise_precision(model, beta, likelihood, y, like)
     post = problem.posterior(theta.detach().to(**like), alpha, beta)
     if evidence.evidence is None:
         return post

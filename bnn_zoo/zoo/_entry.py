@@ -177,7 +177,8 @@ class Entry:
         classes are those of all the shards together.
 
         ``x`` and ``y`` may be numpy arrays. Regression targets must be floats of shape
-        (N,); classification labels integers 0..C-1 of shape (N,) (float labels only when
+        (N,), or (N, D) for D >= 2 outputs (the zoo's MLP, one noise scale per output);
+        classification labels integers 0..C-1 of shape (N,) (float labels only when
         exactly integral, then cast). ``seed`` is an int >= 0, ``progress`` a bool or
         ``None``; every budget override is checked by :class:`Budget`.
 

@@ -52,7 +52,8 @@ def check_inputs(entry: str, x: object, y: object, *, net: bool) -> tuple[Tensor
 def check_targets(entry: str, tasks: tuple[str, ...], y: Tensor, task: str | None,
                   name: str = "y") -> tuple[str, Tensor]:
     """The task (``task``, or inferred from ``y``'s dtype) and the checked targets ``y``
-    (named ``name`` in errors): float vectors (N,) for regression, labels 0..C-1 of shape
+    (named ``name`` in errors): floats of shape (N,) (one output) or (N, D) (D >= 2 outputs,
+    each standardised with its own statistics) for regression, labels 0..C-1 of shape
     (N,) for classification; a task outside ``tasks``, those entry ``entry`` supports,
     raises :class:`UnsupportedProblem`."""
     if task is not None:
@@ -61,9 +62,11 @@ def check_targets(entry: str, tasks: tuple[str, ...], y: Tensor, task: str | Non
     if task not in tasks:
         raise UnsupportedProblem(
             f"Entry {entry!r} supports {', '.join(tasks)}, not {task!r}.")
-    if task == "regression" and (y.dim() != 1 or not y.is_floating_point()):
-        raise ValueError(f"Expected {name} to be a float vector (N,) for regression, got "
-                         f"{y.dtype} of shape {tuple(y.shape)}.")
+    if task == "regression" and (not y.is_floating_point() or y.dim() not in (1, 2)
+                                 or (y.dim() == 2 and y.shape[1] < 2)):
+        raise ValueError(f"Expected {name} to be floats of shape (N,) (one output) or (N, D) "
+                         f"with D >= 2 outputs for regression, got {y.dtype} of shape "
+                         f"{tuple(y.shape)}.")
     if task == "classification":
         if y.dim() != 1:
             raise ValueError(f"Expected {name} to be class labels 0..C-1 of shape (N,) for "
@@ -93,10 +96,10 @@ def training_data(x: Tensor, y: Tensor, task: str, budget: Budget, seed: int, *,
 
 
 def output_dim(task: str, y: Tensor, *, distributed_fit: bool = False) -> int:
-    """The number of outputs of the model: 1 for regression, the number of classes
-    ``max(y) + 1`` for classification (of all the shards together with
-    ``distributed_fit``)."""
+    """The number of outputs of the model: for regression 1 (``y`` (N,)) or D (``y``
+    (N, D)), for classification the number of classes ``max(y) + 1`` (of all the shards
+    together with ``distributed_fit``)."""
     if task == "regression":
-        return 1
+        return 1 if y.dim() == 1 else y.shape[1]
     classes = int(y.max()) + 1
     return distributed.global_max(classes, y.device) if distributed_fit else classes

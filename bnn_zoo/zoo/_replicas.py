@@ -124,7 +124,7 @@ def fit_many(entry: Entry, xs: object, ys: object, *, seeds: Sequence[int],
                 for x, y, seed in zip(xs, ys, seeds)]
     x = torch.stack([p.x for p in prepared])
     y = torch.stack([p.y for p in prepared])
-    out_dim = output_dim(task, y)
+    out_dim = output_dim(task, y.flatten(0, 1))  # the R sets stacked: one set of R N rows
     build_model = entry.model_factory(x.shape[-1], out_dim, task, model_kw, x)
     posteriors = method.fit_many(build_model, x, y, task=task, seeds=seeds,
                                  budget=replace(budget, validation=0.0), progress=progress)

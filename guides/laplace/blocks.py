@@ -53,12 +53,14 @@ from bnn_zoo.guides.curvature import (
 )
 from bnn_zoo.guides.laplace.dense_blocks import INDEFINITE, DenseBlock, DiagBlock
 from bnn_zoo.guides.laplace.factored_blocks import KronBlock, LowRankBlock
+from bnn_zoo.guides.laplace.output_blocks import OutputBlock
 from bnn_zoo.guides.layouts import Layout
 
 __all__ = ["Block", "block_from_state", "curvature_blocks"]
 
-Block = DenseBlock | DiagBlock | KronBlock | LowRankBlock
-_KINDS = {cls.kind: cls for cls in (DenseBlock, DiagBlock, KronBlock, LowRankBlock)}
+Block = DenseBlock | DiagBlock | KronBlock | LowRankBlock | OutputBlock
+_KINDS = {cls.kind: cls for cls in (DenseBlock, DiagBlock, KronBlock, LowRankBlock,
+                                    OutputBlock)}
 
 
 def block_from_state(state: dict) -> Block:

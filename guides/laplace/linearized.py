@@ -7,7 +7,9 @@ Both have the sample sites of the :class:`~bnn_zoo.models.BayesianMLP` (or
 (one per weight tensor, prior ``N(m_i, alpha_i^-1)`` with the posterior's prior mean and
 per-layer or per-weight ``alpha``), record the network output as
 ``pyro.deterministic("f")`` and put the likelihood ``obs`` in ``pyro.plate("data")``,
-with the posterior's noise ``beta^-1/2`` (regression) or a categorical on the logits ``f``.
+with the posterior's noise ``beta^-1/2`` (regression; one per output for D outputs), the
+network's own ``sigma(x)`` (heteroscedastic regression, from the second output, linearised
+with the first by :class:`LinearizedModel`) or a categorical on the logits ``f``.
 Paired with a :class:`~bnn_zoo.guides.laplace.guide.LaplaceGuide` holding the posterior, Pyro's
 ``Predictive(model, guide=guide)`` and :func:`bnn_zoo.predict` sample
 
@@ -60,7 +62,8 @@ class _PosteriorModel(PyroModule):
             values[name] = drop_plate_dim(pyro.sample(name, prior), len(shape))
         theta = layout.flatten(values)
         return observe(x, y, lambda inputs: self.network(inputs, theta),
-                       regression=post.likelihood == "gaussian", noise_scale=post.beta.rsqrt)
+                       regression=post.likelihood != "categorical", noise_scale=post.beta.rsqrt,
+                       heteroscedastic=post.likelihood == "heteroscedastic")
 
 
 class LinearizedModel(_PosteriorModel):

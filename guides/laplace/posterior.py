@@ -34,6 +34,28 @@ PRML's ``A = alpha I + beta H`` with ``H = Hess(SSE)`` is read with the SSE
 carrying the factor 1/2 of its ``E(w)``; for the ``last_layer`` structure the
 evidence and ``W`` count the last layer's weights only, the others being fixed at
 the MAP like hyperparameters.
+
+Regression with D outputs (targets (N, D)) has a noise precision per output, ``beta``
+(D,), and ``E_D`` is (D,), ``E_d = 1/2 sum_n (y_nd - f_nd)^2``: the precision is ``A =
+diag(alpha) + sum_d beta_d H_d`` with ``H_d`` output ``d``'s curvature
+(:mod:`~bnn_zoo.guides.laplace.output_blocks`), so ``sum_d beta_d H_d = sum_n J_n^T
+diag(beta) J_n``, and the evidence reads ``-sum_d beta_d E_d + N/2 sum_d log beta_d - N
+D/2 log(2 pi)`` in place of ``-beta E_D + N/2 log beta - N/2 log(2 pi)``. The GLM
+predictive is ``N(f, diag(1/beta) + J A^-1 J^T)``, of which the metrics need each
+output's marginal ``N(f_d, 1/beta_d + g_d^T A^-1 g_d)``.
+
+Heteroscedastic regression (``likelihood="heteroscedastic"``: the network's outputs are
+the mean ``mu`` and the raw scale ``s`` of ``sigma = softplus(s) + MIN_SCALE``) has
+``beta = 1`` (the noise is the network's), ``H`` the GGN with the Fisher of ``N(mu,
+sigma^2)`` in ``(mu, s)`` (:mod:`bnn_zoo.guides.curvature`), ``E_D = sum_n (y_n -
+mu_n)^2 / (2 sigma_n^2) + log sigma_n`` and the evidence ``-E_D - alpha/2 ||w||^2 - 1/2
+log|A| + W/2 log alpha - N/2 log(2 pi)``. Its GLM predictive linearises the mean head
+and plugs in the scale head at the MAP: ``N(mu(x), sigma(x)^2 + g_mu^T A^-1 g_mu)``,
+the epistemic variance of the mean plus the aleatoric variance as in Kendall & Gal
+2017 ("What Uncertainties Do We Need in Bayesian Deep Learning for Computer Vision?",
+eq. 9), with ``sigma(x)`` at the MAP rather than averaged over the posterior: the scale
+head's own uncertainty is left out of the closed form (the Pyro model
+:class:`~bnn_zoo.guides.laplace.LinearizedModel` samples both heads linearised).
 """
 
 from __future__ import annotations
@@ -50,7 +72,9 @@ from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredic
 from bnn_zoo.guides.curvature import Activation, check_dense_fits, jacobian
 from bnn_zoo.guides.laplace.blocks import Block, block_from_state
 from bnn_zoo.guides.laplace.dense_blocks import cholesky_with_jitter
+from bnn_zoo.guides.laplace.output_blocks import output_effective_parameters
 from bnn_zoo.guides.layouts import Layout
+from bnn_zoo.models.likelihood import heteroscedastic_scale
 
 __all__ = ["LINKS", "LaplacePosterior"]
 
@@ -71,10 +95,14 @@ class LaplacePosterior:
     blocks : the precision structure; weights outside every block stay at the MAP.
     alpha : prior precision, (L,) one per layer (all equal unless fitted per layer) or
         (P,) one per weight.
-    beta : noise precision (1 for classification).
-    likelihood : ``"gaussian"`` or ``"categorical"``.
-    energy : ``E_D(theta)``, the unit-precision negative log-likelihood at the MAP.
-    num_outputs : ``N K``, the number of observed numbers (regression: ``N``).
+    beta : noise precision (1 for classification and heteroscedastic regression), or (D,)
+        one per output for regression on targets (N, D) (then ``blocks`` are
+        :class:`~bnn_zoo.guides.laplace.output_blocks.OutputBlock` s).
+    likelihood : ``"gaussian"``, ``"heteroscedastic"`` or ``"categorical"``.
+    energy : ``E_D(theta)``, the unit-precision negative log-likelihood at the MAP ((D,),
+        one per output, with ``beta`` (D,)).
+    num_outputs : ``N K``, the number of observed numbers (regression: ``N``, or ``N D``
+        for D outputs).
     act : hidden activation of an MLP (``None`` for a torch module, which has its own).
     prior_mean : (P,) prior mean ``m`` (zeros by default).
     history : ``(alpha, beta, log evidence)`` after each refit of the evidence loop.
@@ -92,7 +120,8 @@ class LaplacePosterior:
     num_outputs: int
     act: Activation = field(repr=False)
     prior_mean: Tensor | None = None
-    history: list[tuple[list[float], float, float]] = field(default_factory=list)
+    history: list[tuple[list[float], float | list[float], float]] = field(
+        default_factory=list)
     converged: bool | None = None
     iterations: int = 0
 
@@ -126,7 +155,7 @@ class LaplacePosterior:
             raise ValueError(f"Expected a saved MAP of shape ({layout.num_parameters},) for "
                              f"the network {layout.description}, but got {tuple(theta.shape)}.")
         blocks = [block_from_state(block) for block in state["blocks"]]
-        history = [(list(a), b, e) for a, b, e in state["history"]]
+        history = [(list(a), b, e) for a, b, e in state["history"]]  # b: a list for D outputs
         return cls(layout, theta, blocks, state["alpha"], state["beta"], state["likelihood"],
                    state["energy"], state["num_outputs"], act, state["prior_mean"], history,
                    state["converged"], state["iterations"])
@@ -188,10 +217,12 @@ class LaplacePosterior:
         sq = (self.theta - self.prior_mean)[mask] ** 2
         out = -0.5 * (a * sq).sum() + 0.5 * torch.log(a).sum()
         out = out - 0.5 * self.log_det(alpha, beta)
-        if self.likelihood == "gaussian":
-            n = self.num_outputs
-            return out - beta * self.energy + 0.5 * n * torch.log(beta) \
-                - 0.5 * n * math.log(2 * math.pi)
+        n = self.num_outputs
+        if self.likelihood == "gaussian":  # N/2 sum_d log beta_d: n / D points per output
+            return out - (beta * self.energy).sum() \
+                + 0.5 * (n / beta.numel()) * torch.log(beta).sum() - 0.5 * n * math.log(2 * math.pi)
+        if self.likelihood == "heteroscedastic":
+            return out - self.energy - 0.5 * n * math.log(2 * math.pi)
         return out - self.energy
 
     def _as_alpha(self, alpha: Tensor | float | None) -> Tensor:
@@ -215,6 +246,12 @@ class LaplacePosterior:
             ab = a[block.index]
             gamma[block.index] = 1 - ab * block.inverse_diagonal(ab, self.beta)
         return self.layer_sums(gamma)
+
+    def output_effective_parameters(self) -> Tensor:
+        """(D,) ``gamma_d = beta_d tr(A^-1 H_d)`` of a posterior with ``beta`` (D,): output
+        ``d``'s share of the effective number of parameters (their sum is
+        :meth:`effective_parameters` summed)."""
+        return output_effective_parameters(self.blocks, self.alpha_vector(), self.beta)
 
     def offset(self, eps: Tensor) -> Tensor:
         """(..., P) a draw from ``N(0, A^-1)`` given standard normal ``eps`` (..., P)."""
@@ -256,7 +293,9 @@ class LaplacePosterior:
         """The linearised predictive at ``x`` (N, D) (a module's inputs (N, ...)), as a
         one-component predictive.
 
-        Regression: ``N(f(x), 1/beta + g^T A^-1 g)`` (``link`` unused). Classification:
+        Regression: ``N(f(x), 1/beta + g^T A^-1 g)`` (``link`` unused; D outputs: per output,
+        (1, N, D); heteroscedastic: ``N(mu(x), sigma(x)^2 + g_mu^T A^-1 g_mu)``, the scale
+        head at the MAP). Classification:
         ``E[softmax(l)]`` over the logits ``l ~ N(f, J A^-1 J^T)``, by the probit
         approximation ``softmax(f / sqrt(1 + pi/8 g_k^T A^-1 g_k))`` (``link="probit"``)
         or by ``num_samples`` draws of the logits (``link="mc"``, from ``generator``).
@@ -271,6 +310,11 @@ class LaplacePosterior:
             if not (bool(torch.isfinite(f).all()) and bool(torch.isfinite(var).all())):
                 warnings.warn("The Laplace GLM predictive has non-finite means or variances.",
                               RuntimeWarning, stacklevel=2)
+            if self.likelihood == "heteroscedastic":
+                noise = heteroscedastic_scale(f[:, 1]) ** 2
+                return GaussianMixturePredictive(f[None, :, 0], (var[:, 0] + noise).sqrt()[None])
+            if self.likelihood == "gaussian" and self.beta.dim():
+                return GaussianMixturePredictive(f[None], (var + 1 / self.beta).sqrt()[None])
             if self.likelihood == "gaussian":
                 return GaussianMixturePredictive(f.T, (var + 1 / self.beta).sqrt().T)
             if link == "probit":
