@@ -201,14 +201,16 @@ MEMMAP_FIT = textwrap.dedent("""
     else:
         raise SystemExit("the limit does not hold the array in memory")
     fitted = zoo.get("map").fit(loader, steps=10, jit=False)
-    print(fitted.evaluate(loader, num_samples=1)["rmse"])
+    pred = fitted.predict(loader, num_samples=1).mean
+    print(pred.shape[0], float(pred.std()))
 """)
 
 
+@pytest.mark.slow
 def test_a_fit_on_a_memory_mapped_array_larger_than_the_memory_limit_completes(tmp_path):
     """A float32 array of 1.5 x the margin over the subprocess's own footprint, read
     through np.memmap windows by a Dataset: the fit, its standardisation pass and a
-    streaming evaluation complete under RLIMIT_AS, where the array itself cannot be
+    prediction batch by batch complete under RLIMIT_AS, where the array itself cannot be
     allocated."""
     import numpy as np
 
@@ -223,4 +225,5 @@ def test_a_fit_on_a_memory_mapped_array_larger_than_the_memory_limit_completes(t
     done = subprocess.run([sys.executable, "-c", MEMMAP_FIT, str(path), str(rows), str(cols),
                            str(margin)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert float(done.stdout.split()[-1]) < 1.0
+    count, spread = done.stdout.split()[-2:]
+    assert int(count) == rows and 0 < float(spread) < 10
