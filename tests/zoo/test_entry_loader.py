@@ -73,8 +73,8 @@ def test_the_laplace_posterior_sums_a_loaders_batches_as_the_tensors(curvature, 
     x, y = problem(task)
     model = BayesianMLP(3, 1 if task == "regression" else 3, hidden=(6,),
                         task=task).double()
-    theta = 0.3 * torch.randn(layout_of(model).num_parameters, generator=torch.Generator().manual_seed(0),
-                              dtype=torch.float64)
+    theta = 0.3 * torch.randn(layout_of(model).num_parameters, dtype=torch.float64,
+                              generator=torch.Generator().manual_seed(0))
     settings = dict(curvature=CurvatureSettings(curvature, rank=5, indefinite="clip"),
                     evidence=EvidenceSettings("fixed_point", iterations=2, refine=False))
     a = laplace_posterior(model, theta, x, y, **settings)
