@@ -82,6 +82,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from bnn_zoo.core.batches import Batches, chunks
 from bnn_zoo.core.checks import check_choice, check_data
 from bnn_zoo.core.nn import ACTIVATION_BACKWARD
 from bnn_zoo.guides.layouts import Layout
@@ -243,9 +244,12 @@ def loss_whitening(f: Tensor, likelihood: Likelihood) -> Tensor:
 
 def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, likelihood: str):
     """``x`` and ``y`` checked (``x`` of the shape the layout's network takes), the
-    likelihood and the length of ``theta``."""
-    x, y = check_data(x, y, any_shape=True)
-    layout.check_input(x)
+    likelihood and the length of ``theta``; ``x`` may be a loader's
+    :class:`~bnn_zoo.core.batches.Batches` (``y`` ``None``), checked batch by batch, whose
+    sums go over one pass (:func:`~bnn_zoo.core.batches.chunks`)."""
+    if not isinstance(x, Batches):
+        x, y = check_data(x, y, any_shape=True)
+    layout.check_input(x.first[0] if isinstance(x, Batches) else x)
     if not isinstance(likelihood, GaussianPrecision):
         check_choice("likelihood", likelihood, LIKELIHOODS)
     if theta.shape != (layout.num_parameters,):
@@ -285,7 +289,7 @@ def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activ
     check_dense_fits(theta.shape[0], theta.dtype, "hessian", max_bytes)
     theta = theta.detach()
     out = theta.new_zeros(theta.shape[0], theta.shape[0])
-    for xc, yc in zip(x.split(chunk), y.split(chunk)):  # memory grows with the chunk, not N
+    for xc, yc in chunks(x, y, chunk):  # memory grows with the chunk, not N
 
         def energy(t: Tensor, xc: Tensor = xc, yc: Tensor = yc) -> Tensor:
             return negative_log_likelihood(layout.output(t, xc, act), yc, likelihood)
@@ -300,21 +304,21 @@ def ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
     """(P, P) generalised Gauss-Newton ``sum_n J_n^T Lambda_n J_n``, in chunks of data points."""
     x, y = _checked(theta, x, y, layout, likelihood)
     check_dense_fits(theta.shape[0], theta.dtype, "ggn", max_bytes)
-    return _dense_ggn(theta, x, layout, act, likelihood, None, chunk)
+    return _dense_ggn(theta, x, y, layout, act, likelihood, None, chunk)
 
 
 def last_layer_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
                    likelihood: str = "gaussian", chunk: int = CHUNK) -> Tensor:
     """(p_L, p_L) the GGN block of the last layer's weights (the rest held at ``theta``)."""
     x, y = _checked(theta, x, y, layout, likelihood)
-    return _dense_ggn(theta, x, layout, act, likelihood, [layout.num_layers - 1], chunk)
+    return _dense_ggn(theta, x, y, layout, act, likelihood, [layout.num_layers - 1], chunk)
 
 
-def _dense_ggn(theta, x, layout, act, likelihood, layers, chunk) -> Tensor:
+def _dense_ggn(theta, x, y, layout, act, likelihood, layers, chunk) -> Tensor:
     size = sum(s.stop - s.start for i, s in enumerate(layout.layer_slices)
                if layers is None or i in layers)
     out = theta.new_zeros(size, size)
-    for xc in x.split(chunk):  # memory grows with the chunk, not N
+    for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
         rows = _whitened_rows(theta, xc, layout, act, likelihood, layers)
         out += rows.T @ rows
     return out
@@ -343,7 +347,7 @@ def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Act
     x, y = _checked(theta, x, y, layout, likelihood)
     indices = subnetwork_indices(indices, layout.num_parameters).to(theta.device)
     out = theta.new_zeros(indices.numel(), indices.numel())
-    for xc in x.split(chunk):  # memory grows with the chunk, not N
+    for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
         rows = _whitened_rows(theta, xc, layout, act, likelihood)[:, indices]
         out += rows.T @ rows
     return out
@@ -358,7 +362,7 @@ def diagonal_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activ
     otherwise from ``J`` itself (``chunk K P`` numbers at a time)."""
     x, y = _checked(theta, x, y, layout, likelihood)
     out = theta.new_zeros(theta.shape[0])
-    for xc in x.split(chunk):  # memory grows with the chunk, not N
+    for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
         if layout.outer_product_jacobian:
             f, parts = layout.layer_factors(theta, xc, act)
             r = loss_whitening(f, likelihood)
@@ -389,7 +393,7 @@ def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activatio
     x, y = _checked(theta, x, y, layout, likelihood)
     factors: list[list[Tensor]] = []
     counts: list[int] = []
-    for xc in x.split(chunk):  # memory grows with the chunk, not N
+    for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
         f, parts = layout.layer_factors(theta, xc, act)
         r = loss_whitening(f, likelihood)
         if not factors:

@@ -16,8 +16,9 @@ mixture over the samples:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import pyro
 import pyro.distributions as dist
@@ -25,9 +26,11 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
+from bnn_zoo.core.batches import as_batches, is_loader
 from bnn_zoo.core.checks import check_data, check_module_device, check_positive_int
 
-__all__ = ["CategoricalPredictive", "GaussianMixturePredictive", "predict"]
+__all__ = ["CategoricalPredictive", "GaussianMixturePredictive", "concatenate", "predict",
+           "predict_batches"]
 
 
 @dataclass(frozen=True)
@@ -179,8 +182,29 @@ def _parameter_dtype(*objects: Callable) -> torch.dtype | None:
     return None
 
 
+def concatenate(preds: Sequence[Predictive]) -> Predictive:
+    """The predictive of the points of ``preds`` (one per batch of inputs) together: their
+    points joined, each keeping its samples."""
+    if isinstance(preds[0], GaussianMixturePredictive):
+        return GaussianMixturePredictive(torch.cat([p.loc for p in preds], 1),
+                                         torch.cat([p.scale for p in preds], 1))
+    logs = [p.log_probs for p in preds]
+    return CategoricalPredictive(torch.cat([p.probs for p in preds], 1),
+                                 None if any(t is None for t in logs) else torch.cat(logs, 1))
+
+
+def predict_batches(predict_inputs: Callable[[Tensor], Predictive], loader: object
+                    ) -> Predictive:
+    """``predict_inputs`` of the inputs of each batch of ``loader`` (a ``DataLoader``, any
+    re-iterable of ``x`` or ``(x, y)`` batches; see :func:`~bnn_zoo.core.batches.as_batches`),
+    joined by :func:`concatenate`: the network's memory is that of one batch, the
+    predictive's that of all the points."""
+    return concatenate([predict_inputs(x) for x, _ in as_batches(loader, targets=False,
+                                                                  sized=False)])
+
+
 @torch.no_grad()
-def predict(model: Callable, guide: Callable, x: Tensor, *, num_samples: int = 100,
+def predict(model: Callable, guide: Callable, x: Tensor | Iterable, *, num_samples: int = 100,
             max_plate_nesting: int = 1) -> Predictive:
     """Posterior predictive of ``model`` under ``guide`` at inputs ``x`` (N, D) (or (N, ...)
     for a model that takes them).
@@ -188,8 +212,12 @@ def predict(model: Callable, guide: Callable, x: Tensor, *, num_samples: int = 1
     All ``num_samples`` weight samples go through the network in one pass. ``x`` may be
     a tensor or a numpy array; inputs of another floating dtype than the parameters of
     ``model``/``guide`` (float64 inputs of a float32 fit) are cast to the parameters'
-    dtype, as numpy and scikit-learn users expect.
+    dtype, as numpy and scikit-learn users expect. Or a loader of inputs (batches ``x``
+    or ``(x, y)``): one pass per batch, the predictives joined (:func:`predict_batches`).
     """
+    if is_loader(x):
+        return predict_batches(partial(predict, model, guide, num_samples=num_samples,
+                                       max_plate_nesting=max_plate_nesting), x)
     x, _ = check_data(x, any_shape=True)  # the model checks its own inputs
     return sample_predictive(model, guide, x, num_samples=num_samples,
                              max_plate_nesting=max_plate_nesting)

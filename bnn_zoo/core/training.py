@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,12 +17,14 @@ import pyro
 import pyro.infer
 from torch import Tensor, nn
 
+from bnn_zoo.core.batch_step import LoaderStep
+from bnn_zoo.core.batches import Batches, as_batches, is_loader
 from bnn_zoo.core.checkpoint import checkpoint_path, resume
 from bnn_zoo.core.checks import check_bool, check_positive_int, check_seed, check_values
 from bnn_zoo.core.loop import run_steps
 from bnn_zoo.core.step import SVIStep
 
-__all__ = ["FitResult", "fit"]
+__all__ = ["FitResult", "fit", "loader_batches"]
 
 
 @dataclass
@@ -45,14 +47,15 @@ def _named_parameters(modules: list[nn.Module]) -> dict[str, Tensor]:
     return {f"{i}.{name}": p for i, m in enumerate(modules) for name, p in m.named_parameters()}
 
 
-def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
+def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None = None, *,
+        steps: int,
         lr: float = 1e-2, batch_size: int | None = None, num_particles: int = 1,
         elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO, kl_weighting: str = "uniform",
         seed: int | None = None, progress: bool | None = None,
         checkpoint: str | Path | None = None, checkpoint_every: int = 1000,
         max_plate_nesting: int = 1, jit: bool = False,
         validate: bool | None = None, distributed: bool = False,
-        check_every: int = 1) -> FitResult:
+        check_every: int = 1, num_data: int | None = None) -> FitResult:
     """Fit ``guide`` to ``model`` by stochastic variational inference.
 
     Parameters
@@ -61,7 +64,14 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
         put its data in ``pyro.plate("data", N)``.
     x, y : inputs (N, D) (or (N, ...) for a model that takes them, such as a
         :class:`~bnn_zoo.models.BayesianModule`) and (N,) targets, on the device the fit
-        should run on (one that holds data: ``meta`` tensors are refused).
+        should run on (one that holds data: ``meta`` tensors are refused). Or ``x`` a
+        loader and ``y`` ``None``: a ``torch.utils.data.DataLoader`` (or any re-iterable
+        of ``(x, y)`` batches) of a data set of ``num_data`` points (default
+        ``len(loader.dataset)``), one batch per step (see
+        :class:`~bnn_zoo.core.batch_step.LoaderStep`: each batch's likelihood scaled by
+        ``N / B``, an epoch one pass in the loader's order), used on the device its
+        batches come on; the loader sets the batches, so ``batch_size`` stays ``None``,
+        and ``distributed`` ``False``.
     steps : total number of optimiser steps (minibatches).
     lr : Adam learning rate; one fused ``torch.optim.Adam`` over all parameters
         of the model and the guide.
@@ -119,6 +129,7 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
     for name, value in (("x", x), ("y", y)):  # the step itself runs on meta tensors too
         if isinstance(value, Tensor):
             check_values(name, value)
+    batches = loader_batches(x, y, num_data, batch_size=batch_size, distributed=distributed)
     check_positive_int("steps", steps)
     check_positive_int("checkpoint_every", checkpoint_every)
     check_positive_int("check_every", check_every)
@@ -130,12 +141,36 @@ def fit(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
         pyro.set_rng_seed(seed)
     if validate is None:
         validate = os.environ.get("BNN_ZOO_VALIDATE") == "1"
+    options = dict(lr=lr, num_particles=num_particles, elbo=elbo, kl_weighting=kl_weighting,
+                   seed=seed, max_plate_nesting=max_plate_nesting, jit=jit)
     with pyro.validation_enabled(validate):
-        return _fit(SVIStep(model, guide, x, y, lr=lr, batch_size=batch_size,
-                            num_particles=num_particles, elbo=elbo, kl_weighting=kl_weighting,
-                            seed=seed, max_plate_nesting=max_plate_nesting, jit=jit,
-                            distributed=distributed),
-                    steps, progress, path, checkpoint_every, check_every)
+        step = SVIStep(model, guide, x, y, batch_size=batch_size, distributed=distributed,
+                       **options) if batches is None else LoaderStep(model, guide, batches,
+                                                                     **options)
+        return _fit(step, steps, progress, path, checkpoint_every, check_every)
+
+
+def loader_batches(x: object, y: object, num_data: int | None, *, batch_size: int | None,
+                   distributed: bool) -> Batches | None:
+    """``x`` checked as a loader (:func:`~bnn_zoo.core.batches.as_batches`) where it is one,
+    with what a loader fit refuses (``y``, ``batch_size``, ``distributed``) named; ``None``
+    for tensors, which take no ``num_data``."""
+    if not is_loader(x):
+        if y is None:
+            raise ValueError("Expected y, the targets of x; only a loader for x yields them "
+                             "with the inputs.")
+        if num_data is not None:
+            raise ValueError("num_data is the size of a loader's data set; with tensors x, y "
+                             "it is len(x): expected num_data=None.")
+        return None
+    for name, value, default, why in (
+            ("y", y, None, "the loader yields the targets with the inputs"),
+            ("batch_size", batch_size, None, "the loader sets the batches"),
+            ("distributed", distributed, False, "a loader fit runs on one process")):
+        if value is not default:
+            raise ValueError(f"Expected {name}={default} with a loader for x ({why}), but got "
+                             f"{name}={value!r}.")
+    return as_batches(x, num_data)
 
 
 def _fit(step: SVIStep, steps: int, progress: bool | None, path: Path | None,

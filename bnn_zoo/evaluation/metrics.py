@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 from torch import Tensor
 
+from bnn_zoo.core.batches import as_batches, is_loader
 from bnn_zoo.core.checks import (
     as_data_tensor,
     check_class_labels,
@@ -48,9 +50,15 @@ from bnn_zoo.core.checks import (
     check_positive_int,
     check_tensor,
 )
-from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
+from bnn_zoo.core.predictive import (
+    CategoricalPredictive,
+    GaussianMixturePredictive,
+    Predictive,
+    predict,
+)
 
 __all__ = ["NonFiniteMetricWarning", "auroc", "classification_metrics", "evaluate",
+           "evaluate_batches",
            "expected_calibration_error", "metrics", "regression_metrics", "reliability_bins",
            "shifted_inputs"]
 
@@ -188,11 +196,46 @@ def metrics(pred: GaussianMixturePredictive | CategoricalPredictive, y: Tensor) 
     return out
 
 
-def evaluate(model: Callable, guide: Callable, x: Tensor, y: Tensor, *,
-             num_samples: int = 200) -> dict[str, float]:
+def evaluate_batches(predict_inputs: Callable[[Tensor], Predictive],
+                     loader: object) -> dict[str, float]:
+    """The :func:`metrics` of ``predict_inputs`` on every ``(x, y)`` batch of ``loader``
+    (see :func:`~bnn_zoo.core.batches.as_batches`), accumulated over the batches, so memory
+    stays that of one batch. Every metric is a mean over the points,
+    ``1/N sum_b n_b m_b`` for batches of ``n_b`` points with means ``m_b`` (the RMSE through
+    its mean square), except the calibration error, whose bins are summed over the
+    batches: ``sum_k |A_k - C_k| / N``, ``A_k`` and ``C_k`` the summed correctness and
+    confidence of the points in bin ``k`` (:func:`reliability_bins`)."""
+    sums: dict[str, float] = {}
+    bins = torch.zeros(())
+    count = 0
+    for x, y in as_batches(loader, sized=False):
+        pred = predict_inputs(x)
+        n = y.shape[0]
+        for name, value in metrics(pred, y).items():
+            sums[name] = sums.get(name, 0.0) + n * (value**2 if name == "rmse" else value)
+        if isinstance(pred, CategoricalPredictive):
+            part = reliability_bins(pred.mean, y.to(pred.mean.device).long())
+            bins = bins + torch.stack([part["accuracy"], -part["confidence"]]) * part["count"]
+        count += n
+    out = {name: value / count for name, value in sums.items()}
+    if "rmse" in out:
+        out["rmse"] = math.sqrt(out["rmse"])
+    if "ece" in out:
+        out["ece"] = float(bins.sum(0).abs().sum() / count)
+    return out
+
+
+def evaluate(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None = None,
+             *, num_samples: int = 200) -> dict[str, float]:
     """Metrics of the posterior predictive of ``model`` under ``guide`` at ``(x, y)``
     (see :func:`bnn_zoo.predict` and :func:`metrics`); ``x`` and ``y`` may be numpy
-    arrays."""
-    x, y = check_data(x, y, any_shape=True)
+    arrays. Or ``x`` a loader of ``(x, y)`` batches (``y`` ``None``): the metrics
+    accumulated batch by batch (:func:`evaluate_batches`)."""
     check_positive_int("num_samples", num_samples)
+    if is_loader(x):
+        if y is not None:
+            raise ValueError("Expected y=None with a loader for x: the loader yields the "
+                             "targets with the inputs.")
+        return evaluate_batches(partial(predict, model, guide, num_samples=num_samples), x)
+    x, y = check_data(x, y, any_shape=True)
     return metrics(predict(model, guide, x, num_samples=num_samples), y)

@@ -32,6 +32,7 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor, nn
 
+from bnn_zoo.core.batches import Batches
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.training import FitResult
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
@@ -126,6 +127,12 @@ class Ensemble:
         member does (:attr:`bnn_zoo.methods.svi.SVI.replicas`)."""
         return self.member.replicas
 
+    @property
+    def streams(self) -> bool:
+        """Whether the ensemble fits from a loader's batches: when the member does; its
+        members are then fitted one by one."""
+        return getattr(self.member, "streams", False)
+
     def _member_seeds(self, seed: int) -> list[int]:
         return [self.members * seed + m for m in range(self.members)]
 
@@ -141,8 +148,9 @@ class Ensemble:
             budget: Budget, progress: bool | None) -> EnsemblePosterior:
         """``members`` fits of ``member`` on ``x`` (N, D), ``y`` (N,) from the seeds
         ``members * seed + m``: as replicas in one pass where :attr:`replicas` (and the
-        budget is not distributed), one by one otherwise."""
-        if self.replicas and not budget.distributed:
+        budget is not distributed), one by one otherwise (and from a loader's
+        :class:`~bnn_zoo.core.batches.Batches` ``x``, ``y`` ``None``)."""
+        if self.replicas and not budget.distributed and not isinstance(x, Batches):
             return self.fit_many(build_model, x[None], y[None], task=task, seeds=[seed],
                                  budget=budget, progress=progress)[0]
         fits = []

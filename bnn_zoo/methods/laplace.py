@@ -33,12 +33,13 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import pyro
 import torch
 from torch import Tensor
 
+from bnn_zoo.core.batches import first_inputs
 from bnn_zoo.core.checks import check_choice, check_positive
 from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.core.predictive import predict
@@ -163,6 +164,9 @@ class Laplace:
     bias_scale: float = 1.0
     max_bytes: int = MAX_DENSE_BYTES
     replicas: bool = True
+    #: Fits from a loader's batches (:mod:`bnn_zoo.core.batches`): the MAP by SVI, one
+    #: batch per step; the refits, curvature and energies as sums over one pass.
+    streams: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         for settings in (CurvatureSettings, EvidenceSettings, ValidationSettings):
@@ -200,7 +204,7 @@ class Laplace:
         ``nn.Conv1d`` or ``nn.Conv2d``)."""
         check_budget(budget)
         x, y, held_out = self.validation_settings.split(x, y, task, seed)
-        model, guide = self._model_and_guide(build_model, x, task, seed)
+        model, guide = self._model_and_guide(build_model, first_inputs(x), task, seed)
         result = budget.run(model, guide, x, y, elbo=MeanFieldELBO, seed=seed,
                             progress=progress)
         return self._posterior(model, guide, x, y, result, held_out)

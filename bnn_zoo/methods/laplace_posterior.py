@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from bnn_zoo.core.batches import Batches, first_inputs, num_points, num_targets, summed
 from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
 from bnn_zoo.core.lbfgs import minimize_lbfgs
 from bnn_zoo.guides.curvature import (
@@ -100,8 +101,8 @@ class CurvatureSettings:
                                 rank=self.rank, subnetwork=self.subnetwork)
 
 
-def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-               likelihood: Likelihood, alpha: Tensor, beta: Tensor,
+def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Layout,
+               act: Activation, likelihood: Likelihood, alpha: Tensor, beta: Tensor,
                *, prior_mean: Tensor | None = None, max_iter: int = 500,
                rtol: float | None = None) -> Tensor:
     """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
@@ -119,6 +120,9 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
     every weight, by less than ``rtol`` times the starting objective, or after
     ``max_iter`` iterations.
 
+    ``x`` may be a loader's :class:`~bnn_zoo.core.batches.Batches` (``y`` ``None``): the
+    objective and its gradient are then sums over one pass, batch by batch.
+
     ``rtol`` defaults to ``1e-6`` in single (or lower) precision and to ``eps`` in double.
     A ReLU network's MAP from SVI is far from converged, and full-batch L-BFGS keeps
     lowering the objective for a long time; in single precision a relative tolerance
@@ -133,7 +137,7 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
         rtol = 1e-6 if torch.finfo(theta.dtype).bits <= 32 else eps
     check_positive("rtol", rtol)
     mean = torch.zeros_like(theta) if prior_mean is None else prior_mean
-    count = y.numel()
+    count = num_targets(x, y)
     if beta.dim():
         likelihood, beta = GaussianPrecision(beta), beta.new_ones(())
 
@@ -141,7 +145,8 @@ def refine_map(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activat
         """The objective over ``n`` and its gradient: the data term's by
         :func:`~bnn_zoo.guides.curvature.energy_and_gradient`, the prior's
         ``alpha (t - m) / n`` by hand."""
-        energy, gradient = energy_and_gradient(t, x, y, layout, act, likelihood)
+        energy, gradient = summed(
+            lambda xb, yb: energy_and_gradient(t, xb, yb, layout, act, likelihood), x, y)
         scaled = alpha * (t - mean)
         objective = energy * (beta / count) + scaled.dot(t - mean) * (0.5 / count)
         return objective, gradient.mul_(beta / count).add_(scaled, alpha=1 / count)
@@ -182,8 +187,8 @@ class _Problem:
     layout: Layout
     act: Activation
     likelihood: str
-    x: Tensor
-    y: Tensor
+    x: Tensor | Batches
+    y: Tensor | None
     prior_mean: Tensor
     curvature: CurvatureSettings
     refine: bool
@@ -199,10 +204,14 @@ class _Problem:
                                prior_mean=self.prior_mean)
         blocks = self.curvature.blocks(theta, x, y, layout, act, likelihood)
         with torch.no_grad():
-            f = layout.output(theta, x, act)
-            energy = 0.5 * ((f - y) ** 2).sum(0) if beta.dim() else \
-                negative_log_likelihood(f, y, likelihood)
-        num_outputs = y.numel() if likelihood == "gaussian" else y.shape[0]
+
+            def energies(xb: Tensor, yb: Tensor) -> tuple[Tensor]:
+                f = layout.output(theta, xb, act)
+                return (0.5 * ((f - yb) ** 2).sum(0) if beta.dim() else
+                        negative_log_likelihood(f, yb, likelihood),)
+
+            energy, = summed(energies, x, y)
+        num_outputs = num_targets(x, y) if likelihood == "gaussian" else num_points(x)
         return checked(LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
                                         num_outputs, act, self.prior_mean))
 
@@ -277,17 +286,18 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
                               ("evidence", evidence, EvidenceSettings)):
         if not isinstance(value, kind):
             raise TypeError(f"Expected {name} to be a {kind.__name__}, but got {value!r}.")
-    x, y = check_data(x, y, any_shape=True)
+    if not isinstance(x, Batches):
+        x, y = check_data(x, y, any_shape=True)
     layout = layout_of(model)
-    layout.check_input(x)
+    layout.check_input(first_inputs(x))
     p = layout.num_parameters
     if theta.shape != (p,):
         raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
     likelihood = model_likelihood(model)
-    if likelihood == "heteroscedastic" and y.dim() != 1:
+    if likelihood == "heteroscedastic" and y is not None and y.dim() != 1:
         raise ValueError(f"Expected y of shape (N,) for a heteroscedastic model, but got "
                          f"{tuple(y.shape)}.")
-    like = dict(dtype=x.dtype, device=x.device)
+    like = dict(dtype=first_inputs(x).dtype, device=first_inputs(x).device)
     alpha = _prior_precision(model, alpha, layout, evidence.evidence is not None, like)
     problem = _Problem(layout, getattr(model, "act", None), likelihood, x, y,
                        _prior_mean(prior_mean, p, like), curvature, evidence.refine)

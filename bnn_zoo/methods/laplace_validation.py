@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from bnn_zoo.core.batches import Batches, is_loader
 from bnn_zoo.core.checks import check_choice, check_fraction
 from bnn_zoo.evaluation.noise_tuning import holdout
 from bnn_zoo.guides.laplace import LaplacePosterior
@@ -80,7 +81,13 @@ class ValidationSettings:
               ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
         """``(x_fit, y_fit, held_out)``: the points the posterior is fitted to and the held-out
         ``(x_v, y_v)`` (``None`` when nothing is held out), a random fraction drawn from
-        ``seed``."""
+        ``seed``. A loader's batches are not split: ``"auto"`` holds nothing out of them,
+        and a fraction is refused."""
+        if is_loader(x) or isinstance(x, Batches):
+            if self.holdout == "auto" or self.holdout == 0:
+                return x, y, None
+            raise ValueError(f"holdout={self.holdout} holds out points of tensors in memory; "
+                             "expected holdout=0 or 'auto' (none) with a loader, or tensors.")
         fraction = self.fraction(task)
         if fraction == 0:
             return x, y, None

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import pyro
 import pyro.infer
 import torch
 from torch import Tensor, nn
 
+from bnn_zoo.core.batches import first_inputs
 from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.training import FitResult
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
@@ -84,6 +85,8 @@ class SVI:
     elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO
     guide_options: Mapping[str, Any] = field(default_factory=dict)
     replicas: bool = False
+    #: Fits from a loader's batches (:mod:`bnn_zoo.core.batches`), one per step.
+    streams: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not callable(self.guide):
@@ -109,8 +112,8 @@ class SVI:
         """Build model and guide and train them under ``budget``
         (:meth:`Budget.run <bnn_zoo.methods.base.Budget.run>`)."""
         model = build_model()
-        return self._train(model, self.build_guide(model, x), x, y, seed=seed, budget=budget,
-                           progress=progress)
+        return self._train(model, self.build_guide(model, first_inputs(x)), x, y, seed=seed,
+                           budget=budget, progress=progress)
 
     def _train(self, model: Callable, guide: Callable, x: Tensor, y: Tensor, *, seed: int,
                budget: Budget, progress: bool | None) -> SVIPosterior:

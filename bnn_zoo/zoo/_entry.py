@@ -9,7 +9,7 @@ with the training statistics), fits the method on it and wraps the posterior in 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from types import MappingProxyType
@@ -19,6 +19,7 @@ import pyro
 import torch
 from torch import Tensor, nn
 
+from bnn_zoo.core.batches import first_inputs, is_loader
 from bnn_zoo.core.checks import check_bool, check_seed
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior, tune_noise
@@ -34,7 +35,14 @@ from bnn_zoo.zoo._networks import (
     net_outputs,
     network_builder,
 )
-from bnn_zoo.zoo._preparation import check_inputs, check_targets, output_dim, training_data
+from bnn_zoo.zoo._preparation import (
+    TrainingData,
+    check_inputs,
+    check_targets,
+    loader_training_data,
+    output_dim,
+    training_data,
+)
 from bnn_zoo.zoo._replicas import fit_many
 
 __all__ = ["TINY_BUDGET", "Entry"]
@@ -161,11 +169,12 @@ class Entry:
                              "noise='heteroscedastic'.")
         return options, model_kw, method, budget
 
-    def fit(self, x: Tensor, y: Tensor, *, task: str | None = None, seed: int = 0,
-            progress: bool | None = False, model_options: Mapping[str, Any] | None = None,
+    def fit(self, x: Tensor | Iterable, y: Tensor | None = None, *, task: str | None = None,
+            seed: int = 0, progress: bool | None = False,
+            model_options: Mapping[str, Any] | None = None,
             guide_options: Mapping[str, Any] | None = None,
             method_options: Mapping[str, Any] | None = None, net: Network | None = None,
-            **budget_overrides: Any) -> Fitted:
+            num_data: int | None = None, **budget_overrides: Any) -> Fitted:
         """Standardise with the training statistics, fit the method, and wrap the result.
 
         ``model_options`` go to the model factory, ``guide_options`` to the guide factory,
@@ -175,6 +184,18 @@ class Entry:
         ``distributed=True`` (see :mod:`bnn_zoo.core.distributed`) ``x`` and ``y`` are
         this process's shard, and the standardisation statistics and the number of
         classes are those of all the shards together.
+
+        ``x`` may be a loader in place of ``x``, ``y`` (``y`` then ``None``): a
+        ``torch.utils.data.DataLoader``, or any re-iterable of ``(x, y)`` batches, for data
+        that does not fit in memory. One pass over it checks every batch and gathers the
+        standardisation statistics and the number of points ``N`` (``num_data``, where
+        given, must equal it); the method then draws the batches as the loader yields them,
+        each standardised as it is drawn, its likelihood scaled by ``N / B`` (SVI), or sums
+        over one pass (the Laplace curvature). The fit runs on the device and in the dtype
+        of the first batch's ``x``; the loader sets the batches (no ``batch_size``), and
+        ``validation`` and ``distributed`` need tensors. An entry whose method needs all the
+        data at once (NUTS, an exact GP) refuses a loader with
+        :class:`UnsupportedProblem`.
 
         ``x`` and ``y`` may be numpy arrays. Regression targets must be floats of shape
         (N,), or (N, D) for D >= 2 outputs (the zoo's MLP, one noise scale per output);
@@ -201,26 +222,27 @@ class Entry:
             raise UnsupportedProblem(
                 f"Entry {self.name!r} ({self.description}) does not take a user's network "
                 "(net=): its method works only on the entry's own model.")
-        x, y = check_inputs(self.name, x, y, net=net is not None)
         seed = check_seed("seed", seed)
         check_bool("progress", progress, allow_none=True)
-        task, y = check_targets(self.name, self.tasks, y, task)
         options, model_kw, method, budget = self.settings(
             model_options, guide_options, method_options, budget_overrides, net=net is not None)
+        if is_loader(x):
+            self._check_streams(method, budget_overrides)
+            budget = replace(budget, batch_size=None)
+        task, data, out_dim = self._training_data(x, y, task, budget, seed, net=net is not None,
+                                                  num_data=num_data)
         if isinstance(net, nn.Module) and isinstance(method, Ensemble) and method.members > 1:
             raise ValueError(f"Expected net to be a factory for entry {self.name!r}: its "
                              f"{method.members} members would all start at the one module's "
                              "weights; pass net=lambda: MyNet() so that each starts apart.")
-        data = training_data(x, y, task, budget, seed, entry=self.name,
-                             tunable_noise=self.tunable_noise)
-        out_dim = output_dim(task, y, distributed_fit=budget.distributed)
+        like = first_inputs(data.x)
         in_shape = net_sites = None
         if net is None:
-            build_model = self.model_factory(x.shape[1], out_dim, task, model_kw, data.x)
+            build_model = self.model_factory(like.shape[1], out_dim, task, model_kw, like)
         else:
-            in_shape = tuple(x.shape[1:])
+            in_shape = tuple(like.shape[1:])
             build_model, net_sites, out_dim = self.net_model_factory(net, task, model_kw,
-                                                                     data.x, out_dim)
+                                                                     like, out_dim)
         pyro.set_rng_seed(seed)
         started = time.perf_counter()
         posterior = method.fit(build_model, data.x, data.y, task=task, seed=seed,
@@ -228,8 +250,37 @@ class Entry:
         if data.validation is not None:
             posterior = tune_noise(posterior, *data.validation, distributed=budget.distributed)
         return Fitted(self.name, task, data.x_scaler, data.y_scaler, posterior,
-                      time.perf_counter() - started, x[0].numel(), out_dim, options,
+                      time.perf_counter() - started, like[0].numel(), out_dim, options,
                       in_shape, net_sites)
+
+    def _training_data(self, x: object, y: object, task: str | None, budget: Budget,
+                       seed: int, *, net: bool, num_data: int | None
+                       ) -> tuple[str, TrainingData, int]:
+        """The task, the prepared data (:mod:`bnn_zoo.zoo._preparation`) and the number of
+        outputs of a fit on ``x``, ``y``, or on the loader ``x``."""
+        if is_loader(x):
+            return loader_training_data(self.name, self.tasks, x, y, task, budget, net=net,
+                                        num_data=num_data)
+        if num_data is not None:
+            raise ValueError("num_data is the size of a loader's data set; with tensors x, y "
+                             "it is len(x): expected num_data=None.")
+        x, y = check_inputs(self.name, x, y, net=net)
+        task, y = check_targets(self.name, self.tasks, y, task)
+        data = training_data(x, y, task, budget, seed, entry=self.name,
+                             tunable_noise=self.tunable_noise)
+        return task, data, output_dim(task, y, distributed_fit=budget.distributed)
+
+    def _check_streams(self, method: Method, budget_overrides: Mapping[str, Any]) -> None:
+        """Refuse a loader where the method needs all the data at once (it does not
+        declare ``streams``), or where a batch size is asked for (the loader sets it)."""
+        if not getattr(method, "streams", False):
+            raise UnsupportedProblem(
+                f"Entry {self.name!r} ({self.description}) cannot fit from a loader: its "
+                f"method {type(method).__name__} needs all the training data in memory at "
+                "once; expected tensors x, y.")
+        if budget_overrides.get("batch_size") is not None:
+            raise ValueError("Expected no batch_size with a loader for x: the loader sets "
+                             f"the batches, but got batch_size={budget_overrides['batch_size']!r}.")
 
     def fit_many(self, xs: object, ys: object, *, seeds: list[int] | tuple[int, ...],
                  **options: Any) -> list[Fitted]:

@@ -5,18 +5,21 @@ file format (:meth:`Fitted.save`; read back by :func:`bnn_zoo.zoo.load`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
+from bnn_zoo.core.batches import is_loader
 from bnn_zoo.core.checks import check_data, check_device, check_positive_int
 from bnn_zoo.core.files import save_atomic
+from bnn_zoo.core.predictive import predict_batches
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.core.training import FitResult
-from bnn_zoo.evaluation.metrics import metrics
+from bnn_zoo.evaluation.metrics import evaluate_batches, metrics
 from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior
 from bnn_zoo.methods.base import Posterior, Predictive
 
@@ -111,26 +114,40 @@ class Fitted:
             raise ValueError(f"Expected x with {self.in_dim} columns, got {x.shape[1]}.")
         return self.x_scaler.transform(x.to(self.x_scaler.mean.dtype))
 
-    def predict(self, x: Tensor, num_samples: int = 200) -> Predictive:
+    def predict(self, x: Tensor | Iterable, num_samples: int = 200) -> Predictive:
         """Posterior predictive at ``x`` (N, D) (a fit with ``net=``: (N, *in_shape)) in
         original units.
 
         ``x`` may be a tensor or a numpy array; inputs of another floating dtype than the
-        fit's (float64 inputs of a float32 fit) are cast to the fit's dtype.
+        fit's (float64 inputs of a float32 fit) are cast to the fit's dtype. Or a loader
+        (a ``DataLoader``, any re-iterable of ``x`` or ``(x, y)`` batches): the posterior
+        then predicts batch by batch and the predictives of the batches are joined
+        (:func:`~bnn_zoo.core.predictive.predict_batches`).
         """
         check_positive_int("num_samples", num_samples)
+        if is_loader(x):
+            return predict_batches(partial(self.predict, num_samples=num_samples), x)
         pred = self.posterior.predict(self.standardised_inputs(x), num_samples)
         if self.y_scaler is not None:
             pred = pred.affine(self.y_scaler.mean, self.y_scaler.std)
         return pred
 
-    def evaluate(self, x: Tensor, y: Tensor, num_samples: int = 200) -> dict[str, float]:
+    def evaluate(self, x: Tensor | Iterable, y: Tensor | None = None,
+                 num_samples: int = 200) -> dict[str, float]:
         """Test metrics in original units (see :mod:`bnn_zoo.evaluation.metrics`) plus
         ``fit_seconds``. ``x``, ``y`` may be numpy arrays; regression targets must have
         shape (N,); class labels must be integers in ``0..out_dim-1`` (float labels only
-        when exactly integral, then cast)."""
-        x, y = check_data(x, y, any_shape=self.in_shape is not None)
-        out = metrics(self.predict(x, num_samples), y)
+        when exactly integral, then cast). Or ``x`` a loader of ``(x, y)`` batches (``y``
+        ``None``): the metrics are accumulated batch by batch, so memory stays that of one
+        batch (:func:`~bnn_zoo.evaluation.metrics.evaluate_batches`)."""
+        if is_loader(x):
+            if y is not None:
+                raise ValueError("Expected y=None with a loader for x: the loader yields the "
+                                 "targets with the inputs.")
+            out = evaluate_batches(partial(self.predict, num_samples=num_samples), x)
+        else:
+            x, y = check_data(x, y, any_shape=self.in_shape is not None)
+            out = metrics(self.predict(x, num_samples), y)
         out["fit_seconds"] = self.fit_seconds
         if self.result is not None:
             out["steps_per_second"] = self.result.steps_per_second

@@ -15,24 +15,27 @@ from typing import NamedTuple
 from torch import Tensor
 
 from bnn_zoo.core import distributed
+from bnn_zoo.core.batches import Batches, Moments, as_batches
 from bnn_zoo.core.checks import check_choice, check_class_labels, check_data
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.evaluation.noise_tuning import holdout
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
 from bnn_zoo.models.mlp import TASKS
 
-__all__ = ["TrainingData", "check_inputs", "check_targets", "output_dim", "training_data"]
+__all__ = ["TrainingData", "check_inputs", "check_targets", "loader_training_data", "output_dim",
+           "training_data"]
 
 
 class TrainingData(NamedTuple):
     """What a method fits: the scalers of ``x`` and (regression) ``y``, the standardised
-    ``x`` and ``y``, and the held-out standardised ``(x, y)`` on which the noise scale is
-    tuned (``None`` without validation)."""
+    ``x`` and ``y`` (or the standardised batches of a loader, and ``y`` ``None``), and the
+    held-out standardised ``(x, y)`` on which the noise scale is tuned (``None`` without
+    validation)."""
 
     x_scaler: Standardizer
     y_scaler: Standardizer | None
-    x: Tensor
-    y: Tensor
+    x: Tensor | Batches
+    y: Tensor | None
     validation: tuple[Tensor, Tensor] | None
 
 
@@ -103,3 +106,57 @@ def output_dim(task: str, y: Tensor, *, distributed_fit: bool = False) -> int:
         return 1 if y.dim() == 1 else y.shape[1]
     classes = int(y.max()) + 1
     return distributed.global_max(classes, y.device) if distributed_fit else classes
+
+
+def loader_training_data(entry: str, tasks: tuple[str, ...], loader: object, y: object,
+                         task: str | None, budget: Budget, *, net: bool,
+                         num_data: int | None) -> tuple[str, TrainingData, int]:
+    """The task, the :class:`TrainingData` and the number of outputs of a fit of entry
+    ``entry`` on ``loader`` (see :func:`~bnn_zoo.core.batches.as_batches`): one pass over
+    it checks every batch (inputs as those of the first, targets by
+    :func:`check_targets`) and gathers the standardisation statistics
+    (:class:`~bnn_zoo.core.batches.Moments`), the number of points and of classes; the
+    data is then the loader's :class:`~bnn_zoo.core.batches.Batches` of ``N`` points,
+    each batch checked and standardised as it is drawn. ``num_data``, where given, must
+    be that count. Validation and distributed training need the data as tensors."""
+    if y is not None:
+        raise ValueError("Expected y=None with a loader for x: the loader yields the targets "
+                         "with the inputs.")
+    for name, value, default in (("validation", budget.validation, 0.0),
+                                 ("distributed", budget.distributed, False)):
+        if value != default:
+            raise ValueError(f"Expected {name}={default} with a loader for x: {name} needs "
+                             "the training data as tensors x, y.")
+    first = as_batches(loader, name="x", sized=False).raw_first  # N: counted below
+    x0, _ = check_inputs(entry, *first, net=net)
+    task, _ = check_targets(entry, tasks, first[1], task)
+
+    def checked(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        if x.shape[1:] != x0.shape[1:] or x.dtype != x0.dtype or x.device != x0.device:
+            raise ValueError(f"Expected every batch's x like the first's: shape (B, "
+                             f"{', '.join(map(str, x0.shape[1:]))}) of {x0.dtype} on "
+                             f"{x0.device}, but got {tuple(x.shape)} of {x.dtype} on "
+                             f"{x.device}.")
+        return x, check_targets(entry, tasks, y, task)[1]
+
+    raw = Batches(loader, 1, first).map(checked)
+    x_moments, y_moments, classes = Moments(), Moments(), 0
+    for x, y in raw:
+        x_moments.update(x)
+        if task == "regression":
+            y_moments.update(y)
+        else:
+            classes = max(classes, int(y.max()) + 1)
+    if num_data is not None and num_data != x_moments.count:
+        raise ValueError(f"Expected num_data to be the number of points the loader yields "
+                         f"in one pass, {x_moments.count}, but got {num_data!r}.")
+    x_scaler = Standardizer.from_mean_std(x_moments.mean, x_moments.std)
+    y_scaler = Standardizer.from_mean_std(y_moments.mean, y_moments.std) \
+        if task == "regression" else None
+
+    def standardised(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        return x_scaler.transform(x), y if y_scaler is None else y_scaler.transform(y)
+
+    batches = Batches(loader, x_moments.count, first).map(checked).map(standardised)
+    out_dim = 1 if task == "regression" else classes
+    return task, TrainingData(x_scaler, y_scaler, batches, None, None), out_dim

@@ -40,6 +40,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
                          "test_tiny_run_writes_both_pipelines_scores_and_the_ratios"),
     "laplace_variants.py": ("methods/test_laplace.py",
                             "test_benchmark_script_runs_with_tiny_flags"),
+    "loader.py": ("benchmarks/test_benchmarks.py",
+                  "test_loader_benchmark_writes_the_times_and_ratios"),
     "mixture.py": ("guides/test_mixture.py", "test_benchmark_script_runs_with_tiny_flags"),
     "mixture_nuts.py": ("guides/test_mixture.py", "test_mixture_against_nuts_on_a_small_bnn_fast"),
     "nngp.py": ("models/test_nngp.py", "test_benchmark_script_runs_with_tiny_flags"),
@@ -306,3 +308,15 @@ def test_replicas_keeps_the_rows_of_other_settings(tmp_path):
                                                                         (2, "default")]
     assert summary[1]["replicas_s"] == second["replicas_s"]
     assert summary[0]["replicas_s"] == third["replicas_s"]  # replaced (2 rows), not added
+
+
+def test_loader_benchmark_writes_the_times_and_ratios(tmp_path, monkeypatch):
+    """A tiny run: one row, each loader's ratio its time over the tensors' fit, in the
+    JSON too."""
+    (row,) = run_recording_tables("loader.py", ["--points", "64", "--batch", "16",
+                                                "--epochs", "1", "--repeats", "1"],
+                                  tmp_path, monkeypatch)["rows"]
+    for kind in ("dataloader", "batch_sampler"):
+        assert row[f"{kind}_ratio"] == pytest.approx(row[f"{kind}_s"] / row["tensors_s"])
+    (saved,) = json.loads((tmp_path / "loader.json").read_text())["summary"]
+    assert saved == pytest.approx(row)

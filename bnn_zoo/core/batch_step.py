@@ -1,0 +1,72 @@
+"""One SVI step per batch of a loader (:class:`LoaderStep`): the minibatches of a data
+set that does not fit in memory, drawn from a :class:`~bnn_zoo.core.batches.Batches`
+instead of indexed in tensors.
+
+A batch of ``b`` points of a data set of ``N`` enters the model whole (its data plate
+has size ``b``), and :class:`~bnn_zoo.core.handlers.subsample_data` scales every site in
+the plate by ``N / b``, as it scales a shard in data-parallel training: the likelihood of
+the batch times ``N / b``, the same unbiased estimate of the full-data ELBO as a minibatch
+of in-memory tensors (Hoffman et al. 2013, "Stochastic Variational Inference"). The epoch
+is one pass over the loader, in the loader's order; its ``i``-th batch takes the KL weight
+``pi_i`` of :func:`~bnn_zoo.core.step.kl_weights`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bnn_zoo.core.batches import Batches
+from bnn_zoo.core.step import SVIStep, kl_weights
+
+__all__ = ["LoaderStep"]
+
+
+class LoaderStep(SVIStep):
+    """:class:`~bnn_zoo.core.step.SVIStep` on the batches of ``batches``, one per step
+    (module doc). The loader sets the minibatches: ``batch_size`` is not an option, and
+    training is on one process. A checkpoint resumes at the start of a fresh pass over the
+    loader, whose order the step does not hold."""
+
+    def __init__(self, model: Callable, guide: Callable, batches: Batches,
+                 **options: Any) -> None:
+        self.batches = batches
+        self._iterator = iter(())  # the first step starts a pass
+        super().__init__(model, guide, *batches.first, **options)
+        self.n_global = batches.num_data
+        self.num_batches = batches.num_batches
+        self.weights = kl_weights(self.num_batches, self.kl_weighting)
+
+    def next_batch(self) -> tuple[int, Tensor]:
+        """The next batch of the pass, or the first of a fresh pass when the loader is
+        through; the data plate runs over it whole."""
+        batch = next(self._iterator, None)
+        if batch is None:
+            self._iterator = iter(self.batches)
+            self.position = 0
+            batch = next(self._iterator, None)
+            if batch is None:
+                raise ValueError("Expected the loader to yield batches on every pass, but a "
+                                 "pass yielded none.")
+        self.x, self.y = batch
+        self.n = self.x.shape[0]
+        if self.n > self._ones.shape[0]:
+            self._ones = torch.ones(self.n, dtype=self._ones.dtype, device=self._ones.device)
+        i = min(self.position, self.num_batches - 1)
+        self.position += 1
+        return i, torch.arange(self.n, device=self.x.device)
+
+    def padded(self, idx: Tensor) -> tuple[Tensor, None]:
+        """The batch as it is: a short batch (a pass's last) is traced on its own."""
+        return idx, None
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._iterator = iter(())
+
+    def run_description(self) -> dict:
+        return {**super().run_description(), "data size N": self.n_global,
+                "batch size": self.batch}
