@@ -33,9 +33,12 @@ __all__ = ["Batches", "Moments", "as_batches", "chunks", "first_inputs", "is_loa
 Transform = Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]
 
 
-def is_loader(value: object) -> bool:
+def is_loader(value: object, y: object = None) -> bool:
     """Whether ``value`` is given as batches: iterable, and neither a tensor nor an array
-    (both of which iterate over their rows)."""
+    (both of which iterate over their rows); a list or tuple only without targets ``y``
+    (with them it is data of the wrong type, named as such by the data checks)."""
+    if isinstance(value, (list, tuple)) and y is not None:
+        return False
     return (not isinstance(value, (Tensor, np.ndarray, str, bytes))
             and hasattr(value, "__iter__"))
 

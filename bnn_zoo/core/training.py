@@ -155,7 +155,7 @@ def loader_batches(x: object, y: object, num_data: int | None, *, batch_size: in
     """``x`` checked as a loader (:func:`~bnn_zoo.core.batches.as_batches`) where it is one,
     with what a loader fit refuses (``y``, ``batch_size``, ``distributed``) named; ``None``
     for tensors, which take no ``num_data``."""
-    if not is_loader(x):
+    if not is_loader(x, y):
         if y is None:
             raise ValueError("Expected y, the targets of x; only a loader for x yields them "
                              "with the inputs.")

@@ -232,7 +232,7 @@ def evaluate(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor |
     arrays. Or ``x`` a loader of ``(x, y)`` batches (``y`` ``None``): the metrics
     accumulated batch by batch (:func:`evaluate_batches`)."""
     check_positive_int("num_samples", num_samples)
-    if is_loader(x):
+    if is_loader(x, y):
         if y is not None:
             raise ValueError("Expected y=None with a loader for x: the loader yields the "
                              "targets with the inputs.")

@@ -92,7 +92,7 @@ class CurvatureSettings:
         """The precision blocks of this curvature at ``theta`` (P,) on ``x`` (N, D), ``y``
         (:func:`~bnn_zoo.guides.laplace.curvature_blocks`; for Gaussian targets (N, D), one
         curvature per output, :func:`~bnn_zoo.guides.laplace.output_blocks.output_blocks`)."""
-        if likelihood == "gaussian" and y.dim() == 2:
+        if likelihood == "gaussian" and y is not None and y.dim() == 2:
             return output_blocks(self.curvature, theta, x, y, layout, act,
                                  indefinite=self.indefinite, max_bytes=self.max_bytes,
                                  rank=self.rank, subnetwork=self.subnetwork)
@@ -241,14 +241,14 @@ def _prior_mean(prior_mean: Tensor | float, p: int, like: dict) -> Tensor:
     return mean.expand(p).clone()
 
 
-def _noise_precision(model, beta: Tensor | float | None, likelihood: str, y: Tensor,
+def _noise_precision(model, beta: Tensor | float | None, likelihood: str, y: Tensor | None,
                      like: dict) -> Tensor:
     """``beta`` checked, a number or (D,) for Gaussian targets (N, D); ``None``: the model's
     noise precision (1 for a classifier and a heteroscedastic model)."""
     if beta is None:
         beta = model.observation_scale().detach() ** -2 if likelihood == "gaussian" else 1.0
     beta = torch.as_tensor(beta, **like).clone()
-    shape = (y.shape[1],) if likelihood == "gaussian" and y.dim() == 2 else ()
+    shape = (y.shape[1],) if likelihood == "gaussian" and y is not None and y.dim() == 2 else ()
     if beta.numel() == 1 or beta.shape == shape:
         beta = beta.reshape(()).expand(shape).clone() if beta.numel() == 1 else beta
     else:
@@ -294,9 +294,13 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
     if theta.shape != (p,):
         raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
     likelihood = model_likelihood(model)
-    if likelihood == "heteroscedastic" and y is not None and y.dim() != 1:
+    targets = y if y is not None else x.first[1]  # a loader's: its first batch's
+    if likelihood == "heteroscedastic" and targets.dim() != 1:
         raise ValueError(f"Expected y of shape (N,) for a heteroscedastic model, but got "
-                         f"{tuple(y.shape)}.")
+                         f"{tuple(targets.shape)}.")
+    if y is None and targets.dim() == 2:
+        raise ValueError("Laplace on targets (N, D) holds one curvature per output, summed "
+                         "over tensors in memory: expected x and y as tensors, not a loader.")
     like = dict(dtype=first_inputs(x).dtype, device=first_inputs(x).device)
     alpha = _prior_precision(model, alpha, layout, evidence.evidence is not None, like)
     problem = _Problem(layout, getattr(model, "act", None), likelihood, x, y,

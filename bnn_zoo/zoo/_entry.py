@@ -226,7 +226,7 @@ class Entry:
         check_bool("progress", progress, allow_none=True)
         options, model_kw, method, budget = self.settings(
             model_options, guide_options, method_options, budget_overrides, net=net is not None)
-        if is_loader(x):
+        if is_loader(x, y):
             self._check_streams(method, budget_overrides)
             budget = replace(budget, batch_size=None)
         task, data, out_dim = self._training_data(x, y, task, budget, seed, net=net is not None,
@@ -258,7 +258,7 @@ class Entry:
                        ) -> tuple[str, TrainingData, int]:
         """The task, the prepared data (:mod:`bnn_zoo.zoo._preparation`) and the number of
         outputs of a fit on ``x``, ``y``, or on the loader ``x``."""
-        if is_loader(x):
+        if is_loader(x, y):
             return loader_training_data(self.name, self.tasks, x, y, task, budget, net=net,
                                         num_data=num_data)
         if num_data is not None:

@@ -140,7 +140,7 @@ class Fitted:
         when exactly integral, then cast). Or ``x`` a loader of ``(x, y)`` batches (``y``
         ``None``): the metrics are accumulated batch by batch, so memory stays that of one
         batch (:func:`~bnn_zoo.evaluation.metrics.evaluate_batches`)."""
-        if is_loader(x):
+        if is_loader(x, y):
             if y is not None:
                 raise ValueError("Expected y=None with a loader for x: the loader yields the "
                                  "targets with the inputs.")

@@ -141,7 +141,7 @@ def generator_of_batches():
     (([],), {"num_data": N}, "at least one batch"),
     (([(problem()[0],) * 3],), {"num_data": N}, "batch 0 is a tuple of 3"),
     (([{"x": 1}],), {"num_data": N}, "batch 0 is a dict"),
-    (([problem()], problem()[1]), {"num_data": N}, "y=None"),
+    ((DataLoader(TensorDataset(*problem()), batch_size=N), problem()[1]), {}, "y=None"),
     (([problem()],), {"num_data": N, "batch_size": 4}, "batch_size=None"),
     (([problem()],), {"num_data": 0}, "num_data"),
     (problem(), {"num_data": N}, "num_data=None"),
