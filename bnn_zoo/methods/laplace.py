@@ -273,15 +273,19 @@ class Laplace:
             post, _ = tune_on_held_out(post, *held_out, self.validation_settings, self.link)
         guide.set_posterior(post)
         return LaplaceFit(post, predictive_model(post, self.predictive), guide,
-                          self.predictive, result, self.link)
+                          self.predictive, result, self.link, model)
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> LaplaceFit:
         """The fit of :meth:`LaplaceFit.state_dict`: a fresh model gives the network's
         layout and activation, the posterior is rebuilt from the saved blocks (nothing is
         recomputed), the guide is loaded and holds it, and the Pyro model of the saved
-        ``predictive`` is built on it."""
+        ``predictive`` is built on it. The fresh model takes the saved state of the one the
+        posterior was fitted to first (a network's deterministic tensors and running
+        statistics, which its layout reads)."""
         model = build_model()
+        if "source" in state:
+            load_module_state(model, state["source"])
         post = LaplacePosterior.from_state(state["laplace"], layout_of(model),
                                            getattr(model, "act", None))
         guide = self.build_guide(model, x)
@@ -290,7 +294,7 @@ class Laplace:
         network = predictive_model(post, state["predictive"])
         load_module_state(network, state["model"])
         return LaplaceFit(post, network, guide, state["predictive"],
-                          result_from_state(state["result"]), state["link"])
+                          result_from_state(state["result"]), state["link"], model)
 
     def with_guide_options(self, options: Mapping[str, Any]) -> Laplace:
         """``self`` for no options, else a ``ValueError``: the method builds its own
@@ -326,10 +330,11 @@ class LaplaceFit:
     :meth:`predict` gives the GLM predictive in closed form (classification: by ``link``),
     or the Monte Carlo one.
 
-    ``diagnostics``: ``beta`` (``beta_d`` per output for D outputs), ``alpha_l`` (per
-    layer; the layer's mean for a per-weight ``alpha``), ``log_evidence``, ``clipped``
-    (Hessian eigenvalues the projection set to zero), ``jitter`` (added to the dense
-    precision's diagonal for its Cholesky),
+    ``source`` is the model the posterior was fitted to (saved with the fit: a network's
+    deterministic tensors and running statistics). ``diagnostics``: ``beta`` (``beta_d``
+    per output for D outputs), ``alpha_l`` (per layer; the layer's mean for a per-weight
+    ``alpha``), ``log_evidence``, ``clipped`` (Hessian eigenvalues the projection set to
+    zero), ``jitter`` (added to the dense precision's diagonal for its Cholesky),
     ``converged`` (bool: the evidence loop ended on a consistent (MAP, ``alpha``,
     ``beta``); ``True`` without evidence tuning) and ``evidence_iterations`` (the
     refits the evidence loop made). A non-finite value is warned about.
@@ -341,6 +346,7 @@ class LaplaceFit:
     predictive: str
     result: FitResult | None = None
     link: str = "probit"
+    source: Callable | None = field(default=None, repr=False)
     diagnostics: dict[str, float] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -375,4 +381,5 @@ class LaplaceFit:
         :meth:`Laplace.restore`."""
         return {"laplace": self.laplace.state_dict(), "predictive": self.predictive,
                 "link": self.link, "result": result_state(self.result),
-                "guide": module_state(self.guide), "model": module_state(self.model)}
+                "guide": module_state(self.guide), "model": module_state(self.model),
+                "source": module_state(self.source)}

@@ -590,3 +590,26 @@ def test_kron_of_a_layer_with_a_deterministic_bias_is_exact_on_one_point(task):
                                                       + net[3].bias.numel()]
     for block, index in blocks:
         torch.testing.assert_close(block, dense[index][:, index])
+
+
+def test_a_saved_laplace_fit_of_a_batch_norm_net_loads_its_running_statistics(tmp_path):
+    """The fit keeps the model it was fitted to: its running statistics (and deterministic
+    tensors) are saved, and the loaded fit predicts what the fitted one does (a fresh net's
+    statistics would give other predictions)."""
+    x, y = digits(120)
+    x = x.view(-1, 1, 8, 8)
+
+    def net() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                             nn.AvgPool2d(2), nn.Flatten(), nn.Linear(36, 10))
+
+    fitted = zoo.get("laplace_kron").fit(x, y, net=net, seed=0, steps=40, jit=False,
+                                         method_options={"refine": False, "holdout": 0.0})
+    path = tmp_path / "fit.pt"
+    fitted.save(path)
+    loaded = zoo.load(path, net=net)
+    before, after = fitted.predict(x[:30]).probs, loaded.predict(x[:30]).probs
+    torch.testing.assert_close(after, before)
+    saved = loaded.posterior.source.fixed_tensors()["1.running_mean"]
+    torch.testing.assert_close(saved, fitted.posterior.source.fixed_tensors()["1.running_mean"])
+    assert bool((saved != 0).any())  # not a fresh net's statistics
