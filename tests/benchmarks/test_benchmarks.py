@@ -36,6 +36,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
                           "test_compare_guides_writes_a_row_per_entry"),
     "distributed_fit.py": ("benchmarks/test_scale_scripts.py",
                            "test_distributed_example_runs_as_one_process"),
+    "laplace_cnn.py": ("benchmarks/test_benchmarks.py",
+                       "test_laplace_cnn_writes_a_row_per_entry_and_the_reliability_diagrams"),
     "laplace_torch.py": ("benchmarks/test_laplace_torch_benchmark.py",
                          "test_tiny_run_writes_both_pipelines_scores_and_the_ratios"),
     "laplace_variants.py": ("methods/test_laplace.py",
@@ -159,6 +161,24 @@ def test_compare_guides_writes_a_row_per_entry(tmp_path, monkeypatch):
         assert float(row["fit_seconds"]) > 0
     assert "| map |" in (out / "compare.md").read_text()
     assert (out / "bands_sine.png").stat().st_size > 0
+
+
+def test_laplace_cnn_writes_a_row_per_entry_and_the_reliability_diagrams(tmp_path,
+                                                                          monkeypatch):
+    """Each entry's metrics and tuned prior precisions over its splits, one run per split in
+    the JSON, and a reliability diagram per entry."""
+    out = tmp_path / "laplace_cnn"
+    rows = run_recording_tables("laplace_cnn.py", [
+        "--entries", "map", "laplace_last_layer", "--splits", "2", "--steps", "5"], out,
+        monkeypatch)
+    assert [(r["entry"], r["runs"]) for r in rows] == [("map", 2), ("laplace_last_layer", 2)]
+    document = json.loads((out / "laplace_cnn.json").read_text())
+    assert [(r["entry"], r["split"]) for r in document["runs"]] == [
+        ("map", 0), ("map", 1), ("laplace_last_layer", 0), ("laplace_last_layer", 1)]
+    last = rows[1]
+    assert 0 <= last["accuracy"] <= 1 and 0 <= last["ece"] <= 1
+    assert last["alpha_max"] > 0 and math.isnan(rows[0]["alpha_min"])
+    assert (out / "reliability.png").stat().st_size > 0
 
 
 def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path, monkeypatch,
