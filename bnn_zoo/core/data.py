@@ -38,7 +38,7 @@ from torch import Tensor
 
 from bnn_zoo.core.files import atomic_path
 
-__all__ = ["Dataset", "load", "names", "num_splits", "uci_root"]
+__all__ = ["Dataset", "holdout", "load", "names", "num_splits", "uci_root"]
 
 UCI_SETS = ("bostonHousing", "concrete", "energy", "kin8nm", "naval-propulsion-plant",
             "power-plant", "protein-tertiary-structure", "wine-quality-red", "yacht")
@@ -282,3 +282,19 @@ def load(name: str, split: int = 0, *, dtype: torch.dtype = torch.float32) -> Da
     if name.startswith("uci/"):
         return _uci(name[4:], split, dtype)
     raise ValueError(f"Unknown data set {name!r}; expected one of: {', '.join(names())}.")
+
+
+def holdout(x: Tensor, y: Tensor, fraction: float, *, seed: int
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(x_fit, y_fit, x_val, y_val)``: a seeded random ``fraction`` of the rows held out
+    (at least one row on each side)."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"Expected 0 < validation fraction < 1, but got {fraction!r}.")
+    n = x.shape[0]
+    if n < 2:
+        raise ValueError(f"Expected at least 2 training points to hold some out, got {n}.")
+    n_val = min(max(round(fraction * n), 1), n - 1)
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n, generator=generator).to(x.device)
+    fit_rows, val_rows = order[n_val:], order[:n_val]
+    return x[fit_rows], y[fit_rows], x[val_rows], y[val_rows]

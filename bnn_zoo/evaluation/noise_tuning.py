@@ -6,7 +6,7 @@ closely than new ones, and the noise scale learned jointly with it by maximum
 likelihood then shrinks below the test error: the predictive is over-confident and
 its test log-likelihood poor. The UCI protocol (Hernandez-Lobato & Adams 2015;
 Gal & Ghahramani 2016) allows the noise to be tuned on held-out training data
-instead. :func:`holdout` keeps a random ``fraction`` of the training points aside;
+instead. :func:`~bnn_zoo.core.data.holdout` keeps a random ``fraction`` of the training points aside;
 after fitting on the rest, :func:`validated_noise_scale` picks the noise scale
 
     sigma* = argmax_sigma  1/V sum_v log 1/S sum_s N(y_v; mu_s(x_v), sigma^2)
@@ -35,24 +35,8 @@ from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.core.training import FitResult
 from bnn_zoo.methods.base import Posterior
 
-__all__ = ["NoiseTunedPosterior", "ObservationScale", "holdout", "tune_noise",
+__all__ = ["NoiseTunedPosterior", "ObservationScale", "tune_noise",
            "validated_noise_scale", "with_noise_scale"]
-
-
-def holdout(x: Tensor, y: Tensor, fraction: float, *, seed: int
-            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(x_fit, y_fit, x_val, y_val)``: a seeded random ``fraction`` of the rows held out
-    (at least one row on each side)."""
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"Expected 0 < validation fraction < 1, but got {fraction!r}.")
-    n = x.shape[0]
-    if n < 2:
-        raise ValueError(f"Expected at least 2 training points to hold some out, got {n}.")
-    n_val = min(max(round(fraction * n), 1), n - 1)
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(n, generator=generator).to(x.device)
-    fit_rows, val_rows = order[n_val:], order[:n_val]
-    return x[fit_rows], y[fit_rows], x[val_rows], y[val_rows]
 
 
 def validated_noise_scale(loc: Tensor, y: Tensor, *, lower: float = 1e-4, upper: float = 1e2,

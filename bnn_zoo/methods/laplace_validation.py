@@ -29,7 +29,7 @@ from torch import Tensor
 
 from bnn_zoo.core.batches import Batches, is_loader
 from bnn_zoo.core.checks import check_choice, check_fraction
-from bnn_zoo.evaluation.noise_tuning import holdout
+from bnn_zoo.core.data import holdout
 from bnn_zoo.guides.laplace import LaplacePosterior
 
 __all__ = ["AUTO_HOLDOUT", "BETA_GRID", "GRID", "ValidationSettings", "held_out_log_likelihood",

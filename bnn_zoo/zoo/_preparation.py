@@ -17,8 +17,8 @@ from torch import Tensor
 from bnn_zoo.core import distributed
 from bnn_zoo.core.batches import Batches, Moments, as_batches
 from bnn_zoo.core.checks import check_choice, check_class_labels, check_data
+from bnn_zoo.core.data import holdout
 from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.evaluation.noise_tuning import holdout
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
 from bnn_zoo.models.mlp import TASKS
 

@@ -10,7 +10,8 @@ import torch
 from pyro import poutine
 
 from bnn_zoo import zoo
-from bnn_zoo.evaluation.noise_tuning import holdout, validated_noise_scale, with_noise_scale
+from bnn_zoo.core.data import holdout
+from bnn_zoo.evaluation.noise_tuning import validated_noise_scale, with_noise_scale
 from bnn_zoo.harness import compare
 
 
