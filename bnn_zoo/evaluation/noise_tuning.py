@@ -6,8 +6,8 @@ closely than new ones, and the noise scale learned jointly with it by maximum
 likelihood then shrinks below the test error: the predictive is over-confident and
 its test log-likelihood poor. The UCI protocol (Hernandez-Lobato & Adams 2015;
 Gal & Ghahramani 2016) allows the noise to be tuned on held-out training data
-instead. :func:`~bnn_zoo.core.data.holdout` keeps a random ``fraction`` of the training points aside;
-after fitting on the rest, :func:`validated_noise_scale` picks the noise scale
+instead. :func:`~bnn_zoo.core.data.holdout` keeps a random ``fraction`` of the training
+points aside; after fitting on the rest, :func:`validated_noise_scale` picks the noise scale
 
     sigma* = argmax_sigma  1/V sum_v log 1/S sum_s N(y_v; mu_s(x_v), sigma^2)
 
