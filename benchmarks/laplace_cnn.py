@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--steps", type=flags.positive_int, default=None,
                         help="training steps of every fit (default: the entry's budget)")
     args = flags.parse(parser, argv)
-    records, curves = [], {}
+    records, curves, rows = [], {}, []
     for entry in args.entries:
         for k in range(args.splits):
             record, probs, y = run(entry, k, args)
@@ -97,6 +97,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             curves.setdefault(entry, (probs, y))
             print(f"{entry} split {k}: " + ", ".join(f"{m} {record[m]:.3f}" for m in METRICS),
                   flush=True)
+        rows = write_results(records, curves, args)
+    return rows
+
+
+def write_results(records: Sequence[dict], curves: dict, args: argparse.Namespace
+                  ) -> list[dict]:
+    """The tables and the reliability diagrams of the runs so far (written after every
+    entry, so that a long run keeps what it finished)."""
     rows = summarise(records)
     table = write_tables(args.out, "laplace_cnn", rows, keys=("entry",),
                          columns=(*METRICS, "fit_seconds", "alpha_min", "alpha_max"),
@@ -105,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     for ax, (entry, (probs, y)) in zip(axes[0], curves.items()):
         reliability_diagram(probs, y, ax=ax, title=entry)
     save_figure(fig, args.out / "reliability.png")
-    print(table)
+    print(table, flush=True)
     return rows
 
 
