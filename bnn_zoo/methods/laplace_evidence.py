@@ -192,12 +192,12 @@ def evidence_step(post: LaplacePosterior, settings: EvidenceSettings
     where one is not positive (no fixed point on that side: ``gamma > N`` for ``beta``,
     which a diagonal or Kronecker-factored curvature of a network with more weights than
     data points can give, where the fixed-point map jumps across the optimum)."""
-    target_alpha, target_beta = None, None
+    exists = False
     if settings.evidence == "fixed_point":
         with torch.no_grad():
             target_alpha, target_beta = fixed_point_update(post, settings.per_layer_alpha)
-    if target_alpha is None or not (bool((target_alpha > 0).all())
-                                    and bool((target_beta > 0).all())):
+        exists = bool((target_alpha > 0).all()) and bool((target_beta > 0).all())
+    if not exists:
         target_alpha, target_beta = gradient_update(post, settings.per_layer_alpha)
     step = (settings.bounds, settings.max_log_step, settings.damping)
     new_alpha, alpha_distance = bounded_step(post.alpha, target_alpha, *step)

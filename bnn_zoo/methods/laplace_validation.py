@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.batches import Batches, is_loader
+from bnn_zoo.core.batches import is_loader
 from bnn_zoo.core.checks import check_choice, check_fraction
 from bnn_zoo.core.data import holdout
 from bnn_zoo.guides.laplace import LaplacePosterior
@@ -83,7 +83,7 @@ class ValidationSettings:
         ``(x_v, y_v)`` (``None`` when nothing is held out), a random fraction drawn from
         ``seed``. A loader's batches are not split: ``"auto"`` holds nothing out of them,
         and a fraction is refused."""
-        if is_loader(x) or isinstance(x, Batches):
+        if is_loader(x):  # a loader, or its Batches
             if self.holdout == "auto" or self.holdout == 0:
                 return x, y, None
             raise ValueError(f"holdout={self.holdout} holds out points of tensors in memory; "
