@@ -35,6 +35,7 @@ class LoaderStep(SVIStep):
                  **options: Any) -> None:
         self.batches = batches
         self._iterator = iter(())  # the first step starts a pass
+        self._weights: Tensor | None = None
         super().__init__(model, guide, *batches.first, **options)
         self.n_global = batches.num_data
         self.num_batches = batches.num_batches
@@ -52,6 +53,13 @@ class LoaderStep(SVIStep):
                 raise ValueError("Expected the loader to yield batches on every pass, but a "
                                  "pass yielded none.")
         self.x, self.y = batch
+        b = self.x.shape[0]
+        self._weights = None
+        if b < self.batch:
+            self._weights = self.padded_weights(b)
+            rows = torch.arange(self.batch, device=self.x.device) % b
+            self.x = self.x[rows]
+            self.y = None if self.y is None else self.y[rows]
         self.n = self.x.shape[0]
         if self.n > self._ones.shape[0]:
             self._ones = torch.ones(self.n, dtype=self._ones.dtype, device=self._ones.device)
@@ -59,9 +67,14 @@ class LoaderStep(SVIStep):
         self.position += 1
         return i, torch.arange(self.n, device=self.x.device)
 
-    def padded(self, idx: Tensor) -> tuple[Tensor, None]:
-        """The batch as it is: a short batch (a pass's last) is traced on its own."""
-        return idx, None
+    def padded(self, idx: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The batch's indices and the weights of its padding (``None`` for a full batch):
+        a batch of ``b`` points shorter than the first batch's ``B`` (a pass's last) enters
+        as ``B`` rows, its own points repeated, with weights ``B / b`` on its ``b`` points
+        and 0 on the repeats, as :meth:`SVIStep.padded <bnn_zoo.core.step.SVIStep.padded>`
+        pads a short minibatch of tensors: the same loss, and one trace for every batch. A
+        batch longer than ``B`` is traced on its own."""
+        return idx, self._weights
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset, default_collate, default_convert
 
-from bnn_zoo.core.checks import check_data, check_positive_int
+from bnn_zoo.core.checks import check_data, check_positive_int, check_tensor
 
 __all__ = ["Batches", "Moments", "as_batches", "chunks", "first_inputs", "is_loader", "num_points",
-           "num_targets", "summed"]
+           "num_targets", "summed", "tensor_batches"]
 
 #: ``transform(x, y) -> (x, y)``, applied to every batch as it is drawn.
 Transform = Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]
@@ -43,9 +44,12 @@ def is_loader(value: object, y: object = None) -> bool:
             and hasattr(value, "__iter__"))
 
 
-def _unpack(item: object, index: int, targets: bool) -> tuple[Tensor, Tensor | None]:
+def _unpack(item: object, index: int, targets: bool, check: bool = True
+            ) -> tuple[Tensor, Tensor | None]:
     """Batch ``index`` of a loader, ``(x, y)`` (or ``x`` alone, or ``[x]``, where
-    ``targets`` is false) checked by :func:`~bnn_zoo.core.checks.check_data`."""
+    ``targets`` is false), checked by :func:`~bnn_zoo.core.checks.check_data` unless
+    ``check`` is false (the batches of a ``TensorDataset`` checked whole, see
+    :func:`as_batches`)."""
     if isinstance(item, (tuple, list)) and len(item) == 2:
         x, y = item
     elif not targets and isinstance(item, (tuple, list)) and len(item) == 1:
@@ -57,6 +61,8 @@ def _unpack(item: object, index: int, targets: bool) -> tuple[Tensor, Tensor | N
             item, (tuple, list)) else "")
         raise ValueError(f"Expected the loader to yield (x, y) pairs of tensors"
                          f"{'' if targets else ' or x alone'}, but batch {index} is {kind}.")
+    if not check:
+        return x, (y if targets else None)
     try:
         x, y = check_data(x, y, any_shape=True)
     except (TypeError, ValueError) as error:
@@ -98,8 +104,28 @@ class Batches:
                        transforms=(*self.transforms, transform))
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor | None]]:
-        for index, item in enumerate(self.loader):
-            yield self._apply(*_unpack(item, index, self.targets))
+        fast = tensor_batches(self.loader)
+        for index, item in enumerate(fast or self.loader):
+            yield self._apply(*_unpack(item, index, self.targets, check=fast is None))
+
+
+def tensor_batches(loader: Iterable) -> Iterator[list[Tensor]] | None:
+    """The batches of a ``DataLoader`` over a ``TensorDataset`` (default collation, no
+    worker processes, no pinned memory) read with one indexing of each tensor per batch of
+    indices its sampler draws: the batches the loader yields, without its ``__getitem__``
+    per point and the stacking of the points. ``None`` for any other loader, which is read
+    as it is."""
+    if not (isinstance(loader, DataLoader) and type(loader.dataset) is TensorDataset
+            and loader.num_workers == 0 and not loader.pin_memory):
+        return None
+    if loader.batch_sampler is not None and loader.collate_fn is default_collate:
+        indices = loader.batch_sampler
+    elif loader.batch_sampler is None and loader.collate_fn is default_convert:
+        indices = loader.sampler  # batch_size=None: each draw indexes the data set once
+    else:
+        return None
+    tensors = loader.dataset.tensors
+    return ([t[torch.as_tensor(index)] for t in tensors] for index in indices)
 
 
 def as_batches(loader: object, num_data: int | None = None, *, name: str = "x",
@@ -111,7 +137,9 @@ def as_batches(loader: object, num_data: int | None = None, *, name: str = "x",
     pairs (or ``x`` alone where ``targets`` is false). ``num_data``, the size ``N`` of the
     data set, defaults to ``len(loader.dataset)`` (left ``None`` where it is unknown and
     not ``sized``: predictions and metrics need no ``N``). Errors name ``name`` (the
-    argument the loader was passed as) or ``num_data``."""
+    argument the loader was passed as) or ``num_data``. Every batch is checked as it is
+    drawn, but those of a ``TensorDataset`` read by :func:`tensor_batches`, whose tensors
+    are checked whole here."""
     if isinstance(loader, Batches):
         return loader
     if iter(loader) is loader:
@@ -130,6 +158,9 @@ def as_batches(loader: object, num_data: int | None = None, *, name: str = "x",
     item = next(iter(loader), None)
     if item is None:
         raise ValueError(f"Expected {name} to yield at least one batch, but it is empty.")
+    if tensor_batches(loader) is not None:  # its batches are parts of tensors checked here
+        for i, tensor in enumerate(loader.dataset.tensors):  # type: ignore[attr-defined]
+            check_tensor(f"{name}.dataset.tensors[{i}]", tensor)
     return Batches(loader, num_data, _unpack(item, 0, targets), targets=targets)
 
 

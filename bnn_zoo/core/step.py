@@ -283,11 +283,18 @@ class SVIStep:
         b = idx.shape[0]
         if b == self.batch:
             return idx, None
+        return torch.cat([idx, self.perm[:self.batch - b]]), self.padded_weights(b)
+
+    def padded_weights(self, b: int) -> Tensor:
+        """The point weights of a short minibatch of ``b`` padded to the batch size ``B``:
+        ``B / b`` on its ``b`` points, 0 on the padding (made once: every epoch ends on the
+        same length)."""
         weights = self._padding_weights.get(b)
-        if weights is None:  # made once: every epoch ends on the same length
-            weights = self._padding_weights[b] = torch.zeros_like(self._ones)
+        if weights is None:
+            weights = self._padding_weights[b] = torch.zeros(
+                self.batch, dtype=self._ones.dtype, device=self._ones.device)
             weights[:b] = self.batch / b
-        return torch.cat([idx, self.perm[:self.batch - b]]), weights
+        return weights
 
     def backward(self) -> Tensor:
         """Zero the gradients, evaluate the loss of the next minibatch (padded to the batch

@@ -6,14 +6,17 @@ refused by name."""
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import pytest
 import torch
 from pyro.infer.autoguide import AutoDelta
-from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
 import bnn_zoo
-from bnn_zoo.core.batches import Moments, as_batches, chunks
+from bnn_zoo.core.batch_step import LoaderStep
+from bnn_zoo.core.batches import Moments, as_batches, chunks, tensor_batches
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.guides.bbb import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP
@@ -148,6 +151,9 @@ def generator_of_batches():
     ((problem()[0],), {}, "Expected y"),
     (([(torch.zeros(4, 2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))],),
      {"num_data": 4}, "Batch 0 of the loader"),
+    ((DataLoader(TensorDataset(problem()[0].index_fill(0, torch.tensor([N - 1]), math.nan),
+                               problem()[1]), batch_size=B),),
+     {}, r"x.dataset.tensors\[0\] to contain only finite values"),
 ])
 def test_bad_loaders_are_refused_by_name(data, options, match):
     model = BayesianMLP(2, 1, hidden=(4,)).double()
@@ -178,3 +184,52 @@ def test_a_batch_sampler_of_index_lists_gives_batches_of_one_read_each():
     loader = DataLoader(dataset, sampler=BatchSampler(EpochOrder(N, 3), B, False),
                         batch_size=None)
     assert_same(fit((loader,), num_data=N), fit((x, y), batch_size=B))
+
+
+def seeded_loaders(**options) -> tuple[DataLoader, DataLoader]:
+    """Two equal loaders over one TensorDataset, each shuffled by its own generator of one
+    seed (so both draw the same orders)."""
+    dataset = TensorDataset(*problem(N - 3))
+    return tuple(DataLoader(dataset, sampler=RandomSampler(
+        dataset, generator=torch.Generator().manual_seed(5)), **options) for _ in range(2))
+
+
+@pytest.mark.parametrize("options", [
+    dict(batch_size=B), dict(batch_size=B, drop_last=True), dict(batch_size=None)])
+def test_a_tensor_dataset_is_read_in_the_batches_its_loader_yields(options):
+    """One indexing per batch of the sampler's indices (or per index, batch_size=None)
+    gives the loader's own batches, pass after pass."""
+    fast, loader = seeded_loaders(**options)
+    for _ in range(2):
+        got, expected = list(tensor_batches(fast)), list(loader)
+        assert len(got) == len(expected) > 0
+        for a, b in zip(got, expected):
+            assert len(a) == len(b) == 2
+            for u, v in zip(a, b):
+                assert torch.equal(u, v)
+
+
+@pytest.mark.parametrize("loader", [
+    DataLoader(TensorDataset(*problem()), batch_size=B, collate_fn=lambda items: items),
+    DataLoader(TensorDataset(*problem()), batch_size=B, num_workers=1),
+    DataLoader(list(zip(*problem())), batch_size=B),
+    [problem()],
+])
+def test_other_loaders_are_read_as_they_are(loader):
+    assert tensor_batches(loader) is None
+
+
+def test_a_short_last_batch_pads_to_the_first_batch_and_traces_once():
+    """N = 40 in batches of 16, 16, 8: the short batch enters as 16 rows (its own points
+    repeated, weights 2 and 0), so the JIT step keeps one trace."""
+    x, y = problem(40)
+    model = BayesianMLP(2, 1, hidden=(4,)).double()
+    step = LoaderStep(model, AutoDelta(model), as_batches(DataLoader(TensorDataset(x, y),
+                                                                     batch_size=B)),
+                      lr=0.01, jit=True)
+    for _ in range(3):
+        step()
+    assert step.x.shape[0] == B
+    torch.testing.assert_close(step.x, x[[*range(32, 40), *range(32, 40)]])
+    assert step.padded(torch.arange(B))[1].tolist() == [2.0] * 8 + [0.0] * 8
+    assert len(step._compiled) == 1
