@@ -112,7 +112,9 @@ class Laplace:
     evidence : ``None`` (default: ``alpha`` from the model's prior, ``beta`` from its
         noise at the MAP), ``"fixed_point"`` (MacKay) or ``"gradient"`` (L-BFGS).
     per_layer_alpha : one prior precision per layer instead of one shared.
-    refine : refit the MAP by full-batch L-BFGS before each curvature (default ``True``).
+    refine : refit the MAP by full-batch L-BFGS before each curvature (default ``True``),
+        or ``"auto"``: a regression's, not a classifier's (post hoc; see
+        :data:`~bnn_zoo.methods.laplace_evidence.AUTO_REFINE`).
     iterations, tol : at most ``iterations`` refits, and as many updates at each MAP
         (default 30); converged when the evidence-optimal ``alpha`` and ``beta`` for the
         current MAP are within ``tol`` of the current ones in log space (default
@@ -150,7 +152,7 @@ class Laplace:
     predictive: str = "glm"
     link: str = "probit"
     indefinite: str = "raise"
-    refine: bool = True
+    refine: bool | str = True
     iterations: int = 30
     tol: float = 1e-4
     bounds: tuple[float, float] = HYPER_BOUNDS

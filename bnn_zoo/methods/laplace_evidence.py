@@ -37,11 +37,18 @@ from bnn_zoo.core.checks import check_bool, check_choice, check_positive, check_
 from bnn_zoo.core.lbfgs import minimize_lbfgs
 from bnn_zoo.guides.laplace import LaplacePosterior
 
-__all__ = ["DAMPING", "EVIDENCE_METHODS", "HYPER_BOUNDS", "MAX_LOG_STEP", "EvidenceSettings",
+__all__ = ["AUTO_REFINE", "DAMPING", "EVIDENCE_METHODS", "HYPER_BOUNDS", "MAX_LOG_STEP",
+           "EvidenceSettings",
            "bounded_step", "checked", "evidence_step", "fixed_point_update", "gradient_update",
            "maximize_evidence"]
 
 EVIDENCE_METHODS = ("fixed_point", "gradient")
+#: ``refine="auto"``: whether the MAP of a task is refitted under the tuned ``alpha`` and
+#: ``beta``. A regression's is: its noise ``beta`` is learned with the weights, and the MAP
+#: of the model's own prior fits the noise of the training points. A classifier's is not
+#: (post hoc, as Daxberger et al. 2021 tune it): refits under the evidence's ``alpha``, which
+#: a diagonal or Kronecker curvature overstates, make its MAP underconfident.
+AUTO_REFINE = {"regression": True, "classification": False}
 HYPER_BOUNDS = (1e-6, 1e6)
 MAX_LOG_STEP = math.log(10)
 DAMPING = 0.5
@@ -63,7 +70,8 @@ class EvidenceSettings:
         (:func:`gradient_update`).
     per_layer_alpha : one prior precision per layer instead of one shared.
     refine : refit the MAP by full-batch L-BFGS before each curvature, the first
-        included (:func:`~bnn_zoo.methods.laplace_posterior.refine_map`).
+        included (:func:`~bnn_zoo.methods.laplace_posterior.refine_map`); ``"auto"``:
+        :data:`AUTO_REFINE` of the task (:meth:`for_task`).
     iterations : at most ``iterations`` refits, and as many updates at each MAP.
     tol : converged when the evidence-optimal ``alpha`` and ``beta`` for the current MAP
         are within ``tol`` of the current ones in log space.
@@ -75,7 +83,7 @@ class EvidenceSettings:
 
     evidence: str | None = None
     per_layer_alpha: bool = False
-    refine: bool = True
+    refine: bool | str = True
     iterations: int = 30
     tol: float = 1e-4
     bounds: tuple[float, float] = HYPER_BOUNDS
@@ -86,7 +94,10 @@ class EvidenceSettings:
         if self.evidence is not None:
             check_choice("evidence", self.evidence, EVIDENCE_METHODS)
         check_bool("per_layer_alpha", self.per_layer_alpha)
-        check_bool("refine", self.refine)
+        if isinstance(self.refine, str):
+            check_choice("refine", self.refine, ("auto",))
+        else:
+            check_bool("refine", self.refine)
         check_positive_int("iterations", self.iterations)
         check_positive("tol", self.tol)
         check_positive("max_log_step", self.max_log_step)
@@ -97,6 +108,10 @@ class EvidenceSettings:
         if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < math.inf:
             raise ValueError(f"Expected bounds (low, high) with 0 < low < high < inf, but got "
                              f"{bounds}.")
+
+    def for_task(self, task: str) -> EvidenceSettings:
+        """These settings with ``refine="auto"`` made :data:`AUTO_REFINE` of ``task``."""
+        return replace(self, refine=AUTO_REFINE[task]) if self.refine == "auto" else self
 
 
 def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor, Tensor]:

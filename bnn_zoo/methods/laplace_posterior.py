@@ -273,12 +273,12 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
 
     ``curvature`` chooses the structure of ``H`` (default ``CurvatureSettings()``: the
     full GGN); ``evidence`` whether the MAP is refitted and how ``alpha`` and ``beta`` are
-    tuned (default ``EvidenceSettings()``: refitted, not tuned; see
-    :func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`). ``alpha`` defaults to
-    the precision of the model's isotropic Gaussian prior; it may be one number, one per
-    layer (L,) or one per weight (P,; not with evidence tuning). ``prior_mean`` is a
-    number or (P,). ``beta`` defaults to the model's noise precision (1 for a
-    classifier).
+    tuned (default ``EvidenceSettings()``: refitted, not tuned; ``refine="auto"`` as the
+    model's task asks; see :func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`).
+    ``alpha`` defaults to the precision of the model's isotropic Gaussian prior; it may be
+    one number, one per layer (L,) or one per weight (P,; not with evidence tuning).
+    ``prior_mean`` is a number or (P,). ``beta`` defaults to the model's noise precision (1
+    for a classifier).
     """
     curvature = CurvatureSettings() if curvature is None else curvature
     evidence = EvidenceSettings() if evidence is None else evidence
@@ -303,6 +303,7 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
                          "over tensors in memory: expected x and y as tensors, not a loader.")
     like = dict(dtype=first_inputs(x).dtype, device=first_inputs(x).device)
     alpha = _prior_precision(model, alpha, layout, evidence.evidence is not None, like)
+    evidence = evidence.for_task(model.task)
     problem = _Problem(layout, getattr(model, "act", None), likelihood, x, y,
                        _prior_mean(prior_mean, p, like), curvature, evidence.refine)
     beta = _noise_precision(model, beta, likelihood, y, like)

@@ -17,9 +17,13 @@ L-BFGS), then the Gaussian around it, with the GLM predictive:
   training points), ``alpha`` and ``beta`` from the evidence, then scaled on a tenth of the
   training points held out (:mod:`bnn_zoo.methods.laplace_validation`).
 
-A classifier's ``alpha`` is chosen on held-out points by every entry (``holdout="auto"``:
-a tenth of the points; the evidence-tuned GLM predictive of a classifier is
-underconfident). The structures follow Daxberger et al. 2021 ("Laplace Redux --
+A classifier's MAP is trained once, under the model's prior, and every entry tunes its
+``alpha`` post hoc (``refine="auto"``: refits under the evidence's ``alpha`` make a
+classifier's MAP underconfident), then chooses a factor of it on held-out points
+(``holdout="auto"``: a tenth of the points; the evidence-tuned GLM predictive of a
+classifier is underconfident too). A regression's MAP is refitted under the tuned
+``alpha`` and ``beta`` (the MAP of the model's prior fits the noise of the training
+points). The structures follow Daxberger et al. 2021 ("Laplace Redux --
 Effortless Bayesian Deep Learning"); K-FAC is Ritter et al. 2018 ("A Scalable Laplace
 Approximation for Neural Networks"), the last layer Kristiadi et al. 2020 ("Being
 Bayesian, Even Just a Bit, Fixes Overconfidence in ReLU Networks").
@@ -61,7 +65,7 @@ def laplace_entry(name: str, description: str, method: Laplace, source: str) -> 
 
 REDUX = 'Daxberger et al. 2021, "Laplace Redux -- Effortless Bayesian Deep Learning"'
 
-TUNED = {"evidence": "fixed_point", "holdout": "auto"}
+TUNED = {"evidence": "fixed_point", "holdout": "auto", "refine": "auto"}
 
 laplace_entry("laplace", "GGN Laplace, GLM predictive, alpha and beta by evidence fixed point",
               Laplace(curvature="ggn", **TUNED),

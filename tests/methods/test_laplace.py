@@ -916,7 +916,7 @@ def test_entries_use_the_method():
     assert {"laplace", "laplace_full", "laplace_ggn", "laplace_diag", "laplace_kron",
             "laplace_last_layer"} <= set(zoo.names("classification"))
     assert zoo.get("laplace").method == Laplace(curvature="ggn", evidence="fixed_point",
-                                                holdout="auto")
+                                                holdout="auto", refine="auto")
     assert zoo.get("laplace_full").method.curvature == "hessian"
     fitted = zoo.get("laplace_kron").fit(x, y, seed=0, steps=150,
                                          method_options={"predictive": "mc"})

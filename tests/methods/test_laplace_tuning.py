@@ -262,11 +262,31 @@ def test_every_laplace_entry_tunes_its_prior_precision(name):
     method = zoo.get(name).method
     assert method.evidence == "fixed_point"
     assert method.validation_settings.fraction("classification") > 0
+    assert method.evidence_settings.for_task("classification").refine is False
+
+
+@pytest.mark.parametrize("task, refits", [("regression", True), ("classification", False)])
+def test_auto_refine_refits_a_regressions_map_and_not_a_classifiers(task, refits):
+    """``refine="auto"`` builds the posterior of ``refine=True`` for a regression and of
+    ``refine=False`` (post hoc, at the MAP given) for a classifier."""
+    model, _, theta, x, y = problem(task)
+    start = theta + 0.05  # off the MAP, so that a refit moves it
+
+    def fit(refine):
+        return laplace_posterior(model, start, x, y, alpha=3.0, evidence=EvidenceSettings(
+            "fixed_point", refine=refine, iterations=3))
+
+    auto, same, other = fit("auto"), fit(refits), fit(not refits)
+    torch.testing.assert_close(auto.theta, same.theta, rtol=0, atol=0)
+    torch.testing.assert_close(auto.alpha, same.alpha, rtol=0, atol=0)
+    assert (auto.theta - other.theta).abs().max() > 1e-3
+    assert torch.equal(auto.theta, start) is not refits
 
 
 @pytest.mark.parametrize("field, value, match", [
     ("holdout", 1.0, "holdout"), ("holdout", "some", "holdout"), ("holdout", True, "holdout"),
     ("grid", (), "grid"), ("grid", (1.0, -2.0), "grid"), ("beta_grid", (math.inf,), "beta_grid"),
+    ("refine", "sometimes", "refine"),
 ])
 def test_bad_validation_settings_are_refused_by_name(field, value, match):
     with pytest.raises((ValueError, TypeError), match=match):
