@@ -50,6 +50,22 @@ batch as replicas. Small nets gain little from a second thread and much from a s
 process: on 2 cores ``--jobs 2 --threads 1`` uses both.
 
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/uci.py --splits 5 --threads 1
+
+``--gap`` runs the same protocol on the gap splits instead (Foong, Li, Hernandez-Lobato &
+Turner 2019, "'In-Between' Uncertainty in Bayesian Neural Networks";
+``data.load("uci_gap/<name>", split=d)``): one split per input dimension ``d`` (``--splits
+K``: the first ``K`` dimensions), its middle third by ``x_d`` held out as the test set, so
+that the test log-likelihood is the in-between one. It writes under ``--out`` (default
+``results/uci_gap``) ``uci_gap.csv`` (one row per entry, data set and dimension, the
+dimension in ``split``), ``uci_gap_summary.md``/... (mean ± standard error over the
+dimensions; no published rows: the papers above report none for these splits) and
+``uci_gap_coverage.md``/...: per data set and entry, the mean coverage of the 90% interval
+over the dimensions, the lowest, how many dimensions fall below :data:`COVERAGE_FLOOR` and
+whether the mean keeps to it (:func:`coverage_rows`). The cache and ``--cached-only``
+work as above, from ``uci_gap_summary.json``.
+
+    BNN_ZOO_DATA=../shared/data/uci python benchmarks/uci.py --gap --data yacht energy \
+        --entries map bbb --threads 1
 """
 
 from __future__ import annotations
@@ -63,12 +79,17 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from bnn_zoo.core.data import UCI_SETS, load
+from bnn_zoo.core.data import UCI_GAP_PREFIX, UCI_PREFIX, UCI_SETS, load, uci_set
 from bnn_zoo.harness import compare, flags, published, runs
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.tables import write_csv, write_tables
 
 DEFAULT_SETS = UCI_SETS
+#: The default results folders of the standard splits and of the gap splits (``--gap``).
+OUT, GAP_OUT = "results/uci", "results/uci_gap"
+#: The coverage of the 90% interval that an entry keeps on the gap splits where its
+#: in-between uncertainty holds, below which it collapses.
+COVERAGE_FLOOR = 0.8
 COLUMNS = ("rmse", "ll", "coverage_90", "fit_seconds")
 #: Where the x axis of a panel of ``uci_ll.png`` stops (LL minus the best published).
 FIGURE_FLOOR = -1.5
@@ -97,7 +118,7 @@ def best_published(data: str) -> tuple[str, float, float]:
 
 def tidy_rows(records: Sequence[dict]) -> list[dict]:
     """One row per run: its keys, status, metrics and, if it did not finish, why."""
-    return [{"entry": r["entry"], "dataset": r["data"].removeprefix("uci/"), "split": r["split"],
+    return [{"entry": r["entry"], "dataset": uci_set(r["data"]), "split": r["split"],
              "seed": r["seed"], "status": r["status"],
              **{k: r.get("metrics", {}).get(k) for k in METRICS}, "reason": r.get("reason", "")}
             for r in records]
@@ -211,10 +232,60 @@ def run_data_sets(names: Sequence[str], args: argparse.Namespace) -> list[dict]:
         return [r for name in names for r in futures[name].result()]
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
+def coverage_rows(records: Sequence[dict]) -> list[dict]:
+    """Per data set and entry of the finished gap-split runs in ``records``: the mean
+    coverage of the 90% interval over the input dimensions (``coverage_90``), the lowest
+    (``coverage_90_min``), how many dimensions fall below :data:`COVERAGE_FLOOR`
+    (``dims_below``) and whether the mean keeps to it (``keeps``)."""
+    finished = [r for r in records if r["status"] == "ok"]
+    rows = []
+    for data, entry in dict.fromkeys((r["data"], r["entry"]) for r in finished):
+        coverages = [r["metrics"]["coverage_90"] for r in finished
+                     if (r["data"], r["entry"]) == (data, entry)]
+        mean = sum(coverages) / len(coverages)
+        rows.append({"data": data, "entry": entry, "runs": len(coverages), "coverage_90": mean,
+                     "coverage_90_min": min(coverages),
+                     "dims_below": sum(c < COVERAGE_FLOOR for c in coverages),
+                     "keeps": mean >= COVERAGE_FLOOR})
+    return rows
+
+
+def write_standard_tables(summary: list[dict], out: Path) -> None:
+    """Write and print the tables of the standard splits against the published numbers:
+    ``uci_best``, ``uci_wins`` and the figure ``uci_ll.png``."""
+    best = best_rows(summary)
+    best_table = write_tables(out, "uci_best", best, keys=("data", "entry"),
+                              columns=("ll", "published", "published_ll", "beats"))
+    won = write_tables(out, "uci_wins", wins(summary), keys=("entry",),
+                       columns=("data_sets", "ll_above_vi", "ll_above_pbp", "ll_above_best",
+                                "fit_minutes", "mean_fit_seconds"))
+    figure = ll_figure(summary, out / "uci_ll.png")
+    print(best_table)
+    print(won)
+    print(f"The best entry beats the best published test LL on {sum(r['beats'] for r in best)} "
+          f"of {len(best)} data sets.")
+    print(f"Wrote {out}/uci.csv, uci_summary.md/.csv/.json, uci_best.*, uci_wins.*, "
+          f"{figure.name}")
+
+
+def write_gap_tables(records: list[dict], out: Path) -> None:
+    """Write and print the coverage table of the gap splits (``uci_gap_coverage``)."""
+    table = write_tables(out, "uci_gap_coverage", coverage_rows(records), keys=("data", "entry"),
+                         columns=("coverage_90", "coverage_90_min", "dims_below", "keeps"))
+    print(table)
+    print(f"Wrote {out}/uci_gap.csv, uci_gap_summary.md/.csv/.json, uci_gap_coverage.*")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The flags of the protocol; ``--out`` defaults to :data:`GAP_OUT` with ``--gap``."""
+    gap = argparse.ArgumentParser(add_help=False)
+    gap.add_argument("--gap", action="store_true")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    flags.add_comparison_flags(parser, data=DEFAULT_SETS, out="results/uci", splits=20,
-                               threads=1)
+    flags.add_comparison_flags(parser, data=DEFAULT_SETS, splits=20, threads=1,
+                               out=GAP_OUT if gap.parse_known_args(argv)[0].gap else OUT)
+    parser.add_argument("--gap", action="store_true",
+                        help="the gap splits (uci_gap/<name>): one split per input dimension, "
+                             f"its middle third held out (default --out: {GAP_OUT})")
     parser.add_argument("--validation", type=float, default=compare.UCI_VALIDATION,
                         help="share of the training split on which entries with a single "
                              "learned noise scale tune it (0: keep the learned noise)")
@@ -225,31 +296,29 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = flags.parse(parser, argv)
     if not 0.0 <= args.validation < 1.0:
         parser.error(f"--validation must be in [0, 1), got {args.validation}")
-    restored = runs.restore_cache(args.out, "uci_summary", task="regression")
-    print(f"Restored {restored} cached runs from {args.out}/uci_summary.json")
-    records = run_data_sets([f"uci/{name.removeprefix('uci/')}" for name in args.data], args)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    prefix = UCI_GAP_PREFIX if args.gap else UCI_PREFIX
+    name = prefix.removesuffix("/")
+    restored = runs.restore_cache(args.out, f"{name}_summary", task="regression")
+    print(f"Restored {restored} cached runs from {args.out}/{name}_summary.json")
+    records = run_data_sets([f"{prefix}{uci_set(d) or d}" for d in args.data], args)
     measured = {r["data"] for r in records}
-    write_csv(args.out / "uci.csv", tidy_rows(records))
+    write_csv(args.out / f"{name}.csv", tidy_rows(records))
     summary, table = compare.write_comparison(
-        records, args.out, name="uci_summary", reference=args.reference, columns=COLUMNS,
+        records, args.out, name=f"{name}_summary", reference=args.reference, columns=COLUMNS,
         markdown_rows=[r for r in published_rows() if r["data"] in measured])
-    best = best_rows(summary)
-    best_table = write_tables(args.out, "uci_best", best, keys=("data", "entry"),
-                              columns=("ll", "published", "published_ll", "beats"))
-    won = write_tables(args.out, "uci_wins", wins(summary), keys=("entry",),
-                       columns=("data_sets", "ll_above_vi", "ll_above_pbp", "ll_above_best",
-                                "fit_minutes", "mean_fit_seconds"))
-    figure = ll_figure(summary, args.out / "uci_ll.png")
     print(table)
     if args.reference is not None and compare.write_reference(records, args.out,
                                                                args.reference) is not None:
         print(f"Wrote {args.out}/reference.md, .csv, .json")
-    print(best_table)
-    print(won)
-    print(f"The best entry beats the best published test LL on {sum(r['beats'] for r in best)} "
-          f"of {len(best)} data sets.")
-    print(f"Wrote {args.out}/uci.csv, uci_summary.md/.csv/.json, uci_best.*, uci_wins.*, "
-          f"{figure.name}")
+    if args.gap:
+        write_gap_tables(records, args.out)
+    else:
+        write_standard_tables(summary, args.out)
     return records
 
 

