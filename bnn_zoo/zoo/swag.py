@@ -1,0 +1,31 @@
+"""Zoo entry ``swag``: SWAG (Maddox et al. 2019, "A Simple Baseline for Bayesian Uncertainty
+in Deep Learning"; see :mod:`bnn_zoo.methods.swag`).
+
+The ``map`` entry's model, guide and budget give the MAP start; the optimisation then goes
+on at a constant learning rate ``1e-2``, collecting the weights once an epoch, 40 times,
+and the posterior is ``N(theta_SWA, 1/2 (Sigma_diag + D D^T / (K - 1)))`` with rank
+``K = 20`` (the paper's), the noise scale fixed at the MAP's (tuned on held-out points in the
+UCI protocol, ``validation``).
+"""
+
+from __future__ import annotations
+
+from bnn_zoo.core.elbo import MeanFieldELBO
+from bnn_zoo.methods.svi import SVI
+from bnn_zoo.methods.swag import SWAG
+from bnn_zoo.models.mlp import TASKS
+from bnn_zoo.zoo import TINY_BUDGET, Entry, register
+from bnn_zoo.zoo._defaults import MAP_BUDGET, fan_in_mlp, map_guide
+
+register(Entry(
+    name="swag",
+    description="SWAG: low-rank plus diagonal Gaussian of the iterates after MAP (Maddox 2019)",
+    tasks=TASKS,
+    source='Maddox et al. 2019, "A Simple Baseline for Bayesian Uncertainty in Deep Learning"',
+    model=fan_in_mlp,
+    method=SWAG(start=SVI(map_guide, elbo=MeanFieldELBO), rank=20, snapshots=40, lr=1e-2),
+    budget=MAP_BUDGET,
+    tiny={**TINY_BUDGET, "method_options": {"rank": 2, "snapshots": 3}},
+    tunable_noise=True,
+    accepts_net=True,
+))
