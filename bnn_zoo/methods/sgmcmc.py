@@ -77,8 +77,8 @@ from bnn_zoo.methods.base import Budget, ModelFactory
 from bnn_zoo.methods.nuts import NUTS, NUTSPosterior, PosteriorSamples, chain_diagnostics
 from bnn_zoo.methods.svi import SVI
 
-__all__ = ["RULES", "SCHEDULES", "SGMCMC", "cyclical_step_size", "sgld_step", "sghmc_step",
-           "sgmcmc_samples"]
+__all__ = ["PRECONDITIONER_FLOOR", "RULES", "SCHEDULES", "SGMCMC", "check_settings",
+           "cyclical_step_size", "sgld_step", "sghmc_step", "sgmcmc_samples", "step_plan"]
 
 RULES = ("sgld", "sghmc")
 SCHEDULES = ("constant", "cyclical")
