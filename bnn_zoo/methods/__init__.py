@@ -2,8 +2,9 @@
 :mod:`bnn_zoo.methods.base`: fit on standardised data, return a posterior that predicts.
 
 :mod:`~bnn_zoo.methods.svi` (``SVI``), :mod:`~bnn_zoo.methods.nuts` (``NUTS``),
+:mod:`~bnn_zoo.methods.sgmcmc` (``SGMCMC``, SGLD and SGHMC),
 :mod:`~bnn_zoo.methods.ensemble` (``Ensemble``), :mod:`~bnn_zoo.methods.gp` (``ExactGP``),
 :mod:`~bnn_zoo.methods.logitnormal` (``LogitNormalSVI``).
 """
 
-__all__ = ["base", "ensemble", "gp", "logitnormal", "nuts", "svi"]
+__all__ = ["base", "ensemble", "gp", "logitnormal", "nuts", "sgmcmc", "svi"]
