@@ -20,7 +20,12 @@ Classification (from a :class:`~bnn_zoo.core.predictive.CategoricalPredictive`):
 * ``brier``: ``1/N sum_n sum_c (p_nc - [y_n = c])^2``;
 * ``ece``: expected calibration error with 15 equal-width confidence bins
   (Guo et al. 2017), ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|``;
-* ``entropy``: mean predictive entropy in nats;
+* ``entropy``: mean predictive entropy in nats, ``H[p_mean]`` with ``p_mean = 1/S sum_s
+  p_s``, split (:func:`entropy_parts`) into ``aleatoric``, the mean entropy of the samples
+  ``1/S sum_s H[p_s]``, and ``mi``, the mutual information between the label and the
+  weights, ``H[p_mean] - 1/S sum_s H[p_s] >= 0`` (the epistemic part; Houlsby et al. 2011,
+  "Bayesian Active Learning for Classification and Preference Learning"; Depeweg et al.
+  2018, "Decomposition of Uncertainty in Bayesian Deep Learning"), each a mean over points;
 * :func:`auroc`: how well a score (the predictive entropy) tells two sets of points apart,
   e.g. test points from a shifted set (:func:`shifted_inputs`).
 
@@ -57,8 +62,8 @@ from bnn_zoo.core.predictive import (
     predict,
 )
 
-__all__ = ["NonFiniteMetricWarning", "auroc", "classification_metrics", "evaluate",
-           "evaluate_batches",
+__all__ = ["NonFiniteMetricWarning", "auroc", "classification_metrics", "entropy_parts",
+           "evaluate", "evaluate_batches",
            "expected_calibration_error", "metrics", "regression_metrics", "reliability_bins",
            "shifted_inputs"]
 
@@ -120,6 +125,37 @@ def expected_calibration_error(probs: Tensor, y: Tensor, num_bins: int = 15) -> 
     return float((bins["count"] * gap).sum() / probs.shape[0])
 
 
+def entropy_parts(pred: CategoricalPredictive) -> dict[str, Tensor]:
+    """Per point (N,), in nats, the predictive entropy and its two parts (Depeweg et al.
+    2018, "Decomposition of Uncertainty in Bayesian Deep Learning"):
+
+    .. math::
+
+        \\underbrace{H\\Big[\\tfrac1S \\textstyle\\sum_s p_s\\Big]}_{\\texttt{entropy}}
+        = \\underbrace{\\tfrac1S \\textstyle\\sum_s H[p_s]}_{\\texttt{aleatoric}}
+        + \\underbrace{I(y; w \\mid x)}_{\\texttt{mi}},
+
+    ``H[p] = -sum_c p_c log p_c`` over the ``C`` classes, ``p_s`` the class probabilities
+    of sample ``s`` (weights ``w_s``). ``mi``, the mutual information between the label and
+    the weights, is the difference, which Jensen's inequality makes non-negative; rounding
+    can leave it a few ulps below zero, so it is clipped at 0 and ``aleatoric`` is
+    returned as ``entropy - mi``, so that the parts sum to the total. The samples'
+    entropies use the predictive's ``log_probs`` where it keeps them (a class of
+    probability 0 adds 0). Zero for ``mi`` means the samples agree (a point estimate's
+    predictive has only aleatoric entropy)."""
+    if not isinstance(pred, CategoricalPredictive):
+        raise TypeError(f"Expected pred to be a CategoricalPredictive, but got "
+                        f"{type(pred).__name__}.")
+    total = pred.entropy
+    if pred.log_probs is not None:
+        logs = pred.log_probs
+    else:
+        logs = torch.log(pred.probs.clamp_min(torch.finfo(pred.probs.dtype).tiny))
+    per_sample = -(pred.probs * logs).sum(-1).mean(0)
+    mi = (total - per_sample).clamp_min(0)
+    return {"entropy": total, "aleatoric": total - mi, "mi": mi}
+
+
 def classification_metrics(pred: CategoricalPredictive, y: Tensor) -> dict[str, float]:
     probs = pred.mean
     y = _check_targets(y, probs)
@@ -132,7 +168,7 @@ def classification_metrics(pred: CategoricalPredictive, y: Tensor) -> dict[str, 
         "nll": float(-pred.log_prob(y).mean()),
         "brier": float(((probs - onehot) ** 2).sum(-1).mean()),
         "ece": expected_calibration_error(probs, y),
-        "entropy": float(pred.entropy.mean()),
+        **{name: float(part.mean()) for name, part in entropy_parts(pred).items()},
     }
 
 
