@@ -141,8 +141,9 @@ def entropy_parts(pred: CategoricalPredictive) -> dict[str, Tensor]:
     can leave it a few ulps below zero, so it is clipped at 0 and ``aleatoric`` is
     returned as ``entropy - mi``, so that the parts sum to the total. The samples'
     entropies use the predictive's ``log_probs`` where it keeps them (a class of
-    probability 0 adds 0). Zero for ``mi`` means the samples agree (a point estimate's
-    predictive has only aleatoric entropy)."""
+    probability 0 adds 0). Zero for ``mi`` means the samples agree; a predictive of one
+    sample (a point estimate, or a closed-form average such as the probit approximation of
+    a Laplace classifier) has only aleatoric entropy."""
     if not isinstance(pred, CategoricalPredictive):
         raise TypeError(f"Expected pred to be a CategoricalPredictive, but got "
                         f"{type(pred).__name__}.")
