@@ -137,23 +137,25 @@ def entropy_parts(pred: CategoricalPredictive) -> dict[str, Tensor]:
 
     ``H[p] = -sum_c p_c log p_c`` over the ``C`` classes, ``p_s`` the class probabilities
     of sample ``s`` (weights ``w_s``). ``mi``, the mutual information between the label and
-    the weights, is the difference, which Jensen's inequality makes non-negative; rounding
-    can leave it a few ulps below zero, so it is clipped at 0 and ``aleatoric`` is
-    returned as ``entropy - mi``, so that the parts sum to the total. The samples'
-    entropies use the predictive's ``log_probs`` where it keeps them (a class of
-    probability 0 adds 0). Zero for ``mi`` means the samples agree; a predictive of one
-    sample (a point estimate, or a closed-form average such as the probit approximation of
-    a Laplace classifier) has only aleatoric entropy."""
+    the weights, is computed as the mean divergence of the samples from their average,
+    ``1/S sum_s KL(p_s || p_mean)`` (the same difference, without subtracting two nearly
+    equal entropies; exactly 0 for one sample), which Jensen's inequality makes
+    non-negative; rounding can leave it a few ulps below zero, so it is clipped at 0.
+    ``aleatoric`` is returned as ``entropy - mi``, so that the parts sum to the total.
+    ``log p_mean`` is a log-sum-exp over the samples' log-probabilities, the predictive's
+    ``log_probs`` where it keeps them (a class of probability 0 adds 0). Zero for ``mi``
+    means the samples agree; a predictive of one sample (a point estimate, or a
+    closed-form average such as the probit approximation of a Laplace classifier) has
+    only aleatoric entropy."""
     if not isinstance(pred, CategoricalPredictive):
         raise TypeError(f"Expected pred to be a CategoricalPredictive, but got "
                         f"{type(pred).__name__}.")
-    total = pred.entropy
-    if pred.log_probs is not None:
-        logs = pred.log_probs
-    else:
+    logs = pred.log_probs
+    if logs is None:
         logs = torch.log(pred.probs.clamp_min(torch.finfo(pred.probs.dtype).tiny))
-    per_sample = -(pred.probs * logs).sum(-1).mean(0)
-    mi = (total - per_sample).clamp_min(0)
+    log_mean = torch.logsumexp(logs, 0) - math.log(logs.shape[0])
+    mi = (pred.probs * (logs - log_mean)).sum(-1).mean(0).clamp_min(0)
+    total = pred.entropy
     return {"entropy": total, "aleatoric": total - mi, "mi": mi}
 
 

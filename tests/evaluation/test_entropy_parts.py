@@ -65,19 +65,22 @@ def test_identical_samples_have_no_mutual_information(dtype):
     tolerance = 10 * torch.finfo(dtype).eps
     assert parts["mi"].max() < tolerance
     assert (parts["aleatoric"] - parts["entropy"]).abs().max() < tolerance
-    # a single sample (a point estimate) with its logarithms: no epistemic part either
-    point = CategoricalPredictive(one, one.log())
-    assert entropy_parts(point)["mi"].max() < tolerance
+    # a single sample (a point estimate), with or without its logarithms: exactly none
+    for logs in (None, one.log()):
+        mi = entropy_parts(CategoricalPredictive(one, logs))["mi"]
+        assert torch.equal(mi, torch.zeros_like(mi))
 
 
 def test_mutual_information_is_never_negative_even_where_rounding_would_make_it_so():
-    # Nearly identical float32 samples: the difference of the two entropies is rounding
-    # noise of either sign; the mutual information is clipped at 0 and the parts still sum.
+    # Nearly identical float32 samples: their mean divergence from the average, 1/S sum_s
+    # KL(p_s || p_mean), is rounding noise of either sign; the mutual information is
+    # clipped at 0 and the parts still sum.
     base = random_probs(1, 500, 10, seed=2, dtype=torch.float32)
     g = torch.Generator().manual_seed(3)
     noisy = (base.log() + 1e-7 * torch.randn(8, 500, 10, generator=g)).softmax(-1)
-    raw = CategoricalPredictive(noisy).entropy + (noisy * noisy.log()).sum(-1).mean(0)
-    assert (raw < 0).any()  # the unclipped difference does go below zero here
+    log_mean = noisy.log().logsumexp(0) - math.log(8)
+    raw = (noisy * (noisy.log() - log_mean)).sum(-1).mean(0)
+    assert (raw < 0).any()  # the unclipped divergence does go below zero here
     parts = entropy_parts(CategoricalPredictive(noisy))
     assert (parts["mi"] >= 0).all()
     torch.testing.assert_close(parts["aleatoric"] + parts["mi"], parts["entropy"])
