@@ -139,11 +139,12 @@ def entropy_parts(pred: CategoricalPredictive) -> dict[str, Tensor]:
     of sample ``s`` (weights ``w_s``). ``mi``, the mutual information between the label and
     the weights, is computed as the mean divergence of the samples from their average,
     ``1/S sum_s KL(p_s || p_mean)`` (the same difference, without subtracting two nearly
-    equal entropies; exactly 0 for one sample), which Jensen's inequality makes
-    non-negative; rounding can leave it a few ulps below zero, so it is clipped at 0.
-    ``aleatoric`` is returned as ``entropy - mi``, so that the parts sum to the total.
-    ``log p_mean`` is a log-sum-exp over the samples' log-probabilities, the predictive's
-    ``log_probs`` where it keeps them (a class of probability 0 adds 0). Zero for ``mi``
+    equal entropies), which Jensen's inequality makes non-negative; rounding can leave it a
+    few ulps below zero, so it is clipped at 0. ``aleatoric`` is returned as
+    ``entropy - mi``, so that the parts sum to the total. ``log p_mean = m + log 1/S sum_s
+    exp(log p_s - m)``, ``m`` the samples' largest log-probability, from the predictive's
+    ``log_probs`` where it keeps them (a class of probability 0 adds 0): for identical
+    samples it is exactly theirs, so their ``mi`` is exactly 0. Zero for ``mi``
     means the samples agree; a predictive of one sample (a point estimate, or a
     closed-form average such as the probit approximation of a Laplace classifier) has
     only aleatoric entropy."""
@@ -153,7 +154,8 @@ def entropy_parts(pred: CategoricalPredictive) -> dict[str, Tensor]:
     logs = pred.log_probs
     if logs is None:
         logs = torch.log(pred.probs.clamp_min(torch.finfo(pred.probs.dtype).tiny))
-    log_mean = torch.logsumexp(logs, 0) - math.log(logs.shape[0])
+    top = logs.amax(0)
+    log_mean = top + torch.log((logs - top).exp().mean(0))
     mi = (pred.probs * (logs - log_mean)).sum(-1).mean(0).clamp_min(0)
     total = pred.entropy
     return {"entropy": total, "aleatoric": total - mi, "mi": mi}
