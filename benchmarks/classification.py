@@ -3,10 +3,12 @@
 For each (data set, entry) pair: fit on the training split with the entry's own
 budget (``entry.fit``, through :func:`bnn_zoo.harness.compare.run_comparison`, which
 caches finished runs under ``--out/runs``), then on the held-out split report
-accuracy, NLL per point, Brier score, ECE (15 bins), mean predictive entropy (nats),
-the AUROC of the predictive entropy for telling test points from a shifted copy of them
-(Gaussian noise of one training standard deviation per feature), fit time and
-milliseconds per SVI step, mean ± standard error over ``--splits``.
+accuracy, NLL per point, Brier score, ECE (15 bins), mean predictive entropy (nats) and
+its epistemic part, the mutual information between label and weights (``mi``; the JSON
+and CSV also keep the aleatoric part, ``aleatoric``), the AUROC of the predictive entropy
+for telling test points from a shifted copy of them (Gaussian noise of one training
+standard deviation per feature), fit time and milliseconds per SVI step, mean ± standard
+error over ``--splits``.
 Writes, under ``--out``:
 
 * ``classification.md`` (also printed), ``classification.csv`` and
@@ -41,7 +43,7 @@ from bnn_zoo.harness.figures import draw_reliability, save_figure
 DATASETS = ("two_moons", "breast_cancer", "digits", "wine")
 #: MNIST-1D needs the optional ``mnist1d`` package, so it is a choice, not a default.
 CHOICES = (*DATASETS, "mnist1d")
-COLUMNS = ("accuracy", "nll", "brier", "ece", "entropy", "auroc_shift", "fit_seconds",
+COLUMNS = ("accuracy", "nll", "brier", "ece", "entropy", "mi", "auroc_shift", "fit_seconds",
            "ms_per_step")
 
 

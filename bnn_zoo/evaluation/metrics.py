@@ -20,7 +20,12 @@ Classification (from a :class:`~bnn_zoo.core.predictive.CategoricalPredictive`):
 * ``brier``: ``1/N sum_n sum_c (p_nc - [y_n = c])^2``;
 * ``ece``: expected calibration error with 15 equal-width confidence bins
   (Guo et al. 2017), ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|``;
-* ``entropy``: mean predictive entropy in nats;
+* ``entropy``: mean predictive entropy in nats, ``H[p_mean]`` with ``p_mean = 1/S sum_s
+  p_s``, split (:func:`entropy_parts`) into ``aleatoric``, the mean entropy of the samples
+  ``1/S sum_s H[p_s]``, and ``mi``, the mutual information between the label and the
+  weights, ``H[p_mean] - 1/S sum_s H[p_s] >= 0`` (the epistemic part; Houlsby et al. 2011,
+  "Bayesian Active Learning for Classification and Preference Learning"; Depeweg et al.
+  2018, "Decomposition of Uncertainty in Bayesian Deep Learning"), each a mean over points;
 * :func:`auroc`: how well a score (the predictive entropy) tells two sets of points apart,
   e.g. test points from a shifted set (:func:`shifted_inputs`).
 
@@ -57,8 +62,8 @@ from bnn_zoo.core.predictive import (
     predict,
 )
 
-__all__ = ["NonFiniteMetricWarning", "auroc", "classification_metrics", "evaluate",
-           "evaluate_batches",
+__all__ = ["NonFiniteMetricWarning", "auroc", "classification_metrics", "entropy_parts",
+           "evaluate", "evaluate_batches",
            "expected_calibration_error", "metrics", "regression_metrics", "reliability_bins",
            "shifted_inputs"]
 
@@ -120,6 +125,42 @@ def expected_calibration_error(probs: Tensor, y: Tensor, num_bins: int = 15) -> 
     return float((bins["count"] * gap).sum() / probs.shape[0])
 
 
+def entropy_parts(pred: CategoricalPredictive) -> dict[str, Tensor]:
+    """Per point (N,), in nats, the predictive entropy and its two parts (Depeweg et al.
+    2018, "Decomposition of Uncertainty in Bayesian Deep Learning"):
+
+    .. math::
+
+        \\underbrace{H\\Big[\\tfrac1S \\textstyle\\sum_s p_s\\Big]}_{\\texttt{entropy}}
+        = \\underbrace{\\tfrac1S \\textstyle\\sum_s H[p_s]}_{\\texttt{aleatoric}}
+        + \\underbrace{I(y; w \\mid x)}_{\\texttt{mi}},
+
+    ``H[p] = -sum_c p_c log p_c`` over the ``C`` classes, ``p_s`` the class probabilities
+    of sample ``s`` (weights ``w_s``). ``mi``, the mutual information between the label and
+    the weights, is computed as the mean divergence of the samples from their average,
+    ``1/S sum_s KL(p_s || p_mean)`` (the same difference, without subtracting two nearly
+    equal entropies), which Jensen's inequality makes non-negative; rounding can leave it a
+    few ulps below zero, so it is clipped at 0. ``aleatoric`` is returned as
+    ``entropy - mi``, so that the parts sum to the total. ``log p_mean = m + log 1/S sum_s
+    exp(log p_s - m)``, ``m`` the samples' largest log-probability, from the predictive's
+    ``log_probs`` where it keeps them (a class of probability 0 adds 0): for identical
+    samples it is exactly theirs, so their ``mi`` is exactly 0. Zero for ``mi``
+    means the samples agree; a predictive of one sample (a point estimate, or a
+    closed-form average such as the probit approximation of a Laplace classifier) has
+    only aleatoric entropy."""
+    if not isinstance(pred, CategoricalPredictive):
+        raise TypeError(f"Expected pred to be a CategoricalPredictive, but got "
+                        f"{type(pred).__name__}.")
+    logs = pred.log_probs
+    if logs is None:
+        logs = torch.log(pred.probs.clamp_min(torch.finfo(pred.probs.dtype).tiny))
+    top = logs.amax(0)
+    log_mean = top + torch.log((logs - top).exp().mean(0))
+    mi = (pred.probs * (logs - log_mean)).sum(-1).mean(0).clamp_min(0)
+    total = pred.entropy
+    return {"entropy": total, "aleatoric": total - mi, "mi": mi}
+
+
 def classification_metrics(pred: CategoricalPredictive, y: Tensor) -> dict[str, float]:
     probs = pred.mean
     y = _check_targets(y, probs)
@@ -132,7 +173,7 @@ def classification_metrics(pred: CategoricalPredictive, y: Tensor) -> dict[str, 
         "nll": float(-pred.log_prob(y).mean()),
         "brier": float(((probs - onehot) ** 2).sum(-1).mean()),
         "ece": expected_calibration_error(probs, y),
-        "entropy": float(pred.entropy.mean()),
+        **{name: float(part.mean()) for name, part in entropy_parts(pred).items()},
     }
 
 

@@ -53,7 +53,8 @@ UCI_VALIDATION = 0.1
 TABLE_COLUMNS = {
     "regression": ("rmse", "ll", "coverage_90", "w2_to_ref", "ll_gap", "fit_seconds",
                    "steps_per_second"),
-    "classification": ("accuracy", "nll", "ece", "brier", "fit_seconds", "steps_per_second"),
+    "classification": ("accuracy", "nll", "ece", "brier", "mi", "agreement", "tv_to_ref",
+                       "fit_seconds", "steps_per_second"),
 }
 
 
@@ -261,10 +262,9 @@ def write_reference(records: list[dict], out: str | Path, reference: str) -> str
     """Write ``reference.md``, ``.csv`` and ``.json`` under ``out``: per data set, every
     entry's distances to ``reference`` and the reference's convergence diagnostics split by
     split and over all splits (:func:`~bnn_zoo.harness.summary.reference_rows`); return the
-    Markdown, or ``None`` (nothing written) when the reference has no finished regression
-    run."""
-    if not any(r["entry"] == reference and r["status"] == "ok" and r["task"] == "regression"
-               for r in records):
+    Markdown, or ``None`` (nothing written) when the reference has no finished run."""
+    finished = {r["task"] for r in records if r["entry"] == reference and r["status"] == "ok"}
+    if not finished:
         return None
     preamble = (f"Distances to `{reference}` split by split (`all`: mean ± standard error "
                 "over the splits; for the diagnostics, the worst split). `r_hat_pred_max`, "
@@ -272,6 +272,11 @@ def write_reference(records: list[dict], out: str | Path, reference: str) -> str
                 "size over the network output at the test inputs, chain by chain; `_f`: the "
                 "same at (up to 50) training inputs; `r_hat_max`, `ess_min`: over the "
                 "weights.")
+    if "classification" in finished:
+        preamble += (" Classification: `agreement`, the share of test points whose most "
+                     f"probable class is `{reference}`'s; `tv_to_ref`, the mean total "
+                     "variation between the two predictive distributions, 1/2 sum_k |p_k - "
+                     "q_k|; the network output is the class probabilities.")
     return write_tables(out, "reference", reference_rows(records, reference),
                         keys=("data", "entry", "split"), section="data",
                         columns=REFERENCE_COLUMNS, preamble=preamble)

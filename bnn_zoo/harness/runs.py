@@ -3,10 +3,12 @@
 :func:`run_one` fits through the zoo's contract (``entry.fit``, ``Fitted.evaluate``,
 ``Fitted.predict``) and returns a JSON-ready record: metrics, diagnostics (with those a
 posterior computes at the test inputs: NUTS's R-hat and ESS over the predictive), the thinned
-loss curve, the predictive's moments at the test inputs (regression; for distances to a
-reference), a predictive band on a grid (1-D inputs) or, for classification, reliability
-bins and ``auroc_shift``: the AUROC of the predictive entropy for telling the test points
-from a covariate-shifted copy of them (:func:`~bnn_zoo.evaluation.metrics.shifted_inputs`).
+loss curve, the predictive's moments at the test inputs (regression) or its averaged class
+probabilities there (``class_probs``, classification), for distances to a reference
+(:func:`~bnn_zoo.harness.summary.reference_distances`), a predictive band on a grid (1-D
+inputs) or, for classification, reliability bins and ``auroc_shift``: the AUROC of the
+predictive entropy for telling the test points from a covariate-shifted copy of them
+(:func:`~bnn_zoo.evaluation.metrics.shifted_inputs`).
 :func:`cached_run` keeps each finished record as JSON under
 ``<out>/runs/<entry>/``, named by the entry, data set, split, seed and a digest of every
 other setting that changes the result (the entry's options, ``num_samples``, the device,
@@ -173,6 +175,7 @@ def _evaluated(record: dict, fitted: zoo.Fitted, dataset: data_module.Dataset,
                               "lo": _tolist(lo), "hi": _tolist(hi)}
     else:
         bins = reliability_bins(pred.mean, dataset.y_test)
+        record["class_probs"] = _tolist(pred.mean)
         record["reliability"] = {k: _tolist(v) for k, v in bins.items()}
         shifted = shifted_inputs(dataset.x_test, dataset.x_train.std(0), seed=record["split"])
         record["metrics"]["auroc_shift"] = auroc(

@@ -5,15 +5,20 @@ Over ``n`` runs of a metric with values ``v_1..v_n`` a summary row holds the mea
 variance ``s^2 = 1/(n-1) sum_i (v_i - m)^2`` (``nan`` for one run), and the number
 of runs ``n``.
 
-Distance to a reference predictive (the ``nuts`` entry by default, when it was run):
-at every test input the two predictives are moment-matched by Gaussians
-``N(m_1, s_1^2)`` and ``N(m_2, s_2^2)``, whose 2-Wasserstein distance is
+Distance to a reference predictive (the ``nuts`` entry by default, when it was run) on the
+same split. Regression: at every test input the two predictives are moment-matched by
+Gaussians ``N(m_1, s_1^2)`` and ``N(m_2, s_2^2)``, whose 2-Wasserstein distance is
 
     W_2 = sqrt((m_1 - m_2)^2 + (s_1 - s_2)^2)       (Dowson & Landau 1982),
 
 averaged over the test points (``w2_to_ref``, in the units of ``y``), together with
-the gap of test log-likelihoods ``ll - ll_ref`` (``ll_gap``). :func:`reference_rows` lays
-them out split by split, beside the reference's convergence diagnostics.
+the gap of test log-likelihoods ``ll - ll_ref`` (``ll_gap``). Classification, with the
+averaged class probabilities ``p_n`` and ``q_n`` (the reference's) at test point ``n``: the
+agreement of the predicted classes ``1/N sum_n [argmax_k p_nk = argmax_k q_nk]``
+(``agreement``) and the total variation ``1/N sum_n 1/2 sum_k |p_nk - q_nk|`` (``tv_to_ref``),
+the measures of Izmailov et al. 2021, "What Are Bayesian Neural Network Posteriors Really
+Like?". :func:`reference_rows` lays them out split by split, beside the reference's
+convergence diagnostics.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from bnn_zoo.core.checks import check_tensor
+
 __all__ = ["REFERENCE", "REFERENCE_COLUMNS", "REFERENCE_DIAGNOSTICS", "RUNS", "aggregate",
-           "gaussian_w2", "mean_se", "reference_distances", "reference_rows", "summarise"]
+           "class_agreement", "gaussian_w2", "mean_se", "reference_distances", "reference_rows",
+           "summarise", "total_variation"]
 
 #: The entry whose predictive the others are measured against, when it was run.
 REFERENCE = "nuts"
@@ -37,8 +45,10 @@ RUNS = "runs"
 #: output at training inputs (``_f``) and over the weights (see :mod:`bnn_zoo.methods.nuts`).
 REFERENCE_DIAGNOSTICS = {"r_hat_pred_max": max, "ess_pred_min": min, "r_hat_f_max": max,
                          "ess_f_min": min, "r_hat_max": max, "ess_min": min, "divergences": max}
-#: The metrics of :func:`reference_rows`, then the diagnostics.
-REFERENCE_COLUMNS = ("ll", "rmse", "w2_to_ref", "ll_gap", *REFERENCE_DIAGNOSTICS)
+#: The metrics of :func:`reference_rows` (regression's, then classification's), then the
+#: diagnostics.
+REFERENCE_COLUMNS = ("ll", "rmse", "w2_to_ref", "ll_gap", "accuracy", "nll", "agreement",
+                     "tv_to_ref", *REFERENCE_DIAGNOSTICS)
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -96,21 +106,62 @@ def gaussian_w2(mean_a: Tensor, std_a: Tensor, mean_b: Tensor, std_b: Tensor) ->
     return ((mean_a - mean_b) ** 2 + (std_a - std_b) ** 2).sqrt()
 
 
+def _check_probs(probs_a: Tensor, probs_b: Tensor) -> None:
+    for name, probs in (("probs_a", probs_a), ("probs_b", probs_b)):
+        check_tensor(name, probs, ndim=2, floating=True)
+    if probs_a.shape != probs_b.shape:
+        raise ValueError(f"Expected probs_a and probs_b of the same shape (points, classes), "
+                         f"but got {tuple(probs_a.shape)} and {tuple(probs_b.shape)}.")
+
+
+def class_agreement(probs_a: Tensor, probs_b: Tensor) -> Tensor:
+    """Pointwise agreement of the predicted classes of two predictives, ``[argmax_k a_nk =
+    argmax_k b_nk]`` (1.0 or 0.0), from their class probabilities ``probs_a`` and
+    ``probs_b`` (N, C); a tie goes to the first of the tied classes, as in ``argmax``."""
+    _check_probs(probs_a, probs_b)
+    return (probs_a.argmax(-1) == probs_b.argmax(-1)).to(probs_a.dtype)
+
+
+def total_variation(probs_a: Tensor, probs_b: Tensor) -> Tensor:
+    """Pointwise total variation distance between two categorical predictives,
+    ``1/2 sum_k |a_nk - b_nk|`` (0: the same distribution, 1: disjoint supports), from their
+    class probabilities ``probs_a`` and ``probs_b`` (N, C)."""
+    _check_probs(probs_a, probs_b)
+    return 0.5 * (probs_a - probs_b).abs().sum(-1)
+
+
+def _distances(record: dict, ref: dict) -> dict[str, float]:
+    """The distances of ``record``'s predictive to ``ref``'s, from what both records keep:
+    the moments (regression) or the averaged class probabilities (classification)."""
+    def read(r: dict, key: str) -> dict[str, Tensor]:
+        return {k: torch.tensor(v, dtype=torch.float64) for k, v in r[key].items()}
+
+    if "moments" in record and "moments" in ref:
+        m, mr = read(record, "moments"), read(ref, "moments")
+        return {"w2_to_ref": float(gaussian_w2(m["mean"], m["std"], mr["mean"],
+                                               mr["std"]).mean()),
+                "ll_gap": record["metrics"]["ll"] - ref["metrics"]["ll"]}
+    if "class_probs" in record and "class_probs" in ref:
+        p, q = (torch.tensor(r["class_probs"], dtype=torch.float64) for r in (record, ref))
+        if not (p.isfinite().all() and q.isfinite().all()):  # a broken predictive's
+            return {"agreement": math.nan, "tv_to_ref": math.nan}
+        return {"agreement": float(class_agreement(p, q).mean()),
+                "tv_to_ref": float(total_variation(p, q).mean())}
+    return {}
+
+
 def reference_distances(records: Sequence[dict], reference: str) -> None:
-    """Add ``w2_to_ref`` and ``ll_gap`` to the metrics of every regression record (as from
-    :func:`bnn_zoo.harness.runs.run_one`) whose (data, split) has an ``ok`` record of
-    ``reference``."""
+    """Add the distances to ``reference`` on the same (data, split) to the metrics of every
+    ``ok`` record (as from :func:`bnn_zoo.harness.runs.run_one`): ``w2_to_ref`` and
+    ``ll_gap`` where both records keep their predictive's moments (regression),
+    ``agreement`` and ``tv_to_ref`` where both keep their class probabilities
+    (classification); a record restored without them gets none."""
     refs = {(r["data"], r["split"]): r for r in records
-            if r["entry"] == reference and r["status"] == "ok" and "moments" in r}
+            if r["entry"] == reference and r["status"] == "ok"}
     for r in records:
         ref = refs.get((r["data"], r["split"]))
-        if ref is None or r["status"] != "ok" or "moments" not in r:
-            continue
-        m = {k: torch.tensor(v, dtype=torch.float64) for k, v in r["moments"].items()}
-        mr = {k: torch.tensor(v, dtype=torch.float64) for k, v in ref["moments"].items()}
-        r["metrics"]["w2_to_ref"] = float(gaussian_w2(m["mean"], m["std"], mr["mean"],
-                                                      mr["std"]).mean())
-        r["metrics"]["ll_gap"] = r["metrics"]["ll"] - ref["metrics"]["ll"]
+        if ref is not None and r["status"] == "ok":
+            r["metrics"].update(_distances(r, ref))
 
 
 def summarise(records: Sequence[dict], *, reference: str | None = None) -> list[dict]:
@@ -135,7 +186,7 @@ def summarise(records: Sequence[dict], *, reference: str | None = None) -> list[
 
 
 def reference_rows(records: Sequence[dict], reference: str) -> list[dict]:
-    """The distances of every regression entry to ``reference`` split by split: per (data,
+    """The distances of every entry to ``reference`` split by split: per (data,
     entry) one row per finished split (``split`` its index) with the metrics of
     :data:`REFERENCE_COLUMNS` and the reference's diagnostics of
     :data:`REFERENCE_DIAGNOSTICS`, then a row ``split="all"`` with the metrics' mean and
@@ -146,7 +197,7 @@ def reference_rows(records: Sequence[dict], reference: str) -> list[dict]:
                   **{k: r["metrics"][k] for k in metrics if k in r["metrics"]},
                   **{k: r["diagnostics"][k] for k in REFERENCE_DIAGNOSTICS
                      if k in r.get("diagnostics", {})}}
-                 for r in records if r["status"] == "ok" and r["task"] == "regression"]
+                 for r in records if r["status"] == "ok"]
     rows = []
     for over in aggregate(per_split, ("data", "entry"), ignore=("split",)):
         group = [row for row in per_split

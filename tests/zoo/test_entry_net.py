@@ -264,7 +264,7 @@ def test_compare_with_the_cnn_writes_its_tables(tmp_path, capsys):
     assert set(rows) == set(entries)
     for name in entries:
         assert ("skipped" in rows[name]) != zoo.get(name).accepts_net, rows[name]
-    assert "| accuracy | nll | ece | brier | fit_seconds |" in table
+    assert "| accuracy | nll | ece | brier | mi | fit_seconds |" in table
 
 
 @pytest.mark.parametrize("argv, words", [
