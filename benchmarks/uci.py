@@ -25,6 +25,8 @@ Writes under ``--out``:
   the best published one (MC dropout or deep ensembles);
 * ``uci_wins.md``/...: per entry, on how many data sets its test log-likelihood beats VI's,
   PBP's and the best published, and its total fit time;
+* ``uci_methods.md``/...: per data set, the entries that run a published method
+  (``mc_dropout``, ``deep_ensemble``) against its published test log-likelihood;
 * ``uci_ll.png``: one panel per data set, every entry's test log-likelihood minus the best
   published one, with standard-error bars;
 * with ``--reference nuts``: ``reference.md``/``.csv``/``.json``, every entry's distance to
@@ -114,6 +116,26 @@ def best_published(data: str) -> tuple[str, float, float]:
     """``(method, mean, se)`` of the highest published test log-likelihood on ``data``."""
     return max(((m, *published.published(data, "ll", m)) for m in published.METHODS),
                key=lambda item: item[1])
+
+
+#: The entries that run a method of the published table, and its name there.
+PUBLISHED_METHODS = {"mc_dropout": "MC dropout", "deep_ensemble": "deep ensembles"}
+
+
+def method_rows(summary: Sequence[dict]) -> list[dict]:
+    """Per data set, each entry of :data:`PUBLISHED_METHODS` against the published test LL
+    of its method: ``reaches`` where its mean is at least the published mean less the
+    published standard error."""
+    rows = []
+    for r in _finished(summary):
+        method = PUBLISHED_METHODS.get(r["entry"])
+        if method is not None:
+            mean, se = published.published(r["data"], "ll", method)
+            rows.append({"data": r["data"], "entry": r["entry"], "runs": r["runs"],
+                         "ll": r["ll"], "ll_se": r.get("ll_se"), "published": method,
+                         "published_ll": mean, "published_ll_se": se,
+                         "reaches": r["ll"] >= mean - se})
+    return rows
 
 
 def tidy_rows(records: Sequence[dict]) -> list[dict]:
@@ -252,20 +274,25 @@ def coverage_rows(records: Sequence[dict]) -> list[dict]:
 
 def write_standard_tables(summary: list[dict], out: Path) -> None:
     """Write and print the tables of the standard splits against the published numbers:
-    ``uci_best``, ``uci_wins`` and the figure ``uci_ll.png``."""
+    ``uci_best``, ``uci_wins``, ``uci_methods`` (:func:`method_rows`) and the figure
+    ``uci_ll.png``."""
     best = best_rows(summary)
     best_table = write_tables(out, "uci_best", best, keys=("data", "entry"),
                               columns=("ll", "published", "published_ll", "beats"))
     won = write_tables(out, "uci_wins", wins(summary), keys=("entry",),
                        columns=("data_sets", "ll_above_vi", "ll_above_pbp", "ll_above_best",
                                 "fit_minutes", "mean_fit_seconds"))
+    methods = method_rows(summary)
+    methods_table = write_tables(out, "uci_methods", methods, keys=("data", "entry"),
+                                 columns=("ll", "published", "published_ll", "reaches"))
     figure = ll_figure(summary, out / "uci_ll.png")
     print(best_table)
     print(won)
+    print(methods_table)
     print(f"The best entry beats the best published test LL on {sum(r['beats'] for r in best)} "
           f"of {len(best)} data sets.")
     print(f"Wrote {out}/uci.csv, uci_summary.md/.csv/.json, uci_best.*, uci_wins.*, "
-          f"{figure.name}")
+          f"uci_methods.*, {figure.name}")
 
 
 def write_gap_tables(records: list[dict], out: Path) -> None:

@@ -262,6 +262,18 @@ def test_uci_best_published_and_wins_by_hand():
     assert wins["a"]["fit_minutes"] == pytest.approx(1.0)
 
 
+def test_uci_entries_of_published_methods_against_their_numbers_by_hand():
+    """MC dropout published -1.55 +- 0.03 on yacht: -1.57 reaches it within the standard
+    error, -1.59 does not; entries of no published method get no row."""
+    script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
+    summary = [{"data": "uci/yacht", "entry": "mc_dropout", "runs": 20, "ll": ll, "ll_se": 0.1}
+               for ll in (-1.57, -1.59)]
+    summary.append({"data": "uci/yacht", "entry": "map", "runs": 20, "ll": 0.0, "ll_se": 0.1})
+    rows = script["method_rows"](summary)
+    assert [(r["entry"], r["published"], r["published_ll"], r["reaches"]) for r in rows] == [
+        ("mc_dropout", "MC dropout", -1.55, True), ("mc_dropout", "MC dropout", -1.55, False)]
+
+
 def test_speed_reports_each_steps_time_and_peak_memory(tmp_path, monkeypatch):
     """One row per net: every step's time and its ratios to the plain MAP step and to the
     hand-written step of the same estimator, as computed from those times, in the CSV
