@@ -47,7 +47,7 @@ from bnn_zoo.methods.state import module_state
 from bnn_zoo.methods.svi import SVI
 
 __all__ = ["NUTS", "NUTSPosterior", "PosteriorSamples", "bulk_ess", "chain_diagnostics",
-           "output_draws", "r_hat_ess"]
+           "output_draws", "pooled_posterior", "r_hat_ess", "sampler_start"]
 
 
 class PosteriorSamples:
@@ -210,6 +210,37 @@ class NUTSPosterior:
                 "chains": self.chains}
 
 
+def sampler_start(start: SVI, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
+                  seed: int, budget: Budget, progress: bool | None
+                  ) -> tuple[Callable, dict[str, Tensor], dict[str, float]]:
+    """What a sampler's chains start from: the SVI fit ``start`` under ``budget``, its
+    guide's ``median()`` as the initial values of the sites, a regression's noise scale
+    fixed at the fit's (type-II maximum likelihood), and a fresh model with that noise.
+    Returns ``(model, init, noise)``, ``noise`` the model options that fix it."""
+    fit = start.fit(build_model, x, y, task=task, seed=seed, budget=budget, progress=progress)
+    noise = {}
+    # Read in a private parameter store: outside one, a PyroModule takes the values that
+    # the global store holds under its parameters' names (a previous fit's, of another
+    # data set) in place of its own.
+    with pyro.get_param_store().scope():
+        init = {k: v.detach() for k, v in fit.guide.median().items()}
+        if task == "regression":
+            noise["noise_scale"] = float(fit.model.observation_scale().detach())
+    return build_model(**noise), init, noise
+
+
+def pooled_posterior(model: Callable, chains: list[dict[str, Tensor]], x: Tensor,
+                     noise: dict[str, float], seconds: float, **diagnostics: float
+                     ) -> NUTSPosterior:
+    """The posterior of the draws of every chain of ``model`` pooled, with the chains'
+    diagnostics (:func:`chain_diagnostics` at the training inputs ``x``), any other
+    ``diagnostics``, the sampling ``seconds`` and the fixed ``noise``."""
+    samples = PosteriorSamples({k: torch.cat([c[k] for c in chains]) for k in chains[0]})
+    return NUTSPosterior(model, samples, noise, {
+        **chain_diagnostics(chains, model, x), **diagnostics, "sampling_seconds": seconds,
+        **noise}, chains=len(chains))
+
+
 @dataclass(frozen=True)
 class NUTS:
     """NUTS chains on the entry's model, started from the SVI fit ``start`` (module doc).
@@ -238,17 +269,8 @@ class NUTS:
         if x.shape[0] > self.max_points:
             raise UnsupportedProblem(f"nuts runs on at most max_points={self.max_points} "
                                      f"training points, got {x.shape[0]}.")
-        start = self.start.fit(build_model, x, y, task=task, seed=seed, budget=budget,
-                               progress=progress)
-        noise = {}
-        # Read in a private parameter store: outside one, a PyroModule takes the values that
-        # the global store holds under its parameters' names (a previous fit's, of another
-        # data set) in place of its own.
-        with pyro.get_param_store().scope():
-            init = {k: v.detach() for k, v in start.guide.median().items()}
-            if task == "regression":
-                noise["noise_scale"] = float(start.model.observation_scale().detach())
-        model = build_model(**noise)
+        model, init, noise = sampler_start(self.start, build_model, x, y, task=task, seed=seed,
+                                           budget=budget, progress=progress)
         chains, divergences = [], 0
         started = time.perf_counter()
         for chain in range(self.chains):
@@ -266,11 +288,8 @@ class NUTS:
                 mcmc.run(x, y)
             chains.append({k: v.detach() for k, v in mcmc.get_samples().items()})
             divergences += len(mcmc.diagnostics()["divergences"]["chain 0"])
-        seconds = time.perf_counter() - started
-        samples = PosteriorSamples({k: torch.cat([c[k] for c in chains]) for k in chains[0]})
-        diagnostics = {**chain_diagnostics(chains, model, x), "divergences": float(divergences),
-                       "sampling_seconds": seconds, **noise}
-        return NUTSPosterior(model, samples, noise, diagnostics, chains=self.chains)
+        return pooled_posterior(model, chains, x, noise, time.perf_counter() - started,
+                                divergences=float(divergences))
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> NUTSPosterior:

@@ -54,10 +54,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
-import pyro
 import torch
 from pyro.infer.autoguide.initialization import init_to_value
 from pyro.infer.mcmc.util import initialize_model
@@ -74,7 +73,7 @@ from bnn_zoo.core.checks import (
 )
 from bnn_zoo.core.handlers import subsample_data
 from bnn_zoo.methods.base import Budget, ModelFactory
-from bnn_zoo.methods.nuts import NUTS, NUTSPosterior, PosteriorSamples, chain_diagnostics
+from bnn_zoo.methods.nuts import NUTS, NUTSPosterior, pooled_posterior, sampler_start
 from bnn_zoo.methods.svi import SVI
 
 __all__ = ["PRECONDITIONER_FLOOR", "RULES", "SCHEDULES", "SGMCMC", "check_settings",
@@ -291,14 +290,18 @@ class SGMCMC:
     streams: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        check_settings(rule=self.rule, step_size=self.step_size, friction=self.friction,
-                       burn_in=self.burn_in, draws=self.draws, thinning=self.thinning,
-                       schedule=self.schedule, cycles=self.cycles,
-                       exploration=self.exploration, adapt=self.adapt)
+        check_settings(**self.sampler_settings)
         check_positive_int("chains", self.chains)
         if self.draws < 4:
             raise ValueError(f"Expected draws >= 4 (the chain diagnostics split each chain), "
                              f"but got {self.draws}.")
+
+    @property
+    def sampler_settings(self) -> dict[str, Any]:
+        """The fields that are keywords of :func:`sgmcmc_samples` (all but ``start`` and
+        ``chains``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("start", "chains")}
 
     def with_guide_options(self, options: Mapping[str, Any]) -> SGMCMC:
         """This method with ``options`` for the guide of its start."""
@@ -307,26 +310,13 @@ class SGMCMC:
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> NUTSPosterior:
         budget.check_supported(f"SG-MCMC ({self.rule})", distributed=False)
-        start = self.start.fit(build_model, x, y, task=task, seed=seed, budget=budget,
-                               progress=progress)
-        # A private parameter store, as NUTS reads its start (see NUTS.fit).
-        with pyro.get_param_store().scope():
-            init = {k: v.detach() for k, v in start.guide.median().items()}
-            noise = {} if task != "regression" else {
-                "noise_scale": float(start.model.observation_scale().detach())}
-        model = build_model(**noise)
-        options = {name: getattr(self, name) for name in (
-            "rule", "step_size", "friction", "burn_in", "draws", "thinning", "schedule",
-            "cycles", "exploration", "adapt")}
+        model, init, noise = sampler_start(self.start, build_model, x, y, task=task, seed=seed,
+                                           budget=budget, progress=progress)
         started = time.perf_counter()
         chains = [sgmcmc_samples(model, x, y, batch_size=budget.batch_size, init=init,
-                                 seed=seed * self.chains + c, **options)
+                                 seed=seed * self.chains + c, **self.sampler_settings)
                   for c in range(self.chains)]
-        seconds = time.perf_counter() - started
-        samples = PosteriorSamples({k: torch.cat([c[k] for c in chains]) for k in chains[0]})
-        diagnostics = {**chain_diagnostics(chains, model, x), "sampling_seconds": seconds,
-                       **noise}
-        return NUTSPosterior(model, samples, noise, diagnostics, chains=self.chains)
+        return pooled_posterior(model, chains, x, noise, time.perf_counter() - started)
 
     # The posterior is NUTS's (the model with the fixed noise and the pooled draws), and so
     # is its restoring, which reads none of the method's fields.
