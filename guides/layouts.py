@@ -51,6 +51,7 @@ from torch.func import functional_call, jacrev, vmap
 
 from bnn_zoo.core.nn import mlp_forward
 from bnn_zoo.guides.conv_patches import conv_patches
+from bnn_zoo.guides.flat_sites import flatten_sites, unflatten_sites
 from bnn_zoo.models.module_options import net_mode
 
 __all__ = ["KRON_LAYERS", "Layout", "ModuleLayout", "ParameterLayout", "layout_of"]
@@ -91,19 +92,12 @@ class _FlatWeights:
                                        torch.tensor(sizes, device=like.device))
 
     def flatten(self, tensors: dict[str, Tensor]) -> Tensor:
-        """Concatenate the site tensors ``{name: (*S, *shape)}`` into ``theta`` (*S, P)."""
-        parts = []
-        for name, shape in self.sites:
-            value = tensors[name]
-            parts.append(value.reshape(*value.shape[:value.dim() - len(shape)], -1))
-        return torch.cat(parts, -1)
+        """:func:`flatten_sites` of this layout's sites."""
+        return flatten_sites(self.sites, tensors)
 
     def unflatten(self, theta: Tensor) -> dict[str, Tensor]:
-        """Split ``theta`` (*S, P) into ``{name: (*S, *shape)}``: views by one ``split``,
-        whose backward is one concatenation (slices would each scatter into a zero ``P``)."""
-        parts = theta.split([math.prod(shape) for _, shape in self.sites], -1)
-        return {name: part.reshape(*theta.shape[:-1], *shape)
-                for (name, shape), part in zip(self.sites, parts)}
+        """:func:`unflatten_sites` of this layout's sites."""
+        return unflatten_sites(self.sites, theta)
 
     def offsets(self) -> dict[str, int]:
         """Where each site's tensor starts in ``theta``."""

@@ -38,6 +38,8 @@ import pyro.distributions as dist
 from pyro.nn import PyroModule
 from torch import Tensor
 
+from bnn_zoo.guides.flat_sites import unflatten_sites
+
 __all__ = ["SWAGGuide"]
 
 
@@ -79,11 +81,6 @@ class SWAGGuide(PyroModule):
                 + (z2 @ self.deviations.mT) / math.sqrt(2 * (rank - 1)))
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> dict[str, Tensor]:
-        theta = self.sample_theta()
-        values, offset = {}, 0
-        for name, shape in self.sites:
-            size = math.prod(shape)
-            value = theta[..., offset:offset + size].reshape(*theta.shape[:-1], *shape)
-            values[name] = pyro.sample(name, dist.Delta(value, event_dim=len(shape)))
-            offset += size
-        return values
+        values = unflatten_sites(self.sites, self.sample_theta())
+        return {name: pyro.sample(name, dist.Delta(values[name], event_dim=len(shape)))
+                for name, shape in self.sites}

@@ -34,6 +34,7 @@ from torch import Tensor
 from bnn_zoo.core.checks import check_positive, check_positive_int
 from bnn_zoo.core.step import SVIStep
 from bnn_zoo.core.training import FitResult
+from bnn_zoo.guides.flat_sites import flatten_sites
 from bnn_zoo.guides.swag import SWAGGuide
 from bnn_zoo.methods.base import Budget, ModelFactory
 from bnn_zoo.methods.state import load_module_state, result_from_state
@@ -84,7 +85,7 @@ def _flat_point(guide: Callable, sites: list[tuple[str, tuple[int, ...]]], x: Te
     read in a private parameter store (the guide's own parameters)."""
     with torch.no_grad(), pyro.get_param_store().scope():
         point = guide.median(x, y)
-    return torch.cat([point[name].reshape(-1) for name, _ in sites])
+    return flatten_sites(sites, point)
 
 
 @dataclass(frozen=True)
