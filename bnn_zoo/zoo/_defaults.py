@@ -1,5 +1,6 @@
 """The defaults that several zoo entries share: the zoo's MLP, where its guides start, the
-MAP point estimate, and the budgets of the entry families.
+MAP point estimate, the budgets of the entry families, and the SWAG method of ``swag`` and
+``multiswag``.
 
 Every entry module imports what it shares with another entry from here, never from another
 entry module, so that an entry's module is its declaration alone.
@@ -12,13 +13,17 @@ from functools import partial
 
 from pyro.infer.autoguide import AutoDelta
 
+from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.svi import SVI
+from bnn_zoo.methods.swag import SWAG
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
 from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
+from bnn_zoo.zoo._entry import TINY_BUDGET
 
-__all__ = ["LAPLACE_BUDGET", "MAP_BUDGET", "STRUCTURED_BUDGET", "fan_in_mlp", "init_loc_fn",
-           "map_guide", "mlp"]
+__all__ = ["LAPLACE_BUDGET", "MAP_BUDGET", "SAMPLER_BUDGET", "SAMPLER_TINY", "STRUCTURED_BUDGET",
+           "SWAG_METHOD", "fan_in_mlp", "init_loc_fn", "map_guide", "mlp"]
 
 #: ``map``'s budget, shared by every member of ``ensemble``, ``deep_ensemble`` and the MAP
 #: start of ``nuts``.
@@ -27,6 +32,11 @@ MAP_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 STRUCTURED_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)
 #: The budget of every Laplace entry's MAP phase (``laplace*``, ``laplace_ensemble``).
 LAPLACE_BUDGET = Budget(steps=2000, lr=1e-2, batch_size=256, jit=True)
+#: The budget of the stochastic-gradient samplers (``sgld``, ``sghmc``): their MAP start's,
+#: and the sampler's minibatch size (full batch up to that many points).
+SAMPLER_BUDGET = Budget(steps=2000, lr=3e-2, batch_size=1000, jit=True)
+#: Their tiny fit: a few steps of burn-in and sampling.
+SAMPLER_TINY = {**TINY_BUDGET, "method_options": {"burn_in": 4, "draws": 4, "thinning": 1}}
 
 
 def mlp(in_dim: int, out_dim: int, *, task: str = "regression", hidden: Sequence[int] = (50,),
@@ -62,3 +72,8 @@ def map_guide(model: BayesianMLP | BayesianModule) -> AutoDelta:
     """Point estimate of every weight (MAP under the model's prior), started at
     :func:`init_loc_fn`."""
     return AutoDelta(model, init_loc_fn=init_loc_fn(model))
+
+
+#: SWAG after ``map``'s fit (rank 20, 40 snapshots at the constant learning rate 1e-2):
+#: ``swag``'s method, and each member of ``multiswag``.
+SWAG_METHOD = SWAG(start=SVI(map_guide, elbo=MeanFieldELBO), rank=20, snapshots=40, lr=1e-2)

@@ -13,13 +13,10 @@ the ensemble covers several modes, each SWAG Gaussian the spread around its own.
 
 from __future__ import annotations
 
-from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.methods.ensemble import Ensemble
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.methods.swag import SWAG
 from bnn_zoo.models.mlp import TASKS
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
-from bnn_zoo.zoo._defaults import MAP_BUDGET, fan_in_mlp, map_guide
+from bnn_zoo.zoo._defaults import MAP_BUDGET, SWAG_METHOD, fan_in_mlp
 
 register(Entry(
     name="multiswag",
@@ -29,9 +26,7 @@ register(Entry(
     source='Wilson & Izmailov 2020, "Bayesian Deep Learning and a Probabilistic Perspective '
            'of Generalization"',
     model=fan_in_mlp,
-    method=Ensemble(member=SWAG(start=SVI(map_guide, elbo=MeanFieldELBO), rank=20,
-                                snapshots=40, lr=1e-2),
-                    members=5, samples_per_member=20),
+    method=Ensemble(member=SWAG_METHOD, members=5, samples_per_member=20),
     budget=MAP_BUDGET,
     tiny={**TINY_BUDGET, "method_options": {"members": 2, "samples_per_member": 2}},
     tunable_noise=True,

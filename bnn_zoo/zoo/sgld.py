@@ -11,11 +11,10 @@ size of Zhang et al. (2020) instead.
 
 from __future__ import annotations
 
-from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.sgmcmc import SGMCMC
 from bnn_zoo.methods.svi import SVI
-from bnn_zoo.zoo import TINY_BUDGET, Entry, register
-from bnn_zoo.zoo._defaults import fan_in_mlp, map_guide
+from bnn_zoo.zoo import Entry, register
+from bnn_zoo.zoo._defaults import SAMPLER_BUDGET, SAMPLER_TINY, fan_in_mlp, map_guide
 
 register(Entry(
     name="sgld",
@@ -25,7 +24,7 @@ register(Entry(
     model=fan_in_mlp,
     method=SGMCMC(start=SVI(map_guide), rule="sgld", step_size=0.1, burn_in=1000,
                   draws=100, thinning=10, chains=2),
-    budget=Budget(steps=2000, lr=3e-2, batch_size=1000, jit=True),
-    tiny={**TINY_BUDGET, "method_options": {"burn_in": 4, "draws": 4, "thinning": 1}},
+    budget=SAMPLER_BUDGET,
+    tiny=SAMPLER_TINY,
     accepts_net=True,
 ))

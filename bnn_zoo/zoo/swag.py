@@ -10,12 +10,9 @@ UCI protocol, ``validation``).
 
 from __future__ import annotations
 
-from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.methods.swag import SWAG
 from bnn_zoo.models.mlp import TASKS
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
-from bnn_zoo.zoo._defaults import MAP_BUDGET, fan_in_mlp, map_guide
+from bnn_zoo.zoo._defaults import MAP_BUDGET, SWAG_METHOD, fan_in_mlp
 
 register(Entry(
     name="swag",
@@ -23,7 +20,7 @@ register(Entry(
     tasks=TASKS,
     source='Maddox et al. 2019, "A Simple Baseline for Bayesian Uncertainty in Deep Learning"',
     model=fan_in_mlp,
-    method=SWAG(start=SVI(map_guide, elbo=MeanFieldELBO), rank=20, snapshots=40, lr=1e-2),
+    method=SWAG_METHOD,
     budget=MAP_BUDGET,
     tiny={**TINY_BUDGET, "method_options": {"rank": 2, "snapshots": 3}},
     tunable_noise=True,
