@@ -39,7 +39,10 @@ Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped 
 rerun. The cache is not committed, but ``uci_summary.json`` keeps every run's record: each
 run starts by restoring the missing cache files from the ``uci_summary.json`` in ``--out``
 (:func:`bnn_zoo.harness.runs.restore_cache`), so on a fresh checkout of the committed
-results a run fits only what they lack, and ``--cached-only`` rewrites them as they are.
+results a run fits only what they lack, and ``--cached-only`` rewrites them as they are. The
+cache key holds the code version (:mod:`bnn_zoo.harness.provenance`): a committed run of
+other code than the checkout's is fitted again (``--cached-only`` lists it as not cached;
+``python -m bnn_zoo stale`` lists such cells).
 With ``--replicas auto`` (the default) the splits of a data set are fitted together,
 as replicas in one vectorised pass, by every entry that can batch them (``map``,
 ``mean_field``, ``bbb``, ``ensemble`` and ``deep_ensemble``, whose splits x members all
