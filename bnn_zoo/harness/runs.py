@@ -52,7 +52,7 @@ from bnn_zoo.core.files import write_text_atomic
 from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.evaluation.metrics import auroc, reliability_bins, shifted_inputs
 from bnn_zoo.harness.figures import BAND_MASS
-from bnn_zoo.harness.provenance import code_version, provenance
+from bnn_zoo.harness.provenance import code_version, provenance, run_code
 from bnn_zoo.zoo import UnsupportedProblem
 
 __all__ = ["CacheWarning", "cache_path", "cached_run", "cached_runs", "data_digest",
@@ -334,16 +334,17 @@ def restore_cache(out: str | Path, name: str, *, task: str) -> int:
     cache key, all on data of ``task``. They lack what only the figures and the distances to
     a reference read: a restored record has no loss curve (``losses`` empty), no predictive
     moments and no band, and its ``seconds`` are its ``fit_seconds``. Runs that failed, or
-    that a table listed as not cached, are not restored: they are fitted again. A run is
-    restored under its own settings, its code version included, so a run of other code than
-    this checkout's is never read back (:func:`cached_runs` fits it again).
+    that a table listed as not cached, are not restored: they are fitted again; nor are the
+    runs of other code than this checkout's (:func:`~bnn_zoo.harness.provenance.run_code`),
+    whose cache key no run of this code has.
     """
     document = Path(out) / f"{name}.json"
     if not document.exists():
         return 0
     written = 0
     for run in json.loads(document.read_text()).get("runs", []):
-        if run["status"] == "failed" or run.get("reason") == NOT_CACHED:
+        if (run["status"] == "failed" or run.get("reason") == NOT_CACHED
+                or run_code(run) != code_version()):
             continue
         path = cache_path(out, run["entry"], run["data"], run["split"], run["seed"],
                           run["settings"])

@@ -94,6 +94,10 @@ def test_records_tables_and_cache_name_the_code(tmp_path, capsys, monkeypatch):
     assert all(run["provenance"]["code"] == code for run in found["runs"])
     assert table.rstrip().endswith(f"(code version `{code}`).")
     assert "code,commit" in (tmp_path / "compare.csv").read_text().splitlines()[0]
+    found["runs"][0]["settings"]["code"] = "0ld"
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "old.json").write_text(json.dumps(found))
+    assert runs.restore_cache(tmp_path / "fresh", "old", task="regression") == 1  # not the 0ld
     monkeypatch.setattr(runs, "code_version", lambda: "other")
     capsys.readouterr()
     again = compare.run_comparison(["sine"], ["map"], splits=2, out=tmp_path, **TINY)
