@@ -17,7 +17,8 @@ Writes under ``--out``:
 
 * ``uci.csv``: one row per (entry, data set, split): ``entry, dataset, split, seed, status,
   ll, rmse, coverage_50, coverage_90, coverage_95, fit_seconds, reason`` (why a run was
-  skipped or failed, e.g. a data set too large for an exact GP);
+  skipped or failed, e.g. a data set too large for an exact GP), ``code, commit`` (the
+  code version and git commit of the run: :mod:`bnn_zoo.harness.provenance`);
 * ``uci_summary.md``/``.csv``/``.json``: per data set, every entry's mean ± standard error
   over splits and the number of splits, the published VI, PBP, MC dropout and
   deep-ensembles rows beside them, and in ``notes`` why runs are missing;
@@ -38,7 +39,10 @@ Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped 
 rerun. The cache is not committed, but ``uci_summary.json`` keeps every run's record: each
 run starts by restoring the missing cache files from the ``uci_summary.json`` in ``--out``
 (:func:`bnn_zoo.harness.runs.restore_cache`), so on a fresh checkout of the committed
-results a run fits only what they lack, and ``--cached-only`` rewrites them as they are.
+results a run fits only what they lack, and ``--cached-only`` rewrites them as they are. The
+cache key holds the code version (:mod:`bnn_zoo.harness.provenance`): a committed run of
+other code than the checkout's is fitted again (``--cached-only`` lists it as not cached;
+``python -m bnn_zoo stale`` lists such cells).
 With ``--replicas auto`` (the default) the splits of a data set are fitted together,
 as replicas in one vectorised pass, by every entry that can batch them (``map``,
 ``mean_field``, ``bbb``, ``ensemble`` and ``deep_ensemble``, whose splits x members all
@@ -82,7 +86,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from bnn_zoo.core.data import UCI_GAP_PREFIX, UCI_PREFIX, UCI_SETS, load, uci_set
-from bnn_zoo.harness import compare, flags, published, runs
+from bnn_zoo.harness import compare, flags, provenance, published, runs
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.tables import write_csv, write_tables
 
@@ -139,10 +143,12 @@ def method_rows(summary: Sequence[dict]) -> list[dict]:
 
 
 def tidy_rows(records: Sequence[dict]) -> list[dict]:
-    """One row per run: its keys, status, metrics and, if it did not finish, why."""
+    """One row per run: its keys, status, metrics, if it did not finish why, and the code
+    version and commit it comes from (:func:`~bnn_zoo.harness.provenance.run_columns`)."""
     return [{"entry": r["entry"], "dataset": uci_set(r["data"]), "split": r["split"],
              "seed": r["seed"], "status": r["status"],
-             **{k: r.get("metrics", {}).get(k) for k in METRICS}, "reason": r.get("reason", "")}
+             **{k: r.get("metrics", {}).get(k) for k in METRICS}, "reason": r.get("reason", ""),
+             **provenance.run_columns(r)}
             for r in records]
 
 
@@ -277,14 +283,17 @@ def write_standard_tables(summary: list[dict], out: Path) -> None:
     ``uci_best``, ``uci_wins``, ``uci_methods`` (:func:`method_rows`) and the figure
     ``uci_ll.png``."""
     best = best_rows(summary)
+    origin = provenance.versions(summary)
     best_table = write_tables(out, "uci_best", best, keys=("data", "entry"),
-                              columns=("ll", "published", "published_ll", "beats"))
+                              columns=("ll", "published", "published_ll", "beats"),
+                              provenance=origin)
     won = write_tables(out, "uci_wins", wins(summary), keys=("entry",),
                        columns=("data_sets", "ll_above_vi", "ll_above_pbp", "ll_above_best",
-                                "fit_minutes", "mean_fit_seconds"))
+                                "fit_minutes", "mean_fit_seconds"), provenance=origin)
     methods = method_rows(summary)
     methods_table = write_tables(out, "uci_methods", methods, keys=("data", "entry"),
-                                 columns=("ll", "published", "published_ll", "reaches"))
+                                 columns=("ll", "published", "published_ll", "reaches"),
+                                 provenance=origin)
     figure = ll_figure(summary, out / "uci_ll.png")
     print(best_table)
     print(won)
@@ -297,8 +306,11 @@ def write_standard_tables(summary: list[dict], out: Path) -> None:
 
 def write_gap_tables(records: list[dict], out: Path) -> None:
     """Write and print the coverage table of the gap splits (``uci_gap_coverage``)."""
+    origin = provenance.versions(provenance.run_columns(r) for r in records
+                                 if r["status"] == "ok")
     table = write_tables(out, "uci_gap_coverage", coverage_rows(records), keys=("data", "entry"),
-                         columns=("coverage_90", "coverage_90_min", "dims_below", "keeps"))
+                         columns=("coverage_90", "coverage_90_min", "dims_below", "keeps"),
+                         provenance=origin)
     print(table)
     print(f"Wrote {out}/uci_gap.csv, uci_gap_summary.md/.csv/.json, uci_gap_coverage.*")
 

@@ -1,6 +1,8 @@
 """The harness: everything that runs zoo entries on data and reports the results.
 
 * :mod:`~bnn_zoo.harness.runs`: one entry fitted on one split, and the cache of runs;
+* :mod:`~bnn_zoo.harness.provenance`: the code version and provenance every run names;
+  :mod:`~bnn_zoo.harness.stale`: the cells of results that other code made;
 * :mod:`~bnn_zoo.harness.compare`: many entries on many splits (the comparison);
 * :mod:`~bnn_zoo.harness.summary`: mean, standard error, distances to a reference;
 * :mod:`~bnn_zoo.harness.tables`: the one table writer (Markdown, CSV, JSON);

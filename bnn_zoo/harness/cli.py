@@ -1,4 +1,4 @@
-"""The command line: ``python -m bnn_zoo {list,fit,compare,priors}`` (also ``bnn-zoo``).
+"""The command line: ``python -m bnn_zoo {list,fit,compare,priors,stale}`` (also ``bnn-zoo``).
 
 * ``list``: the zoo's entries with their tasks, source documents and descriptions;
 * ``fit --entry NAME --data NAME``: fit one entry on one split, print its test metrics
@@ -10,7 +10,9 @@
   (see :mod:`bnn_zoo.harness.compare`); ``--net cnn`` (with ``--data digits`` or
   ``mnist1d``) fits a small CNN in place of each entry's MLP, by default with :data:`NET_ENTRIES`;
 * ``priors``: prior diagnostics, the Gaussian limit and the unit tails (see
-  :mod:`bnn_zoo.harness.prior_command`).
+  :mod:`bnn_zoo.harness.prior_command`);
+* ``stale PATH...``: the cells of results folders or files whose runs other code than the
+  checkout's made (see :mod:`bnn_zoo.harness.stale`); exit code 1 when there are any.
 
 Every command takes the shared flags of :mod:`bnn_zoo.harness.flags` that apply to it;
 every value and every output path is checked before any work starts. Exit codes:
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 
 from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
-from bnn_zoo.harness import compare, flags, prior_command
+from bnn_zoo.harness import compare, flags, prior_command, stale
 from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.runs import run_one
 from bnn_zoo.harness.tables import write_tables
@@ -105,9 +107,13 @@ def _priors(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stale(args: argparse.Namespace) -> int:
+    return stale.run(args.paths)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``bnn_zoo`` argument parser with its ``list``, ``fit``, ``compare`` and ``priors``
-    commands."""
+    """The ``bnn_zoo`` argument parser with its ``list``, ``fit``, ``compare``, ``priors`` and
+    ``stale`` commands."""
     parser = argparse.ArgumentParser(prog=PROG,
                                      description="A Pyro model zoo for Bayesian neural networks.")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
@@ -132,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     comparing.set_defaults(run=_compare)
 
     prior_command.add_parser(commands).set_defaults(run=_priors)
+    listing_stale = commands.add_parser(
+        "stale", help="list the cells of results whose runs other code made")
+    listing_stale.add_argument("paths", nargs="+", metavar="PATH",
+                               help="results folder (searched recursively) or results JSON")
+    listing_stale.set_defaults(run=_stale)
     for command in commands.choices.values():
         # SUPPRESS: without --debug after the command, the one before it holds.
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

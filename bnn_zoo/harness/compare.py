@@ -32,6 +32,7 @@ from bnn_zoo.core.checks import check_choice, check_positive_int
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import FIGURE_KINDS, figure_path, write_figures
 from bnn_zoo.harness.outputs import check_writable
+from bnn_zoo.harness.provenance import versions
 from bnn_zoo.harness.runs import cached_runs
 from bnn_zoo.harness.summary import REFERENCE, REFERENCE_COLUMNS, reference_rows, summarise
 from bnn_zoo.harness.tables import write_tables
@@ -166,14 +167,15 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         ``repr``. A mapping from data set names to networks (a value of
         :data:`bnn_zoo.zoo.NETWORK_CHOICES`) gives each data set its own.
     replicas : ``"auto"``: an entry that batches its fits (:func:`bnn_zoo.zoo.batches_replicas`)
-        fits the splits of a data set with equal training sizes that are not cached
-        together, as replicas in one pass (``entry.fit_many``, even for one split, so that
-        the cache key, which records it, is the same however many splits a run asks for),
-        the others (and every fit of a ``net``) one by one; ``"on"``: the same, and a
-        ``ValueError`` for an entry that cannot batch; ``"off"``: every split one by one
-        (``entry.fit``). Replicas share the minibatch order of the first split fitted and
-        draw their noise jointly, so a split's result depends on which splits were fitted
-        with it (in distribution it does not).
+        fits the splits of a data set with equal training sizes as one group of replicas in
+        one pass (``entry.fit_many``, even for one split), the others (and every fit of a
+        ``net``) one by one; ``"on"``: the same, and a ``ValueError`` for an entry that
+        cannot batch; ``"off"``: every split one by one (``entry.fit``). Replicas draw
+        their minibatch order and noise jointly, so a split's result depends on the group
+        it was fitted in (in distribution it does not): the group, the split indices asked
+        for, is part of each run's cache key, and a group with a run missing is fitted
+        again whole (:func:`~bnn_zoo.harness.runs.cached_runs`). On the CPU with a fixed
+        thread count the same call reproduces every split's metrics.
     cached_only : fit nothing: a run missing from the cache is recorded as skipped, with
         that reason (to rewrite the tables of finished runs while others are missing).
     """
@@ -243,18 +245,22 @@ def write_comparison(records: list[dict], out: str | Path, *, name: str = "compa
     column; ``columns`` default to :data:`TABLE_COLUMNS` of the data's task; ``preamble``
     above the Markdown tables); return the summary rows and the Markdown. The JSON keeps
     every run under ``"runs"`` (keys, status, metrics, diagnostics, reason, the settings of
-    its cache key and, for classification, its reliability bins), from which
-    :func:`~bnn_zoo.harness.runs.restore_cache` rebuilds the cache of a fresh checkout."""
+    its cache key, its provenance and, for classification, its reliability bins), from which
+    :func:`~bnn_zoo.harness.runs.restore_cache` rebuilds the cache of a fresh checkout, and
+    under ``"provenance"`` the code versions and commits of the finished runs
+    (:func:`~bnn_zoo.harness.provenance.versions`), which a line under the Markdown names;
+    each summary row has the ``code`` and ``commit`` of its runs."""
     summary = summarise(records, reference=reference)
     tasks = dict.fromkeys(row["task"] for row in summary)
     chosen = columns or [c for task in tasks for c in TABLE_COLUMNS[task]]
     runs = [{**{k: r.get(k) for k in ("entry", "data", "split", "seed", "status", "metrics",
-                                      "diagnostics", "reason", "settings")},
+                                      "diagnostics", "reason", "settings", "provenance")},
              **({"reliability": r["reliability"]} if "reliability" in r else {})}
             for r in records]
     table = write_tables(out, name, summary, keys=("data", "entry"), section=section,
                          columns=list(dict.fromkeys(chosen)), notes=notes, runs=runs,
-                         markdown_rows=markdown_rows, preamble=preamble)
+                         markdown_rows=markdown_rows, preamble=preamble,
+                         provenance=versions(summary))
     return summary, table
 
 

@@ -13,6 +13,9 @@ The opening marker names a JSON file written by :func:`~bnn_zoo.harness.tables.w
 ``table=KEY`` picks the group's table) and how to show them: ``keys`` and ``columns`` as in
 :func:`~bnn_zoo.harness.tables.markdown_table`, optionally ``section=FIELD`` and any number of
 ``where=FIELD:VALUE`` filters (a row is kept when its field, as text, equals the value).
+Where the file records the code versions and commits of its runs (``"provenance"``, as
+:func:`~bnn_zoo.harness.compare.write_comparison` writes it), a line under the table names
+them (:func:`~bnn_zoo.harness.provenance.note`).
 :func:`render` rewrites every such block from its file; ``python -m
 bnn_zoo.harness.readme_tables`` writes the README, ``--check`` exits 1 if a block differs
 from its file (the test suite runs the same check), so every number the README quotes can be
@@ -36,6 +39,7 @@ import sys
 from pathlib import Path
 
 from bnn_zoo.core.files import write_text_atomic
+from bnn_zoo.harness.provenance import note
 from bnn_zoo.harness.tables import markdown_table
 
 __all__ = ["BLOCK", "ENTRIES", "documents", "entries_table", "parse_spec", "render", "render_block"]
@@ -92,8 +96,10 @@ def render_block(spec: str, root: Path) -> str:
     if not rows:
         raise ValueError(f"The README table {spec!r} selects no row of {path}.")
     section = options.get("section", [None])[0]
-    return markdown_table(rows, keys=options["keys"], columns=options["columns"],
+    text = markdown_table(rows, keys=options["keys"], columns=options["columns"],
                           section=section)
+    found = tables.get("provenance") if table == "summary" else None
+    return f"{text}\n{note(found)}\n" if isinstance(found, dict) and note(found) else text
 
 
 def _method_name(method: object) -> str:

@@ -11,9 +11,20 @@ predictive entropy for telling the test points from a covariate-shifted copy of 
 (:func:`~bnn_zoo.evaluation.metrics.shifted_inputs`).
 :func:`cached_run` keeps each finished record as JSON under
 ``<out>/runs/<entry>/``, named by the entry, data set, split, seed and a digest of every
-other setting that changes the result (the entry's options, ``num_samples``, the device,
-the dtype and a digest of the data's values), so a rerun after a crash, or with more
-entries or splits, fits only what is missing. The cache itself is not committed; the runs
+other setting that changes the result (the entry's options, the group of splits fitted
+together as replicas, ``num_samples``, the device, the dtype, a digest of the data's values
+and the version of the code: :func:`~bnn_zoo.harness.provenance.code_version`), so a rerun
+after a crash, or with more entries, fits only what is missing, and a run of other code is
+never read back as this code's. Every record names where it comes from (``provenance``:
+:func:`~bnn_zoo.harness.provenance.provenance`).
+
+Determinism: on the CPU with a fixed thread count the same call reproduces every split's
+record (each fit seeds its own random streams from its seed). A split fitted among replicas
+draws its minibatch order and noise jointly with the other splits of its group, so it does
+not equal the same split fitted alone (it agrees with it in distribution); the group is
+therefore part of the cache key (:func:`cached_runs`).
+
+The cache itself is not committed; the runs
 that a comparison's JSON keeps (``<name>.json``, ``"runs"``) are, and :func:`restore_cache`
 writes them back as cache files, so that a fresh checkout resumes the committed results
 instead of refitting them. Each file is written atomically (a run
@@ -41,6 +52,7 @@ from bnn_zoo.core.files import write_text_atomic
 from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.evaluation.metrics import auroc, reliability_bins, shifted_inputs
 from bnn_zoo.harness.figures import BAND_MASS
+from bnn_zoo.harness.provenance import code_version, provenance, run_code
 from bnn_zoo.zoo import UnsupportedProblem
 
 __all__ = ["CacheWarning", "cache_path", "cached_run", "cached_runs", "data_digest",
@@ -94,16 +106,19 @@ def data_digest(dataset: data_module.Dataset) -> str:
 
 
 def run_settings(dataset: data_module.Dataset, overrides: dict | None, num_samples: int) -> dict:
-    """Every setting besides entry, data, split and seed that changes a run's result."""
+    """Every setting besides entry, data, split and seed that changes a run's result,
+    the version of the code that computes it included (``code``:
+    :func:`~bnn_zoo.harness.provenance.code_version`)."""
     return {"overrides": overrides or {}, "num_samples": num_samples,
             "device": str(dataset.x_train.device), "dtype": str(dataset.x_train.dtype),
-            "data_digest": data_digest(dataset)}
+            "data_digest": data_digest(dataset), "code": code_version()}
 
 
 def _base_record(entry: str, dataset: data_module.Dataset, split: int, seed: int,
                  overrides: dict | None, num_samples: int) -> dict:
     return {"entry": entry, "data": dataset.name, "task": dataset.task, "split": split,
-            "seed": seed, "settings": run_settings(dataset, overrides, num_samples)}
+            "seed": seed, "settings": run_settings(dataset, overrides, num_samples),
+            "provenance": provenance(dataset.x_train.device)}
 
 
 def _failed(record: dict, error: Exception) -> dict:
@@ -237,19 +252,46 @@ def cached_run(entry: str, dataset: data_module.Dataset, *, split: int, seed: in
                        num_samples=num_samples, out=out, log=log, together=False)[0]
 
 
+def _fits(entry: str, datasets: Sequence[data_module.Dataset], splits: Sequence[int],
+          seeds: Sequence[int], chosen: Sequence[int], overrides: dict, num_samples: int,
+          mode: str) -> Iterator[dict]:
+    """The records of the runs ``chosen`` (indices into ``datasets``, ``splits`` and
+    ``seeds``) in order: fitted together (``mode="together"``, :func:`run_many`), one by
+    one (``"alone"``, :func:`run_one`), or not at all (``"none"``: skipped, with the reason
+    :data:`NOT_CACHED`)."""
+    if mode == "none":
+        for i in chosen:
+            yield {**_base_record(entry, datasets[i], splits[i], seeds[i], overrides,
+                                  num_samples), "status": "skipped", "reason": NOT_CACHED}
+    elif mode == "together":
+        yield from run_many(entry, [datasets[i] for i in chosen],
+                            splits=[splits[i] for i in chosen], seeds=[seeds[i] for i in chosen],
+                            overrides=overrides, num_samples=num_samples)
+    else:
+        for i in chosen:
+            yield run_one(entry, datasets[i], split=splits[i], seed=seeds[i],
+                          overrides=overrides, num_samples=num_samples)
+
+
 def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: Sequence[int],
                 seeds: Sequence[int], overrides: dict | None, num_samples: int,
                 out: str | Path, log: bool = True, together: bool = False,
                 fit_missing: bool = True) -> list[dict]:
     """The records of ``entry`` on the splits ``datasets`` (with ``splits``, ``seeds``):
     each read from the cache under ``out`` when a readable one with the same settings
-    exists; the others fitted, all in one :func:`run_many` with ``together=True`` (the
-    setting ``replicas: True`` then joins the cache key: its minibatch order is that of
-    the first split fitted with it), else one by one (:func:`run_one`); and, unless they
-    failed, cached. With ``fit_missing=False`` nothing is fitted: a run missing from the
-    cache is recorded as skipped, with the reason, and not cached."""
+    exists; the others fitted and, unless they failed, cached, each as soon as it is
+    finished. With ``fit_missing=False`` nothing is fitted: a run missing from the cache
+    is recorded as skipped, with the reason, and not cached.
+
+    With ``together=False`` each split is fitted alone (:func:`run_one`). With
+    ``together=True`` the splits are one group of replicas fitted in one pass
+    (:func:`run_many`): a replica draws its minibatch order and its noise jointly with the
+    others, so its result depends on the group. The group, the list of ``splits``, is
+    therefore a setting (``overrides["replicas"]``) and part of the cache key, and a group
+    with any run missing is fitted again whole: the same call reproduces every split, and
+    the records returned never mix two groups."""
     if together:
-        overrides = {**(overrides or {}), "replicas": True}
+        overrides = {**(overrides or {}), "replicas": list(splits)}
     records: list[dict | None] = []
     paths, settings = [], [run_settings(dataset, overrides, num_samples) for dataset in datasets]
     for dataset, split, seed, own in zip(datasets, splits, seeds, settings):
@@ -259,18 +301,11 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
         records.append(_read_cached(path, expected) if path.exists() else None)
         paths.append(path)
     missing = [i for i, record in enumerate(records) if record is None]
+    if together and missing and fit_missing:
+        missing, records = list(range(len(records))), [None] * len(records)
     fit_options = {k: v for k, v in (overrides or {}).items() if k != "replicas"}
-    if not fit_missing:
-        fitted = ({**_base_record(entry, datasets[i], splits[i], seeds[i], fit_options,
-                                  num_samples),
-                   "status": "skipped", "reason": NOT_CACHED} for i in missing)
-    elif together and missing:
-        fitted = run_many(entry, [datasets[i] for i in missing],
-                          splits=[splits[i] for i in missing], seeds=[seeds[i] for i in missing],
-                          overrides=fit_options, num_samples=num_samples)
-    else:
-        fitted = (run_one(entry, datasets[i], split=splits[i], seed=seeds[i],
-                          overrides=fit_options, num_samples=num_samples) for i in missing)
+    mode = "none" if not fit_missing else "together" if together else "alone"
+    fitted = _fits(entry, datasets, splits, seeds, missing, fit_options, num_samples, mode)
     for i in range(len(records)):
         status = "cached"
         if records[i] is None:  # fitted in order, each cached as soon as it is finished
@@ -299,14 +334,17 @@ def restore_cache(out: str | Path, name: str, *, task: str) -> int:
     cache key, all on data of ``task``. They lack what only the figures and the distances to
     a reference read: a restored record has no loss curve (``losses`` empty), no predictive
     moments and no band, and its ``seconds`` are its ``fit_seconds``. Runs that failed, or
-    that a table listed as not cached, are not restored: they are fitted again.
+    that a table listed as not cached, are not restored: they are fitted again; nor are the
+    runs of other code than this checkout's (:func:`~bnn_zoo.harness.provenance.run_code`),
+    whose cache key no run of this code has.
     """
     document = Path(out) / f"{name}.json"
     if not document.exists():
         return 0
     written = 0
     for run in json.loads(document.read_text()).get("runs", []):
-        if run["status"] == "failed" or run.get("reason") == NOT_CACHED:
+        if (run["status"] == "failed" or run.get("reason") == NOT_CACHED
+                or run_code(run) != code_version()):
             continue
         path = cache_path(out, run["entry"], run["data"], run["split"], run["seed"],
                           run["settings"])

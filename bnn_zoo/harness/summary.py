@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_tensor
+from bnn_zoo.harness.provenance import run_columns
 
 __all__ = ["REFERENCE", "REFERENCE_COLUMNS", "REFERENCE_DIAGNOSTICS", "RUNS", "aggregate",
            "class_agreement", "gaussian_w2", "mean_se", "reference_distances", "reference_rows",
@@ -166,7 +167,9 @@ def reference_distances(records: Sequence[dict], reference: str) -> None:
 
 def summarise(records: Sequence[dict], *, reference: str | None = None) -> list[dict]:
     """One row per (data, entry) of run records: each metric's mean and standard error
-    over the ``ok`` runs, their number ``runs``, the diagnostics' means (``diag_<name>``)
+    over the ``ok`` runs, their number ``runs``, the diagnostics' means (``diag_<name>``),
+    the code versions and commits of the ``ok`` runs (``code``, ``commit``:
+    :func:`~bnn_zoo.harness.provenance.run_columns`, distinct values joined by ``"; "``)
     and, in ``reason``, why the other runs were skipped or failed."""
     if reference is not None:
         reference_distances(records, reference)
@@ -175,7 +178,8 @@ def summarise(records: Sequence[dict], *, reference: str | None = None) -> list[
         row = {"data": r["data"], "entry": r["entry"], "task": r["task"]}
         if r["status"] == "ok":
             rows.append({**row, **r["metrics"],
-                         **{f"diag_{k}": v for k, v in r.get("diagnostics", {}).items()}})
+                         **{f"diag_{k}": v for k, v in r.get("diagnostics", {}).items()},
+                         **run_columns(r)})
         else:
             rows.append({**row, "reason": f"{r['status']}: {r['reason']}"})
     summary = aggregate(rows, ("data", "entry", "task"))

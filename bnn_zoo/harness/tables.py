@@ -14,11 +14,12 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bnn_zoo.core.files import write_text_atomic
+from bnn_zoo.harness.provenance import note
 from bnn_zoo.harness.summary import RUNS
 
 __all__ = ["Table", "format_value", "markdown_table", "merge_summary", "run_line",
@@ -126,7 +127,8 @@ def _json(document: object) -> str:
 def write_tables(out: str | Path, name: str, rows: Sequence[dict], *, keys: Sequence[str],
                  columns: Sequence[str], section: str | None = None,
                  notes: Callable[[dict], str] | None = None, runs: Sequence[dict] | None = None,
-                 markdown_rows: Sequence[dict] = (), preamble: str = "") -> str:
+                 markdown_rows: Sequence[dict] = (), preamble: str = "",
+                 provenance: Mapping[str, Sequence[str]] | None = None) -> str:
     """Write ``<name>.md``, ``<name>.csv`` and ``<name>.json`` under ``out``; return the
     Markdown.
 
@@ -139,15 +141,22 @@ def write_tables(out: str | Path, name: str, rows: Sequence[dict], *, keys: Sequ
     markdown_rows : rows shown in the Markdown only, after the measured ones (e.g.
         published numbers, which are not measurements of this run).
     preamble : text printed above the Markdown tables (e.g. the settings).
+    provenance : the code versions and commits of the numbers (as from
+        :func:`~bnn_zoo.harness.provenance.versions`), kept in the JSON under
+        ``"provenance"`` and named in a line under the Markdown
+        (:func:`~bnn_zoo.harness.provenance.note`).
     """
     out = Path(out)
     table = markdown_table([*rows, *markdown_rows], keys=keys, columns=columns,
                            section=section, notes=notes)
     if preamble:
         table = f"{preamble}\n\n{table}"
+    if provenance is not None and note(provenance):
+        table = f"{table}\n{note(provenance)}\n"
     write_text_atomic(out / f"{name}.md", table)
     write_text_atomic(out / f"{name}.csv", _csv(rows))
-    document = {"summary": list(rows), **({"runs": list(runs)} if runs is not None else {})}
+    document = {"summary": list(rows), **({"runs": list(runs)} if runs is not None else {}),
+                **({"provenance": dict(provenance)} if provenance is not None else {})}
     write_text_atomic(out / f"{name}.json", _json(document))
     return table
 

@@ -263,7 +263,8 @@ def test_comparison_fits_the_splits_of_a_data_set_as_replicas(tmp_path, capsys):
     assert [(r["entry"], r["split"], r["status"]) for r in together] == [
         ("map", 0, "ok"), ("map", 1, "ok"), ("map", 2, "ok"),
         ("lowrank", 0, "ok"), ("lowrank", 1, "ok"), ("lowrank", 2, "ok")]
-    assert [r["settings"]["overrides"].get("replicas") for r in together] == [True] * 3 + [None] * 3
+    groups = [r["settings"]["overrides"].get("replicas") for r in together]
+    assert groups == [[0, 1, 2]] * 3 + [None] * 3  # the group of splits fitted together
     apart = compare.run_comparison(["sine"], ["map"], replicas="off", **kwargs)
     for a, b in zip(together, apart):
         assert a["seed"] == b["seed"] == a["split"]

@@ -1,0 +1,160 @@
+"""Provenance: the code version and what every run record names, the cache keyed by the
+code, the tables' line naming their commits, and the stale-cells command."""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import bnn_zoo
+from bnn_zoo.harness import cli, compare, provenance, readme_tables, runs, stale
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = dict(overrides={"steps": 20}, num_samples=10)
+
+
+def _tree(root: Path) -> dict[str, Path]:
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("x = 1\n")
+    (root / "pkg" / "sub" / "b.py").write_text("y = 2\n")
+    return {"pkg": root / "pkg"}
+
+
+def test_code_digest_follows_the_python_source_and_nothing_else(tmp_path):
+    roots = _tree(tmp_path)
+    first = provenance.code_digest(roots)
+    assert re.fullmatch(r"[0-9a-f]{12}", first)
+    (tmp_path / "pkg" / "notes.md").write_text("docs change")
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "__pycache__" / "a.py").write_text("compiled")
+    assert provenance.code_digest(roots) == first
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 3\n")
+    changed = provenance.code_digest(roots)
+    assert changed != first
+    (tmp_path / "pkg" / "sub" / "b.py").rename(tmp_path / "pkg" / "c.py")  # same bytes, moved
+    assert provenance.code_digest(roots) not in (first, changed)
+
+
+def test_code_version_is_the_digest_of_the_three_packages():
+    assert provenance.code_version() == provenance.code_digest(
+        {"bnn_zoo": ROOT / "bnn_zoo", "bnn_zoo.models": ROOT / "models",
+         "bnn_zoo.guides": ROOT / "guides"})
+
+
+def test_provenance_names_versions_commit_device_threads_and_date():
+    import numpy
+    import pyro
+    import torch
+
+    found = provenance.provenance("cpu")
+    assert (found["version"], found["torch"], found["pyro"], found["numpy"]) == (
+        bnn_zoo.__version__, torch.__version__, pyro.__version__, numpy.__version__)
+    assert (found["code"], found["device"], found["threads"]) == (
+        provenance.code_version(), "cpu", torch.get_num_threads())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", found["date"])
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        head = None
+    assert found["commit"] == head
+    assert isinstance(found["dirty"], bool) or head is None
+
+
+def test_run_columns_mark_dirty_missing_and_unknown_provenance():
+    origin = {"code": "c0de", "commit": "1a2b3c4", "dirty": False}
+    assert provenance.run_columns({"provenance": origin}) == {"code": "c0de", "commit": "1a2b3c4"}
+    assert provenance.run_columns({"provenance": {**origin, "dirty": True}})["commit"] == (
+        "1a2b3c4-dirty")
+    assert provenance.run_columns({"provenance": {**origin, "commit": None}})["commit"] == "none"
+    assert provenance.run_columns({"settings": {}}) == {"code": "unknown", "commit": "unknown"}
+    rows = [{"code": "b; a", "commit": "x"}, {"code": "a", "commit": "y"}, {"entry": "z"}]
+    assert provenance.versions(rows) == {"code": ["a", "b"], "commit": ["x", "y"]}
+    assert provenance.note({"code": ["a", "b"], "commit": ["x"]}) == (
+        "Runs of commit `x` (code versions `a`, `b`).")
+    assert provenance.note({"code": [], "commit": []}) == ""
+
+
+def test_records_tables_and_cache_name_the_code(tmp_path, capsys, monkeypatch):
+    """Every record names its provenance and its code version in its settings; the summary
+    rows, the JSON and a line under the Markdown name them; a run of other code is not read
+    back from the cache."""
+    first = compare.run_comparison(["sine"], ["map"], splits=2, out=tmp_path, **TINY)
+    code = provenance.code_version()
+    assert all(r["settings"]["code"] == code == r["provenance"]["code"] for r in first)
+    summary, table = compare.write_comparison(first, tmp_path)
+    found = json.loads((tmp_path / "compare.json").read_text())
+    assert found["provenance"]["code"] == [code] == [summary[0]["code"]]
+    assert all(run["provenance"]["code"] == code for run in found["runs"])
+    assert table.rstrip().endswith(f"(code version `{code}`).")
+    assert "code,commit" in (tmp_path / "compare.csv").read_text().splitlines()[0]
+    found["runs"][0]["settings"]["code"] = "0ld"
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "old.json").write_text(json.dumps(found))
+    assert runs.restore_cache(tmp_path / "fresh", "old", task="regression") == 1  # not the 0ld
+    monkeypatch.setattr(runs, "code_version", lambda: "other")
+    capsys.readouterr()
+    again = compare.run_comparison(["sine"], ["map"], splits=2, out=tmp_path, **TINY)
+    assert "[cached]" not in capsys.readouterr().out
+    assert [r["settings"]["code"] for r in again] == ["other"] * 2
+    assert len(list((tmp_path / "runs" / "map").glob("*.json"))) == 4
+
+
+def test_readme_tables_name_the_commits_only_of_files_that_record_them(tmp_path):
+    rows = [{"data": "sine", "entry": "map", "runs": 2, "ll": -1.0}]
+    (tmp_path / "old.json").write_text(json.dumps({"summary": rows}))
+    (tmp_path / "new.json").write_text(json.dumps(
+        {"summary": rows, "provenance": {"code": ["c0de"], "commit": ["1a2b3c4"]}}))
+    old = readme_tables.render_block("old.json keys=data,entry columns=ll", tmp_path)
+    new = readme_tables.render_block("new.json keys=data,entry columns=ll", tmp_path)
+    assert new == f"{old}\nRuns of commit `1a2b3c4` (code version `c0de`).\n"
+    assert "Runs of" not in old
+
+
+def test_uci_rows_carry_code_and_commit():
+    tidy = runpy.run_path(str(ROOT / "benchmarks" / "uci.py"), run_name="uci")["tidy_rows"]
+    origin = {"code": "c0de", "commit": "1a2b3c4", "dirty": True}
+    record = {"entry": "map", "data": "uci/yacht", "split": 0, "seed": 0, "status": "ok",
+              "metrics": {"ll": -1.0}, "settings": {"code": "c0de"}, "provenance": origin}
+    old = {k: v for k, v in record.items() if k not in ("provenance", "settings")}
+    rows = tidy([record, old])
+    assert [(r["code"], r["commit"]) for r in rows] == [("c0de", "1a2b3c4-dirty"),
+                                                        ("unknown", "unknown")]
+
+
+def test_stale_lists_the_cells_of_other_code_and_exits_1(tmp_path, capsys):
+    results = tmp_path / "results"
+    records = compare.run_comparison(["sine"], ["map", "mean_field"], splits=2, out=results,
+                                     **TINY)
+    compare.write_comparison(records, results)
+    assert cli.main(["stale", str(results)]) == 0
+    assert "0 stale cells" in capsys.readouterr().out
+    document = json.loads((results / "compare.json").read_text())
+    document["runs"][1]["settings"]["code"] = "0ld"  # map split 1, of other code
+    del document["runs"][2]["settings"]["code"]  # mean_field split 0, recorded without it
+    del document["runs"][2]["provenance"]
+    (results / "compare.json").write_text(json.dumps(document))
+    shutil.copy(results / "compare.json", results / "runs" / "compare.json")  # cache: skipped
+    assert [(c["entry"], c["splits"], c["code"]) for c in stale.stale_cells([results])] == [
+        ("map", [1], ["0ld"]), ("mean_field", [0], ["unknown"])]
+    capsys.readouterr()
+    assert cli.main(["stale", str(results / "compare.json")]) == 1
+    out = capsys.readouterr().out
+    assert "map on sine: splits 1 of 2 (code 0ld)" in out
+    assert "2 stale cells (2 runs)" in out
+
+
+def test_stale_rejects_paths_without_runs(tmp_path, capsys):
+    (tmp_path / "table.json").write_text(json.dumps({"summary": [{"ll": 1.0}]}))
+    assert cli.main(["stale", str(tmp_path / "table.json")]) == 2
+    assert "keep the runs of a comparison" in capsys.readouterr().err
+    assert cli.main(["stale", str(tmp_path / "absent")]) == 2
+    with pytest.raises(ValueError, match="does not exist"):
+        stale.results_files([tmp_path / "absent"])
+    assert stale.results_files([tmp_path]) == []
