@@ -4,12 +4,13 @@ and the refusals (bad ``jobs``, ``jobs`` with a scheduler, Dask missing)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 import pytest
 
-from bnn_zoo.harness import compare, runs, sweep
+from bnn_zoo.harness import compare, flags, runs, sweep
 
 TINY = {"steps": 5}
 
@@ -89,3 +90,14 @@ def test_the_client_caches_what_a_worker_returns_where_the_cache_lacks_it(tmp_pa
     (again,) = sweep.run_batch(sweep.Batch(**{**batch.__dict__, "splits": (0,), "seeds": (0,),
                                              "out": str(tmp_path / "worker")}))
     assert again["seconds"] == ok["seconds"]  # a worker's own cache: read back, not refitted
+
+
+def test_the_comparison_flags_take_jobs_or_a_scheduler_not_both(capsys):
+    parser = flags.add_comparison_flags(argparse.ArgumentParser())
+    args = parser.parse_args(["--scheduler", "tcp://10.0.0.1:8786"])
+    assert (args.jobs, args.scheduler) == (1, "tcp://10.0.0.1:8786")
+    assert parser.parse_args(["--jobs", "3"]).jobs == 3
+    for argv in (["--jobs", "2", "--scheduler", "tcp://10.0.0.1:8786"], ["--jobs", "0"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        assert "--jobs" in capsys.readouterr().err
