@@ -201,7 +201,8 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
     plan = {name: split_indices(name, splits) for name in data}
     cached = [*(entries if entries is not None else zoo.names()), *filter(None, [reference])]
     check_writable("out", out, folders=["runs", *(f"runs/{e}" for e in cached)])
-    common = {"num_samples": num_samples, "out": str(out), "device": str(device),
+    # A worker started elsewhere (--scheduler) finds the same folder on a shared file system.
+    common = {"num_samples": num_samples, "out": str(Path(out).absolute()), "device": str(device),
               "cached_only": cached_only, "threads": threads, "log": log}
     batches = [batch for name, indices in plan.items() for batch in _batches(
         name, indices, entries, seed=seed, reference=reference, net=net, replicas=replicas,

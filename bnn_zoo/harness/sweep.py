@@ -139,7 +139,8 @@ def run_batches(batches: Iterable[Batch], *, jobs: int = 1, scheduler: str | Non
     ----------
     batches : the batches (:class:`Batch`).
     jobs : ``1``: one after the other in this process; ``J > 1``: on a local Dask cluster
-        of ``J`` single-threaded worker processes, started and closed here.
+        of ``J`` single-threaded worker processes, started and closed here (without Dask's
+        memory limit per worker, which would restart a worker fitting a large batch).
     scheduler : the address of a running Dask scheduler (e.g. ``tcp://10.0.0.1:8786``) to
         send the batches to (with ``jobs=1``).
     run : what runs a batch (:func:`run_batch`); on a cluster, a function the workers can
@@ -158,7 +159,8 @@ def run_batches(batches: Iterable[Batch], *, jobs: int = 1, scheduler: str | Non
     with contextlib.ExitStack() as stack:
         if scheduler is None:
             cluster = stack.enter_context(distributed.LocalCluster(
-                n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None))
+                n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None,
+                memory_limit=0))
             scheduler = cluster.scheduler_address
         client = stack.enter_context(distributed.Client(scheduler))
         largest = sorted(range(len(batches)), key=lambda i: -batches[i].cost)
