@@ -27,6 +27,7 @@ says so).
     python benchmarks/classification.py                       # all entries, 4 data sets
     python benchmarks/classification.py --data mnist1d        # needs bnn-zoo[mnist1d]
     python benchmarks/classification.py --steps 20 --datasets wine --num-samples 20
+    python benchmarks/classification.py --jobs 2     # a local Dask cluster of 2 processes
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     flags.add_fit_flags(parser)
     flags.add_shared_flags(parser, out="results/classification", threads=1)
     flags.add_cached_only_flag(parser)
+    flags.add_engine_flags(parser)
     args = flags.parse(parser, argv)
     entries = args.entries or zoo.names("classification")
     restored = runs.restore_cache(args.out, "classification", task="classification")
@@ -84,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                      out=args.out, device=args.device,
                                      overrides=flags.budget_overrides(args),
                                      num_samples=args.num_samples,
-                                     cached_only=args.cached_only)
+                                     cached_only=args.cached_only, jobs=args.jobs,
+                                     scheduler=args.scheduler, threads=args.threads)
     for r in records:
         if r["status"] == "ok" and "steps_per_second" in r["metrics"]:
             r["metrics"]["ms_per_step"] = 1e3 / r["metrics"]["steps_per_second"]

@@ -50,10 +50,16 @@ train as replicas, and the ``laplace`` entries their MAP phases, then each split
 posterior alone), and
 one by one by the others; ``--replicas off`` fits every split alone.
 
-``--jobs J`` fits the data sets in ``J`` worker processes (each with ``--threads``
-threads), the largest first; the splits of one data set stay in one worker, so that they
-batch as replicas. Small nets gain little from a second thread and much from a second
-process: on 2 cores ``--jobs 2 --threads 1`` uses both.
+The unit of work is one (entry, data set) batch of splits (the splits of a data set stay
+together, so that they batch as replicas; :mod:`bnn_zoo.harness.sweep`). ``--jobs J`` runs
+the batches on a local Dask cluster of ``J`` single-threaded worker processes (each torch
+with ``--threads`` threads), the largest first; ``--scheduler ADDRESS`` sends them to a
+running Dask cluster (``dask scheduler``/``dask worker``, or dask-jobqueue's
+``SLURMCluster`` on a cluster's nodes), whose workers need only the package and the data
+folder. Both need ``pip install bnn-zoo[cluster]`` and give the records of a run in one
+process; a batch whose worker dies runs again, and the runs that finished are in the cache.
+Small nets gain little from a second thread and much from a second process: on 2 cores
+``--jobs 2 --threads 1`` uses both.
 
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/uci.py --splits 5 --threads 1
 
@@ -78,14 +84,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from bnn_zoo.core.data import UCI_GAP_PREFIX, UCI_PREFIX, UCI_SETS, load, uci_set
+from bnn_zoo.core.data import UCI_GAP_PREFIX, UCI_PREFIX, UCI_SETS, uci_set
 from bnn_zoo.harness import compare, flags, provenance, published, runs
 from bnn_zoo.harness.figures import save_figure
 from bnn_zoo.harness.tables import write_csv, write_tables
@@ -236,28 +241,18 @@ def ll_figure(summary: Sequence[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def run_data_set(name: str, args: argparse.Namespace) -> list[dict]:
-    """The records of every entry on the UCI set ``name`` under the protocol (a worker's
-    share with ``--jobs``; a spawned worker sets its own ``--threads``)."""
-    flags.set_threads(args.threads)
-    overrides = compare.data_overrides(name, flags.budget_overrides(args), args.validation)
-    return compare.run_comparison([name], args.entries, splits=args.splits, seed=args.seed,
-                                  out=args.out, device=args.device, overrides=overrides,
+def run_protocol(names: Sequence[str], args: argparse.Namespace) -> list[dict]:
+    """The records of every entry on the UCI sets ``names`` under the protocol
+    (:func:`bnn_zoo.harness.compare.data_overrides`), in that order: in this process, or
+    with ``--jobs``/``--scheduler`` on a Dask cluster, one (entry, data set) batch of splits
+    per task (:func:`bnn_zoo.harness.sweep.run_batches`)."""
+    overrides = partial(compare.data_overrides, overrides=flags.budget_overrides(args),
+                        validation=args.validation)
+    return compare.run_comparison(names, args.entries, splits=args.splits, seed=args.seed,
+                                  out=args.out, device=args.device, overrides_by_data=overrides,
                                   num_samples=args.num_samples, reference=args.reference,
-                                  replicas=args.replicas, cached_only=args.cached_only)
-
-
-def run_data_sets(names: Sequence[str], args: argparse.Namespace) -> list[dict]:
-    """The records of :func:`run_data_set` on each of ``names``, in that order: in this
-    process, or with ``args.jobs > 1`` in that many spawned workers, fed the largest
-    training sets first so that the last to finish is a small one."""
-    if args.jobs == 1 or args.cached_only or len(names) == 1:
-        return [r for name in names for r in run_data_set(name, args)]
-    largest = sorted(names, key=lambda name: -load(name).x_train.shape[0])
-    with ProcessPoolExecutor(min(args.jobs, len(names)),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {name: pool.submit(run_data_set, name, args) for name in largest}
-        return [r for name in names for r in futures[name].result()]
+                                  replicas=args.replicas, cached_only=args.cached_only,
+                                  jobs=args.jobs, scheduler=args.scheduler, threads=args.threads)
 
 
 def coverage_rows(records: Sequence[dict]) -> list[dict]:
@@ -329,9 +324,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="share of the training split on which entries with a single "
                              "learned noise scale tune it (0: keep the learned noise)")
     flags.add_cached_only_flag(parser)
-    parser.add_argument("--jobs", type=flags.positive_int, default=1,
-                        help="worker processes, each fitting whole data sets with --threads "
-                             "threads (default: 1, in this process)")
     args = flags.parse(parser, argv)
     if not 0.0 <= args.validation < 1.0:
         parser.error(f"--validation must be in [0, 1), got {args.validation}")
@@ -344,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     name = prefix.removesuffix("/")
     restored = runs.restore_cache(args.out, f"{name}_summary", task="regression")
     print(f"Restored {restored} cached runs from {args.out}/{name}_summary.json")
-    records = run_data_sets([f"{prefix}{uci_set(d) or d}" for d in args.data], args)
+    records = run_protocol([f"{prefix}{uci_set(d) or d}" for d in args.data], args)
     measured = {r["data"] for r in records}
     write_csv(args.out / f"{name}.csv", tidy_rows(records))
     summary, table = compare.write_comparison(

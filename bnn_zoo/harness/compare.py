@@ -14,6 +14,9 @@ data where asked (:func:`protocol_overrides`).
 With a network (``--net cnn``: :data:`bnn_zoo.zoo.NETWORK_CHOICES`, a CNN for each data set)
 every entry that takes one fits it in place of its own model (``entry.fit(..., net=...)``),
 e.g. the guides on a CNN.
+The fits run as batches, one per (entry, data set) (:mod:`bnn_zoo.harness.sweep`): in this
+process, or on a local or running Dask cluster (``jobs``, ``scheduler``; ``--jobs``,
+``--scheduler``), with the same records.
 ``python -m bnn_zoo compare``, ``benchmarks/compare_guides.py``,
 ``benchmarks/classification.py`` and ``benchmarks/uci.py`` are built on it.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -33,8 +37,8 @@ from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import FIGURE_KINDS, figure_path, write_figures
 from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.provenance import versions
-from bnn_zoo.harness.runs import cached_runs
 from bnn_zoo.harness.summary import REFERENCE, REFERENCE_COLUMNS, reference_rows, summarise
+from bnn_zoo.harness.sweep import Batch, run_batches
 from bnn_zoo.harness.tables import write_tables
 
 __all__ = ["REPLICAS", "TABLE_COLUMNS", "UCI_MODEL_OPTIONS", "UCI_VALIDATION", "data_overrides",
@@ -141,9 +145,11 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
                    splits: int | Sequence[int] = 1, seed: int = 0,
                    out: str | Path = "results/compare", device: str | torch.device = "cpu",
                    overrides: dict | Callable[[str], dict] | None = None,
+                   overrides_by_data: Callable[[str], dict | Callable[[str], dict]] | None = None,
                    num_samples: int = 200, reference: str | None = None,
                    log: bool = True, net: zoo.Network | Mapping[str, zoo.Network] | None = None,
-                   replicas: str = "auto", cached_only: bool = False) -> list[dict]:
+                   replicas: str = "auto", cached_only: bool = False, jobs: int = 1,
+                   scheduler: str | None = None, threads: int | None = None) -> list[dict]:
     """Fit each entry on each split of each data set; return the records.
 
     Parameters
@@ -156,7 +162,10 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
     device : where data and fits live (``"cpu"``, ``"cuda"``).
     overrides : keyword arguments of every ``entry.fit`` (e.g. ``{"steps": 500}`` or
         ``{"model_options": {"hidden": (100,)}}``), or a function of the entry's name
-        giving its own (see ``benchmarks/uci.py``).
+        giving its own.
+    overrides_by_data : in place of ``overrides``, a function of the data set's name giving
+        its ``overrides`` (e.g. ``functools.partial(data_overrides, overrides={},
+        validation=None)``, the UCI protocol of ``benchmarks/uci.py``).
     reference : an entry (e.g. ``"nuts"``) also run on every split, so that
         :func:`~bnn_zoo.harness.summary.summarise` can measure the distance of every
         predictive to it.
@@ -178,39 +187,64 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         thread count the same call reproduces every split's metrics.
     cached_only : fit nothing: a run missing from the cache is recorded as skipped, with
         that reason (to rewrite the tables of finished runs while others are missing).
+    jobs, scheduler : where the (entry, data set) batches run
+        (:func:`bnn_zoo.harness.sweep.run_batches`): in this process (``jobs=1``), on a
+        local Dask cluster of ``jobs`` single-threaded processes, or on the running Dask
+        cluster at the address ``scheduler``; the records are the same. With
+        ``cached_only``, in this process.
+    threads : torch's CPU threads in the process that fits a batch (``None``: its own).
     """
     check_positive_int("num_samples", num_samples)
     check_choice("replicas", replicas, REPLICAS)
+    if overrides is not None and overrides_by_data is not None:
+        raise ValueError("Expected overrides or overrides_by_data, not both.")
     data = list(data)
     _check_names(data, entries, reference, net)
     plan = {name: split_indices(name, splits) for name in data}
     cached = [*(entries if entries is not None else zoo.names()), *filter(None, [reference])]
     check_writable("out", out, folders=["runs", *(f"runs/{e}" for e in cached)])
-    records = []
-    for name, indices in plan.items():
-        datasets = [data_module.load(name, split).to(device) for split in indices]
-        chosen = (list(entries) if entries is not None
-                  else default_entries(datasets[0].task, net=net is not None))
-        if reference is not None and reference not in chosen:
-            chosen = [reference, *chosen]
-        equal = len({tuple(d.x_train.shape) for d in datasets}) == 1
-        for entry in chosen:
-            own = (overrides(entry) if callable(overrides) else overrides) or {}
-            together = (replicas != "off" and equal and net is None
-                        and zoo.batches_replicas(zoo.get(entry), **own))
-            if replicas == "on" and not together:
-                raise ValueError(f"Expected entry {entry!r} to fit the splits of {name} as "
-                                 "replicas (replicas='on'), but it cannot batch them "
-                                 + ("on a user's network." if net is not None else
-                                    "with these options." if equal else
-                                    "(their training sets differ in size)."))
-            if net is not None:
-                own = {**own, "net": net[name] if isinstance(net, Mapping) else net}
-            records += cached_runs(entry, datasets, splits=indices,
-                                   seeds=[seed + split for split in indices], overrides=own,
-                                   num_samples=num_samples, out=out, log=log,
-                                   together=together, fit_missing=not cached_only)
-    return records
+    # A worker started elsewhere (--scheduler) finds the same folder on a shared file system.
+    common = {"num_samples": num_samples, "out": str(Path(out).absolute()), "device": str(device),
+              "cached_only": cached_only, "threads": threads, "log": log}
+    batches = [batch for name, indices in plan.items() for batch in _batches(
+        name, indices, entries, seed=seed, reference=reference, net=net, replicas=replicas,
+        overrides=overrides if overrides_by_data is None else overrides_by_data(name),
+        common=common)]
+    if cached_only:  # reading the cache is the client's work
+        jobs, scheduler = 1, None
+    return [r for records in run_batches(batches, jobs=jobs, scheduler=scheduler)
+            for r in records]
+
+
+def _batches(name: str, indices: Sequence[int], entries: Sequence[str] | None, *, seed: int,
+             reference: str | None, net: zoo.Network | Mapping[str, zoo.Network] | None,
+             replicas: str, overrides: dict | Callable[[str], dict] | None,
+             common: dict) -> list[Batch]:
+    """The batches of data set ``name`` (one per entry: its splits ``indices``), with the
+    arguments of :func:`run_comparison`; ``common``: the fields every batch shares."""
+    datasets = [data_module.load(name, split) for split in indices]
+    chosen = (list(entries) if entries is not None
+              else default_entries(datasets[0].task, net=net is not None))
+    if reference is not None and reference not in chosen:
+        chosen = [reference, *chosen]
+    equal = len({tuple(d.x_train.shape) for d in datasets}) == 1
+    batches = []
+    for entry in chosen:
+        own = (overrides(entry) if callable(overrides) else overrides) or {}
+        together = (replicas != "off" and equal and net is None
+                    and zoo.batches_replicas(zoo.get(entry), **own))
+        if replicas == "on" and not together:
+            raise ValueError(f"Expected entry {entry!r} to fit the splits of {name} as "
+                             "replicas (replicas='on'), but it cannot batch them "
+                             + ("on a user's network." if net is not None else
+                                "with these options." if equal else
+                                "(their training sets differ in size)."))
+        if net is not None:
+            own = {**own, "net": net[name] if isinstance(net, Mapping) else net}
+        batches.append(Batch(entry, name, tuple(indices), tuple(seed + s for s in indices),
+                             own, together=together, size=datasets[0].x_train.shape[0],
+                             **common))
+    return batches
 
 
 def failures(records: Sequence[dict], requested: Collection[str] = ()) -> list[dict]:
@@ -293,19 +327,18 @@ def run_from_args(args: argparse.Namespace, *, validation: float | None = 0.0) -
     write the files and figures under ``args.out``. Each data set runs with its
     :func:`data_overrides` (``validation``: the share of each training split on which
     entries with a tunable noise tune it; ``None``: the UCI protocol's on UCI sets, none
-    elsewhere)."""
+    elsewhere); the batches run where ``--jobs`` and ``--scheduler`` say
+    (:func:`bnn_zoo.harness.sweep.run_batches`)."""
     check_writable("--out", args.out, files=output_files(args.data), folders=["runs"])
     net = flags.network(args)
-    for name in args.data:  # every data set's splits found (UCI files) before any fit
-        split_indices(name, args.splits)
-    records = []
-    for name in args.data:
-        records += run_comparison([name], args.entries, splits=args.splits, seed=args.seed,
-                                  out=args.out, device=args.device,
-                                  overrides=data_overrides(name, flags.budget_overrides(args),
-                                                           validation),
-                                  num_samples=args.num_samples, reference=args.reference,
-                                  net=net, replicas=args.replicas)
+    records = run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
+                             out=args.out, device=args.device,
+                             overrides_by_data=partial(data_overrides,
+                                                       overrides=flags.budget_overrides(args),
+                                                       validation=validation),
+                             num_samples=args.num_samples, reference=args.reference, net=net,
+                             replicas=args.replicas, jobs=args.jobs, scheduler=args.scheduler,
+                             threads=args.threads)
     preamble = "" if net is None else (
         f"Every entry fits the network `{args.net}` ("
         + ", ".join(f"`{net[d].name}` on {d}" for d in args.data)

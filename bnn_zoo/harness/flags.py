@@ -5,8 +5,9 @@
 the one place that sets torch's CPU thread count and glibc's policy for freed memory
 (:func:`~bnn_zoo.harness.memory.retain_freed_memory`: settings of the whole process, which
 a command line's process may choose and importing the package never changes).
-:func:`add_data_flag`, :func:`add_entries_flag`, :func:`add_fit_flags` and
-:func:`add_comparison_flags` add the flags of scripts that fit zoo entries on data sets;
+:func:`add_data_flag`, :func:`add_entries_flag`, :func:`add_fit_flags`,
+:func:`add_engine_flags` and :func:`add_comparison_flags` add the flags of scripts that fit
+zoo entries on data sets;
 :func:`budget_overrides` turns ``--steps`` into the keyword arguments of ``entry.fit``;
 :func:`add_net_flag` adds ``--net`` and :func:`network` gives the networks it names, one
 per data set.
@@ -34,10 +35,10 @@ from bnn_zoo.harness.memory import retain_freed_memory
 from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.summary import REFERENCE
 
-__all__ = ["SHARED_FLAGS", "add_comparison_flags", "add_data_flag", "add_entries_flag",
-           "add_fit_flags", "add_net_flag", "add_shared_flags", "apply", "budget_overrides",
-           "dataset_name", "entry_name", "int_at_least", "network", "parse", "positive_float",
-           "positive_int", "random_seed", "set_threads", "torch_device"]
+__all__ = ["SHARED_FLAGS", "add_comparison_flags", "add_data_flag", "add_engine_flags",
+           "add_entries_flag", "add_fit_flags", "add_net_flag", "add_shared_flags", "apply",
+           "budget_overrides", "dataset_name", "entry_name", "int_at_least", "network", "parse",
+           "positive_float", "positive_int", "random_seed", "set_threads", "torch_device"]
 
 SHARED_FLAGS = ("out", "threads", "device", "seed", "splits", "retain_freed_memory")
 #: The largest seed + 1 (``pyro.set_rng_seed`` seeds numpy, which takes 32 bits).
@@ -248,7 +249,8 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
                          threads: int | None = None) -> argparse.ArgumentParser:
     """The flags of a comparison (``python -m bnn_zoo compare`` and the scripts built on
     :func:`bnn_zoo.harness.compare.run_comparison`): the shared flags, ``--data``,
-    ``--entries``, ``--steps``, ``--num-samples``, ``--reference`` and ``--replicas``."""
+    ``--entries``, ``--steps``, ``--num-samples``, ``--reference``, ``--replicas``, and
+    ``--jobs`` or ``--scheduler`` (:func:`add_engine_flags`)."""
     add_data_flag(parser, data)
     add_entries_flag(parser, entries)
     add_fit_flags(parser)
@@ -260,7 +262,24 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
                         help="fit the splits of a data set together as replicas in one pass: "
                              "where the entry can (auto, the default), for every entry or "
                              "fail (on), never (off)")
+    add_engine_flags(parser)
     return add_shared_flags(parser, out=out, splits=splits, threads=threads)
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--jobs J`` (a local Dask cluster of ``J`` single-threaded worker processes; 1: this
+    process) or ``--scheduler ADDRESS`` (a running Dask cluster): where the (entry, data
+    set) batches of a comparison run (:func:`bnn_zoo.harness.sweep.run_batches`)."""
+    engine = parser.add_mutually_exclusive_group()
+    engine.add_argument("--jobs", type=positive_int, default=1,
+                        help="worker processes of a local Dask cluster, each fitting whole "
+                             "(entry, data set) batches with --threads threads (default: 1, "
+                             "in this process; more needs bnn-zoo[cluster])")
+    engine.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="address of a running Dask scheduler (e.g. "
+                             "tcp://10.0.0.1:8786) whose workers run the batches (needs "
+                             "bnn-zoo[cluster])")
+    return parser
 
 
 def add_cached_only_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -50,6 +50,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
     "replicas.py": ("benchmarks/test_benchmarks.py",
                     "test_replicas_reports_the_times_and_peak_memory"),
     "rff.py": ("models/test_rff.py", "test_benchmark_script_runs"),
+    "scaling.py": ("benchmarks/test_benchmarks.py",
+                   "test_scaling_writes_each_workers_time_memory_and_records"),
     "speed.py": ("benchmarks/test_benchmarks.py",
                  "test_speed_reports_each_steps_time_and_peak_memory"),
     "throughput.py": ("benchmarks/test_scale_scripts.py",
@@ -219,9 +221,10 @@ def test_uci_script_writes_the_distances_to_a_reference(tmp_path, uci_data):
 
 
 def test_uci_script_in_two_workers_writes_what_one_process_writes(tmp_path, uci_data):
-    """``--jobs 2`` fits the data sets in spawned workers (run as a user runs the script:
-    a worker imports it as the main module) and writes the rows of a run in one process,
-    in the order of ``--data``."""
+    """``--jobs 2`` fits the (entry, data set) batches on a local Dask cluster of two
+    processes (run as a user runs the script) and writes exactly the rows of a run in one
+    process, in the order of ``--data``."""
+    pytest.importorskip("distributed")
     args = ["--data", "yacht", "bostonHousing", "--splits", "1", "--entries", "map", "--steps",
             "10", "--num-samples", "5"]
     runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")["main"](
@@ -233,7 +236,31 @@ def test_uci_script_in_two_workers_writes_what_one_process_writes(tmp_path, uci_
     assert [r[:4] for r in rows["two"]] == [("map", "yacht", "0", "ok"),
                                            ("map", "bostonHousing", "0", "ok")]
     assert [r[:4] for r in rows["one"]] == [r[:4] for r in rows["two"]]
-    assert [r[4] for r in rows["two"]] == pytest.approx([r[4] for r in rows["one"]])
+    assert [r[4] for r in rows["two"]] == [r[4] for r in rows["one"]]
+
+
+def test_scaling_writes_each_workers_time_memory_and_records(tmp_path):
+    """``--tiny`` on two workers: a row with the fits, a wall time, the peak memory of each
+    worker and the records equal to the baseline's (itself), the figure; the speed-up and
+    efficiency of a second count by hand."""
+    pytest.importorskip("distributed")
+    script = runpy.run_path(str(BENCHMARKS / "scaling.py"), run_name="scaling")
+    (row,) = script["main"](["--tiny", "--workers", "2", "--out", str(tmp_path)])
+    assert (row["workers"], row["fits"], row["speedup"], row["same_records"]) == (2, 4, 1.0, True)
+    assert len(row["peak_rss_mib_each"]) == 2 and row["peak_rss_mib"] > 50  # torch alone
+    assert json.loads((tmp_path / "scaling.json").read_text())["summary"][0]["workers"] == 2
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+    record = {"entry": "map", "data": "sine", "split": 0, "status": "ok",
+              "metrics": {"ll": -1.0, "fit_seconds": 3.0}}
+    faster = {"entry": "map", "data": "sine", "split": 0, "status": "ok",
+              "metrics": {"ll": -1.0, "fit_seconds": 1.0}}
+    rows = script["rows_of"]({1: (12.0, [300.0], [record]), 4: (4.0, [310.0, 320.0], [faster])})
+    assert (rows[1]["speedup"], rows[1]["efficiency"], rows[1]["peak_rss_mib"]) == (3.0, 0.75,
+                                                                                   320.0)
+    assert rows[1]["same_records"]  # timings aside
+    moved = {**faster, "metrics": {"ll": -1.1}}
+    assert not script["rows_of"]({1: (1.0, [1.0], [record]), 2: (1.0, [1.0], [moved])})[1][
+        "same_records"]
 
 
 def test_uci_script_refuses_jobs_below_one(tmp_path, capsys):

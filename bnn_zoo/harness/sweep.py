@@ -1,0 +1,175 @@
+"""Run a sweep's batches of fits: in this process, or on a Dask cluster.
+
+The unit of work of a comparison is a :class:`Batch`: one zoo entry on the chosen splits of
+one data set (those splits stay together, so that an entry that batches its fits trains
+them as replicas in one pass). :func:`run_batch` runs one in whatever process it lands in:
+it sets the thread count, loads the splits, and fits or reads each run through
+:func:`bnn_zoo.harness.runs.cached_runs`, which caches each record atomically as it
+finishes. :func:`run_batches` runs many, in the order given back:
+
+* ``jobs=1`` (no ``scheduler``): one after the other in this process (Dask is not needed);
+* ``jobs=J``: on a local Dask cluster of ``J`` single-threaded worker processes
+  (``distributed.LocalCluster``), started and closed here;
+* ``scheduler=ADDRESS``: on a running Dask cluster (``dask scheduler`` and ``dask worker``,
+  dask-jobqueue's ``SLURMCluster`` or ``PBSCluster``, Kubernetes), whose workers need only
+  the package and the data folder (``BNN_ZOO_DATA``).
+
+Dask distributed (Rocklin 2015, "Dask: Parallel Computation with Blocked algorithms and
+Task Scheduling") is the engine: pure Python, light to install, and the scheduler that HPC
+users of the PyData stack already run through dask-jobqueue. It is optional
+(``pip install bnn-zoo[cluster]``). The batches go out largest first (training points x
+splits), so that the last to finish is a small one. A batch whose worker dies is run again
+on another worker (the scheduler reschedules the tasks of a lost worker; ``retries`` re-runs
+a batch that raised), and its runs that finished before are read back from the cache. The
+client also writes every returned record into the cache under the batch's ``out`` (where
+none is there yet), so that nothing finished is lost when the workers do not share the
+client's filesystem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+
+from bnn_zoo.core import data as data_module
+from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.files import write_text_atomic
+from bnn_zoo.harness.flags import set_threads
+from bnn_zoo.harness.runs import cache_path, cached_runs
+
+__all__ = ["INSTALL", "RETRIES", "Batch", "keep_records", "run_batch", "run_batches"]
+
+#: How many times a batch that raised is submitted again (a worker's death is the
+#: scheduler's to recover: it reschedules the lost worker's tasks).
+RETRIES = 2
+#: What to install for ``jobs > 1`` or a ``scheduler``.
+INSTALL = "pip install bnn-zoo[cluster]"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One zoo entry on some splits of one data set: what :func:`run_batch` runs.
+
+    ``overrides`` are the keyword arguments of the entry's fit (resolved for this entry and
+    data set, with ``net`` where a network replaces the entry's model); split ``splits[i]``
+    is fitted with seed ``seeds[i]``; ``together``: fitted as replicas in one pass
+    (:func:`~bnn_zoo.harness.runs.cached_runs`); ``cached_only``: nothing fitted, missing
+    runs recorded as skipped; ``threads``: torch's CPU threads in the process that runs it
+    (``None``: leave them); ``size``: training points of one split, for the order of
+    :func:`run_batches`.
+    """
+
+    entry: str
+    data: str
+    splits: tuple[int, ...]
+    seeds: tuple[int, ...]
+    overrides: dict = field(default_factory=dict)
+    num_samples: int = 200
+    out: str = "results/compare"
+    device: str = "cpu"
+    together: bool = False
+    cached_only: bool = False
+    threads: int | None = None
+    log: bool = True
+    size: int = 0
+
+    @property
+    def cost(self) -> int:
+        """The order of :func:`run_batches`: training points times splits."""
+        return self.size * len(self.splits)
+
+
+def run_batch(batch: Batch) -> list[dict]:
+    """The records of ``batch``'s runs, in the order of its splits (see
+    :func:`~bnn_zoo.harness.runs.cached_runs`), each cached under ``batch.out`` as it
+    finishes."""
+    set_threads(batch.threads)
+    datasets = [data_module.load(batch.data, split).to(batch.device) for split in batch.splits]
+    return cached_runs(batch.entry, datasets, splits=list(batch.splits), seeds=list(batch.seeds),
+                       overrides=batch.overrides, num_samples=batch.num_samples, out=batch.out,
+                       log=batch.log, together=batch.together, fit_missing=not batch.cached_only)
+
+
+def _distributed() -> ModuleType:
+    try:
+        import distributed
+    except ImportError as error:
+        raise ImportError("Running batches with jobs > 1 or on a scheduler needs Dask "
+                          f"distributed: {INSTALL}") from error
+    return distributed
+
+
+def _check_serialisable(batches: Sequence[Batch], dumps: Callable[[object], bytes]) -> None:
+    """A batch that cannot travel to a worker (e.g. a ``net`` holding a lock or an open file)
+    fails here, before the cluster starts, naming its entry and data set."""
+    for batch in batches:
+        try:
+            dumps(batch)
+        except Exception as error:  # pickle raises many types
+            raise ValueError(f"Expected the overrides of {batch.entry!r} on {batch.data} "
+                             "(and its net) to be serialisable, to send them to a Dask "
+                             f"worker, but they are not ({type(error).__name__}: {error}); "
+                             "run with jobs=1, or pass a net that can be pickled.") from error
+
+
+def keep_records(records: Sequence[dict], batch: Batch) -> None:
+    """Write each record of ``batch`` that its run would cache into the cache under
+    ``batch.out`` where no file is there (records of finished or skipped runs, not of
+    failed runs nor of a ``cached_only`` batch)."""
+    if batch.cached_only:
+        return
+    for record in records:
+        if record["status"] == "failed":
+            continue
+        path = cache_path(batch.out, record["entry"], record["data"], record["split"],
+                          record["seed"], record["settings"])
+        if not path.exists():
+            write_text_atomic(path, json.dumps(record, default=repr))
+
+
+def run_batches(batches: Iterable[Batch], *, jobs: int = 1, scheduler: str | None = None,
+                run: Callable[[Batch], list[dict]] = run_batch,
+                retries: int = RETRIES) -> list[list[dict]]:
+    """``run(batch)`` of every batch, in the order of ``batches``.
+
+    Parameters
+    ----------
+    batches : the batches (:class:`Batch`).
+    jobs : ``1``: one after the other in this process; ``J > 1``: on a local Dask cluster
+        of ``J`` single-threaded worker processes, started and closed here (without Dask's
+        memory limit per worker, which would restart a worker fitting a large batch).
+    scheduler : the address of a running Dask scheduler (e.g. ``tcp://10.0.0.1:8786``) to
+        send the batches to (with ``jobs=1``).
+    run : what runs a batch (:func:`run_batch`); on a cluster, a function the workers can
+        import or unpickle.
+    retries : how many times a batch that raised is submitted again on a cluster.
+    """
+    batches = list(batches)
+    check_positive_int("jobs", jobs)
+    if scheduler is not None and jobs != 1:
+        raise ValueError(f"Expected jobs=1 with a scheduler (its workers run the batches), "
+                         f"but got jobs={jobs} and scheduler={scheduler!r}.")
+    if scheduler is None and jobs == 1:
+        return [run(batch) for batch in batches]
+    distributed = _distributed()
+    _check_serialisable(batches, distributed.protocol.pickle.dumps)
+    with contextlib.ExitStack() as stack:
+        if scheduler is None:
+            cluster = stack.enter_context(distributed.LocalCluster(
+                n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None,
+                memory_limit=0))
+            scheduler = cluster.scheduler_address
+        client = stack.enter_context(distributed.Client(scheduler))
+        largest = sorted(range(len(batches)), key=lambda i: -batches[i].cost)
+        futures = {client.submit(run, batches[i], pure=False, retries=retries,
+                                 priority=len(batches) - rank): i
+                   for rank, i in enumerate(largest)}
+        results: list[list[dict]] = [[] for _ in batches]
+        for future in distributed.as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            keep_records(results[i], batches[i])
+    return results
