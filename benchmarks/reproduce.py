@@ -1,0 +1,177 @@
+"""Re-run the committed results: the command behind every folder of ``benchmarks/results``.
+
+:data:`RESULTS` names, for each committed folder, the commands that write it (run from the
+repository root, each with today's code) and what kind of run it is:
+
+* a *sweep* (a comparison over entries, data sets and splits, through
+  :func:`bnn_zoo.harness.compare.run_comparison`): its numbers do not depend on the machine's
+  load, so it takes ``--jobs`` and ``--scheduler`` and runs on every core or a cluster;
+* a *timing* (``speed``, ``throughput``, ...): its numbers are wall times and ratios of them,
+  so it runs alone, on an idle machine, with the threads its command sets;
+* *other*: a single process whose numbers do not depend on the load.
+
+``gpu`` is left out: it is written by ``benchmarks/gpu_check.sh`` on a CUDA machine.
+
+    python benchmarks/reproduce.py --list                      # the folders and commands
+    python benchmarks/reproduce.py uci uci_gap --jobs 2        # two folders, both cores
+    python benchmarks/reproduce.py --all --jobs 2              # everything (many hours)
+    python benchmarks/reproduce.py --all --dry-run             # print what would run
+
+The commands run one after the other, a sweep's batches spread over ``--jobs`` local
+workers or the cluster at ``--scheduler``; a command that fails is reported and the next
+one runs. Each sweep resumes from its cache: a rerun of an interrupted reproduction fits
+only what is missing (runs of other code than today's are refitted, never reused).
+The UCI folders need ``BNN_ZOO_DATA`` (see the getting-started page), ``mnist1d`` the
+``mnist1d`` extra and ``laplace_torch`` the ``laplace-torch`` package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = "benchmarks/results"
+KINDS = ("sweep", "timing", "other")
+
+
+@dataclass(frozen=True)
+class Result:
+    """A committed results folder (under :data:`RESULTS_DIR`), the commands that write it
+    (arguments of ``python``; each ends with ``--out <folder>``) and their kind (one of
+    :data:`KINDS`)."""
+
+    folder: str
+    commands: tuple[tuple[str, ...], ...]
+    kind: str
+
+    def argv(self, jobs: int, scheduler: str | None) -> list[list[str]]:
+        """The full commands, a sweep's with ``--jobs`` or ``--scheduler``."""
+        engine = (["--scheduler", scheduler] if scheduler is not None else
+                  ["--jobs", str(jobs)] if jobs > 1 else [])
+        return [[sys.executable, *command, *(engine if self.kind == "sweep" else [])]
+                for command in self.commands]
+
+
+def _result(folder: str, kind: str, *commands: str) -> Result:
+    """A :class:`Result` of ``commands`` (each a string of arguments; ``--out`` appended)."""
+    out = ("--out", f"{RESULTS_DIR}/{folder}")
+    return Result(folder, tuple((*c.split(), *out) for c in commands), kind)
+
+
+BENCH = "benchmarks"
+#: Every committed folder and how it is written, the cheap ones first.
+RESULTS: tuple[Result, ...] = (
+    _result("priors", "other", "-m bnn_zoo priors --depth 4 --width 2"),
+    _result("bbb_priors", "other", f"{BENCH}/bbb_priors.py"),
+    _result("bbb_sine", "sweep",
+            "-m bnn_zoo compare --entries bbb mean_field map --splits 3 --threads 1"),
+    _result("compare", "sweep", "-m bnn_zoo compare --threads 1"),
+    _result("sine_reference", "sweep",
+            f"{BENCH}/compare_guides.py --data sine --entries map mean_field bbb laplace "
+            "ensemble lowrank nngp iaf mixture --threads 1"),
+    _result("laplace", "other", f"{BENCH}/laplace_variants.py --data sine gap --splits 1"),
+    _result("mixture", "other",
+            f"{BENCH}/mixture.py --steps 1000 --eval-particles 8192 --grad-repeats 50"),
+    _result("mixture_nuts", "other", f"{BENCH}/mixture_nuts.py"),
+    _result("rff", "other", f"{BENCH}/rff.py --steps 800 --threads 1"),
+    _result("nngp", "other", f"{BENCH}/nngp.py --splits 5 --threads 1"),
+    _result("laplace_torch", "other", f"{BENCH}/laplace_torch.py --splits 10"),
+    _result("classification_reference", "sweep",
+            f"{BENCH}/compare_guides.py --data two_moons breast_cancer wine --splits 3 "
+            "--threads 1"),
+    _result("compare_cnn", "sweep", "-m bnn_zoo compare --data digits --net cnn"),
+    _result("compare_cnn_mnist1d", "sweep", "-m bnn_zoo compare --data mnist1d --net cnn"),
+    _result("laplace_cnn", "other", f"{BENCH}/laplace_cnn.py --splits 2 --threads 1"),
+    _result("classification", "sweep",
+            f"{BENCH}/classification.py --data two_moons breast_cancer wine digits mnist1d "
+            "--splits 5 --entries map ensemble mean_field mean_field_clf bbb lowrank fullrank "
+            "iaf mixture laplace laplace_ggn laplace_full laplace_diag laplace_kron "
+            "laplace_last_layer laplace_ensemble mc_dropout swag multiswag sgld sghmc nuts"),
+    _result("uci_gap", "sweep",
+            f"{BENCH}/uci.py --gap --data yacht energy --threads 1 --reference nuts"),
+    _result("uci", "sweep", f"{BENCH}/uci.py --splits 20 --threads 1 --reference nuts"),
+    _result("uci/reference", "sweep",
+            f"{BENCH}/compare_guides.py --data uci/yacht uci/bostonHousing --splits 3 "
+            "--entries map mean_field bbb laplace ensemble --threads 1"),
+    _result("uci_laplace", "sweep",
+            f"{BENCH}/uci.py --data bostonHousing concrete energy yacht --entries laplace "
+            "laplace_full laplace_ggn laplace_diag laplace_kron laplace_last_layer"),
+    _result("speed", "timing", f"{BENCH}/speed.py"),
+    _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),
+    _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),
+    _result("throughput", "timing",
+            f"{BENCH}/throughput.py --device cpu --processes 1 --threads 1 --repeats 7"),
+    _result("replicas", "timing", f"{BENCH}/replicas.py --threads 1 --repeats 3",
+            f"{BENCH}/replicas.py --threads 2 --repeats 3"),
+)
+#: Folders of :data:`RESULTS_DIR` that no command here writes.
+ELSEWHERE = {"gpu": "benchmarks/gpu_check.sh on a CUDA machine"}
+
+
+def chosen(folders: Sequence[str], every: bool) -> list[Result]:
+    """The results of ``folders`` (all with ``every``), in :data:`RESULTS`'s order."""
+    known = {r.folder for r in RESULTS}
+    unknown = [f for f in folders if f not in known]
+    if unknown:
+        raise ValueError(f"Expected folders among {sorted(known)}, but got {unknown}.")
+    if every == bool(folders):
+        raise ValueError("Expected folder names or --all (not both).")
+    return [r for r in RESULTS if every or r.folder in folders]
+
+
+def run(results: Sequence[Result], *, jobs: int = 1, scheduler: str | None = None,
+        dry_run: bool = False) -> list[dict]:
+    """Run the commands of ``results`` one after the other from the repository root; return
+    one row per command: folder, kind, command, exit status and wall seconds."""
+    rows = []
+    for result in results:
+        for argv in result.argv(jobs, scheduler):
+            line = " ".join(["python", *argv[1:]])
+            print(f"[{result.folder}] {line}", flush=True)
+            started, status = time.perf_counter(), 0
+            if not dry_run:
+                status = subprocess.run(argv, cwd=ROOT, check=False).returncode
+            rows.append({"folder": result.folder, "kind": result.kind, "command": line,
+                         "status": status, "seconds": time.perf_counter() - started})
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="*", help="folders of benchmarks/results to write")
+    parser.add_argument("--all", action="store_true", help="every folder")
+    parser.add_argument("--list", action="store_true", help="print the folders and commands")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    engine = parser.add_mutually_exclusive_group()
+    engine.add_argument("--jobs", type=int, default=1,
+                        help="local workers of each sweep (default 1: in its process)")
+    engine.add_argument("--scheduler", help="address of a running Dask scheduler for sweeps")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be a positive integer, got {args.jobs}")
+    if args.list:
+        for result in RESULTS:
+            for line in result.argv(1, None):
+                print(f"{result.folder:26} {result.kind:7} python {' '.join(line[1:])}")
+        return []
+    try:
+        results = chosen(args.folders, args.all)
+    except ValueError as error:
+        parser.error(str(error))
+    rows = run(results, jobs=args.jobs, scheduler=args.scheduler, dry_run=args.dry_run)
+    failed = [r for r in rows if r["status"] != 0]
+    for row in failed:
+        print(f"FAILED ({row['status']}): {row['command']}", file=sys.stderr)
+    print(f"{len(rows) - len(failed)} of {len(rows)} commands finished in "
+          f"{sum(r['seconds'] for r in rows) / 60:.1f} min")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
