@@ -20,21 +20,24 @@ diagonal preconditioner ``P`` (1 without adaptation):
   ``theta <- theta + v``, with the friction ``alpha`` (the momentum decay per step) and
   the learning rate ``eta`` (``epsilon^2`` of Chen et al., whose mass ``M`` is ``P^-1``).
 
-With ``adapt=True`` the preconditioner is ``P = 1 / (V + 0.1 mean(V))`` (the mean over each
-site's entries), ``V`` an average of the squared stochastic gradient over the burn-in, frozen
-after it: an estimate of the diagonal of the empirical Fisher information, whose inverse
-preconditions the Langevin dynamics of Ahn, Korattikara & Welling (2012, "Bayesian
-Posterior Sampling via Stochastic Gradient Fisher Scoring"). With a fixed ``P`` both rules
-sample ``exp(-U)`` as ``eta -> 0``; the step ``eta P grad U`` is then in units of the
-curvature, so one ``eta`` suits every data set and noise scale (the ``P = V^-1/2`` of
-Springenberg et al. 2016 and of pSGLD, Li et al. 2016, leaves a step that grows with the
-curvature's square root). The second term bounds ``P`` where a weight's gradient vanishes
-(a dead unit). ``V`` starts at the spread of the gradients of the two halves of the data
-(not at the squared full gradient, which vanishes at a mode),
-is an exponential average over ``burn_in / 10`` steps in the first half of the burn-in and
-the mean of that and every later step in the second half. Away from a mode the empirical
-Fisher information overstates the curvature and the adapted steps are short: start the
-chain near one (``init``, as :class:`SGMCMC` does from a MAP fit), or set ``adapt=False``.
+With ``adapt=True`` the preconditioner is ``P = 1 / (V + H_prior + 0.1 mean(V))`` (the mean
+over each site's entries), ``V`` an average of the squared stochastic gradient over the
+burn-in, frozen after it: an estimate of the diagonal of the empirical Fisher information,
+whose inverse preconditions the Langevin dynamics of Ahn, Korattikara & Welling (2012,
+"Bayesian Posterior Sampling via Stochastic Gradient Fisher Scoring"), and ``H_prior`` the
+prior's curvature (``_Potential.prior_curvature``: a Gaussian prior's precision), which
+bounds the step where the likelihood's is small (a classifier that fits every training
+point: there the squared gradients vanish, and without it the step would overshoot the
+prior's scale). With a fixed ``P`` both rules sample ``exp(-U)`` as ``eta -> 0``; the step
+``eta P grad U`` is then in units of the curvature, so one ``eta`` suits every data set and
+noise scale (the ``P = V^-1/2`` of Springenberg et al. 2016 and of pSGLD, Li et al. 2016,
+leaves a step that grows with the curvature's square root). The last term bounds ``P`` where
+a weight's gradient vanishes (a dead unit). ``V`` starts at the spread of the gradients of
+the two halves of the data (not at the squared full gradient, which vanishes at a mode), is
+an exponential average over ``burn_in / 10`` steps in the first half of the burn-in and the
+mean of that and every later step in the second half. Away from a mode the empirical Fisher
+information overstates the curvature and the adapted steps are short: start the chain near
+one (``init``, as :class:`SGMCMC` does from a MAP fit), or set ``adapt=False``.
 
 Schedules: ``"constant"`` keeps ``eta``; ``"cyclical"`` (Zhang et al. 2020, "Cyclical
 Stochastic Gradient MCMC for Bayesian Deep Learning", eq. 1), :func:`cyclical_step_size`,
@@ -58,6 +61,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import torch
+from pyro import poutine
 from pyro.infer.autoguide.initialization import init_to_value
 from pyro.infer.mcmc.util import initialize_model
 from pyro.ops.integrator import potential_grad
@@ -168,6 +172,22 @@ class _Potential:
             init_strategy=init_to_value(values=dict(init or {})))
         self.initial = {k: v.detach() for k, v in self.initial.items()}
         self.size = x.shape[0]
+        prior = poutine.block(model, hide_fn=lambda site: site.get("is_observed", False))
+        self.prior_fn = initialize_model(prior, model_args=(x, y),
+                                         init_strategy=init_to_value(values=dict(init or {})))[1]
+
+    def prior_curvature(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """``|H 1|``, ``H`` the Hessian of the prior's part of ``U`` (``-log p(theta)`` with
+        the Jacobians of the unconstrained space) at ``params``: the diagonal of ``H`` where
+        the prior is independent across weights (a Gaussian prior's precision), which bounds
+        the posterior's curvature from below where the likelihood's is small."""
+        leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+        grads = torch.autograd.grad(self.prior_fn(leaves), list(leaves.values()),
+                                    create_graph=True)
+        total = sum(g.sum() for g in grads)
+        curvature = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
+        return {k: torch.zeros_like(v) if h is None else h.detach().abs()
+                for (k, v), h in zip(leaves.items(), curvature)}
 
     def grad(self, params: dict[str, Tensor], indices: Tensor) -> dict[str, Tensor]:
         self.subsample.indices = indices
@@ -242,6 +262,7 @@ def sgmcmc_samples(model: Callable, x: Tensor, y: Tensor | None = None, *,
     params = dict(potential.initial)
     state = {k: torch.zeros_like(v) for k, v in params.items()}
     squares = potential.fisher_diagonal(params, generator)
+    prior = potential.prior_curvature(params)
     precondition: dict[str, Tensor | float] = dict.fromkeys(params, 1.0)
     kept, window, half = [], max(2, burn_in // 10), burn_in // 2
     indices = torch.arange(x.shape[0], device=x.device)
@@ -253,8 +274,8 @@ def sgmcmc_samples(model: Callable, x: Tensor, y: Tensor | None = None, *,
             weight = window if k <= half else window + k - half
             for name, g in grads.items():
                 squares[name] += (g.detach() ** 2 - squares[name]) / weight
-                precondition[name] = 1.0 / (squares[name] + PRECONDITIONER_FLOOR
-                                            * squares[name].mean())
+                precondition[name] = 1.0 / (squares[name] + prior[name]
+                                            + PRECONDITIONER_FLOOR * squares[name].mean())
         _update(rule, params, state, grads, step, friction, noisy, precondition, generator)
         if keep:
             kept.append(potential.constrained(params))
