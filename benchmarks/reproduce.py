@@ -10,7 +10,8 @@ repository root, each with today's code) and what kind of run it is:
   so it runs alone, on an idle machine, with the threads its command sets;
 * *other*: a single process whose numbers do not depend on the load.
 
-``gpu`` is left out: it is written by ``benchmarks/gpu_check.sh`` on a CUDA machine.
+``gpu`` and ``laplace_cnn_gpu`` are left out (:data:`ELSEWHERE`): they are written on a CUDA
+machine.
 
     python benchmarks/reproduce.py --list                      # the folders and commands
     python benchmarks/reproduce.py uci uci_gap --jobs 2        # two folders, both cores
@@ -111,7 +112,8 @@ RESULTS: tuple[Result, ...] = (
             f"{BENCH}/replicas.py --threads 2 --repeats 3"),
 )
 #: Folders of :data:`RESULTS_DIR` that no command here writes.
-ELSEWHERE = {"gpu": "benchmarks/gpu_check.sh on a CUDA machine"}
+ELSEWHERE = {"gpu": "benchmarks/gpu_check.sh on a CUDA machine",
+             "laplace_cnn_gpu": "benchmarks/laplace_cnn.py --device cuda on a CUDA machine"}
 
 
 def chosen(folders: Sequence[str], every: bool) -> list[Result]:
