@@ -108,6 +108,7 @@ RESULTS: tuple[Result, ...] = (
     _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),
     _result("throughput", "timing",
             f"{BENCH}/throughput.py --device cpu --processes 1 --threads 1 --repeats 7"),
+    _result("scaling", "timing", f"{BENCH}/scaling.py --splits 5 --workers 1 2"),
     _result("replicas", "timing", f"{BENCH}/replicas.py --threads 1 --repeats 3",
             f"{BENCH}/replicas.py --threads 2 --repeats 3"),
 )

@@ -38,6 +38,7 @@ from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
 from bnn_zoo.harness import compare, flags, prior_command, stale
 from bnn_zoo.harness.outputs import check_writable
+from bnn_zoo.harness.provenance import run_columns, versions
 from bnn_zoo.harness.runs import run_one
 from bnn_zoo.harness.tables import write_tables
 from bnn_zoo.models.mlp import TASKS
@@ -85,7 +86,8 @@ def _fit(args: argparse.Namespace) -> int:
     if args.out is not None:
         keys = ("entry", "data", "split", "seed")
         write_tables(args.out, name, [{**{k: record[k] for k in keys}, **shown}], keys=keys,
-                     columns=list(shown), runs=[record])
+                     columns=list(shown), runs=[record],
+                     provenance=versions([run_columns(record)]))
         print(f"Wrote {args.out / name}.md, .csv, .json")
     return 0
 

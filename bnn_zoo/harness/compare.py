@@ -36,7 +36,7 @@ from bnn_zoo.core.checks import check_choice, check_positive_int
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import FIGURE_KINDS, figure_path, write_figures
 from bnn_zoo.harness.outputs import check_writable
-from bnn_zoo.harness.provenance import versions
+from bnn_zoo.harness.provenance import run_columns, versions
 from bnn_zoo.harness.summary import REFERENCE, REFERENCE_COLUMNS, reference_rows, summarise
 from bnn_zoo.harness.sweep import Batch, run_batches
 from bnn_zoo.harness.tables import write_tables
@@ -319,7 +319,8 @@ def write_reference(records: list[dict], out: str | Path, reference: str) -> str
                      "q_k|; the network output is the class probabilities.")
     return write_tables(out, "reference", reference_rows(records, reference),
                         keys=("data", "entry", "split"), section="data",
-                        columns=REFERENCE_COLUMNS, preamble=preamble)
+                        columns=REFERENCE_COLUMNS, preamble=preamble,
+                        provenance=versions(run_columns(r) for r in records))
 
 
 def run_from_args(args: argparse.Namespace, *, validation: float | None = 0.0) -> list[dict]:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bnn_zoo.core.files import write_text_atomic
-from bnn_zoo.harness.provenance import note
+from bnn_zoo.harness.provenance import note, run_columns, versions
+from bnn_zoo.harness.provenance import provenance as process_provenance
 from bnn_zoo.harness.summary import RUNS
 
 __all__ = ["Table", "format_value", "markdown_table", "merge_summary", "run_line",
@@ -144,19 +145,25 @@ def write_tables(out: str | Path, name: str, rows: Sequence[dict], *, keys: Sequ
     provenance : the code versions and commits of the numbers (as from
         :func:`~bnn_zoo.harness.provenance.versions`), kept in the JSON under
         ``"provenance"`` and named in a line under the Markdown
-        (:func:`~bnn_zoo.harness.provenance.note`).
+        (:func:`~bnn_zoo.harness.provenance.note`); ``None``: the numbers are this
+        process's, and the JSON also keeps its whole
+        :func:`~bnn_zoo.harness.provenance.provenance` under ``"provenance"``,
+        ``"process"`` (versions, device, threads, date).
     """
+    if provenance is None:
+        process = process_provenance()
+        provenance = {**versions([run_columns({"provenance": process})]), "process": process}
     out = Path(out)
     table = markdown_table([*rows, *markdown_rows], keys=keys, columns=columns,
                            section=section, notes=notes)
     if preamble:
         table = f"{preamble}\n\n{table}"
-    if provenance is not None and note(provenance):
+    if note(provenance):
         table = f"{table}\n{note(provenance)}\n"
     write_text_atomic(out / f"{name}.md", table)
     write_text_atomic(out / f"{name}.csv", _csv(rows))
     document = {"summary": list(rows), **({"runs": list(runs)} if runs is not None else {}),
-                **({"provenance": dict(provenance)} if provenance is not None else {})}
+                "provenance": dict(provenance)}
     write_text_atomic(out / f"{name}.json", _json(document))
     return table
 

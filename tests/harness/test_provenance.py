@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 import bnn_zoo
 from bnn_zoo.harness import cli, compare, provenance, readme_tables, runs, stale
@@ -158,3 +159,16 @@ def test_stale_rejects_paths_without_runs(tmp_path, capsys):
     with pytest.raises(ValueError, match="does not exist"):
         stale.results_files([tmp_path / "absent"])
     assert stale.results_files([tmp_path]) == []
+
+
+def test_a_table_of_this_process_names_its_code_and_keeps_its_provenance(tmp_path):
+    """A benchmark that writes its own numbers (no runs behind them: a timing, say) gets
+    the process's code version and commit in the line under its Markdown, and its whole
+    provenance (versions, device, threads, date) in the JSON."""
+    from bnn_zoo.harness.tables import write_tables
+    table = write_tables(tmp_path, "timing", [{"step": "torch", "seconds": 1.5}],
+                         keys=("step",), columns=("seconds",))
+    document = json.loads((tmp_path / "timing.json").read_text())
+    assert document["provenance"]["code"] == [provenance.code_version()]
+    assert document["provenance"]["process"]["torch"] == torch.__version__
+    assert f"`{provenance.code_version()}`" in table.splitlines()[-1]
