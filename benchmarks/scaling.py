@@ -36,6 +36,7 @@ from matplotlib.figure import Figure
 
 from bnn_zoo.harness import compare, flags
 from bnn_zoo.harness.figures import save_figure
+from bnn_zoo.harness.sweep import local_cluster
 from bnn_zoo.harness.tables import write_tables
 
 OUT = "benchmarks/results/scaling"
@@ -71,8 +72,7 @@ def sweep(workers: int, args: argparse.Namespace) -> tuple[float, list[float], l
     overrides = partial(compare.data_overrides, overrides=flags.budget_overrides(args),
                         validation=None)
     with (tempfile.TemporaryDirectory() as out,
-          distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=None) as cluster,
+          local_cluster(workers) as cluster,
           distributed.Client(cluster) as client):
         client.run(import_package)
         started = time.perf_counter()

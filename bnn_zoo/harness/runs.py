@@ -55,7 +55,7 @@ from bnn_zoo.harness.figures import BAND_MASS
 from bnn_zoo.harness.provenance import code_version, provenance, run_code
 from bnn_zoo.zoo import UnsupportedProblem
 
-__all__ = ["CacheWarning", "cache_path", "cached_run", "cached_runs", "data_digest",
+__all__ = ["CacheWarning", "cache_path", "cache_record", "cached_run", "cached_runs", "data_digest",
            "restore_cache", "run_many", "run_one", "run_settings"]
 
 GRID_POINTS = 200
@@ -324,6 +324,18 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
     return records
 
 
+def cache_record(out: str | Path, record: dict) -> bool:
+    """Write ``record`` (of a run that finished or was skipped, with its settings) into the
+    cache under ``out``, at the :func:`cache_path` of its keys and settings, unless a file is
+    there; return whether it was written."""
+    path = cache_path(out, record["entry"], record["data"], record["split"], record["seed"],
+                      record["settings"])
+    if path.exists():
+        return False
+    _write_cached(path, record)
+    return True
+
+
 def restore_cache(out: str | Path, name: str, *, task: str) -> int:
     """Write the cache file under ``out`` of every run kept in ``<out>/<name>.json`` that
     finished or was skipped by its entry, where none exists; return how many were written
@@ -346,13 +358,8 @@ def restore_cache(out: str | Path, name: str, *, task: str) -> int:
         if (run["status"] == "failed" or run.get("reason") == NOT_CACHED
                 or run_code(run) != code_version()):
             continue
-        path = cache_path(out, run["entry"], run["data"], run["split"], run["seed"],
-                          run["settings"])
-        if path.exists():
-            continue
         record = {**{k: v for k, v in run.items() if v is not None}, "task": task}
         if run["status"] == "ok":
             record.update(losses=[], seconds=run["metrics"]["fit_seconds"])
-        _write_cached(path, record)
-        written += 1
+        written += cache_record(out, record)
     return written

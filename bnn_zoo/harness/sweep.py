@@ -29,18 +29,17 @@ client's filesystem.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 
 from bnn_zoo.core import data as data_module
 from bnn_zoo.core.checks import check_positive_int
-from bnn_zoo.core.files import write_text_atomic
 from bnn_zoo.harness.flags import set_threads
-from bnn_zoo.harness.runs import cache_path, cached_runs
+from bnn_zoo.harness.runs import cache_record, cached_runs
 
-__all__ = ["INSTALL", "RETRIES", "Batch", "keep_records", "run_batch", "run_batches"]
+__all__ = ["INSTALL", "RETRIES", "Batch", "keep_records", "local_cluster", "run_batch",
+           "run_batches"]
 
 #: How many times a batch that raised is submitted again (a worker's death is the
 #: scheduler's to recover: it reschedules the lost worker's tasks).
@@ -102,6 +101,15 @@ def _distributed() -> ModuleType:
     return distributed
 
 
+def local_cluster(jobs: int):
+    """A local Dask cluster (``distributed.LocalCluster``) of ``jobs`` single-threaded worker
+    processes, without Dask's memory limit per worker (which would restart a worker fitting
+    a large batch) and without a dashboard; a context manager that closes it."""
+    return _distributed().LocalCluster(n_workers=check_positive_int("jobs", jobs),
+                                       threads_per_worker=1, processes=True,
+                                       dashboard_address=None, memory_limit=0)
+
+
 def _check_serialisable(batches: Sequence[Batch], dumps: Callable[[object], bytes]) -> None:
     """A batch that cannot travel to a worker (e.g. a ``net`` holding a lock or an open file)
     fails here, before the cluster starts, naming its entry and data set."""
@@ -117,17 +125,13 @@ def _check_serialisable(batches: Sequence[Batch], dumps: Callable[[object], byte
 
 def keep_records(records: Sequence[dict], batch: Batch) -> None:
     """Write each record of ``batch`` that its run would cache into the cache under
-    ``batch.out`` where no file is there (records of finished or skipped runs, not of
-    failed runs nor of a ``cached_only`` batch)."""
-    if batch.cached_only:
-        return
-    for record in records:
-        if record["status"] == "failed":
-            continue
-        path = cache_path(batch.out, record["entry"], record["data"], record["split"],
-                          record["seed"], record["settings"])
-        if not path.exists():
-            write_text_atomic(path, json.dumps(record, default=repr))
+    ``batch.out`` where no file is there (:func:`~bnn_zoo.harness.runs.cache_record`:
+    records of finished or skipped runs, not of failed runs nor of a ``cached_only``
+    batch)."""
+    if not batch.cached_only:
+        for record in records:
+            if record["status"] != "failed":
+                cache_record(batch.out, record)
 
 
 def run_batches(batches: Iterable[Batch], *, jobs: int = 1, scheduler: str | None = None,
@@ -139,8 +143,8 @@ def run_batches(batches: Iterable[Batch], *, jobs: int = 1, scheduler: str | Non
     ----------
     batches : the batches (:class:`Batch`).
     jobs : ``1``: one after the other in this process; ``J > 1``: on a local Dask cluster
-        of ``J`` single-threaded worker processes, started and closed here (without Dask's
-        memory limit per worker, which would restart a worker fitting a large batch).
+        of ``J`` single-threaded worker processes, started and closed here
+        (:func:`local_cluster`).
     scheduler : the address of a running Dask scheduler (e.g. ``tcp://10.0.0.1:8786``) to
         send the batches to (with ``jobs=1``).
     run : what runs a batch (:func:`run_batch`); on a cluster, a function the workers can
@@ -158,9 +162,7 @@ def run_batches(batches: Iterable[Batch], *, jobs: int = 1, scheduler: str | Non
     _check_serialisable(batches, distributed.protocol.pickle.dumps)
     with contextlib.ExitStack() as stack:
         if scheduler is None:
-            cluster = stack.enter_context(distributed.LocalCluster(
-                n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None,
-                memory_limit=0))
+            cluster = stack.enter_context(local_cluster(jobs))
             scheduler = cluster.scheduler_address
         client = stack.enter_context(distributed.Client(scheduler))
         largest = sorted(range(len(batches)), key=lambda i: -batches[i].cost)
