@@ -85,7 +85,6 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -241,20 +240,6 @@ def ll_figure(summary: Sequence[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def run_protocol(names: Sequence[str], args: argparse.Namespace) -> list[dict]:
-    """The records of every entry on the UCI sets ``names`` under the protocol
-    (:func:`bnn_zoo.harness.compare.data_overrides`), in that order: in this process, or
-    with ``--jobs``/``--scheduler`` on a Dask cluster, one (entry, data set) batch of splits
-    per task (:func:`bnn_zoo.harness.sweep.run_batches`)."""
-    overrides = partial(compare.data_overrides, overrides=flags.budget_overrides(args),
-                        validation=args.validation)
-    return compare.run_comparison(names, args.entries, splits=args.splits, seed=args.seed,
-                                  out=args.out, device=args.device, overrides_by_data=overrides,
-                                  num_samples=args.num_samples, reference=args.reference,
-                                  replicas=args.replicas, cached_only=args.cached_only,
-                                  jobs=args.jobs, scheduler=args.scheduler, threads=args.threads)
-
-
 def coverage_rows(records: Sequence[dict]) -> list[dict]:
     """Per data set and entry of the finished gap-split runs in ``records``: the mean
     coverage of the 90% interval over the input dimensions (``coverage_90``), the lowest
@@ -311,7 +296,8 @@ def write_gap_tables(records: list[dict], out: Path) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The flags of the protocol; ``--out`` defaults to :data:`GAP_OUT` with ``--gap``."""
+    """The flags of the protocol; ``--out`` defaults to :data:`GAP_OUT` with ``--gap``, and
+    ``--data`` names the sets in full (``uci/<name>`` or, with ``--gap``, ``uci_gap/<name>``)."""
     gap = argparse.ArgumentParser(add_help=False)
     gap.add_argument("--gap", action="store_true")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -327,6 +313,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = flags.parse(parser, argv)
     if not 0.0 <= args.validation < 1.0:
         parser.error(f"--validation must be in [0, 1), got {args.validation}")
+    prefix = UCI_GAP_PREFIX if args.gap else UCI_PREFIX
+    args.data = [f"{prefix}{uci_set(d) or d}" for d in args.data]
     return args
 
 
@@ -336,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     name = prefix.removesuffix("/")
     restored = runs.restore_cache(args.out, f"{name}_summary", task="regression")
     print(f"Restored {restored} cached runs from {args.out}/{name}_summary.json")
-    records = run_protocol([f"{prefix}{uci_set(d) or d}" for d in args.data], args)
+    records = compare.records_from_args(args, validation=args.validation)
     measured = {r["data"] for r in records}
     write_csv(args.out / f"{name}.csv", tidy_rows(records))
     summary, table = compare.write_comparison(

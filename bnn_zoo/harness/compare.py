@@ -43,8 +43,8 @@ from bnn_zoo.harness.tables import write_tables
 
 __all__ = ["REPLICAS", "TABLE_COLUMNS", "UCI_MODEL_OPTIONS", "UCI_VALIDATION", "data_overrides",
            "default_entries", "failures", "notes", "output_files", "protocol_overrides",
-           "run_comparison", "run_from_args", "split_indices", "write_comparison",
-           "write_reference"]
+           "records_from_args", "run_comparison", "run_from_args", "split_indices",
+           "write_comparison", "write_reference"]
 
 #: ``replicas`` of :func:`run_comparison`: fit the splits of a data set together as replicas
 #: where the entry can (``auto``), demand it (``on``), or fit one by one (``off``).
@@ -323,23 +323,33 @@ def write_reference(records: list[dict], out: str | Path, reference: str) -> str
                         provenance=versions(run_columns(r) for r in records))
 
 
+def records_from_args(args: argparse.Namespace, *, validation: float | None = 0.0,
+                      net: Mapping[str, zoo.Network] | None = None) -> list[dict]:
+    """The records of :func:`run_comparison` as the parsed comparison flags
+    (:func:`~bnn_zoo.harness.flags.add_comparison_flags`) ask for it, each data set with its
+    :func:`data_overrides` (``validation`` as there), the networks ``net`` in place of the
+    entries' models, and ``--cached-only`` where the command has it."""
+    return run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
+                          out=args.out, device=args.device,
+                          overrides_by_data=partial(data_overrides,
+                                                    overrides=flags.budget_overrides(args),
+                                                    validation=validation),
+                          num_samples=args.num_samples, reference=args.reference, net=net,
+                          replicas=args.replicas,
+                          cached_only=getattr(args, "cached_only", False), jobs=args.jobs,
+                          scheduler=args.scheduler, threads=args.threads)
+
+
 def run_from_args(args: argparse.Namespace, *, validation: float | None = 0.0) -> list[dict]:
     """Run the comparison that the parsed comparison flags ask for, print the table and
     write the files and figures under ``args.out``. Each data set runs with its
     :func:`data_overrides` (``validation``: the share of each training split on which
     entries with a tunable noise tune it; ``None``: the UCI protocol's on UCI sets, none
     elsewhere); the batches run where ``--jobs`` and ``--scheduler`` say
-    (:func:`bnn_zoo.harness.sweep.run_batches`)."""
+    (:func:`records_from_args`)."""
     check_writable("--out", args.out, files=output_files(args.data), folders=["runs"])
     net = flags.network(args)
-    records = run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
-                             out=args.out, device=args.device,
-                             overrides_by_data=partial(data_overrides,
-                                                       overrides=flags.budget_overrides(args),
-                                                       validation=validation),
-                             num_samples=args.num_samples, reference=args.reference, net=net,
-                             replicas=args.replicas, jobs=args.jobs, scheduler=args.scheduler,
-                             threads=args.threads)
+    records = records_from_args(args, validation=validation, net=net)
     preamble = "" if net is None else (
         f"Every entry fits the network `{args.net}` ("
         + ", ".join(f"`{net[d].name}` on {d}" for d in args.data)
