@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bnn_zoo.harness import flags
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = "benchmarks/results"
 KINDS = ("sweep", "timing", "other")
@@ -151,13 +153,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--all", action="store_true", help="every folder")
     parser.add_argument("--list", action="store_true", help="print the folders and commands")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
-    engine = parser.add_mutually_exclusive_group()
-    engine.add_argument("--jobs", type=int, default=1,
-                        help="local workers of each sweep (default 1: in its process)")
-    engine.add_argument("--scheduler", help="address of a running Dask scheduler for sweeps")
+    flags.add_engine_flags(parser)
     args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error(f"--jobs must be a positive integer, got {args.jobs}")
     if args.list:
         for result in RESULTS:
             for line in result.argv(1, None):
