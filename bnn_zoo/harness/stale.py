@@ -41,25 +41,32 @@ def _runs(path: Path) -> list[dict] | None:
     return runs
 
 
+def _results(paths: Iterable[str | Path]) -> list[tuple[Path, list[dict]]]:
+    """Each results file at ``paths`` with the run records it keeps (see
+    :func:`results_files`), each file read once."""
+    found = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files = (f for f in sorted(path.rglob("*.json"))
+                     if "runs" not in f.relative_to(path).parts[:-1])
+            found += [(f, kept) for f in files if (kept := _runs(f))]
+        elif not path.is_file():
+            raise ValueError(f"Expected paths to be results folders or files, but {path} "
+                             "does not exist.")
+        elif (kept := _runs(path)) is None:
+            raise ValueError(f"Expected {path} to keep the runs of a comparison (a \"runs\" "
+                             "list of run records), but it does not.")
+        else:
+            found.append((path, kept))
+    return found
+
+
 def results_files(paths: Iterable[str | Path]) -> list[Path]:
     """The results files at ``paths`` that keep the run records of a comparison (a
     ``"runs"`` list of records with :data:`RUN_FIELDS`): each file named, and every such
     ``*.json`` under each folder named (the run cache ``runs/`` aside); a named file that
     keeps none, or a path that does not exist, is a ``ValueError``."""
-    found = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found += [f for f in sorted(path.rglob("*.json"))
-                      if "runs" not in f.relative_to(path).parts[:-1] and _runs(f)]
-        elif not path.is_file():
-            raise ValueError(f"Expected paths to be results folders or files, but {path} "
-                             "does not exist.")
-        elif _runs(path) is None:
-            raise ValueError(f"Expected {path} to keep the runs of a comparison (a \"runs\" "
-                             "list of run records), but it does not.")
-        else:
-            found.append(path)
-    return found
+    return [path for path, _ in _results(paths)]
 
 
 def stale_cells(paths: Iterable[str | Path], code: str | None = None) -> list[dict]:
@@ -69,9 +76,9 @@ def stale_cells(paths: Iterable[str | Path], code: str | None = None) -> list[di
     ``runs`` (the cell's runs). Runs a table listed as never run (not cached) do not count."""
     code = code or code_version()
     rows = []
-    for file in results_files(paths):
+    for file, kept in _results(paths):
         cells: dict[tuple[str, str], list[dict]] = {}
-        for r in _runs(file) or []:
+        for r in kept:
             if r.get("reason") != NOT_CACHED:
                 cells.setdefault((r["entry"], r["data"]), []).append(r)
         for (entry, data), group in cells.items():
