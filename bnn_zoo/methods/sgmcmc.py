@@ -167,14 +167,13 @@ class _Potential:
     def __init__(self, model: Callable, x: Tensor, y: Tensor | None,
                  init: Mapping[str, Tensor] | None) -> None:
         self.subsample = subsample_data(torch.arange(x.shape[0], device=x.device))
+        start = init_to_value(values=dict(init or {}))
         self.initial, self.potential_fn, self.transforms, _ = initialize_model(
-            self.subsample(model), model_args=(x, y),
-            init_strategy=init_to_value(values=dict(init or {})))
+            self.subsample(model), model_args=(x, y), init_strategy=start)
         self.initial = {k: v.detach() for k, v in self.initial.items()}
         self.size = x.shape[0]
         prior = poutine.block(model, hide_fn=lambda site: site.get("is_observed", False))
-        self.prior_fn = initialize_model(prior, model_args=(x, y),
-                                         init_strategy=init_to_value(values=dict(init or {})))[1]
+        self.prior_fn = initialize_model(prior, model_args=(x, y), init_strategy=start)[1]
 
     def prior_curvature(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """``|H 1|``, ``H`` the Hessian of the prior's part of ``U`` (``-log p(theta)`` with
