@@ -1,14 +1,18 @@
 """Zoo entry ``mc_dropout``: MC dropout (Gal and Ghahramani 2016, "Dropout as a Bayesian
 Approximation: Representing Model Uncertainty in Deep Learning").
 
-The ``map`` entry's model (fan-in prior ``N(0, 1/d_in)``, learned noise) under
-:class:`~bnn_zoo.guides.dropout.MCDropoutGuide`: point masses ``M`` over the weights, the
-inputs of every layer but the first dropped at rate ``p = 0.05`` (Gal's rate on most UCI
-sets; ``guide_options={"dropout": p}``), ``W = M diag(z) / (1 - p)``,
+The zoo's MLP with its unit prior ``N(0, 1)`` and learned noise
+(:func:`~bnn_zoo.zoo._defaults.mlp`) under :class:`~bnn_zoo.guides.dropout.MCDropoutGuide`:
+point masses ``M`` over the weights, the inputs of every layer but the first dropped at rate
+``p = 0.05`` (Gal's rate on most UCI sets; ``guide_options={"dropout": p}``),
+``W = M diag(z) / (1 - p)``,
 ``z_j ~ Bernoulli(1 - p)``, trained on the ELBO, which is Gal's dropout objective with the
 prior's weight decay ``lambda = (1 - p) l^2 / (2 N tau)`` (prior length-scale ``l = 1/s``
-for a weight of prior scale ``s``, ``tau`` the noise precision). The predictive averages the
-networks of ``S`` mask draws, ``p(y | x) ~ 1/S sum_s p(y | x, M diag(z_s) / (1 - p))``.
+for a weight of prior scale ``s``, ``tau`` the noise precision). The unit prior (``l = 1``)
+is weaker than ``map``'s fan-in prior (``l^2 = d_in``: 50 on the hidden layer's weights)
+and nearer Gal's ``l = 1e-2``; under the fan-in prior the dropout net underfits (on the UCI
+protocol, concrete most). The predictive averages the networks of ``S`` mask draws,
+``p(y | x) ~ 1/S sum_s p(y | x, M diag(z_s) / (1 - p))``.
 
 The masks are drawn once per weight sample, for the whole minibatch (Gal's ``q(W)``: one
 draw of ``W`` per sample), not once per point as dropout layers draw them; both are
@@ -28,7 +32,7 @@ from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import TASKS, BayesianMLP
 from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo import Entry, register
-from bnn_zoo.zoo._defaults import fan_in_mlp, init_loc_fn
+from bnn_zoo.zoo._defaults import init_loc_fn, mlp
 
 
 def dropout_guide(model: BayesianMLP | BayesianModule, *, dropout: float = 0.05
@@ -44,7 +48,7 @@ register(Entry(
     tasks=TASKS,
     source='Gal & Ghahramani 2016, "Dropout as a Bayesian Approximation: Representing Model '
            'Uncertainty in Deep Learning"',
-    model=fan_in_mlp,
+    model=mlp,
     method=SVI(dropout_guide, elbo=MeanFieldELBO, replicas=True),
     budget=Budget(steps=4000, lr=1e-2, batch_size=256, num_particles=4, jit=True),
     tunable_noise=True,
