@@ -2,7 +2,8 @@
 
 :func:`code_version` is a short digest of the source that computes results: the ``.py``
 files of the packages ``bnn_zoo``, ``bnn_zoo.models`` and ``bnn_zoo.guides``, sorted by
-their path inside the package and hashed with their contents (SHA-256). It is not the git
+their path inside the package and hashed with their contents (SHA-256), less the modules of
+:data:`NOT_RESULTS`, which never change what a run records. It is not the git
 commit: a commit that changes only the documentation or the committed results leaves it as
 it is, so cached runs stay valid across such commits, and a run with uncommitted changes to
 the code has a version of its own. Every run record names it (in its settings, hence in its
@@ -34,11 +35,18 @@ import bnn_zoo
 import bnn_zoo.guides
 import bnn_zoo.models
 
-__all__ = ["CODE_PACKAGES", "UNKNOWN", "code_digest", "code_version", "git_state", "note",
-           "provenance", "run_code", "run_columns", "versions"]
+__all__ = ["CODE_PACKAGES", "NOT_RESULTS", "UNKNOWN", "code_digest", "code_version",
+           "commit_column", "git_state", "note", "provenance", "run_code", "run_columns",
+           "versions"]
 
 #: The packages whose source computes results, hashed by :func:`code_version`.
 CODE_PACKAGES = (bnn_zoo, bnn_zoo.models, bnn_zoo.guides)
+#: The modules left out of :func:`code_version`: the engine that runs the batches of a sweep
+#: (whose records are tested equal to the serial run's) and the reporting that reads records
+#: back into tables and lists. A change to them changes no record, so it keeps the cached
+#: runs valid.
+NOT_RESULTS = ("bnn_zoo/harness/readme_tables.py", "bnn_zoo/harness/stale.py",
+               "bnn_zoo/harness/sweep.py", "bnn_zoo/harness/tables.py")
 #: What a table shows for the code or commit of a run that does not record it.
 UNKNOWN = "unknown"
 #: How many hexadecimal digits of the digest :func:`code_version` keeps.
@@ -48,14 +56,17 @@ DIGITS = 12
 _CODE_PATHS = ("bnn_zoo", "models", "guides", "benchmarks", ":(exclude)benchmarks/results")
 
 
-def code_digest(roots: Mapping[str, Path]) -> str:
+def code_digest(roots: Mapping[str, Path], exclude: Iterable[str] = ()) -> str:
     """The digest of every ``.py`` file under the folders ``roots`` (a name for each, which
-    prefixes the relative paths): SHA-256 over the sorted ``name/relative/path`` and the
-    bytes of each file, its first :data:`DIGITS` hexadecimal digits. Compiled files and
-    anything that is not ``.py`` do not count."""
-    files = sorted((f"{name}/{path.relative_to(root).as_posix()}", path)
-                   for name, root in roots.items() for path in Path(root).rglob("*.py")
-                   if "__pycache__" not in path.parts)
+    prefixes the relative paths) but those whose ``name/relative/path`` is in ``exclude``:
+    SHA-256 over the sorted ``name/relative/path`` and the bytes of each file, its first
+    :data:`DIGITS` hexadecimal digits. Compiled files and anything that is not ``.py`` do
+    not count."""
+    excluded = set(exclude)
+    files = sorted((relative, path) for name, root in roots.items()
+                   for path in Path(root).rglob("*.py") if "__pycache__" not in path.parts
+                   if (relative := f"{name}/{path.relative_to(root).as_posix()}")
+                   not in excluded)
     digest = hashlib.sha256()
     for relative, path in files:
         digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -65,9 +76,9 @@ def code_digest(roots: Mapping[str, Path]) -> str:
 @cache
 def code_version() -> str:
     """The :func:`code_digest` of the packages of :data:`CODE_PACKAGES` as this process
-    imported them (computed once per process)."""
+    imported them, less :data:`NOT_RESULTS` (computed once per process)."""
     return code_digest({package.__name__: Path(package.__path__[0])
-                        for package in CODE_PACKAGES})
+                        for package in CODE_PACKAGES}, exclude=NOT_RESULTS)
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -119,18 +130,21 @@ def run_code(run: Mapping) -> str:
     return code or UNKNOWN
 
 
-def run_columns(run: Mapping) -> dict[str, str]:
-    """A run's ``code`` (:func:`run_code`) and ``commit`` as table columns: the short
-    commit, with ``-dirty`` where the code differed from it, ``none`` outside a git
-    checkout, :data:`UNKNOWN` for a record without provenance."""
-    origin = run.get("provenance")
+def commit_column(origin: Mapping | None) -> str:
+    """The commit of a :func:`provenance` as a table column: the short commit, with
+    ``-dirty`` where the code differed from it, ``none`` outside a git checkout,
+    :data:`UNKNOWN` where there is no provenance."""
     if not origin:
-        commit = UNKNOWN
-    elif origin.get("commit") is None:
-        commit = "none"
-    else:
-        commit = origin["commit"] + ("-dirty" if origin.get("dirty") else "")
-    return {"code": run_code(run), "commit": commit}
+        return UNKNOWN
+    if origin.get("commit") is None:
+        return "none"
+    return origin["commit"] + ("-dirty" if origin.get("dirty") else "")
+
+
+def run_columns(run: Mapping) -> dict[str, str]:
+    """A run's ``code`` (:func:`run_code`) and ``commit`` (:func:`commit_column`) as table
+    columns."""
+    return {"code": run_code(run), "commit": commit_column(run.get("provenance"))}
 
 
 def versions(rows: Iterable[Mapping]) -> dict[str, list[str]]:

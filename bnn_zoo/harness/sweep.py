@@ -104,10 +104,12 @@ def _distributed() -> ModuleType:
 def local_cluster(jobs: int):
     """A local Dask cluster (``distributed.LocalCluster``) of ``jobs`` single-threaded worker
     processes, without Dask's memory limit per worker (which would restart a worker fitting
-    a large batch) and without a dashboard; a context manager that closes it."""
+    a large batch) and with its dashboard and the scheduler's HTTP server (metrics, health)
+    on a free port, so that it runs beside other clusters; a context manager that closes
+    it."""
     return _distributed().LocalCluster(n_workers=check_positive_int("jobs", jobs),
                                        threads_per_worker=1, processes=True,
-                                       dashboard_address=None, memory_limit=0)
+                                       dashboard_address=":0", memory_limit=0)
 
 
 def _check_serialisable(batches: Sequence[Batch], dumps: Callable[[object], bytes]) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bnn_zoo.core.files import write_text_atomic
-from bnn_zoo.harness.provenance import note, run_columns, versions
+from bnn_zoo.harness.provenance import commit_column, note
 from bnn_zoo.harness.provenance import provenance as process_provenance
 from bnn_zoo.harness.summary import RUNS
 
@@ -152,7 +152,8 @@ def write_tables(out: str | Path, name: str, rows: Sequence[dict], *, keys: Sequ
     """
     if provenance is None:
         process = process_provenance()
-        provenance = {**versions([run_columns({"provenance": process})]), "process": process}
+        provenance = {"code": [process["code"]], "commit": [commit_column(process)],
+                      "process": process}
     out = Path(out)
     table = markdown_table([*rows, *markdown_rows], keys=keys, columns=columns,
                            section=section, notes=notes)
