@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 from bnn_zoo.core.files import load_plain, save_atomic
+from bnn_zoo.core.lr_schedule import set_lr
 from bnn_zoo.core.step import SVIStep
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointWarning", "checkpoint_path", "resume",
@@ -86,8 +87,7 @@ def resume(step: SVIStep, path: Path, steps: int) -> list[float]:
     if saved_lr != lr:
         warnings.warn(f"The checkpoint {str(path)!r} was trained with lr={saved_lr!r}; the "
                       f"resumed run goes on with lr={lr!r}.", CheckpointWarning, stacklevel=3)
-        for group in step.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(step.optimizer, lr)
     return [float(value) for value in state["losses"]]
 
 

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from bnn_zoo.core.checkpoint import save_checkpoint
 from bnn_zoo.core.distributed import is_main_process
+from bnn_zoo.core.lr_schedule import lr_factor, set_lr
 from bnn_zoo.core.step import SVIStep
 
 __all__ = ["run_steps"]
@@ -28,13 +29,15 @@ __all__ = ["run_steps"]
 
 def run_steps(step: SVIStep, steps: int, losses: list, *, progress: bool | None,
               path: Path | None = None, checkpoint_every: int = 1000, check_every: int = 1,
-              desc: str = "SVI") -> float:
+              desc: str = "SVI", lr_schedule: str = "constant") -> float:
     """Run ``step`` until it has done ``steps`` steps, appending each step's loss to
     ``losses`` (a float, or what the step's :meth:`~bnn_zoo.core.step.SVIStep.check` reads
     back), read back and checked every ``check_every`` steps (module doc); return the wall
     time. ``progress``: a tqdm bar named ``desc`` (``None``: only when stderr is a terminal;
     rank 0 only). Writes the checkpoint ``path`` every ``checkpoint_every`` steps and at
-    the end (rank 0 only)."""
+    the end (rank 0 only). ``lr_schedule``: the learning rate of each step, as a fraction
+    of ``step.lr`` (:mod:`bnn_zoo.core.lr_schedule`)."""
+    lr_factor(lr_schedule, 0, steps)  # refuses an unknown schedule before any step
     show = (sys.stderr.isatty() if progress is None else progress) and is_main_process()
     if not is_main_process():
         path = None  # every process resumes from the checkpoint; rank 0 alone writes it
@@ -49,6 +52,8 @@ def run_steps(step: SVIStep, steps: int, losses: list, *, progress: bool | None,
     with tqdm(total=steps, initial=step.step_count, disable=not show, desc=desc,
               leave=False) as bar:
         while step.step_count < steps:
+            if lr_schedule != "constant":
+                set_lr(step.optimizer, step.lr * lr_factor(lr_schedule, step.step_count, steps))
             if check_every == 1:
                 losses.append(step())
             else:

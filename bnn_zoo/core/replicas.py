@@ -178,7 +178,8 @@ class ReplicaSVIStep(SVIStep):
 
 
 def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, steps: int,
-                 lr: float = 1e-2, batch_size: int | None = None, num_particles: int = 1,
+                 lr: float = 1e-2, lr_schedule: str = "constant",
+                 batch_size: int | None = None, num_particles: int = 1,
                  elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO,
                  kl_weighting: str = "uniform", seed: int | None = None,
                  progress: bool | None = None, max_plate_nesting: int = 1, jit: bool = False,
@@ -215,7 +216,8 @@ def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, step
                               max_plate_nesting=max_plate_nesting, jit=jit)
         history: list[list[float]] = []
         seconds = run_steps(step, steps, history, progress=progress, check_every=check_every,
-                            desc=f"SVI x{step.replicas}") / step.replicas
+                            desc=f"SVI x{step.replicas}",
+                            lr_schedule=lr_schedule) / step.replicas
     by_replica = [list(column) for column in zip(*history)]
     return [FitResult(losses=losses, seconds=seconds, steps=steps) for losses in by_replica]
 

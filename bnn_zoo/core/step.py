@@ -188,6 +188,7 @@ class SVIStep:
         if not self.params:
             raise ValueError("Expected the model or the guide to have trainable parameters.")
         self.average = GradientAverager(self.params) if distributed else None
+        self.lr = lr  # the base rate: a schedule (bnn_zoo.core.lr_schedule) scales it per step
         self.optimizer = torch.optim.Adam(self.params, lr=lr, fused=_fusable(self.params))
         self.step_count = 0
         self.jit = jit
@@ -408,5 +409,5 @@ class SVIStep:
                         for name, t in m.state_dict().items()},
             "data size N": self.n, "batch size": self.batch,
             "number of batches": self.num_batches, "ELBO": type(self.loss_fn).__name__,
-            "KL weighting": self.kl_weighting, "lr": self.optimizer.param_groups[0]["lr"],
+            "KL weighting": self.kl_weighting, "lr": self.lr,
         }

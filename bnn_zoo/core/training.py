@@ -20,8 +20,15 @@ from torch import Tensor, nn
 from bnn_zoo.core.batch_step import LoaderStep
 from bnn_zoo.core.batches import Batches, as_batches, is_loader
 from bnn_zoo.core.checkpoint import checkpoint_path, resume
-from bnn_zoo.core.checks import check_bool, check_positive_int, check_seed, check_values
+from bnn_zoo.core.checks import (
+    check_bool,
+    check_choice,
+    check_positive_int,
+    check_seed,
+    check_values,
+)
 from bnn_zoo.core.loop import run_steps
+from bnn_zoo.core.lr_schedule import LR_SCHEDULES
 from bnn_zoo.core.step import SVIStep
 
 __all__ = ["FitResult", "fit", "loader_batches"]
@@ -49,9 +56,9 @@ def _named_parameters(modules: list[nn.Module]) -> dict[str, Tensor]:
 
 def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None = None, *,
         steps: int,
-        lr: float = 1e-2, batch_size: int | None = None, num_particles: int = 1,
-        elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO, kl_weighting: str = "uniform",
-        seed: int | None = None, progress: bool | None = None,
+        lr: float = 1e-2, lr_schedule: str = "constant", batch_size: int | None = None,
+        num_particles: int = 1, elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO,
+        kl_weighting: str = "uniform", seed: int | None = None, progress: bool | None = None,
         checkpoint: str | Path | None = None, checkpoint_every: int = 1000,
         max_plate_nesting: int = 1, jit: bool = False,
         validate: bool | None = None, distributed: bool = False,
@@ -75,6 +82,9 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
     steps : total number of optimiser steps (minibatches).
     lr : Adam learning rate; one fused ``torch.optim.Adam`` over all parameters
         of the model and the guide.
+    lr_schedule : the learning rate of each step as a fraction of ``lr``: ``"constant"``
+        or ``"cosine"`` (annealed to nearly 0 at the last step; see
+        :mod:`bnn_zoo.core.lr_schedule`).
     batch_size : minibatch size ``B`` (``None``: the full data every step).
     num_particles : ELBO particles, vectorised (``vectorize_particles=True``).
     elbo : the ELBO class, e.g. ``Trace_ELBO`` or ``TraceMeanField_ELBO``.
@@ -131,6 +141,7 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
             check_values(name, value)
     batches = loader_batches(x, y, num_data, batch_size=batch_size, distributed=distributed)
     check_positive_int("steps", steps)
+    check_choice("lr_schedule", lr_schedule, LR_SCHEDULES)
     check_positive_int("checkpoint_every", checkpoint_every)
     check_positive_int("check_every", check_every)
     seed = check_seed("seed", seed, allow_none=True)
@@ -147,7 +158,7 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
         step = SVIStep(model, guide, x, y, batch_size=batch_size, distributed=distributed,
                        **options) if batches is None else LoaderStep(model, guide, batches,
                                                                      **options)
-        return _fit(step, steps, progress, path, checkpoint_every, check_every)
+        return _fit(step, steps, progress, path, checkpoint_every, check_every, lr_schedule)
 
 
 def loader_batches(x: object, y: object, num_data: int | None, *, batch_size: int | None,
@@ -174,12 +185,13 @@ def loader_batches(x: object, y: object, num_data: int | None, *, batch_size: in
 
 
 def _fit(step: SVIStep, steps: int, progress: bool | None, path: Path | None,
-         checkpoint_every: int, check_every: int = 1) -> FitResult:
+         checkpoint_every: int, check_every: int, lr_schedule: str) -> FitResult:
     losses: list[float] = []
     if path is not None and path.exists():
         losses = resume(step, path, steps)
     start_step = step.step_count
     seconds = run_steps(step, steps, losses, progress=progress, path=path,
-                        checkpoint_every=checkpoint_every, check_every=check_every)
+                        checkpoint_every=checkpoint_every, check_every=check_every,
+                        lr_schedule=lr_schedule)
     return FitResult(losses=losses, seconds=seconds, steps=steps - start_step,
                      parameters=_named_parameters(step.modules))

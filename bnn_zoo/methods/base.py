@@ -22,6 +22,7 @@ from bnn_zoo.core.checks import (
     check_positive,
     check_positive_int,
 )
+from bnn_zoo.core.lr_schedule import LR_SCHEDULES
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
 from bnn_zoo.core.step import KL_WEIGHTINGS
@@ -72,6 +73,7 @@ class Budget:
 
     steps: int = 3000
     lr: float = 1e-2
+    lr_schedule: str = "constant"
     batch_size: int | None = 256
     num_particles: int = 1
     kl_weighting: str = "uniform"
@@ -84,12 +86,14 @@ class Budget:
         """Check every field (``dataclasses.replace`` runs this again), so a wrong type or
         range is refused here, naming the field, instead of being coerced or failing deep
         inside a method: ``steps``, ``num_particles`` ints >= 1, ``lr`` a finite number
-        > 0, ``batch_size`` ``None`` or an int >= 1, ``kl_weighting`` one of
+        > 0, ``lr_schedule`` one of :data:`~bnn_zoo.core.lr_schedule.LR_SCHEDULES`,
+        ``batch_size`` ``None`` or an int >= 1, ``kl_weighting`` one of
         :data:`~bnn_zoo.core.step.KL_WEIGHTINGS`, ``jit`` and ``distributed`` bools
         (not 0/1), ``validation`` a number in [0, 1), ``check_every`` ``None`` or an int
         >= 1."""
         check_positive_int("steps", self.steps)
         check_positive("lr", self.lr)
+        check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         check_positive_int("batch_size", self.batch_size, allow_none=True)
         check_positive_int("num_particles", self.num_particles)
         check_choice("kl_weighting", self.kl_weighting, KL_WEIGHTINGS)
@@ -121,9 +125,9 @@ class Budget:
 
     def _svi_options(self) -> dict[str, Any]:
         """The fields that every SVI run takes as they are."""
-        return {"steps": self.steps, "lr": self.lr, "batch_size": self.batch_size,
-                "num_particles": self.num_particles, "kl_weighting": self.kl_weighting,
-                "jit": self.jit}
+        return {"steps": self.steps, "lr": self.lr, "lr_schedule": self.lr_schedule,
+                "batch_size": self.batch_size, "num_particles": self.num_particles,
+                "kl_weighting": self.kl_weighting, "jit": self.jit}
 
     def run(self, model: Callable, guide: Callable, x: Tensor, y: Tensor, *,
             elbo: type[pyro.infer.ELBO], seed: int, progress: bool | None) -> FitResult:

@@ -144,11 +144,12 @@ def check_budget(budget: Budget) -> None:
     (``distributed=False``); the model has no latent site, so nothing for particles or a KL
     weighting to act on (``num_particles=1``, ``kl_weighting="uniform"``); and its Cholesky
     jitter is chosen by data-dependent Python control flow, which a traced loss would
-    freeze (``jit=False``). ``steps``, ``lr`` and ``check_every`` are honoured by
+    freeze (``jit=False``); its few full-batch steps take a constant rate
+    (``lr_schedule="constant"``). ``steps``, ``lr`` and ``check_every`` are honoured by
     :func:`fit_evidence`."""
     budget.check_supported(ENTRY_ONLY, validation=0.0)
     budget.check_supported("ExactGP", batch_size=None, distributed=False, num_particles=1,
-                           kl_weighting="uniform", jit=False)
+                           kl_weighting="uniform", jit=False, lr_schedule="constant")
 
 
 @dataclass(frozen=True)

@@ -44,16 +44,19 @@ def guide_state(fitted) -> dict[str, torch.Tensor]:
     return {**fitted.guide.state_dict(), **fitted.model.state_dict()}
 
 
-@pytest.mark.parametrize("batch_size,seeds,validation", [
-    (None, [5, 6, 7], 0.0), (16, [3, 3, 3], 0.0), (None, [1, 2, 3], 0.25)])
-def test_batched_map_equals_separate_fits_in_float64(batch_size, seeds, validation):
+@pytest.mark.parametrize("batch_size,seeds,validation,lr_schedule", [
+    (None, [5, 6, 7], 0.0, "constant"), (16, [3, 3, 3], 0.0, "cosine"),
+    (None, [1, 2, 3], 0.25, "constant")])
+def test_batched_map_equals_separate_fits_in_float64(batch_size, seeds, validation,
+                                                     lr_schedule):
     # MAP has no noise: under the same initial values (each replica starts where entry.fit
     # with its seed starts) and the same minibatches (seeds equal when minibatching, as
     # every replica takes the order of seeds[0]) the trajectories agree up to round-off;
     # with validation > 0 each holds out the rows entry.fit holds out and tunes its noise.
     x, y = regression_sets(3)
     entry = zoo.get("map")
-    options = {**SMALL, "batch_size": batch_size, "validation": validation}
+    options = {**SMALL, "batch_size": batch_size, "validation": validation,
+               "lr_schedule": lr_schedule}
     many = entry.fit_many(x, y, seeds=seeds, **options)
     for r, fitted in enumerate(many):
         alone = entry.fit(x[r], y[r], seed=seeds[r], **options)

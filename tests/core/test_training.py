@@ -5,6 +5,7 @@ computations, and the data sets."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import pyro
 import pyro.distributions as dist
@@ -14,6 +15,9 @@ from pyro.infer.autoguide import AutoDelta, AutoNormal
 
 import bnn_zoo
 from bnn_zoo import data, zoo
+from bnn_zoo.core import loop
+from bnn_zoo.core.loop import run_steps
+from bnn_zoo.core.lr_schedule import lr_factor
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.core.step import SVIStep, TrainingDiverged, _fusable, _grad_norm
@@ -56,6 +60,8 @@ def test_fit_rejects_bad_options():
         bnn_zoo.fit(model, guide, x, y, steps=2, batch_size=0)
     with pytest.raises(ValueError, match="kl_weighting"):
         bnn_zoo.fit(model, guide, x, y, steps=2, kl_weighting="blundell")
+    with pytest.raises(ValueError, match="lr_schedule 'linear'"):
+        bnn_zoo.fit(model, guide, x, y, steps=2, lr_schedule="linear")
     with pytest.raises(TypeError, match="elbo"):
         bnn_zoo.fit(model, guide, x, y, steps=2, elbo="Trace_ELBO")
     with pytest.raises(ValueError, match="hiden"):
@@ -221,6 +227,66 @@ def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path, check_every):
     assert resumed.losses == pytest.approx(straight.losses)
     for name in expected:
         torch.testing.assert_close(got[name], expected[name])
+
+
+def test_lr_schedule_factors():
+    assert [lr_factor("constant", t, 4) for t in range(4)] == [1.0] * 4
+    cosine = [lr_factor("cosine", t, 4) for t in range(4)]
+    assert cosine == pytest.approx([1.0, (1 + math.sqrt(0.5)) / 2, 0.5,
+                                    (1 - math.sqrt(0.5)) / 2])
+    with pytest.raises(ValueError, match="lr_schedule 'step'; expected one of: constant"):
+        lr_factor("step", 0, 4)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_each_step_takes_the_learning_rate_of_its_schedule(schedule):
+    x, y = small_problem()
+    model = BayesianMLP(1, 1, (4,))
+    step = SVIStep(model, AutoDelta(model), x, y, lr=0.1, seed=0)
+    used: list[float] = []
+    adam_step = step.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        used.append(step.optimizer.param_groups[0]["lr"])
+        return adam_step(*args, **kwargs)
+
+    step.optimizer.step = recording_step
+    run_steps(step, 8, [], progress=False, lr_schedule=schedule)
+    assert used == pytest.approx([0.1 * lr_factor(schedule, t, 8) for t in range(8)])
+    assert step.lr == 0.1  # the base rate stays; a checkpoint records it
+
+
+def test_a_resumed_cosine_run_goes_on_with_the_uninterrupted_runs_rates(tmp_path, monkeypatch):
+    # The run is cut at step 10 of 20 (a copy of its checkpoint then) and resumed to 20:
+    # the rate is a function of the step count and the total, so the two runs agree.
+    x, y = small_problem()
+    middle = tmp_path / "middle.pt"
+    save = loop.save_checkpoint
+
+    def save_and_keep_the_middle(step, losses, path):
+        save(step, losses, path)
+        if step.step_count == 10:
+            shutil.copy(path, middle)
+
+    def run(path, schedule="cosine"):
+        pyro.set_rng_seed(0)
+        model = BayesianMLP(1, 1, (6,))
+        guide = AutoNormal(model)
+        result = bnn_zoo.fit(model, guide, x, y, steps=20, lr=0.05, lr_schedule=schedule,
+                             batch_size=16, seed=1, checkpoint=path, checkpoint_every=5)
+        return result, parameters(guide)
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_and_keep_the_middle)
+    straight, expected = run(tmp_path / "straight.pt")
+    monkeypatch.setattr(loop, "save_checkpoint", save)
+    resumed, got = run(middle)
+    assert resumed.steps == 10
+    assert resumed.losses == pytest.approx(straight.losses)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name])
+    constant, _ = run(None, schedule="constant")
+    assert constant.losses[:1] == straight.losses[:1]  # the first step takes the full rate
+    assert constant.losses[10:] != pytest.approx(straight.losses[10:])  # then the rates part
 
 
 def test_guides_fitted_one_after_another_stay_independent():

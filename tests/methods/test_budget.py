@@ -18,8 +18,9 @@ from bnn_zoo.methods.gp import fit_evidence
 from bnn_zoo.models.nngp import NNGPRegression
 
 #: A value of each field other than the one in BASE.
-VALUES = {"steps": 3, "lr": 0.02, "batch_size": 8, "num_particles": 2,
-          "kl_weighting": "graves", "jit": True, "distributed": True, "check_every": 2}
+VALUES = {"steps": 3, "lr": 0.02, "lr_schedule": "cosine", "batch_size": 8,
+          "num_particles": 2, "kl_weighting": "graves", "jit": True, "distributed": True,
+          "check_every": 2}
 BASE = Budget(steps=1, lr=0.01, batch_size=None)
 
 
@@ -38,7 +39,7 @@ CASES = [
     Case("laplace", "fit", "Laplace", LAPLACE_REFUSES),
     Case("laplace", "fit_many", "Laplace", LAPLACE_REFUSES),
     Case("nngp", "fit", "ExactGP",
-         ("batch_size", "num_particles", "kl_weighting", "jit", "distributed")),
+         ("lr_schedule", "batch_size", "num_particles", "kl_weighting", "jit", "distributed")),
     Case("nuts", "fit", "NUTS", ("distributed",)),
     Case("deep_ensemble", "fit", "Ensemble", ()),
     Case("laplace_ensemble", "fit", "Laplace", LAPLACE_REFUSES),
