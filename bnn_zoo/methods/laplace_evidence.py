@@ -145,7 +145,8 @@ def gradient_update(post: LaplacePosterior, per_layer: bool,
     """Maximise :meth:`LaplacePosterior.log_evidence` in ``log alpha``, ``log beta`` by L-BFGS
     (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`, as the refits); ``log beta`` is (D,) with
     a noise precision per output, and absent where ``beta`` stays 1 (classification,
-    heteroscedastic regression)."""
+    heteroscedastic regression). A trial point whose ``alpha`` or ``beta`` over- or
+    underflows (0 or infinite) has objective ``inf``: the line search steps back from it."""
     covered = post.covered_layers
     log_alpha = torch.log(post.alpha[covered] if per_layer else post.alpha[covered[:1]])
     regression = post.likelihood == "gaussian"
@@ -158,6 +159,10 @@ def gradient_update(post: LaplacePosterior, per_layer: bool,
         return alpha, x[k:].exp().reshape(post.beta.shape) if regression else post.beta
 
     def objective_and_gradient(x: Tensor) -> tuple[Tensor, Tensor]:
+        if not all(bool((torch.isfinite(h) & (h > 0)).all()) for h in hyperparameters(x)):
+            # A trial step of the line search so far out that exp over- or underflows: no
+            # evidence there, which the line search reads as no decrease and steps back.
+            return torch.tensor(math.inf, dtype=x.dtype), torch.zeros_like(x)
         x = x.detach().requires_grad_()
         loss = -post.log_evidence(*hyperparameters(x))
         return loss.detach(), torch.autograd.grad(loss, x)[0]

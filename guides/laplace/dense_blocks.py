@@ -142,6 +142,11 @@ class DenseBlock(TraceFromDiagonal):
             self.hessian = (evecs * self._eigenvalues) @ evecs.T
             self._factor = None
             return self.cholesky(alpha, beta)
+        if not bool(torch.isfinite(precision).all()):
+            raise NotPositiveDefiniteError(
+                f"The Laplace precision alpha I + beta H is not finite (alpha in "
+                f"[{float(alpha.min()):.3g}, {float(alpha.max()):.3g}], beta "
+                f"{float(beta.max()):.3g}): expected finite prior and noise precisions.")
         smallest = float(torch.linalg.eigvalsh(precision.detach())[0])
         raise NotPositiveDefiniteError(
             f"The Laplace precision alpha I + beta H is not positive definite (smallest "

@@ -494,6 +494,8 @@ def test_dense_cholesky_escalates_jitter_before_clipping():
     bad = torch.diag(torch.tensor([1.0, 1.0, -1.0], dtype=D))
     with pytest.raises(NotPositiveDefiniteError, match="jitter"):
         DenseBlock.from_hessian(slice(0, 3), bad).log_det(alpha, beta)
+    with pytest.raises(NotPositiveDefiniteError, match="not finite"):  # no LAPACK error
+        DenseBlock.from_hessian(slice(0, 3), hessian).log_det(alpha, torch.tensor(math.inf))
     clipped = DenseBlock.from_hessian(slice(0, 3), bad, "clip")
     torch.testing.assert_close(clipped.log_det(alpha, beta),
                                torch.log(alpha + torch.tensor([1.0, 1.0, 0.0], dtype=D)).sum())

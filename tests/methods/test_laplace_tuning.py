@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from bnn_zoo import data, zoo
+from bnn_zoo.core.lbfgs import minimize_lbfgs
 from bnn_zoo.core.nn import mlp_forward
 from bnn_zoo.guides.curvature import ParameterLayout
+from bnn_zoo.methods import laplace_evidence
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings
@@ -204,6 +206,24 @@ def test_fixed_point_and_gradient_reach_a_stationary_point_of_the_dense_evidence
             assert float(d_beta) == pytest.approx(0, abs=1e-6)
         ends.append(float(value.detach()))
     assert ends[0] == pytest.approx(ends[1], abs=1e-9)
+
+
+def test_the_gradient_update_reads_an_overflowing_trial_point_as_no_decrease(monkeypatch):
+    # A line search may try log-precisions so large that exp gives 0 or inf; the evidence
+    # is then undefined (the precision is not finite), and the objective must say "no
+    # decrease" (inf) instead of failing inside a factorisation.
+    model, layout, theta, x, y = problem("regression")
+    seen = []
+
+    def far_trial_first(fun, start, **options):
+        seen.append(fun(start + 1e4 * torch.tensor([1.0, -1.0], dtype=D)))
+        return minimize_lbfgs(fun, start, **options)
+
+    monkeypatch.setattr(laplace_evidence, "minimize_lbfgs", far_trial_first)
+    post = posterior("ggn", model, theta, x, y, evidence="gradient")
+    assert seen  # one far trial per update of the evidence loop
+    assert all(float(f) == math.inf and not grad.any() for f, grad in seen)
+    assert bool(torch.isfinite(post.alpha).all()) and bool(torch.isfinite(post.beta).all())
 
 
 @pytest.mark.parametrize("task", ["regression", "classification"])
