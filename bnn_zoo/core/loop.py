@@ -20,8 +20,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from bnn_zoo.core.checkpoint import save_checkpoint
+from bnn_zoo.core.checks import check_choice
 from bnn_zoo.core.distributed import is_main_process
-from bnn_zoo.core.lr_schedule import lr_factor, set_lr
+from bnn_zoo.core.lr_schedule import LR_SCHEDULES, lr_factor, set_lr
 from bnn_zoo.core.step import SVIStep
 
 __all__ = ["run_steps"]
@@ -37,7 +38,7 @@ def run_steps(step: SVIStep, steps: int, losses: list, *, progress: bool | None,
     rank 0 only). Writes the checkpoint ``path`` every ``checkpoint_every`` steps and at
     the end (rank 0 only). ``lr_schedule``: the learning rate of each step, as a fraction
     of ``step.lr`` (:mod:`bnn_zoo.core.lr_schedule`)."""
-    lr_factor(lr_schedule, 0, steps)  # refuses an unknown schedule before any step
+    check_choice("lr_schedule", lr_schedule, LR_SCHEDULES)
     show = (sys.stderr.isatty() if progress is None else progress) and is_main_process()
     if not is_main_process():
         path = None  # every process resumes from the checkpoint; rank 0 alone writes it

@@ -2,8 +2,9 @@
 
 A schedule gives the learning rate of step ``t`` of a run of ``T`` steps as a fraction of
 the run's ``lr``; the loop (:func:`bnn_zoo.core.loop.run_steps`) sets it on the optimiser
-before each step. It is a function of the step count alone, so a run resumed from a
-checkpoint goes on with exactly the rates of an uninterrupted one.
+before each step. It is a function of the step count and the run's length alone, so a run
+resumed from a checkpoint (to the same number of steps) goes on with exactly the rates of an
+uninterrupted one.
 
 - ``"constant"``: ``lr`` at every step.
 - ``"cosine"``: ``lr (1 + cos(pi t / T)) / 2``, cosine annealing (Loshchilov and Hutter

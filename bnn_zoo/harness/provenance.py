@@ -63,10 +63,10 @@ def code_digest(roots: Mapping[str, Path], exclude: Iterable[str] = ()) -> str:
     :data:`DIGITS` hexadecimal digits. Compiled files and anything that is not ``.py`` do
     not count."""
     excluded = set(exclude)
-    files = sorted((relative, path) for name, root in roots.items()
-                   for path in Path(root).rglob("*.py") if "__pycache__" not in path.parts
-                   if (relative := f"{name}/{path.relative_to(root).as_posix()}")
-                   not in excluded)
+    files = sorted((f"{name}/{path.relative_to(root).as_posix()}", path)
+                   for name, root in roots.items() for path in Path(root).rglob("*.py")
+                   if "__pycache__" not in path.parts)
+    files = [(relative, path) for relative, path in files if relative not in excluded]
     digest = hashlib.sha256()
     for relative, path in files:
         digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")

@@ -159,12 +159,13 @@ def gradient_update(post: LaplacePosterior, per_layer: bool,
         return alpha, x[k:].exp().reshape(post.beta.shape) if regression else post.beta
 
     def objective_and_gradient(x: Tensor) -> tuple[Tensor, Tensor]:
-        if not all(bool((torch.isfinite(h) & (h > 0)).all()) for h in hyperparameters(x)):
+        x = x.detach().requires_grad_()
+        alpha, beta = hyperparameters(x)
+        if not all(bool((torch.isfinite(h) & (h > 0)).all()) for h in (alpha, beta)):
             # A trial step of the line search so far out that exp over- or underflows: no
             # evidence there, which the line search reads as no decrease and steps back.
             return torch.tensor(math.inf, dtype=x.dtype), torch.zeros_like(x)
-        x = x.detach().requires_grad_()
-        loss = -post.log_evidence(*hyperparameters(x))
+        loss = -post.log_evidence(alpha, beta)
         return loss.detach(), torch.autograd.grad(loss, x)[0]
 
     return hyperparameters(minimize_lbfgs(objective_and_gradient, start.detach(),
