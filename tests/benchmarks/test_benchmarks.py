@@ -47,6 +47,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
                   "test_loader_benchmark_writes_the_times_and_ratios"),
     "mixture.py": ("guides/test_mixture.py", "test_benchmark_script_runs_with_tiny_flags"),
     "mixture_nuts.py": ("guides/test_mixture.py", "test_mixture_against_nuts_on_a_small_bnn_fast"),
+    "moves.py": ("benchmarks/test_moves.py",
+                 "test_main_reads_the_old_version_from_git_and_writes_its_tables"),
     "nngp.py": ("models/test_nngp.py", "test_benchmark_script_runs_with_tiny_flags"),
     "replicas.py": ("benchmarks/test_benchmarks.py",
                     "test_replicas_reports_the_times_and_peak_memory"),

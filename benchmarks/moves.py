@@ -1,0 +1,143 @@
+"""How the numbers of a committed comparison moved when it was re-run: per data set, entry
+and metric, the change between two versions of one results JSON, paired by split.
+
+A results JSON (``uci_summary.json``, ``classification_summary.json``, ...) keeps every run
+under ``"runs"`` (entry, data, split, status, metrics). For each (data, entry) cell and each
+metric ``m`` of ``--metrics``, the splits that finished (``status`` ok, ``m`` finite) in both
+versions are paired, and with ``n`` pairs
+
+.. math::
+
+    \\Delta_s = m_s^{\\text{new}} - m_s^{\\text{old}}, \\qquad
+    \\bar\\Delta = \\frac1n \\sum_s \\Delta_s, \\qquad
+    \\mathrm{SE}(\\bar\\Delta) = \\mathrm{sd}_s(\\Delta_s) / \\sqrt n.
+
+A row shows the old and new means over the pairs (each with its standard error over the
+splits, as the comparison's tables show a cell), the change ``± SE(Δ̄)``, and ``moved``:
+whether ``|Δ̄|`` exceeds the new cell's standard error, the yardstick a reader of the table
+has. A move within the pairs' own error is noise of the runs (another seed stream, another
+thread count); one beyond it is a change of the method or of its budget.
+
+The old version is a git revision's copy of the file (``--since``, default ``HEAD``) or
+another file (``--old``). Writes ``<name>.md``/``.csv``/``.json`` under ``--out`` (default:
+the file's folder; ``<name>`` defaults to the stem less ``_summary``, then ``_moves``), naming
+the new runs' code versions, and prints the moved rows.
+
+    python benchmarks/moves.py benchmarks/results/uci/uci_summary.json --since 38ae04c
+    python benchmarks/moves.py new.json --old old.json --metrics ll --out /tmp/moves
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from bnn_zoo.harness.provenance import run_columns, versions
+from bnn_zoo.harness.tables import markdown_table, write_tables
+
+KEYS = ("data", "entry", "metric")
+COLUMNS = ("old", "new", "change", "moved")
+
+
+def read_old(path: Path, since: str | None, old: Path | None) -> dict:
+    """The old version of the results JSON ``path``: the file ``old``, or ``path`` as the git
+    revision ``since`` has it."""
+    if old is not None:
+        return json.loads(old.read_text())
+    root = subprocess.run(["git", "-C", str(path.parent), "rev-parse", "--show-toplevel"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    relative = path.resolve().relative_to(Path(root).resolve()).as_posix()
+    shown = subprocess.run(["git", "-C", root, "show", f"{since}:{relative}"],
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        raise ValueError(f"Expected {relative} at revision since={since!r}, but git says: "
+                         f"{shown.stderr.strip()}")
+    return json.loads(shown.stdout)
+
+
+def split_values(document: Mapping, metric: str) -> dict[tuple[str, str], dict[int, float]]:
+    """``{(data, entry): {split: value}}`` of ``metric`` over the finished runs of a results
+    JSON (those with status ok and a finite value)."""
+    if "runs" not in document:
+        raise ValueError("Expected a results JSON with its runs (a 'runs' list), but it has none.")
+    values: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for run in document["runs"]:
+        value = (run.get("metrics") or {}).get(metric)
+        if run.get("status") == "ok" and isinstance(value, (int, float)) and math.isfinite(value):
+            values[run["data"], run["entry"]][run["split"]] = float(value)
+    return values
+
+
+def _mean_se(values: Sequence[float]) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    return mean, se
+
+
+def moves(old: Mapping, new: Mapping, metrics: Sequence[str]) -> list[dict]:
+    """One row per (data, entry, metric) with paired splits in both versions, in the new
+    document's order: ``runs`` (pairs), ``old``, ``new`` and ``change`` (each with its
+    ``_se``) and ``moved`` (``|change|`` above the new cell's standard error)."""
+    rows = []
+    for metric in metrics:
+        before, after = split_values(old, metric), split_values(new, metric)
+        for cell, values in after.items():
+            splits = sorted(values.keys() & before.get(cell, {}).keys())
+            if not splits:
+                continue
+            old_mean, old_se = _mean_se([before[cell][s] for s in splits])
+            new_mean, new_se = _mean_se([values[s] for s in splits])
+            change, change_se = _mean_se([values[s] - before[cell][s] for s in splits])
+            rows.append({"data": cell[0], "entry": cell[1], "metric": metric,
+                         "runs": len(splits), "old": old_mean, "old_se": old_se,
+                         "new": new_mean, "new_se": new_se, "change": change,
+                         "change_se": change_se, "moved": abs(change) > new_se})
+    order = {cell: i for i, cell in enumerate(dict.fromkeys(
+        (run["data"], run["entry"]) for run in new["runs"]))}
+    return sorted(rows, key=lambda r: (order[r["data"], r["entry"]], metrics.index(r["metric"])))
+
+
+def unpaired(old: Mapping, new: Mapping) -> tuple[list[tuple], list[tuple]]:
+    """The (data, entry) cells that only the old and only the new version has."""
+    cells = [{(run["data"], run["entry"]) for run in doc["runs"]} for doc in (old, new)]
+    return sorted(cells[0] - cells[1]), sorted(cells[1] - cells[0])
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", type=Path, help="the results JSON as it is now")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--since", default="HEAD", help="git revision of the old version")
+    source.add_argument("--old", type=Path, help="a file holding the old version")
+    parser.add_argument("--metrics", nargs="+", default=["ll", "rmse"])
+    parser.add_argument("--out", type=Path, help="output folder (default: the file's)")
+    parser.add_argument("--name", help="output name (default: <stem>_moves)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    new = json.loads(args.path.read_text())
+    old = read_old(args.path, args.since, args.old)
+    rows = moves(old, new, args.metrics)
+    gone, added = unpaired(old, new)
+    origin = str(args.old) if args.old is not None else f"revision {args.since}"
+    preamble = (f"Changes of `{args.path.name}` since {origin}, paired by split; `moved`: the "
+                f"change exceeds the new cell's standard error. Cells only in the new "
+                f"version: {len(added)}; only in the old: {len(gone)}.")
+    name = args.name or f"{args.path.stem.removesuffix('_summary')}_moves"
+    write_tables(args.out or args.path.parent, name, rows, keys=KEYS, columns=COLUMNS,
+                 preamble=preamble, provenance=versions(run_columns(r) for r in new["runs"]))
+    print(preamble)
+    print(markdown_table([r for r in rows if r["moved"]], keys=KEYS, columns=COLUMNS))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
