@@ -45,13 +45,17 @@ KEYS = ("data", "entry", "metric")
 COLUMNS = ("old", "new", "change", "moved")
 
 
-def read_old(path: Path, since: str | None, old: Path | None) -> dict:
+def read_old(path: Path, since: str, old: Path | None) -> dict:
     """The old version of the results JSON ``path``: the file ``old``, or ``path`` as the git
     revision ``since`` has it."""
     if old is not None:
         return json.loads(old.read_text())
-    root = subprocess.run(["git", "-C", str(path.parent), "rev-parse", "--show-toplevel"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    found = subprocess.run(["git", "-C", str(path.parent), "rev-parse", "--show-toplevel"],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        raise ValueError(f"Expected path={str(path)!r} inside a git checkout (or the old "
+                         "version as a file, --old), but it is not.")
+    root = found.stdout.strip()
     relative = path.resolve().relative_to(Path(root).resolve()).as_posix()
     shown = subprocess.run(["git", "-C", root, "show", f"{since}:{relative}"],
                            capture_output=True, text=True)

@@ -71,6 +71,16 @@ def test_a_document_without_runs_is_refused():
         _script()["moves"]({"summary": []}, NEW, ["ll"])
 
 
+def test_a_file_outside_git_needs_the_old_version_as_a_file(tmp_path):
+    path = tmp_path / "uci_summary.json"
+    path.write_text(json.dumps(NEW))
+    with pytest.raises(ValueError, match="inside a git checkout"):
+        _script()["main"]([str(path)])
+    (tmp_path / "old.json").write_text(json.dumps(OLD))
+    rows = _script()["main"]([str(path), "--old", str(tmp_path / "old.json"), "--metrics", "ll"])
+    assert [r["entry"] for r in rows] == ["map", "bbb"]
+
+
 def test_main_reads_the_old_version_from_git_and_writes_its_tables(tmp_path, capsys):
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     path = tmp_path / "uci_summary.json"
