@@ -32,13 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import subprocess
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bnn_zoo.harness.provenance import run_columns, versions
+from bnn_zoo.harness.summary import mean_se
 from bnn_zoo.harness.tables import markdown_table, write_tables
 
 KEYS = ("data", "entry", "metric")
@@ -78,33 +78,28 @@ def split_values(document: Mapping, metric: str) -> dict[tuple[str, str], dict[i
     return values
 
 
-def _mean_se(values: Sequence[float]) -> tuple[float, float]:
-    mean = statistics.fmean(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-    return mean, se
-
-
 def moves(old: Mapping, new: Mapping, metrics: Sequence[str]) -> list[dict]:
     """One row per (data, entry, metric) with paired splits in both versions, in the new
     document's order: ``runs`` (pairs), ``old``, ``new`` and ``change`` (each with its
-    ``_se``) and ``moved`` (``|change|`` above the new cell's standard error)."""
+    ``_se``, :func:`~bnn_zoo.harness.summary.mean_se` as the comparison's tables) and
+    ``moved`` (``|change|`` above the new cell's standard error)."""
+    before = {metric: split_values(old, metric) for metric in metrics}
+    after = {metric: split_values(new, metric) for metric in metrics}
     rows = []
-    for metric in metrics:
-        before, after = split_values(old, metric), split_values(new, metric)
-        for cell, values in after.items():
-            splits = sorted(values.keys() & before.get(cell, {}).keys())
+    for cell in dict.fromkeys((run["data"], run["entry"]) for run in new["runs"]):
+        for metric in metrics:
+            earlier, values = before[metric].get(cell, {}), after[metric].get(cell, {})
+            splits = sorted(values.keys() & earlier.keys())
             if not splits:
                 continue
-            old_mean, old_se = _mean_se([before[cell][s] for s in splits])
-            new_mean, new_se = _mean_se([values[s] for s in splits])
-            change, change_se = _mean_se([values[s] - before[cell][s] for s in splits])
+            old_mean, old_se = mean_se([earlier[s] for s in splits])
+            new_mean, new_se = mean_se([values[s] for s in splits])
+            change, change_se = mean_se([values[s] - earlier[s] for s in splits])
             rows.append({"data": cell[0], "entry": cell[1], "metric": metric,
                          "runs": len(splits), "old": old_mean, "old_se": old_se,
                          "new": new_mean, "new_se": new_se, "change": change,
                          "change_se": change_se, "moved": abs(change) > new_se})
-    order = {cell: i for i, cell in enumerate(dict.fromkeys(
-        (run["data"], run["entry"]) for run in new["runs"]))}
-    return sorted(rows, key=lambda r: (order[r["data"], r["entry"]], metrics.index(r["metric"])))
+    return rows
 
 
 def unpaired(old: Mapping, new: Mapping) -> tuple[list[tuple], list[tuple]]:
