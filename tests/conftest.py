@@ -6,6 +6,8 @@ to gain from intra-op threads, which only add overhead on a busy machine."""
 from __future__ import annotations
 
 import os
+import runpy
+from pathlib import Path
 
 import pyro
 import pytest
@@ -31,3 +33,15 @@ def uci_data():
     if not root or not os.path.isdir(root):
         pytest.skip("BNN_ZOO_DATA is not set to the UCI data folder")
     return root
+
+
+@pytest.fixture
+def benchmark_script():
+    """Load a script of ``benchmarks/`` by file name as a module, without running it:
+    ``benchmark_script("uci.py")["main"]`` is its ``main``."""
+    scripts = Path(__file__).resolve().parents[1] / "benchmarks"
+
+    def load(name: str) -> dict:
+        return runpy.run_path(str(scripts / name), run_name=name.removesuffix(".py"))
+
+    return load

@@ -10,10 +10,8 @@ import ast
 import csv
 import json
 import math
-import runpy
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,11 +62,6 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
 }
 
 
-def script_main(script: str) -> Callable:
-    """The ``main(argv)`` of ``benchmarks/<script>``, imported as a module, not run."""
-    return runpy.run_path(str(BENCHMARKS / script), run_name=script.removesuffix(".py"))["main"]
-
-
 def _strings(node: ast.AST) -> set[str]:
     return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)
             and isinstance(n.value, str)}
@@ -103,11 +96,12 @@ def test_every_script_has_a_test_that_runs_it():
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_script_checks_the_shared_flags_before_any_work(script, tmp_path, capsys):
+def test_script_checks_the_shared_flags_before_any_work(script, tmp_path, capsys,
+                                                        benchmark_script):
     """``--threads 0``, a negative ``--seed`` and an ``--out`` under a file are each
     refused as argparse refuses a bad value (exit code 2, a line naming the flag) by the
     harness's parser, before anything runs or is written."""
-    main = script_main(script)
+    main = benchmark_script(script)["main"]
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     threads = torch.get_num_threads()
@@ -121,11 +115,11 @@ def test_script_checks_the_shared_flags_before_any_work(script, tmp_path, capsys
     assert [p.name for p in tmp_path.iterdir()] == ["a_file"]
 
 
-def run_recording_tables(script: str, argv: list[str], out: Path,
+def run_recording_tables(script: dict, argv: list[str], out: Path,
                          monkeypatch: pytest.MonkeyPatch):
-    """Run the script's ``main(argv)`` and check that every table file under ``out``
-    came through the harness's table writer, each Markdown table with its JSON and CSV;
-    return what ``main`` returns."""
+    """Run ``script``'s ``main(argv)`` (its module as ``benchmark_script`` loads it) and
+    check that every table file under ``out`` came through the harness's table writer,
+    each Markdown table with its JSON and CSV; return what ``main`` returns."""
     written: list[Path] = []
     write = tables.write_text_atomic
 
@@ -134,7 +128,7 @@ def run_recording_tables(script: str, argv: list[str], out: Path,
         return write(path, text)
 
     monkeypatch.setattr(tables, "write_text_atomic", recording)
-    result = script_main(script)([*argv, "--out", str(out)])
+    result = script["main"]([*argv, "--out", str(out)])
     files = {p for p in out.iterdir() if p.suffix in (".md", ".csv", ".json")}
     assert files and files <= set(written), sorted(files - set(written))
     for md in (p for p in files if p.suffix == ".md"):
@@ -148,10 +142,10 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def test_compare_guides_writes_a_row_per_entry(tmp_path, monkeypatch):
+def test_compare_guides_writes_a_row_per_entry(tmp_path, monkeypatch, benchmark_script):
     """One fitted run per (data, entry), its metrics in the CSV, the JSON and the Markdown."""
     out = tmp_path / "compare"
-    run_recording_tables("compare_guides.py", [
+    run_recording_tables(benchmark_script("compare_guides.py"), [
         "--data", "sine", "--entries", "map", "mean_field", "--steps", "10",
         "--num-samples", "5", "--reference", "none"], out, monkeypatch)
     document = json.loads((out / "compare.json").read_text())
@@ -168,12 +162,12 @@ def test_compare_guides_writes_a_row_per_entry(tmp_path, monkeypatch):
     assert (out / "bands_sine.png").stat().st_size > 0
 
 
-def test_laplace_cnn_writes_a_row_per_entry_and_the_reliability_diagrams(tmp_path,
-                                                                          monkeypatch):
+def test_laplace_cnn_writes_a_row_per_entry_and_the_reliability_diagrams(
+        tmp_path, monkeypatch, benchmark_script):
     """Each entry's metrics and tuned prior precisions over its splits, one run per split in
     the JSON, and a reliability diagram per entry."""
     out = tmp_path / "laplace_cnn"
-    rows = run_recording_tables("laplace_cnn.py", [
+    rows = run_recording_tables(benchmark_script("laplace_cnn.py"), [
         "--entries", "map", "laplace_last_layer", "--splits", "2", "--steps", "5"], out,
         monkeypatch)
     assert [(r["entry"], r["runs"]) for r in rows] == [("map", 2), ("laplace_last_layer", 2)]
@@ -187,12 +181,13 @@ def test_laplace_cnn_writes_a_row_per_entry_and_the_reliability_diagrams(tmp_pat
 
 
 def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path, monkeypatch,
-                                                                       uci_data):
+                                                                       uci_data, benchmark_script):
     """``uci.csv`` holds one row per (entry, data set, split) with the protocol's columns,
     a skipped run says why, and the best-entry table compares with the best published LL."""
     # mean_field_clf is classification-only: its runs on a regression set are skipped.
-    run_recording_tables("uci.py", ["--data", "yacht", "--splits", "2", "--entries", "map",
-                                    "mean_field_clf", "--steps", "10", "--num-samples", "5"],
+    run_recording_tables(benchmark_script("uci.py"),
+                         ["--data", "yacht", "--splits", "2", "--entries", "map",
+                          "mean_field_clf", "--steps", "10", "--num-samples", "5"],
                          tmp_path, monkeypatch)
     rows = read_csv(tmp_path / "uci.csv")
     assert [(r["entry"], r["dataset"], r["split"]) for r in rows] == [
@@ -209,10 +204,10 @@ def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path,
     assert (tmp_path / "uci_ll.png").stat().st_size > 0
 
 
-def test_uci_script_writes_the_distances_to_a_reference(tmp_path, uci_data):
+def test_uci_script_writes_the_distances_to_a_reference(tmp_path, uci_data, benchmark_script):
     """``--reference`` writes ``reference.json`` as ``compare`` does: per split and over the
     splits, each entry's W2 distance and LL gap to the reference (0 for the reference)."""
-    script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
+    script = benchmark_script("uci.py")
     script["main"](["--data", "yacht", "--splits", "2", "--entries", "map", "mean_field",
                     "--steps", "10", "--num-samples", "5", "--reference", "map",
                     "--out", str(tmp_path)])
@@ -223,14 +218,15 @@ def test_uci_script_writes_the_distances_to_a_reference(tmp_path, uci_data):
     assert {r["split"] for r in rows if r["entry"] == "mean_field"} == {0, 1, "all"}
 
 
-def test_uci_script_in_two_workers_writes_what_one_process_writes(tmp_path, uci_data):
+def test_uci_script_in_two_workers_writes_what_one_process_writes(tmp_path, uci_data,
+                                                                  benchmark_script):
     """``--jobs 2`` fits the (entry, data set) batches on a local Dask cluster of two
     processes (run as a user runs the script) and writes exactly the rows of a run in one
     process, in the order of ``--data``."""
     pytest.importorskip("distributed")
     args = ["--data", "yacht", "bostonHousing", "--splits", "1", "--entries", "map", "--steps",
             "10", "--num-samples", "5"]
-    runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")["main"](
+    benchmark_script("uci.py")["main"](
         [*args, "--out", str(tmp_path / "one")])
     subprocess.run([sys.executable, str(BENCHMARKS / "uci.py"), *args, "--jobs", "2", "--out",
                     str(tmp_path / "two")], check=True, capture_output=True)
@@ -242,12 +238,12 @@ def test_uci_script_in_two_workers_writes_what_one_process_writes(tmp_path, uci_
     assert [r[4] for r in rows["two"]] == [r[4] for r in rows["one"]]
 
 
-def test_scaling_writes_each_workers_time_memory_and_records(tmp_path):
+def test_scaling_writes_each_workers_time_memory_and_records(tmp_path, benchmark_script):
     """``--tiny`` on two workers: a row with the fits, a wall time, the peak memory of each
     worker and the records equal to the baseline's (itself), the figure; the speed-up and
     efficiency of a second count by hand."""
     pytest.importorskip("distributed")
-    script = runpy.run_path(str(BENCHMARKS / "scaling.py"), run_name="scaling")
+    script = benchmark_script("scaling.py")
     (row,) = script["main"](["--tiny", "--workers", "2", "--out", str(tmp_path)])
     assert (row["workers"], row["fits"], row["speedup"], row["same_records"]) == (2, 4, 1.0, True)
     assert len(row["peak_rss_mib_each"]) == 2 and row["peak_rss_mib"] > 50  # torch alone
@@ -266,15 +262,15 @@ def test_scaling_writes_each_workers_time_memory_and_records(tmp_path):
         "same_records"]
 
 
-def test_uci_script_refuses_jobs_below_one(tmp_path, capsys):
-    script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
+def test_uci_script_refuses_jobs_below_one(tmp_path, capsys, benchmark_script):
+    script = benchmark_script("uci.py")
     with pytest.raises(SystemExit):
         script["main"](["--jobs", "0", "--out", str(tmp_path)])
     assert "--jobs" in capsys.readouterr().err
 
 
-def test_uci_best_published_and_wins_by_hand():
-    script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
+def test_uci_best_published_and_wins_by_hand(benchmark_script):
+    script = benchmark_script("uci.py")
     assert script["best_published"]("uci/yacht") == ("deep ensembles", -1.18, 0.21)
     assert script["best_published"]("wine-quality-red")[0] == "MC dropout"
     summary = [{"data": "uci/yacht", "entry": "a", "runs": 20, "ll": -1.0, "ll_se": 0.1,
@@ -292,10 +288,10 @@ def test_uci_best_published_and_wins_by_hand():
     assert wins["a"]["fit_minutes"] == pytest.approx(1.0)
 
 
-def test_uci_entries_of_published_methods_against_their_numbers_by_hand():
+def test_uci_entries_of_published_methods_against_their_numbers_by_hand(benchmark_script):
     """MC dropout published -1.55 +- 0.03 on yacht: -1.57 reaches it within the standard
     error, -1.59 does not; entries of no published method get no row."""
-    script = runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
+    script = benchmark_script("uci.py")
     summary = [{"data": "uci/yacht", "entry": "mc_dropout", "runs": 20, "ll": ll, "ll_se": 0.1}
                for ll in (-1.57, -1.59)]
     summary.append({"data": "uci/yacht", "entry": "map", "runs": 20, "ll": 0.0, "ll_se": 0.1})
@@ -304,16 +300,16 @@ def test_uci_entries_of_published_methods_against_their_numbers_by_hand():
         ("mc_dropout", "MC dropout", -1.55, True), ("mc_dropout", "MC dropout", -1.55, False)]
 
 
-def test_speed_reports_each_steps_time_and_peak_memory(tmp_path, monkeypatch):
+def test_speed_reports_each_steps_time_and_peak_memory(tmp_path, monkeypatch, benchmark_script):
     """One row per net: every step's time and its ratios to the plain MAP step and to the
     hand-written step of the same estimator, as computed from those times, in the CSV
     and JSON too. Each hand-written step allocates its gradients afresh
     (``set_to_none``), so its peak is at least their size: P float32 weights for
     ``torch_map``, 2P (means and scales) for ``torch_bbb``; less 1 MiB for the kernel's
     per-CPU RSS counters (see test_memory)."""
-    script = runpy.run_path(str(BENCHMARKS / "speed.py"), run_name="speed")
-    (row,) = run_recording_tables("speed.py", ["--repeats", "1", "--inner", "2", "--nets",
-                                               "784-400-400-10"], tmp_path, monkeypatch)["rows"]
+    script = benchmark_script("speed.py")
+    (row,) = run_recording_tables(script, ["--repeats", "1", "--inner", "2", "--nets",
+                                           "784-400-400-10"], tmp_path, monkeypatch)["rows"]
     weights_mib = sum(a * b + b for a, b in [(784, 400), (400, 400), (400, 10)]) * 4 / 2**20
     assert row["torch_map_mib"] >= weights_mib - 1
     assert row["torch_bbb_mib"] >= 2 * weights_mib - 1
@@ -332,12 +328,12 @@ def test_speed_reports_each_steps_time_and_peak_memory(tmp_path, monkeypatch):
     assert (tmp_path / "speed.png").stat().st_size > 0
 
 
-def test_replicas_reports_the_times_and_peak_memory(tmp_path, monkeypatch):
+def test_replicas_reports_the_times_and_peak_memory(tmp_path, monkeypatch, benchmark_script):
     """The row of the setting run: both fits' times, their ratio and speed-up as computed
     from them, and both fits' peak memory, the same in the JSON and the CSV."""
-    (row,) = run_recording_tables("replicas.py", ["--replicas", "2", "--steps", "3",
-                                                  "--repeats", "1", "--points", "20"],
-                                  tmp_path, monkeypatch)
+    (row,) = run_recording_tables(benchmark_script("replicas.py"),
+                                  ["--replicas", "2", "--steps", "3", "--repeats", "1",
+                                   "--points", "20"], tmp_path, monkeypatch)
     assert (row["entry"], row["replicas"], row["steps"], row["device"]) == ("bbb", 2, 3, "cpu")
     assert row["one_fit_s"] > 0 and row["replicas_s"] > 0 and row["hand_step_ratio"] > 0
     assert row["ratio"] == pytest.approx(row["replicas_s"] / row["one_fit_s"])
@@ -352,10 +348,10 @@ def test_replicas_reports_the_times_and_peak_memory(tmp_path, monkeypatch):
     assert "replicas_mib" in (tmp_path / "replicas.md").read_text()
 
 
-def test_replicas_keeps_the_rows_of_other_settings(tmp_path):
+def test_replicas_keeps_the_rows_of_other_settings(tmp_path, benchmark_script):
     # One run measures one setting: a run with another thread count adds its row, a rerun
     # of a setting replaces that setting's row.
-    script = runpy.run_path(str(BENCHMARKS / "replicas.py"), run_name="replicas")
+    script = benchmark_script("replicas.py")
     threads = torch.get_num_threads()
     common = ["--replicas", "2", "--steps", "3", "--repeats", "1", "--points", "20",
               "--out", str(tmp_path)]
@@ -372,12 +368,12 @@ def test_replicas_keeps_the_rows_of_other_settings(tmp_path):
     assert summary[0]["replicas_s"] == third["replicas_s"]  # replaced (2 rows), not added
 
 
-def test_loader_benchmark_writes_the_times_and_ratios(tmp_path, monkeypatch):
+def test_loader_benchmark_writes_the_times_and_ratios(tmp_path, monkeypatch, benchmark_script):
     """A tiny run: one row, each loader's ratio its time over the tensors' fit, in the
     JSON too."""
-    (row,) = run_recording_tables("loader.py", ["--points", "64", "--batch", "16",
-                                                "--epochs", "1", "--repeats", "1"],
-                                  tmp_path, monkeypatch)["rows"]
+    (row,) = run_recording_tables(benchmark_script("loader.py"),
+                                  ["--points", "64", "--batch", "16", "--epochs", "1",
+                                   "--repeats", "1"], tmp_path, monkeypatch)["rows"]
     for kind in ("dataloader", "batch_sampler"):
         assert row[f"{kind}_ratio"] == pytest.approx(row[f"{kind}_s"] / row["tensors_s"])
     (saved,) = json.loads((tmp_path / "loader.json").read_text())["summary"]

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-import runpy
 import statistics
 import subprocess
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
-
-def _script() -> dict:
-    return runpy.run_path(str(BENCHMARKS / "moves.py"), run_name="moves")
+@pytest.fixture
+def moves_script(benchmark_script) -> dict:
+    return benchmark_script("moves.py")
 
 
 def _run(entry: str, split: int, ll: float, status: str = "ok") -> dict:
@@ -32,8 +29,8 @@ NEW = {"runs": [_run("map", 0, -0.5), _run("map", 1, -1.0), _run("map", 2, -3.0)
                 _run("added", 0, 1.0)]}
 
 
-def test_changes_are_paired_by_split_and_moved_compares_with_the_new_cells_se():
-    moves = _script()["moves"]
+def test_changes_are_paired_by_split_and_moved_compares_with_the_new_cells_se(moves_script):
+    moves = moves_script["moves"]
     rows = {(r["entry"], r["metric"]): r for r in moves(OLD, NEW, ["ll"])}
     assert set(rows) == {("map", "ll"), ("bbb", "ll")}
     row = rows["map", "ll"]
@@ -51,8 +48,8 @@ def test_changes_are_paired_by_split_and_moved_compares_with_the_new_cells_se():
     assert math.isnan(single["change_se"])
 
 
-def test_a_change_beyond_the_cells_error_is_moved():
-    moves = _script()["moves"]
+def test_a_change_beyond_the_cells_error_is_moved(moves_script):
+    moves = moves_script["moves"]
     new = {"runs": [_run("map", s, ll + 1.0) for s, ll in enumerate((-1.0, -1.1, -0.9))]}
     old = {"runs": [_run("map", s, ll) for s, ll in enumerate((-1.0, -1.1, -0.9))]}
     (row,) = moves(old, new, ["ll"])
@@ -60,28 +57,28 @@ def test_a_change_beyond_the_cells_error_is_moved():
     assert row["moved"] is True
 
 
-def test_unpaired_cells_are_named():
-    gone, added = _script()["unpaired"](OLD, NEW)
+def test_unpaired_cells_are_named(moves_script):
+    gone, added = moves_script["unpaired"](OLD, NEW)
     assert gone == [("uci/yacht", "gone")]
     assert added == [("uci/yacht", "added")]
 
 
-def test_a_document_without_runs_is_refused():
+def test_a_document_without_runs_is_refused(moves_script):
     with pytest.raises(ValueError, match="'runs' list"):
-        _script()["moves"]({"summary": []}, NEW, ["ll"])
+        moves_script["moves"]({"summary": []}, NEW, ["ll"])
 
 
-def test_a_file_outside_git_needs_the_old_version_as_a_file(tmp_path):
+def test_a_file_outside_git_needs_the_old_version_as_a_file(tmp_path, moves_script):
     path = tmp_path / "uci_summary.json"
     path.write_text(json.dumps(NEW))
     with pytest.raises(ValueError, match="inside a git checkout"):
-        _script()["main"]([str(path)])
+        moves_script["main"]([str(path)])
     (tmp_path / "old.json").write_text(json.dumps(OLD))
-    rows = _script()["main"]([str(path), "--old", str(tmp_path / "old.json"), "--metrics", "ll"])
+    rows = moves_script["main"]([str(path), "--old", str(tmp_path / "old.json"), "--metrics", "ll"])
     assert [r["entry"] for r in rows] == ["map", "bbb"]
 
 
-def test_main_reads_the_old_version_from_git_and_writes_its_tables(tmp_path, capsys):
+def test_main_reads_the_old_version_from_git_and_writes_its_tables(tmp_path, capsys, moves_script):
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     path = tmp_path / "uci_summary.json"
     path.write_text(json.dumps(OLD))
@@ -89,7 +86,7 @@ def test_main_reads_the_old_version_from_git_and_writes_its_tables(tmp_path, cap
     subprocess.run([*git, "add", path.name], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "old"], check=True)
     path.write_text(json.dumps(NEW))
-    rows = _script()["main"]([str(path), "--metrics", "ll", "rmse"])
+    rows = moves_script["main"]([str(path), "--metrics", "ll", "rmse"])
     assert [(r["entry"], r["metric"]) for r in rows] == [
         ("map", "ll"), ("map", "rmse"), ("bbb", "ll"), ("bbb", "rmse")]
     saved = json.loads((tmp_path / "uci_moves.json").read_text())
@@ -101,4 +98,4 @@ def test_main_reads_the_old_version_from_git_and_writes_its_tables(tmp_path, cap
         in table
     assert "since revision HEAD" in capsys.readouterr().out
     with pytest.raises(ValueError, match="since='nope'"):
-        _script()["main"]([str(path), "--since", "nope"])
+        moves_script["main"]([str(path), "--since", "nope"])

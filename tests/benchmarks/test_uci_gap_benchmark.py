@@ -6,26 +6,24 @@ from __future__ import annotations
 import csv
 import json
 import math
-import runpy
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+@pytest.fixture
+def uci_script(benchmark_script) -> dict:
+    return benchmark_script("uci.py")
 
 
-def _script() -> dict:
-    return runpy.run_path(str(BENCHMARKS / "uci.py"), run_name="uci")
-
-
-def test_gap_run_writes_its_tables_and_rewrites_them_from_the_cache(tmp_path, uci_data):
+def test_gap_run_writes_its_tables_and_rewrites_them_from_the_cache(tmp_path, uci_data, uci_script):
     """A tiny ``--gap`` run of ``map`` on two dimensions of yacht writes one row per
     dimension, the summary over the dimensions (without published rows) and the coverage
     table; ``--cached-only`` on a fresh folder holding only the committed files rewrites
     the same rows without fitting."""
     argv = ["--gap", "--data", "yacht", "--splits", "2", "--entries", "map", "--steps", "10",
             "--num-samples", "5"]
-    records = _script()["main"]([*argv, "--out", str(tmp_path / "first")])
+    records = uci_script["main"]([*argv, "--out", str(tmp_path / "first")])
     assert [(r["data"], r["split"], r["status"]) for r in records] == [
         ("uci_gap/yacht", 0, "ok"), ("uci_gap/yacht", 1, "ok")]
     first = tmp_path / "first"
@@ -46,19 +44,19 @@ def test_gap_run_writes_its_tables_and_rewrites_them_from_the_cache(tmp_path, uc
     again = tmp_path / "again"
     again.mkdir()
     (again / "uci_gap_summary.json").write_text((first / "uci_gap_summary.json").read_text())
-    rewritten = _script()["main"]([*argv, "--out", str(again), "--cached-only"])
+    rewritten = uci_script["main"]([*argv, "--out", str(again), "--cached-only"])
     assert [r["metrics"]["ll"] for r in rewritten] == [r["metrics"]["ll"] for r in records]
 
 
-def test_gap_runs_default_to_their_own_results_folder(tmp_path, monkeypatch):
+def test_gap_runs_default_to_their_own_results_folder(tmp_path, monkeypatch, uci_script):
     monkeypatch.chdir(tmp_path)
-    parse = _script()["parse_args"]
+    parse = uci_script["parse_args"]
     assert parse(["--gap"]).out == Path("results/uci_gap")
     assert parse([]).out == Path("results/uci") and not parse([]).gap
     assert parse(["--gap", "--out", "elsewhere"]).out == Path("elsewhere")
 
 
-def test_coverage_rows_by_hand():
+def test_coverage_rows_by_hand(uci_script):
     """Per data set and entry: the mean and lowest coverage over the dimensions, how many
     fall below the floor (0.8) and whether the mean keeps to it; unfinished runs left out."""
     def run(entry: str, split: int, coverage: float, status: str = "ok") -> dict:
@@ -67,7 +65,7 @@ def test_coverage_rows_by_hand():
 
     records = [run("a", 0, 0.9), run("a", 1, 0.6), run("a", 2, 0.99), run("b", 0, 0.5),
                run("b", 1, 0.7), run("b", 2, 1.0, status="skipped")]
-    rows = {r["entry"]: r for r in _script()["coverage_rows"](records)}
+    rows = {r["entry"]: r for r in uci_script["coverage_rows"](records)}
     assert rows["a"]["coverage_90"] == pytest.approx(0.83)
     assert (rows["a"]["coverage_90_min"], rows["a"]["dims_below"], rows["a"]["keeps"]) == (
         0.6, 1, True)

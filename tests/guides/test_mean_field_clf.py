@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import runpy
 import shutil
 from pathlib import Path
 
@@ -311,8 +310,8 @@ def test_breast_cancer_accuracy_and_calibration():
     assert metrics["ece"] <= 0.05, metrics
 
 
-def test_classification_benchmark_script(tmp_path):
-    script = runpy.run_path(str(ROOT / "benchmarks" / "classification.py"), run_name="bench")
+def test_classification_benchmark_script(tmp_path, benchmark_script):
+    script = benchmark_script("classification.py")
     rows = script["main"](["--steps", "3", "--datasets", "wine", "--entries", "map",
                            "mean_field_clf", "--num-samples", "5", "--out", str(tmp_path)])
     assert len(rows) == 2

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import math
-import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -423,13 +422,14 @@ def test_a_dead_component_keeps_finite_log_densities_and_gradients():
 
 # --- The mixture guide against NUTS on a small BNN posterior ------------------------------
 
-def mixture_nuts(monkeypatch) -> dict:
+@pytest.fixture
+def mixture_nuts(monkeypatch, benchmark_script) -> dict:
     """The functions of ``benchmarks/mixture_nuts.py``, whose table these tests check."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    return runpy.run_path(str(ROOT / "benchmarks" / "mixture_nuts.py"), run_name="mixture_nuts")
+    return benchmark_script("mixture_nuts.py")
 
 
-def test_mixture_against_nuts_on_a_small_bnn_fast(tmp_path, monkeypatch):
+def test_mixture_against_nuts_on_a_small_bnn_fast(tmp_path, mixture_nuts):
     """``benchmarks/mixture_nuts.py`` on a short run: 1-5-1 tanh net on 20 points of
     ``gap``, NUTS with 60 + 60 draws (tree depth 4) as the reference; K=1 fitted 100 steps,
     then K=1 and K=2 (split from it) 100 more. Both predictives are finite and near NUTS's
@@ -440,7 +440,7 @@ def test_mixture_against_nuts_on_a_small_bnn_fast(tmp_path, monkeypatch):
     NUTS than K=1's; the second component changes where the optimisation goes (it is not
     Monte Carlo noise), and the ELBO it gains does not move the predictive towards NUTS
     (see the slow test)."""
-    rows = mixture_nuts(monkeypatch)["main"](
+    rows = mixture_nuts["main"](
         ["--data", "gap", "--components", "2", "--steps", "100", "--warmup", "60",
          "--samples", "60", "--depth", "4", "--out", str(tmp_path)])
     assert [(r["data"], r["K"]) for r in rows] == [("gap", 1), ("gap", 2)]
@@ -453,14 +453,14 @@ def test_mixture_against_nuts_on_a_small_bnn_fast(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["sine", "gap"])
-def test_mixture_against_nuts_on_a_small_bnn(name, monkeypatch):
+def test_mixture_against_nuts_on_a_small_bnn(name, mixture_nuts):
     """What ``benchmarks/results/mixture_nuts`` shows, on its settings: 1-5-1 tanh net on 20
     points, NUTS (150 warmup + 200 draws, tree depth 6) as the reference; K=1 fitted 600
     steps, then K = 1, 2, 4 (split from it) 600 more. More components raise the ELBO (K=4
     above K=1 by more than 4 standard errors, no K below K=1 beyond them), but do not bring
     the predictive closer to NUTS: no K's W2 distance is below K=1's by more than 4 Monte
     Carlo standard errors of the difference."""
-    rows = mixture_nuts(monkeypatch)["compare_components"](
+    rows = mixture_nuts["compare_components"](
         name, (1, 2, 4), warmup=150, samples=200, depth=6, steps=600)
     by_k = {r["K"]: r for r in rows}
     assert all(math.isfinite(r["w2"]) for r in rows), rows

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import runpy
 from pathlib import Path
 
 import pytest
@@ -80,7 +79,8 @@ CHEAP = ("map", "bbb", "mean_field", "laplace")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("entry", CHEAP)
-def test_committed_yacht_cells_of_todays_code_are_reproduced(tmp_path, uci_data, entry):
+def test_committed_yacht_cells_of_todays_code_are_reproduced(tmp_path, uci_data, entry,
+                                                              benchmark_script):
     """``benchmarks/uci.py --data yacht --entries ENTRY --splits 20`` refits every split's
     test LL of the committed ``uci_summary.json`` to 1e-3, for the committed runs of this
     checkout's code version (the others are of other code: nothing to compare)."""
@@ -92,7 +92,7 @@ def test_committed_yacht_cells_of_todays_code_are_reproduced(tmp_path, uci_data,
         found = sorted({provenance.run_code(r) for r in cell})
         pytest.skip(f"the committed runs of {entry} on yacht are of code versions {found}, "
                     f"not this checkout's {code}: rerun the comparison to compare them")
-    script = runpy.run_path(str(ROOT / "benchmarks" / "uci.py"), run_name="uci")
+    script = benchmark_script("uci.py")
     records = script["main"](["--data", "yacht", "--entries", entry, "--splits", "20",
                               "--out", str(tmp_path)])
     refitted = {r["split"]: r["metrics"]["ll"] for r in records if r["status"] == "ok"}

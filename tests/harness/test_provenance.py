@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import runpy
 import shutil
 import subprocess
 from pathlib import Path
@@ -129,8 +128,8 @@ def test_readme_tables_name_the_commits_only_of_files_that_record_them(tmp_path)
     assert "Runs of" not in old
 
 
-def test_uci_rows_carry_code_and_commit():
-    tidy = runpy.run_path(str(ROOT / "benchmarks" / "uci.py"), run_name="uci")["tidy_rows"]
+def test_uci_rows_carry_code_and_commit(benchmark_script):
+    tidy = benchmark_script("uci.py")["tidy_rows"]
     origin = {"code": "c0de", "commit": "1a2b3c4", "dirty": True}
     record = {"entry": "map", "data": "uci/yacht", "split": 0, "seed": 0, "status": "ok",
               "metrics": {"ll": -1.0}, "settings": {"code": "c0de"}, "provenance": origin}

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import runpy
-from pathlib import Path
 
 import pyro
 import pyro.distributions as dist
@@ -375,10 +373,10 @@ def test_bad_moments_are_refused_naming_the_site(handler, moments, error, match)
             model(torch.randn(4, 3))
 
 
-def test_cnn_benchmark_runs_and_writes_its_ratios(tmp_path):
+def test_cnn_benchmark_runs_and_writes_its_ratios(tmp_path, benchmark_script):
     """``benchmarks/cnn.py`` with tiny flags: one row per estimator with positive times and
     the zoo-to-hand-written ratio, written as Markdown, CSV and JSON."""
-    script = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "cnn.py"))
+    script = benchmark_script("cnn.py")
     rows = script["main"](["--repeats", "1", "--inner", "1", "--batch", "32", "--channels", "2",
                            "--out", str(tmp_path)])["rows"]
     assert [r["estimator"] for r in rows] == ["sample", "lrt", "flipout"]
