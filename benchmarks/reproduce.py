@@ -21,7 +21,9 @@ machine.
 The commands run one after the other, a sweep's batches spread over ``--jobs`` local
 workers or the cluster at ``--scheduler``; a command that fails is reported and the next
 one runs. Each sweep resumes from its cache: a rerun of an interrupted reproduction fits
-only what is missing (runs of other code than today's are refitted, never reused).
+only what is missing (runs of other code than today's are refitted, never reused); a
+sweep folder holding a ``checkpoint.jsonl`` (the finished runs of an unfinished sweep, carried
+from another machine by ``benchmarks/checkpoint.py``) has it unpacked into its cache first.
 The UCI folders need ``BNN_ZOO_DATA`` (see the getting-started page), ``mnist1d`` the
 ``mnist1d`` extra and ``laplace_torch`` the ``laplace-torch`` package.
 """
@@ -40,6 +42,8 @@ from bnn_zoo.harness import flags
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = "benchmarks/results"
+#: A sweep's packed run cache (``benchmarks/checkpoint.py``), unpacked before the sweep runs.
+CHECKPOINT = "checkpoint.jsonl"
 KINDS = ("sweep", "timing", "other")
 
 
@@ -136,6 +140,10 @@ def run(results: Sequence[Result], *, jobs: int = 1, scheduler: str | None = Non
     one row per command: folder, kind, command, exit status and wall seconds."""
     rows = []
     for result in results:
+        packed = ROOT / RESULTS_DIR / result.folder / CHECKPOINT
+        if result.kind == "sweep" and packed.exists() and not dry_run:
+            subprocess.run([sys.executable, str(ROOT / BENCH / "checkpoint.py"), "--out",
+                            str(packed.parent), "--unpack"], cwd=ROOT, check=True)
         for argv in result.argv(jobs, scheduler):
             line = " ".join(["python", *argv[1:]])
             print(f"[{result.folder}] {line}", flush=True)

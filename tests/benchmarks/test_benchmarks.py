@@ -29,6 +29,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
     "bbb_priors.py": ("guides/test_bbb.py",
                       "test_bbb_priors_benchmark_runs_and_its_committed_table_shows_the_seed_"
                       "prior_collapse"),
+    "checkpoint.py": ("benchmarks/test_checkpoint.py",
+                      "test_a_packed_sweep_resumes_from_a_fresh_cache"),
     "classification.py": ("guides/test_mean_field_clf.py", "test_classification_benchmark_script"),
     "cnn.py": ("models/test_module_handlers.py", "test_cnn_benchmark_runs_and_writes_its_ratios"),
     "compare_guides.py": ("benchmarks/test_benchmarks.py",

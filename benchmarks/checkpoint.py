@@ -1,0 +1,124 @@
+"""Carry an unfinished sweep to another machine: its run cache packed into one file that git
+can hold, and unpacked back into a cache on the other side.
+
+A sweep (``uci.py``, ``classification.py``, ``compare``) caches every finished run under
+``<out>/runs/`` (:mod:`bnn_zoo.harness.runs`). That folder is not committed: with the
+predictive's moments at every test point, the runs of the UCI protocol weigh hundreds of
+megabytes. The committed ``<name>_summary.json`` restores the runs of a *finished* sweep; a
+sweep longer than one machine's lease (the whole UCI protocol is about 20 fit-hours) needs
+its finished runs carried over before it ends.
+
+``--out OUT`` writes ``OUT/checkpoint.jsonl``: one line per cached run of today's code
+(:func:`bnn_zoo.harness.provenance.code_version`) that finished or was skipped, sorted by
+entry, data set, split and seed, less what the tables do not read:
+
+* the thinned loss curve (``losses``, kept empty, as a restored run has it);
+* on a data set where the reference entry (``--reference``, default ``nuts``) was skipped,
+  the predictive at every test point (``moments``, ``class_probs``): only the distances to
+  the reference read them, and there is no reference to measure against. On the data sets
+  where it runs, or has not yet run, they are kept, so the distances can be computed once
+  the reference finishes.
+
+``--out OUT --unpack`` writes every run of the file of today's code back into ``OUT/runs/`` where
+its cache file is missing (:func:`bnn_zoo.harness.runs.cache_record`); the sweep's next
+command then fits only what is missing. ``reproduce.py`` unpacks a sweep folder's
+checkpoint before it runs the sweep.
+
+    python benchmarks/checkpoint.py --out benchmarks/results/uci            # before the lease ends
+    python benchmarks/checkpoint.py --out benchmarks/results/uci --unpack   # on the next machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from bnn_zoo.core.files import write_text_atomic
+from bnn_zoo.harness import flags
+from bnn_zoo.harness.provenance import code_version, run_code
+from bnn_zoo.harness.runs import cache_record
+from bnn_zoo.harness.summary import REFERENCE
+
+#: The file a sweep's cache is packed into, under its ``--out``.
+CHECKPOINT = "checkpoint.jsonl"
+#: The statuses of the runs a cache keeps (a failed run is fitted again, never cached).
+KEPT = ("ok", "skipped")
+#: The predictive at every test point: read only by the distances to a reference.
+PER_POINT = ("moments", "class_probs")
+
+
+def _key(record: dict) -> tuple:
+    return record["entry"], record["data"], record["split"], record["seed"]
+
+
+def cached_records(out: Path) -> list[dict]:
+    """Every run cached under ``out/runs`` of today's code that finished or was skipped,
+    sorted by entry, data set, split and seed."""
+    code = code_version()
+    records = (json.loads(path.read_text()) for path in sorted(out.glob("runs/*/*.json")))
+    return sorted((r for r in records if r["status"] in KEPT and run_code(r) == code),
+                  key=_key)
+
+
+def packed(records: Sequence[dict], reference: str) -> list[dict]:
+    """``records`` less their loss curves and, on the data sets where ``reference`` was
+    skipped, their predictive at every test point."""
+    unmeasured = {r["data"] for r in records
+                  if r["entry"] == reference and r["status"] == "skipped"}
+    out = []
+    for record in records:
+        dropped = PER_POINT if record["data"] in unmeasured else ()
+        slim = {k: v for k, v in record.items() if k not in dropped}
+        if "losses" in slim:
+            slim["losses"] = []
+        out.append(slim)
+    return out
+
+
+def pack(out: Path, reference: str = REFERENCE) -> int:
+    """Write ``out/checkpoint.jsonl`` from the cache under ``out``; return how many runs."""
+    records = packed(cached_records(out), reference)
+    write_text_atomic(out / CHECKPOINT,
+                      "".join(json.dumps(r, default=repr) + "\n" for r in records))
+    return len(records)
+
+
+def unpack(out: Path) -> int:
+    """Write the cache file of every run of today's code in ``out/checkpoint.jsonl`` where
+    none exists; return how many were written (none without that file)."""
+    path = out / CHECKPOINT
+    if not path.exists():
+        return 0
+    code = code_version()
+    records = (json.loads(line) for line in path.read_text().splitlines() if line)
+    return sum(cache_record(out, r) for r in records if run_code(r) == code)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="the sweep's output folder (required)")
+    parser.add_argument("--unpack", action="store_true",
+                        help="write the packed runs back into the cache (default: pack)")
+    parser.add_argument("--reference", type=flags.entry_name, default=REFERENCE,
+                        help="the entry the others are measured against (when packing)")
+    args = parser.parse_args(argv)
+    if args.out is None or not args.out.is_dir():
+        parser.error(f"--out: expected a sweep's output folder, got {args.out}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.unpack:
+        count = unpack(args.out)
+        print(f"Unpacked {count} runs into {args.out / 'runs'}")
+    else:
+        count = pack(args.out, args.reference)
+        print(f"Packed {count} runs into {args.out / CHECKPOINT}")
+    return count
+
+
+if __name__ == "__main__":
+    main()

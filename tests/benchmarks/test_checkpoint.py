@@ -1,0 +1,80 @@
+"""``benchmarks/checkpoint.py``: an unfinished sweep's run cache packed into one file and
+unpacked on a fresh checkout, where the sweep then reads every packed run back instead of
+fitting it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from bnn_zoo.harness import compare, runs
+
+TINY = dict(overrides={"steps": 20}, num_samples=20, replicas="off")
+
+
+@pytest.fixture
+def checkpoint_script(benchmark_script) -> dict:
+    return benchmark_script("checkpoint.py")
+
+
+def test_a_packed_sweep_resumes_from_a_fresh_cache(tmp_path, capsys, checkpoint_script):
+    """Two finished runs are packed without their loss curves; a run of other code in the
+    cache is left out, and one in the file is not unpacked. Unpacked into a fresh folder,
+    a cached-only sweep reads both runs with the same metrics and moments."""
+    main = checkpoint_script["main"]
+    first, fresh = tmp_path / "first", tmp_path / "fresh"
+    records = compare.run_comparison(["sine"], ["map"], splits=2, out=first, **TINY)
+    other = json.loads(next((first / "runs" / "map").glob("*.json")).read_text())
+    other["settings"]["code"] = other["provenance"]["code"] = "0ld"
+    runs.cache_record(first, other)
+    assert main(["--out", str(first)]) == 2
+    lines = (first / "checkpoint.jsonl").read_text().splitlines()
+    packed = [json.loads(line) for line in lines]
+    assert [(r["entry"], r["split"], r["losses"]) for r in packed] == [("map", 0, []),
+                                                                       ("map", 1, [])]
+    fresh.mkdir()
+    (fresh / "checkpoint.jsonl").write_text("\n".join([*lines, json.dumps(other)]) + "\n")
+    assert main(["--out", str(fresh), "--unpack"]) == 2
+    assert main(["--out", str(fresh), "--unpack"]) == 0  # none missing
+    capsys.readouterr()
+    again = compare.run_comparison(["sine"], ["map"], splits=2, out=fresh, cached_only=True,
+                                   **TINY)
+    assert capsys.readouterr().out.count("[cached]") == 2
+    for new, old in zip(again, records, strict=True):
+        assert (new["metrics"], new["moments"]) == (old["metrics"], old["moments"])
+    shutil.rmtree(fresh / "runs")
+    (fresh / "checkpoint.jsonl").unlink()
+    assert main(["--out", str(fresh), "--unpack"]) == 0  # no file, nothing to write
+
+
+def _record(entry: str, data: str, status: str = "ok") -> dict:
+    record = {"entry": entry, "data": data, "split": 0, "seed": 0, "status": status}
+    if status == "ok":
+        record.update(losses=[3.0, 2.0], moments={"mean": [0.0], "std": [1.0]})
+    return record
+
+
+def test_the_test_point_predictive_is_kept_only_where_the_reference_can_measure_it(
+        checkpoint_script):
+    """On a data set where the reference was skipped, nothing reads an entry's moments;
+    where it ran, or has not run yet, the distances to it will."""
+    records = [_record("nuts", "uci/big", "skipped"), _record("map", "uci/big"),
+               _record("map", "uci/small"), _record("nuts", "uci/small")]
+    slim = checkpoint_script["packed"](records, "nuts")
+    assert [("moments" in r, r.get("losses")) for r in slim] == [
+        (False, None), (False, []), (True, []), (True, [])]
+    assert slim[2]["moments"] == records[2]["moments"]
+    assert checkpoint_script["packed"](records, "laplace")[1]["moments"] == {"mean": [0.0],
+                                                                               "std": [1.0]}
+
+
+@pytest.mark.parametrize("argv", [[], ["--out", "missing"], ["--out", "missing", "--unpack"]])
+def test_out_must_be_a_folder(argv, tmp_path, capsys, monkeypatch, checkpoint_script):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        checkpoint_script["main"](argv)
+    assert exit_.value.code == 2
+    assert "--out: expected a sweep's output folder" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
