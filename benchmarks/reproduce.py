@@ -136,8 +136,9 @@ def chosen(folders: Sequence[str], every: bool) -> list[Result]:
 
 def run(results: Sequence[Result], *, jobs: int = 1, scheduler: str | None = None,
         dry_run: bool = False) -> list[dict]:
-    """Run the commands of ``results`` one after the other from the repository root; return
-    one row per command: folder, kind, command, exit status and wall seconds."""
+    """Run the commands of ``results`` one after the other from the repository root, a
+    sweep's after unpacking the checkpoint its folder holds (``benchmarks/checkpoint.py``);
+    return one row per command: folder, kind, command, exit status and wall seconds."""
     rows = []
     for result in results:
         packed = ROOT / RESULTS_DIR / result.folder / CHECKPOINT

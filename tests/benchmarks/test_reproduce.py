@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,30 @@ def test_dry_run_prints_each_command_and_refuses_unknown_folders(capsys):
     for argv in (["nope"], ["uci", "--all"], []):
         with pytest.raises(SystemExit):
             main(argv)
+
+
+def test_a_sweep_folder_with_a_checkpoint_is_unpacked_before_its_commands(
+        tmp_path, monkeypatch, benchmark_script):
+    """The checkpoint that ``benchmarks/checkpoint.py`` packs (under its own file name) is
+    unpacked into the sweep's cache before the sweep runs; a sweep without one, and a
+    timing run, run their commands alone."""
+    run = REPRODUCE["run"]
+    calls = []
+
+    def record(argv, **_):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setitem(run.__globals__, "ROOT", tmp_path)
+    monkeypatch.setattr(subprocess, "run", record)
+    chosen = REPRODUCE["chosen"](["uci", "uci_gap", "speed"], False)
+    uci = tmp_path / "benchmarks" / "results" / "uci"
+    uci.mkdir(parents=True)
+    (uci / benchmark_script("checkpoint.py")["CHECKPOINT"]).write_text("")
+    rows = run(chosen, jobs=2)
+    unpack = [sys.executable, str(tmp_path / "benchmarks" / "checkpoint.py"), "--out", str(uci),
+              "--unpack"]
+    expected = [[*([unpack] if r.folder == "uci" else []), *r.argv(2, None)] for r in chosen]
+    assert [r.folder for r in chosen] == ["uci_gap", "uci", "speed"]
+    assert calls == [argv for group in expected for argv in group]
+    assert [r["folder"] for r in rows] == [r.folder for r in chosen]
