@@ -73,6 +73,9 @@ def worker(rank: int, port: int, out: str) -> None:
                     "noise": fitted.diagnostics["validated_noise_scale"],
                     "rank": distributed.rank(), "world": distributed.world_size()},
                    Path(out) / f"rank{rank}.pt")
+        # Leave together: a process that tears its group down while the other still
+        # holds its end open can abort (SIGABRT) in gloo's C++ teardown.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
