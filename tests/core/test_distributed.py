@@ -73,8 +73,8 @@ def worker(rank: int, port: int, out: str) -> None:
                     "noise": fitted.diagnostics["validated_noise_scale"],
                     "rank": distributed.rank(), "world": distributed.world_size()},
                    Path(out) / f"rank{rank}.pt")
-        # Leave together: a process that tears its group down while the other still
-        # holds its end open can abort (SIGABRT) in gloo's C++ teardown.
+        # Leave together, as PyTorch's shutdown asks: no process tears its group down
+        # while its peer may still hold the connection open.
         dist.barrier()
     finally:
         dist.destroy_process_group()
