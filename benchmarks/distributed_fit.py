@@ -53,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
             print(write_tables(args.out, "metrics", [{"data": args.data, "entry": ENTRY,
                                                       **metrics}],
                                keys=("data", "entry"), columns=list(metrics)))
+        if launched:  # leave together: no process tears the group down under its peer
+            dist.barrier()
         return metrics
     finally:
         if launched:
