@@ -18,7 +18,10 @@ Dask distributed (Rocklin 2015, "Dask: Parallel Computation with Blocked algorit
 Task Scheduling") is the engine: pure Python, light to install, and the scheduler that HPC
 users of the PyData stack already run through dask-jobqueue. It is optional
 (``pip install bnn-zoo[cluster]``). The batches go out largest first (training points x
-splits), so that the last to finish is a small one. A batch whose worker dies is run again
+splits), so that the last to finish is a small one; the client sends a batch only when a
+worker thread is free for it, so each starts on the first free worker in that order and
+none waits behind a long one on a busy worker (Dask assigns a task submitted on its own to a
+worker at once, before anyone knows how long it takes). A batch whose worker dies is run again
 on another worker (the scheduler reschedules the tasks of a lost worker; ``retries`` re-runs
 a batch that raised), and its runs that finished before are read back from the cache. The
 client also writes every returned record into the cache under the batch's ``out`` (where
@@ -28,6 +31,7 @@ client's filesystem.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -38,12 +42,15 @@ from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.harness.flags import set_threads
 from bnn_zoo.harness.runs import cache_record, cached_runs
 
-__all__ = ["INSTALL", "RETRIES", "Batch", "keep_records", "local_cluster", "run_batch",
-           "run_batches"]
+__all__ = ["INSTALL", "POLL_SECONDS", "RETRIES", "Batch", "keep_records", "local_cluster",
+           "run_batch", "run_batches"]
 
 #: How many times a batch that raised is submitted again (a worker's death is the
 #: scheduler's to recover: it reschedules the lost worker's tasks).
 RETRIES = 2
+#: How often, in seconds, :func:`run_batches` looks for workers that joined the cluster while
+#: no batch finished (a SLURM job of dask-jobqueue starting late).
+POLL_SECONDS = 5.0
 #: What to install for ``jobs > 1`` or a ``scheduler``.
 INSTALL = "pip install bnn-zoo[cluster]"
 
@@ -167,13 +174,26 @@ def run_batches(batches: Iterable[Batch], *, jobs: int = 1, scheduler: str | Non
             cluster = stack.enter_context(local_cluster(jobs))
             scheduler = cluster.scheduler_address
         client = stack.enter_context(distributed.Client(scheduler))
-        largest = sorted(range(len(batches)), key=lambda i: -batches[i].cost)
-        futures = {client.submit(run, batches[i], pure=False, retries=retries,
-                                 priority=len(batches) - rank): i
-                   for rank, i in enumerate(largest)}
+        waiting = sorted(range(len(batches)), key=lambda i: -batches[i].cost)
+        running: dict = {}
         results: list[list[dict]] = [[] for _ in batches]
-        for future in distributed.as_completed(futures):
-            i = futures[future]
-            results[i] = future.result()
-            keep_records(results[i], batches[i])
+        while waiting or running:
+            while waiting and len(running) < _threads(client):
+                i = waiting.pop(0)
+                running[client.submit(run, batches[i], pure=False, retries=retries)] = i
+            try:
+                done = distributed.wait(list(running), timeout=POLL_SECONDS,
+                                        return_when="FIRST_COMPLETED").done
+            except asyncio.TimeoutError:  # none finished; workers may have joined since
+                continue
+            for future in done:
+                i = running.pop(future)
+                results[i] = future.result()
+                keep_records(results[i], batches[i])
     return results
+
+
+def _threads(client) -> int:
+    """The worker threads of ``client``'s cluster now (at least one: a cluster whose workers
+    have not yet joined takes one batch, which waits for them)."""
+    return max(1, sum(client.nthreads().values()))

@@ -1,7 +1,8 @@
 """Sweeps on a local Dask cluster of worker processes: the records of two workers are the
-serial run's, a batch whose worker dies runs again without losing what finished, and a
-batch that cannot travel to a worker is refused before any cluster starts. Skipped without
-Dask distributed (``pip install bnn-zoo[cluster]``)."""
+serial run's, a batch whose worker dies runs again without losing what finished, no batch
+waits behind a long one while a worker is free, and a batch that cannot travel to a worker
+is refused before any cluster starts. Skipped without Dask distributed
+(``pip install bnn-zoo[cluster]``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import functools
 import json
 import os
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,6 +76,49 @@ def test_a_batch_whose_worker_dies_runs_again_and_keeps_what_finished(tmp_path):
     kept = list((tmp_path / "runs" / "bbb").glob("*.json"))
     assert len(kept) == 2
     assert all(p.stat().st_mtime_ns <= died.stat().st_mtime_ns for p in kept)
+
+
+def sleeps(batch: sweep.Batch) -> list[dict]:
+    """Stand in for a fit of ``batch``: sleep a tenth of a second per unit of its size, and
+    say when it started and on which worker."""
+    started = time.time()
+    time.sleep(batch.size / 10)
+    return [{"entry": batch.entry, "status": "ok", "started": started,
+             "worker": distributed.get_worker().address}]
+
+
+def test_batches_start_in_order_on_the_first_free_worker(tmp_path):
+    """A long batch (2 s) and four short ones (0.1 s) on two workers: the long one goes first
+    and keeps its worker, and the short ones start one after the other, in their order, on
+    the other worker. (Dask's default saturation lets the long one's worker hold the second
+    short one, which then starts last, when the free worker takes it back.)"""
+    batches = [sweep.Batch(entry, "sine", (0,), (0,), out=str(tmp_path), cached_only=True,
+                           size=size)
+               for entry, size in [("long", 20)] + [(f"short{i}", 1) for i in range(4)]]
+    with sweep.local_cluster(2) as cluster:
+        ran = sweep.run_batches(batches, scheduler=cluster.scheduler_address, run=sleeps)
+    (long,), shorts = ran[0], [records[0] for records in ran[1:]]
+    assert all(r["worker"] != long["worker"] for r in shorts)
+    assert [r["entry"] for r in sorted(shorts, key=lambda r: r["started"])] == [
+        "short0", "short1", "short2", "short3"]
+
+
+def test_a_worker_that_joins_late_takes_the_waiting_batches(tmp_path, monkeypatch):
+    """One worker runs the long batch (8 s); a second joins while it runs (as a SLURM job that
+    starts late) and runs every short one before the long one ends."""
+    monkeypatch.setattr(sweep, "POLL_SECONDS", 0.2)
+    batches = [sweep.Batch(entry, "sine", (0,), (0,), out=str(tmp_path), cached_only=True,
+                           size=size)
+               for entry, size in [("long", 80)] + [(f"short{i}", 1) for i in range(3)]]
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        joins = threading.Timer(0.5, cluster.scale, args=(2,))
+        joins.start()
+        ran = sweep.run_batches(batches, scheduler=cluster.scheduler_address, run=sleeps)
+        joins.join()
+    (long,), shorts = ran[0], [records[0] for records in ran[1:]]
+    assert all(r["worker"] != long["worker"] for r in shorts)
+    assert all(r["started"] < long["started"] + 8 for r in shorts)
 
 
 def test_a_batch_that_cannot_travel_is_refused_before_a_cluster_starts(tmp_path):
