@@ -13,10 +13,13 @@ versions are paired, and with ``n`` pairs
     \\mathrm{SE}(\\bar\\Delta) = \\mathrm{sd}_s(\\Delta_s) / \\sqrt n.
 
 A row shows the old and new means over the pairs (each with its standard error over the
-splits, as the comparison's tables show a cell), the change ``± SE(Δ̄)``, and ``moved``:
+splits, as the comparison's tables show a cell), the change ``± SE(Δ̄)``, ``moved``:
 whether ``|Δ̄|`` exceeds the new cell's standard error, the yardstick a reader of the table
-has. A move within the pairs' own error is noise of the runs (another seed stream, another
-thread count); one beyond it is a change of the method or of its budget.
+has, and ``paired_z``, the change in units of its own standard error,
+:math:`\\bar\\Delta / \\mathrm{SE}(\\bar\\Delta)`. Where only the random streams changed
+(another seed stream, another thread count) the :math:`\\Delta_s` are noise around zero and
+``paired_z`` is about standard normal; a move many paired errors wide is a change of the
+method or of its budget.
 
 The old version is a git revision's copy of the file (``--since``, default ``HEAD``) or
 another file (``--old``). Writes ``<name>.md``/``.csv``/``.json`` under ``--out`` (default:
@@ -42,7 +45,7 @@ from bnn_zoo.harness.summary import mean_se
 from bnn_zoo.harness.tables import markdown_table, write_tables
 
 KEYS = ("data", "entry", "metric")
-COLUMNS = ("old", "new", "change", "moved")
+COLUMNS = ("old", "new", "change", "paired_z", "moved")
 
 
 def read_old(path: Path, since: str, old: Path | None) -> dict:
@@ -81,8 +84,9 @@ def split_values(document: Mapping, metric: str) -> dict[tuple[str, str], dict[i
 def moves(old: Mapping, new: Mapping, metrics: Sequence[str]) -> list[dict]:
     """One row per (data, entry, metric) with paired splits in both versions, in the new
     document's order: ``runs`` (pairs), ``old``, ``new`` and ``change`` (each with its
-    ``_se``, :func:`~bnn_zoo.harness.summary.mean_se` as the comparison's tables) and
-    ``moved`` (``|change|`` above the new cell's standard error)."""
+    ``_se``, :func:`~bnn_zoo.harness.summary.mean_se` as the comparison's tables),
+    ``paired_z`` (:func:`paired_z`) and ``moved`` (``|change|`` above the new cell's
+    standard error)."""
     before = {metric: split_values(old, metric) for metric in metrics}
     after = {metric: split_values(new, metric) for metric in metrics}
     rows = []
@@ -98,8 +102,19 @@ def moves(old: Mapping, new: Mapping, metrics: Sequence[str]) -> list[dict]:
             rows.append({"data": cell[0], "entry": cell[1], "metric": metric,
                          "runs": len(splits), "old": old_mean, "old_se": old_se,
                          "new": new_mean, "new_se": new_se, "change": change,
-                         "change_se": change_se, "moved": abs(change) > new_se})
+                         "change_se": change_se, "paired_z": paired_z(change, change_se),
+                         "moved": abs(change) > new_se})
     return rows
+
+
+def paired_z(change: float, change_se: float) -> float:
+    """``change / change_se``: ``0`` for no change, ``±inf`` for the same change in every
+    split (no spread), ``nan`` without a standard error (one pair)."""
+    if change == 0:
+        return 0.0
+    if change_se == 0:
+        return math.copysign(math.inf, change)
+    return change / change_se
 
 
 def unpaired(old: Mapping, new: Mapping) -> tuple[list[tuple], list[tuple]]:

@@ -43,9 +43,10 @@ def test_changes_are_paired_by_split_and_moved_compares_with_the_new_cells_se(mo
     new_se = statistics.stdev([-0.5, -1.0, -3.0]) / math.sqrt(3)
     assert row["new_se"] == pytest.approx(new_se)
     assert 0.5 < new_se and row["moved"] is False
+    assert row["paired_z"] == pytest.approx(row["change"] / row["change_se"])
     single = rows["bbb", "ll"]  # one finite pair: no standard error, so it cannot have moved
     assert single["runs"] == 1 and single["change"] == 0.0 and single["moved"] is False
-    assert math.isnan(single["change_se"])
+    assert math.isnan(single["change_se"]) and single["paired_z"] == 0.0
 
 
 def test_a_change_beyond_the_cells_error_is_moved(moves_script):
@@ -54,7 +55,7 @@ def test_a_change_beyond_the_cells_error_is_moved(moves_script):
     old = {"runs": [_run("map", s, ll) for s, ll in enumerate((-1.0, -1.1, -0.9))]}
     (row,) = moves(old, new, ["ll"])
     assert row["change"] == pytest.approx(1.0) and row["change_se"] == pytest.approx(0.0)
-    assert row["moved"] is True
+    assert row["moved"] is True and row["paired_z"] == math.inf
 
 
 def test_unpaired_cells_are_named(moves_script):
