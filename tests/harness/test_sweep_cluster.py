@@ -90,8 +90,8 @@ def sleeps(batch: sweep.Batch) -> list[dict]:
 def test_batches_start_in_order_on_the_first_free_worker(tmp_path):
     """A long batch (2 s) and four short ones (0.1 s) on two workers: the long one goes first
     and keeps its worker, and the short ones start one after the other, in their order, on
-    the other worker. (Dask's default saturation lets the long one's worker hold the second
-    short one, which then starts last, when the free worker takes it back.)"""
+    the other worker. (Submitted all at once, the second short one was placed behind the
+    long one, and started last, when the free worker took it back.)"""
     batches = [sweep.Batch(entry, "sine", (0,), (0,), out=str(tmp_path), cached_only=True,
                            size=size)
                for entry, size in [("long", 20)] + [(f"short{i}", 1) for i in range(4)]]
