@@ -178,7 +178,7 @@ def run_batches(batches: Iterable[Batch], *, jobs: int = 1, scheduler: str | Non
         running: dict = {}
         results: list[list[dict]] = [[] for _ in batches]
         while waiting or running:
-            while waiting and len(running) < _threads(client):
+            for _ in range(min(len(waiting), _threads(client) - len(running))):
                 i = waiting.pop(0)
                 running[client.submit(run, batches[i], pure=False, retries=retries)] = i
             try:
