@@ -17,7 +17,8 @@ entry, data set, split and seed, less what the tables do not read:
   the predictive at every test point (``moments``, ``class_probs``): only the distances to
   the reference read them, and there is no reference to measure against. On the data sets
   where it runs, or has not yet run, they are kept, so the distances can be computed once
-  the reference finishes.
+  the reference finishes. A sweep measured against no reference (``--reference none``, as
+  ``classification.py`` runs) drops them everywhere.
 
 ``--out OUT --unpack`` writes every run of the file of today's code back into ``OUT/runs/`` where
 its cache file is missing (:func:`bnn_zoo.harness.runs.cache_record`); the sweep's next
@@ -26,6 +27,7 @@ checkpoint before it runs the sweep.
 
     python benchmarks/checkpoint.py --out benchmarks/results/uci            # before the lease ends
     python benchmarks/checkpoint.py --out benchmarks/results/uci --unpack   # on the next machine
+    python benchmarks/checkpoint.py --out benchmarks/results/classification --reference none
 """
 
 from __future__ import annotations
@@ -62,11 +64,13 @@ def cached_records(out: Path) -> list[dict]:
                   key=_key)
 
 
-def packed(records: Sequence[dict], reference: str) -> list[dict]:
+def packed(records: Sequence[dict], reference: str | None) -> list[dict]:
     """``records`` less their loss curves and, on the data sets where ``reference`` was
-    skipped, their predictive at every test point."""
+    skipped (on every data set when ``reference`` is None), their predictive at every test
+    point."""
     unmeasured = {r["data"] for r in records
-                  if r["entry"] == reference and r["status"] == "skipped"}
+                  if reference is None or (r["entry"] == reference
+                                           and r["status"] == "skipped")}
     out = []
     for record in records:
         dropped = PER_POINT if record["data"] in unmeasured else ()
@@ -77,7 +81,7 @@ def packed(records: Sequence[dict], reference: str) -> list[dict]:
     return out
 
 
-def pack(out: Path, reference: str = REFERENCE) -> int:
+def pack(out: Path, reference: str | None = REFERENCE) -> int:
     """Write ``out/checkpoint.jsonl`` from the cache under ``out``; return how many runs."""
     records = packed(cached_records(out), reference)
     write_text_atomic(out / CHECKPOINT,
@@ -96,13 +100,18 @@ def unpack(out: Path) -> int:
     return sum(cache_record(out, r) for r in records if run_code(r) == code)
 
 
+def _reference(text: str) -> str | None:
+    return None if text.lower() == "none" else flags.entry_name(text)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="the sweep's output folder (required)")
     parser.add_argument("--unpack", action="store_true",
                         help="write the packed runs back into the cache (default: pack)")
-    parser.add_argument("--reference", type=flags.entry_name, default=REFERENCE,
-                        help="the entry the others are measured against (when packing)")
+    parser.add_argument("--reference", type=_reference, default=REFERENCE,
+                        help="the entry the others are measured against, or none (when "
+                             "packing)")
     args = parser.parse_args(argv)
     if args.out is None or not args.out.is_dir():
         parser.error(f"--out: expected a sweep's output folder, got {args.out}")

@@ -70,6 +70,19 @@ def test_the_test_point_predictive_is_kept_only_where_the_reference_can_measure_
                                                                                "std": [1.0]}
 
 
+def test_a_sweep_without_a_reference_keeps_no_test_point_predictive(tmp_path,
+                                                                    checkpoint_script):
+    """``--reference none`` (the classification sweep): no distance will read the
+    per-point predictive of any run, so none is packed; the metrics stay."""
+    records = [_record("map", "two_moons"), _record("nuts", "wine")]
+    records[0]["class_probs"] = [[0.5, 0.5]]
+    slim = checkpoint_script["packed"](records, None)
+    assert [sorted(r) for r in slim] == [["data", "entry", "losses", "seed", "split",
+                                          "status"]] * 2
+    assert checkpoint_script["parse_args"](["--out", str(tmp_path), "--reference",
+                                            "none"]).reference is None
+
+
 @pytest.mark.parametrize("argv", [[], ["--out", "missing"], ["--out", "missing", "--unpack"]])
 def test_out_must_be_a_folder(argv, tmp_path, capsys, monkeypatch, checkpoint_script):
     monkeypatch.chdir(tmp_path)
