@@ -165,6 +165,9 @@ def test_tables_render_filters_and_refuse_bad_markers(tmp_path):
     out = render(text, tmp_path)
     assert "| x | 2 | -2.000 ± 0.250 |" in out and "1.000" not in out and "stale" not in out
     assert out.startswith("before\n") and render(out, tmp_path) == out
+    both = render("<!-- table: t.json keys=data columns=ll where=data:a,b -->\n"
+                  "<!-- end table -->", tmp_path)
+    assert "| a | 2 | 1.000 ± 0.500 |" in both and "| b | 2 | -2.000 ± 0.250 |" in both
     write_table_group(tmp_path, "g", [Table("sweep", "A sweep", [{"width": 4, "var": 2.5}],
                                             keys=("width",), columns=("var",))])
     grouped = render("<!-- table: g.json keys=width columns=var table=sweep -->\n"

@@ -12,7 +12,8 @@ The opening marker names a JSON file written by :func:`~bnn_zoo.harness.tables.w
 (its ``"summary"`` rows) or by :func:`~bnn_zoo.harness.tables.write_table_group` (then
 ``table=KEY`` picks the group's table) and how to show them: ``keys`` and ``columns`` as in
 :func:`~bnn_zoo.harness.tables.markdown_table`, optionally ``section=FIELD`` and any number of
-``where=FIELD:VALUE`` filters (a row is kept when its field, as text, equals the value).
+``where=FIELD:VALUE`` filters (a row is kept when its field, as text, equals the value, or
+one of the values of ``FIELD:A,B,...``).
 Where the file records the code versions and commits of its runs (``"provenance"``, as
 :func:`~bnn_zoo.harness.compare.write_comparison` writes it), a line under the table names
 them (:func:`~bnn_zoo.harness.provenance.note`).
@@ -76,7 +77,7 @@ def _matches(row: dict, conditions: list[str]) -> bool:
         field, sep, value = condition.partition(":")
         if not sep:
             raise ValueError(f"Bad filter where={condition!r}: expected where=FIELD:VALUE.")
-        if str(row.get(field)) != value:
+        if str(row.get(field)) not in value.split(","):
             return False
     return True
 
