@@ -23,7 +23,7 @@ of the training split (``--validation``).
     python benchmarks/compare_guides.py --data sine gap --splits 3
     python benchmarks/compare_guides.py --data two_moons --reference none
     python benchmarks/compare_guides.py --data uci/yacht uci/bostonHousing --splits 3 \\
-        --entries map mean_field bbb laplace ensemble --out benchmarks/results/uci/reference
+        --entries map mean_field bbb laplace ensemble --out /tmp/uci_reference
 """
 
 from __future__ import annotations

@@ -103,12 +103,6 @@ RESULTS: tuple[Result, ...] = (
     _result("uci_gap", "sweep",
             f"{BENCH}/uci.py --gap --data yacht energy --threads 1 --reference nuts"),
     _result("uci", "sweep", f"{BENCH}/uci.py --splits 20 --threads 1 --reference nuts"),
-    _result("uci/reference", "sweep",
-            f"{BENCH}/compare_guides.py --data uci/yacht uci/bostonHousing --splits 3 "
-            "--entries map mean_field bbb laplace ensemble --threads 1"),
-    _result("uci_laplace", "sweep",
-            f"{BENCH}/uci.py --data bostonHousing concrete energy yacht --entries laplace "
-            "laplace_full laplace_ggn laplace_diag laplace_kron laplace_last_layer"),
     _result("speed", "timing", f"{BENCH}/speed.py"),
     _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),
     _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),
