@@ -53,7 +53,7 @@ one by one by the others; ``--replicas off`` fits every split alone.
 The unit of work is one (entry, data set) batch of splits (the splits of a data set stay
 together, so that they batch as replicas; :mod:`bnn_zoo.harness.sweep`). ``--jobs J`` runs
 the batches on a local Dask cluster of ``J`` single-threaded worker processes (each torch
-with ``--threads`` threads), the largest first; ``--scheduler ADDRESS`` sends them to a
+with ``--threads`` threads), the longest first; ``--scheduler ADDRESS`` sends them to a
 running Dask cluster (``dask scheduler``/``dask worker``, or dask-jobqueue's
 ``SLURMCluster`` on a cluster's nodes), whose workers need only the package and the data
 folder. Both need ``pip install bnn-zoo[cluster]`` and give the records of a run in one

@@ -17,8 +17,10 @@ finishes. :func:`run_batches` runs many, in the order given back:
 Dask distributed (Rocklin 2015, "Dask: Parallel Computation with Blocked algorithms and
 Task Scheduling") is the engine: pure Python, light to install, and the scheduler that HPC
 users of the PyData stack already run through dask-jobqueue. It is optional
-(``pip install bnn-zoo[cluster]``). The batches go out largest first (training points x
-splits), so that the last to finish is a small one; the client sends a batch only when a
+(``pip install bnn-zoo[cluster]``). The batches go out longest first
+(:func:`expected_seconds`: the fit seconds that the results under the batch's ``out``
+record for its entry and data set, or its training points x splits at the rate of the
+others), so that the last to finish is a short one; the client sends a batch only when a
 worker thread is free for it, so each starts on the first free worker in that order and
 none waits behind a long one on a busy worker (Dask assigns a task submitted on its own to a
 worker at once, before anyone knows how long it takes). A batch whose worker dies is run again
@@ -33,8 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import statistics
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 
 from bnn_zoo.core import data as data_module
@@ -42,8 +48,8 @@ from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.harness.flags import set_threads
 from bnn_zoo.harness.runs import cache_record, cached_runs
 
-__all__ = ["INSTALL", "POLL_SECONDS", "RETRIES", "Batch", "keep_records", "local_cluster",
-           "run_batch", "run_batches"]
+__all__ = ["INSTALL", "POLL_SECONDS", "RETRIES", "Batch", "expected_seconds", "keep_records",
+           "launch_order", "local_cluster", "past_fit_seconds", "run_batch", "run_batches"]
 
 #: How many times a batch that raised is submitted again (a worker's death is the
 #: scheduler's to recover: it reschedules the lost worker's tasks).
@@ -65,7 +71,8 @@ class Batch:
     (:func:`~bnn_zoo.harness.runs.cached_runs`); ``cached_only``: nothing fitted, missing
     runs recorded as skipped; ``threads``: torch's CPU threads in the process that runs it
     (``None``: leave them); ``size``: training points of one split, for the order of
-    :func:`run_batches`.
+    :func:`run_batches` where no earlier run says how long the entry takes
+    (:func:`expected_seconds`).
     """
 
     entry: str
@@ -82,10 +89,42 @@ class Batch:
     log: bool = True
     size: int = 0
 
-    @property
-    def cost(self) -> int:
-        """The order of :func:`run_batches`: training points times splits."""
-        return self.size * len(self.splits)
+
+def past_fit_seconds(out: str | Path) -> dict[tuple[str, str], float]:
+    """The mean fit seconds of one split of each (entry, data set) in the results JSONs
+    under ``out`` (the ``"runs"`` that a comparison keeps, of any code version): a batch
+    fitted as replicas records its pass divided among its splits."""
+    seconds = defaultdict(list)
+    for path in Path(out).glob("*.json"):
+        document = json.loads(path.read_text())
+        found = document.get("runs") if isinstance(document, dict) else None
+        for run in found if isinstance(found, list) else ():
+            fit = (run.get("metrics") or {}).get("fit_seconds")
+            if isinstance(fit, (int, float)) and fit > 0:
+                seconds[run["entry"], run["data"]].append(fit)
+    return {key: statistics.fmean(values) for key, values in seconds.items()}
+
+
+def expected_seconds(batches: Sequence[Batch]) -> list[float]:
+    """How long each batch is expected to take, for the order of :func:`run_batches`: its
+    splits times the mean fit seconds of a split of its entry and data set that earlier
+    results under its ``out`` record (:func:`past_fit_seconds`), and for a batch without
+    them, its training points times splits at the median rate (seconds per point and split)
+    of the batches with them (at 1 where none has them, so the order is by size)."""
+    past = {out: past_fit_seconds(out) for out in {batch.out for batch in batches}}
+    known = [past[b.out].get((b.entry, b.data)) for b in batches]
+    rates = [seconds / b.size for b, seconds in zip(batches, known, strict=True)
+             if seconds is not None and b.size > 0]
+    rate = statistics.median(rates) if rates else 1.0
+    return [len(b.splits) * (seconds if seconds is not None else b.size * rate)
+            for b, seconds in zip(batches, known, strict=True)]
+
+
+def launch_order(batches: Sequence[Batch]) -> list[int]:
+    """The indices of ``batches`` in the order a cluster starts them: the longest expected
+    first (:func:`expected_seconds`), ties in the order given."""
+    expected = expected_seconds(batches)
+    return sorted(range(len(batches)), key=lambda i: -expected[i])
 
 
 def run_batch(batch: Batch) -> list[dict]:
@@ -174,7 +213,7 @@ def run_batches(batches: Iterable[Batch], *, jobs: int = 1, scheduler: str | Non
             cluster = stack.enter_context(local_cluster(jobs))
             scheduler = cluster.scheduler_address
         client = stack.enter_context(distributed.Client(scheduler))
-        waiting = sorted(range(len(batches)), key=lambda i: -batches[i].cost)
+        waiting = launch_order(batches)
         running: dict = {}
         results: list[list[dict]] = [[] for _ in batches]
         while waiting or running:

@@ -28,6 +28,27 @@ def test_serial_engine_runs_every_batch_in_order_in_this_process():
     assert seen == [10, 30, 20]  # in this process, in the given order
 
 
+def test_batches_are_expected_to_take_what_their_past_runs_took(tmp_path):
+    """A results JSON under ``out`` says how long a split of an entry took on a data set
+    (failed and unfitted runs aside); a batch without past runs is costed by its training
+    points at the median rate of the others, so a NUTS batch goes out first even where its
+    data set is the smallest."""
+    def run(entry, data, fit):
+        return {"entry": entry, "data": data, "metrics": {"fit_seconds": fit}}
+
+    document = {"summary": [], "runs": [run("nuts", "sine", 90.0), run("nuts", "sine", 110.0),
+                                        run("map", "sine", 1.0), run("map", "gap", None)]}
+    (tmp_path / "compare.json").write_text(json.dumps(document))
+    (tmp_path / "other.json").write_text("[1, 2]")  # not a comparison: read past
+    assert sweep.past_fit_seconds(tmp_path) == {("nuts", "sine"): 100.0, ("map", "sine"): 1.0}
+    batches = [sweep.Batch(entry, data, (0, 1), (0, 1), out=str(tmp_path), size=size)
+               for entry, data, size in [("map", "sine", 500), ("nuts", "sine", 500),
+                                         ("map", "gap", 100)]]
+    rate = (1.0 / 500 + 100.0 / 500) / 2  # the median of the two known rates
+    assert sweep.expected_seconds(batches) == pytest.approx([2.0, 200.0, 2 * 100 * rate])
+    assert sweep.launch_order(batches) == [1, 2, 0]
+
+
 def test_bad_jobs_and_jobs_with_a_scheduler_are_refused():
     with pytest.raises(ValueError, match="jobs"):
         sweep.run_batches([], jobs=0)
@@ -65,7 +86,8 @@ def test_comparison_batches_are_one_per_entry_and_data_set_with_its_own_override
                                                                           {"steps": 3}, True)
     assert (last.overrides, last.threads, last.out, got["jobs"]) == ({"steps": 6}, 1,
                                                                      str(tmp_path), 3)
-    assert first.size == 500 and first.cost == 1000  # sine's training points x 2 splits
+    assert first.size == 500  # sine's training points
+    assert sweep.expected_seconds([first]) == [1000.0]  # no past runs: points x splits
     with pytest.raises(ValueError, match="not both"):
         compare.run_comparison(["sine"], ["map"], out=tmp_path, overrides={},
                                overrides_by_data=by_data.get)
