@@ -22,14 +22,14 @@ from pathlib import Path
 from bnn_zoo.harness.provenance import code_version, run_code
 from bnn_zoo.harness.runs import NOT_CACHED
 
-__all__ = ["RUN_FIELDS", "results_files", "run", "stale_cells"]
+__all__ = ["RUN_FIELDS", "kept_runs", "results_files", "run", "stale_cells"]
 
 
 #: The fields of a run record that a comparison's results file keeps.
 RUN_FIELDS = ("entry", "data", "split", "settings")
 
 
-def _runs(path: Path) -> list[dict] | None:
+def kept_runs(path: Path) -> list[dict] | None:
     """The run records kept in the JSON file ``path``, or ``None`` when it keeps none."""
     try:
         runs = json.loads(path.read_text()).get("runs")
@@ -49,11 +49,11 @@ def _results(paths: Iterable[str | Path]) -> list[tuple[Path, list[dict]]]:
         if path.is_dir():
             files = (f for f in sorted(path.rglob("*.json"))
                      if "runs" not in f.relative_to(path).parts[:-1])
-            found += [(f, kept) for f in files if (kept := _runs(f))]
+            found += [(f, kept) for f in files if (kept := kept_runs(f))]
         elif not path.is_file():
             raise ValueError(f"Expected paths to be results folders or files, but {path} "
                              "does not exist.")
-        elif (kept := _runs(path)) is None:
+        elif (kept := kept_runs(path)) is None:
             raise ValueError(f"Expected {path} to keep the runs of a comparison (a \"runs\" "
                              "list of run records), but it does not.")
         else:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -47,6 +46,7 @@ from bnn_zoo.core import data as data_module
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.harness.flags import set_threads
 from bnn_zoo.harness.runs import cache_record, cached_runs
+from bnn_zoo.harness.stale import kept_runs
 
 __all__ = ["INSTALL", "POLL_SECONDS", "RETRIES", "Batch", "expected_seconds", "keep_records",
            "launch_order", "local_cluster", "past_fit_seconds", "run_batch", "run_batches"]
@@ -96,9 +96,7 @@ def past_fit_seconds(out: str | Path) -> dict[tuple[str, str], float]:
     fitted as replicas records its pass divided among its splits."""
     seconds = defaultdict(list)
     for path in Path(out).glob("*.json"):
-        document = json.loads(path.read_text())
-        found = document.get("runs") if isinstance(document, dict) else None
-        for run in found if isinstance(found, list) else ():
+        for run in kept_runs(path) or ():
             fit = (run.get("metrics") or {}).get("fit_seconds")
             if isinstance(fit, (int, float)) and fit > 0:
                 seconds[run["entry"], run["data"]].append(fit)

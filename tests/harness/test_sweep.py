@@ -34,7 +34,8 @@ def test_batches_are_expected_to_take_what_their_past_runs_took(tmp_path):
     points at the median rate of the others, so a NUTS batch goes out first even where its
     data set is the smallest."""
     def run(entry, data, fit):
-        return {"entry": entry, "data": data, "metrics": {"fit_seconds": fit}}
+        return {"entry": entry, "data": data, "split": 0, "settings": {},
+                "metrics": {"fit_seconds": fit}}
 
     document = {"summary": [], "runs": [run("nuts", "sine", 90.0), run("nuts", "sine", 110.0),
                                         run("map", "sine", 1.0), run("map", "gap", None)]}
