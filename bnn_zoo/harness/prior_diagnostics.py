@@ -45,6 +45,7 @@ from pyro import poutine
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_positive_int, check_tensor
+from bnn_zoo.core.linalg import symmetric_eigh
 from bnn_zoo.core.nn import activation, mlp_forward
 
 __all__ = ["excess_kurtosis", "fan_in_prior_outputs", "log_moment_norms", "prior_predictive",
@@ -77,7 +78,7 @@ def _gaussian_columns(cov: Tensor, columns: int) -> Tensor:
     """``columns`` i.i.d. draws of ``N(0, cov)`` for each (..., N, N) ``cov``, as the columns
     of a (..., N, columns) tensor; by the symmetric square root, so a singular ``cov``
     (duplicate inputs, dead units) is fine."""
-    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    eigenvalues, eigenvectors, _ = symmetric_eigh(cov, "the prior's covariance")
     root = eigenvectors * eigenvalues.clamp_min(0).sqrt().unsqueeze(-2)
     noise = torch.randn(*cov.shape[:-1], columns, dtype=cov.dtype, device=cov.device)
     return root @ noise

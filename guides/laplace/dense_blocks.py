@@ -1,8 +1,8 @@
 """Laplace precision blocks that hold their curvature entry by entry: dense (p, p)
 (:class:`DenseBlock`) and diagonal (p,) (:class:`DiagBlock`), with the jittered Cholesky
-factorisation the dense one uses (Bishop 2006, *Pattern Recognition and Machine
-Learning*, 5.7; MacKay 1992, "Bayesian Interpolation", for the evidence in the
-eigenvalues of the curvature)."""
+factorisation the dense one uses (:mod:`bnn_zoo.core.linalg`; Bishop 2006, *Pattern
+Recognition and Machine Learning*, 5.7; MacKay 1992, "Bayesian Interpolation", for the
+evidence in the eigenvalues of the curvature)."""
 
 from __future__ import annotations
 
@@ -10,39 +10,16 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice
+from bnn_zoo.core.linalg import cholesky_with_jitter, symmetric_eigh
 from bnn_zoo.guides.laplace.block_base import TraceFromDiagonal, index_from, index_state
 
-__all__ = ["INDEFINITE", "JITTER_MAX", "DenseBlock", "DiagBlock", "NotPositiveDefiniteError",
-           "cholesky_with_jitter"]
+__all__ = ["INDEFINITE", "DenseBlock", "DiagBlock", "NotPositiveDefiniteError"]
 
 INDEFINITE = ("raise", "clip")
-JITTER_MAX = 1e-6
 
 
 class NotPositiveDefiniteError(ValueError):
     """The Laplace precision ``alpha I + beta H`` is not positive definite."""
-
-
-def cholesky_with_jitter(matrix: Tensor, max_relative: float = JITTER_MAX
-                         ) -> tuple[Tensor | None, float]:
-    """The Cholesky factor of ``matrix + j I`` (..., p, p) for the smallest ``j`` that works
-    among ``0`` and ``10^-12, 10^-11, ..., max_relative`` times the mean of its ``|diagonal|``.
-
-    Returns ``(L, j)``, or ``(None, j_max)`` when even the largest jitter fails.
-    """
-    chol, info = torch.linalg.cholesky_ex(matrix)
-    if not bool(info.any()):
-        return chol, 0.0
-    scale = float(matrix.detach().diagonal(dim1=-2, dim2=-1).abs().mean()) or 1.0
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    exponent = -12
-    while 10.0**exponent <= max_relative * (1 + 1e-9):
-        jitter = 10.0**exponent * scale
-        chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
-        if not bool(info.any()):
-            return chol, jitter
-        exponent += 1
-    return None, max_relative * scale
 
 
 def _tracked(alpha: Tensor, beta: Tensor) -> bool:
@@ -59,11 +36,11 @@ class DenseBlock(TraceFromDiagonal):
 
     The factorisation is a Cholesky, with a jitter ``j I`` escalated from ``10^-12`` to
     ``10^-6`` times the precision's mean diagonal where the plain one fails
-    (:func:`cholesky_with_jitter`); the last jitter used is ``jitter``. Only where no
-    jitter helps is ``H`` eigendecomposed: with ``indefinite="clip"`` it is projected
-    onto the positive semi-definite cone once (negative eigenvalues set to zero, the
-    nearest PSD matrix in Frobenius norm; their number is ``clipped``), otherwise
-    :class:`NotPositiveDefiniteError` is raised.
+    (:func:`~bnn_zoo.core.linalg.cholesky_with_jitter`); the last jitter used is
+    ``jitter``. Only where no jitter helps is ``H`` eigendecomposed: with
+    ``indefinite="clip"`` it is projected onto the positive semi-definite cone once
+    (negative eigenvalues set to zero, the nearest PSD matrix in Frobenius norm; their
+    number is ``clipped``), otherwise :class:`NotPositiveDefiniteError` is raised.
 
     Spectral shortcut (MacKay 1992; PRML 5.177-5.178, which write the evidence in the
     eigenvalues ``lambda_i`` of ``beta H``): once a second ``(alpha, beta)`` is asked
@@ -136,7 +113,7 @@ class DenseBlock(TraceFromDiagonal):
                                 self.jitter)
             return chol
         if self.indefinite == "clip" and not self.clipped:
-            evals, evecs = torch.linalg.eigh(self.hessian)
+            evals, evecs, _ = symmetric_eigh(self.hessian, "the Laplace curvature")
             self.clipped = max(int((evals < 0).sum()), 1)
             self._eigenvalues, self._eigenvectors = evals.clamp_min(0), evecs
             self.hessian = (evecs * self._eigenvalues) @ evecs.T
@@ -147,7 +124,8 @@ class DenseBlock(TraceFromDiagonal):
                 f"The Laplace precision alpha I + beta H is not finite (alpha in "
                 f"[{float(alpha.min()):.3g}, {float(alpha.max()):.3g}], beta "
                 f"{float(beta.max()):.3g}): expected finite prior and noise precisions.")
-        smallest = float(torch.linalg.eigvalsh(precision.detach())[0])
+        smallest = float(symmetric_eigh(precision.detach(), "the Laplace precision",
+                                        vectors=False)[0][0])
         raise NotPositiveDefiniteError(
             f"The Laplace precision alpha I + beta H is not positive definite (smallest "
             f"eigenvalue {smallest:.3g} in float64, and a jitter up to {self.jitter:.3g} did "
@@ -175,9 +153,11 @@ class DenseBlock(TraceFromDiagonal):
                 or self._factor is None or self._factorised(alpha, beta)):
             return None
         if vectors and self._eigenvectors is None:
-            self._eigenvalues, self._eigenvectors = torch.linalg.eigh(self.hessian)
+            self._eigenvalues, self._eigenvectors, _ = symmetric_eigh(
+                self.hessian, "the Laplace curvature")
         elif self._eigenvalues is None:
-            self._eigenvalues = torch.linalg.eigvalsh(self.hessian)
+            self._eigenvalues = symmetric_eigh(self.hessian, "the Laplace curvature",
+                                               vectors=False)[0]
         precision = alpha[0].double() + beta.double() * self._eigenvalues
         if not bool((precision > 0).all()):
             return None

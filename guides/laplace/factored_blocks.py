@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_positive_int
+from bnn_zoo.core.linalg import symmetric_eigh, thin_svd
 from bnn_zoo.guides.laplace.block_base import TraceFromDiagonal, index_from, index_state
 
 __all__ = ["KronBlock", "LowRankBlock"]
@@ -28,32 +29,37 @@ class KronBlock(TraceFromDiagonal):
 
     kind = "kron"
     clipped = 0
-    jitter = 0.0
 
     def __init__(self, index: slice | Tensor, q_evals: Tensor, q_evecs: Tensor, g_evals: Tensor,
-                 g_evecs: Tensor) -> None:
+                 g_evecs: Tensor, jitter: float = 0.0) -> None:
         """The eigen-decompositions ``Q = U diag(q) U^T`` (a,), (a, a) and
-        ``G = V diag(g) V^T`` (o,), (o, o), eigenvalues non-negative."""
+        ``G = V diag(g) V^T`` (o,), (o, o), eigenvalues non-negative; ``jitter`` the
+        largest diagonal shift their decomposition needed (see
+        :func:`~bnn_zoo.core.linalg.symmetric_eigh`)."""
         self.index = index
         self.q_evals, self.q_evecs = q_evals, q_evecs
         self.g_evals, self.g_evecs = g_evals, g_evecs
+        self.jitter = jitter
 
     @classmethod
     def from_factors(cls, index: slice | Tensor, q: Tensor, g: Tensor) -> KronBlock:
-        """The block of the Kronecker factors ``Q`` (a, a) and ``G`` (o, o)."""
-        q_evals, q_evecs = torch.linalg.eigh(q)
-        g_evals, g_evecs = torch.linalg.eigh(g)
+        """The block of the Kronecker factors ``Q`` (a, a) and ``G`` (o, o), positive
+        semi-definite and often singular (a unit no point activates is a zero row of ``Q``)."""
+        q_evals, q_evecs, q_shift = symmetric_eigh(q, "a Kronecker factor of the inputs")
+        g_evals, g_evecs, g_shift = symmetric_eigh(g, "a Kronecker factor of the outputs")
         # Both factors are PSD by construction; clamping removes rounding below zero.
-        return cls(index, q_evals.clamp_min(0), q_evecs, g_evals.clamp_min(0), g_evecs)
+        return cls(index, q_evals.clamp_min(0), q_evecs, g_evals.clamp_min(0), g_evecs,
+                   max(q_shift, g_shift))
 
     def state_dict(self) -> dict:
         return {**index_state(self.kind, self.index), "q_evals": self.q_evals,
-                "q_evecs": self.q_evecs, "g_evals": self.g_evals, "g_evecs": self.g_evecs}
+                "q_evecs": self.q_evecs, "g_evals": self.g_evals, "g_evecs": self.g_evecs,
+                "jitter": self.jitter}
 
     @classmethod
     def from_state(cls, state: dict) -> KronBlock:
         return cls(index_from(state), state["q_evals"], state["q_evecs"], state["g_evals"],
-                   state["g_evecs"])
+                   state["g_evecs"], state.get("jitter", 0.0))
 
     def eigenvalues(self, alpha: Tensor, beta: Tensor) -> Tensor:
         """(a, o) eigenvalues of the precision; ``alpha`` must be one number on the block."""
@@ -105,34 +111,38 @@ class LowRankBlock(TraceFromDiagonal):
 
     kind = "low_rank"
     clipped = 0
-    jitter = 0.0
 
-    def __init__(self, index: slice, eigenvectors: Tensor, eigenvalues: Tensor) -> None:
+    def __init__(self, index: slice, eigenvectors: Tensor, eigenvalues: Tensor,
+                 jitter: float = 0.0) -> None:
+        """``jitter``: the diagonal shift the curvature's decomposition needed (see
+        :func:`~bnn_zoo.core.linalg.symmetric_eigh`)."""
         self.index = index
         self.eigenvectors = eigenvectors
         self.eigenvalues = eigenvalues
+        self.jitter = jitter
 
     @classmethod
     def from_hessian(cls, index: slice, hessian: Tensor, rank: int) -> LowRankBlock:
         """The block of the ``rank`` largest positive eigenpairs of ``hessian`` (p, p)."""
         check_positive_int("rank", rank)
-        evals, evecs = torch.linalg.eigh(hessian)
+        evals, evecs, shift = symmetric_eigh(hessian, "the Laplace curvature")
         top = evals.argsort(descending=True)[:rank]
         top = top[evals[top] > 0]
-        return cls(index, evecs[:, top], evals[top])
+        return cls(index, evecs[:, top], evals[top], shift)
 
     def state_dict(self) -> dict:
         return {**index_state(self.kind, self.index), "eigenvectors": self.eigenvectors,
-                "eigenvalues": self.eigenvalues}
+                "eigenvalues": self.eigenvalues, "jitter": self.jitter}
 
     @classmethod
     def from_state(cls, state: dict) -> LowRankBlock:
-        return cls(index_from(state), state["eigenvectors"], state["eigenvalues"])
+        return cls(index_from(state), state["eigenvectors"], state["eigenvalues"],
+                   state.get("jitter", 0.0))
 
     def _factors(self, alpha: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``alpha`` (p,), ``Q`` (p, k) and the shrinkage ``(1 + s^2)^-1/2`` (k,)."""
         b = self.eigenvectors * (beta * self.eigenvalues).sqrt() / alpha.sqrt().unsqueeze(-1)
-        q, s, _ = torch.linalg.svd(b, full_matrices=False)
+        q, s = thin_svd(b, "the low-rank Laplace factor")
         return alpha, q, (1 + s**2).rsqrt()
 
     def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:

@@ -68,10 +68,10 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data, check_positive_int
+from bnn_zoo.core.linalg import cholesky_with_jitter, symmetric_eigh
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.guides.curvature import Activation, check_dense_fits, jacobian
 from bnn_zoo.guides.laplace.blocks import Block, block_from_state
-from bnn_zoo.guides.laplace.dense_blocks import cholesky_with_jitter
 from bnn_zoo.guides.laplace.output_blocks import output_effective_parameters
 from bnn_zoo.guides.layouts import Layout
 from bnn_zoo.models.likelihood import heteroscedastic_scale
@@ -322,7 +322,7 @@ class LaplacePosterior:
             else:
                 chol, _ = cholesky_with_jitter(cov.double())
                 if chol is None:  # rank-deficient J A^-1 J^T: its symmetric square root
-                    evals, evecs = torch.linalg.eigh(cov.double())
+                    evals, evecs, _ = symmetric_eigh(cov.double(), "the logits' covariance")
                     chol = evecs * evals.clamp_min(0).sqrt().unsqueeze(-2)
                 eps = torch.randn(num_samples, *f.shape, generator=generator,
                                   dtype=torch.float64, device=f.device)
