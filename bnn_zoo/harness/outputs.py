@@ -7,6 +7,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from bnn_zoo.core.files import write_target
+
 __all__ = ["check_writable"]
 
 
@@ -31,15 +33,18 @@ def check_writable(name: str, out: str | os.PathLike, *, files: Iterable[str] = 
     """Check that results can be written under the folder ``out`` (the flag or argument
     ``name`` in the messages) without creating anything: ``out`` and each of ``folders``
     (relative to ``out``) is a folder or can be created inside a folder this process may
-    write, and none of ``files`` (relative to ``out``) is a folder. Raises a ``ValueError``
-    naming the flag and the path; returns ``Path(out)``."""
+    write, and each of ``files`` (relative to ``out``) is a regular file or a new path
+    (:func:`~bnn_zoo.core.files.write_target`: not a folder, device, FIFO or socket).
+    Raises a ``ValueError`` naming the flag and the path; returns ``Path(out)``."""
     out = Path(out)
     for folder in (out, *(out / f for f in folders)):
         _check_folder(name, out, folder)
     for file in files:
         path = out / file
         _check_folder(name, out, path.parent)
-        if path.is_dir():
-            raise ValueError(f"Cannot write results under {name} {out}: {path} is a folder, "
-                             "not a file.")
+        try:
+            write_target(path)
+        except OSError as error:
+            raise ValueError(f"Cannot write results under {name} {out}: {error.strerror}."
+                             ) from None
     return out

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import importlib
 import os
-import pickle
 import pkgutil
 
 import torch
 
+from bnn_zoo.core.files import load_plain
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
 from bnn_zoo.zoo._entry import TINY_BUDGET, Entry
 from bnn_zoo.zoo._fitted import FILE_FORMAT, Fitted
@@ -78,11 +78,9 @@ def load(path: str | os.PathLike, *, map_location: str | torch.device | None = N
     ``net=`` holds no code of the network: ``net`` gives it again (a module or a factory,
     on the device and in the dtype of the saved fit), and its parameter names and shapes
     must be those saved."""
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as error:
-        raise ValueError(f"Cannot read a fitted zoo entry from {os.fspath(path)!r}: "
-                         f"{error}") from error
+    if not os.path.exists(path):
+        raise ValueError(f"Cannot read a saved fit {os.fspath(path)!r}: no such file.")
+    state = load_plain(path, what="a saved fit", map_location=map_location)
     if not isinstance(state, dict) or state.get("format") != FILE_FORMAT:
         raise ValueError(f"{os.fspath(path)!r} is not a fitted zoo entry (expected format "
                          f"{FILE_FORMAT!r}).")

@@ -8,7 +8,6 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -160,7 +159,6 @@ class Fitted:
         :func:`bnn_zoo.zoo.load`. A fit with ``net=`` saves the posterior over the
         network's parameters and their names and shapes, not the network's code: read it
         back with ``zoo.load(path, net=...)`` and the same architecture."""
-        path = Path(path)
         posterior = self.posterior
         noise = None
         if isinstance(posterior, NoiseTunedPosterior):
