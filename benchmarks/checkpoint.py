@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bnn_zoo.core.files import write_text_atomic
+from bnn_zoo.core.files import read_json, write_text_atomic
 from bnn_zoo.harness import flags
+from bnn_zoo.harness.cli import run_command
 from bnn_zoo.harness.provenance import code_version, run_code
 from bnn_zoo.harness.runs import cache_record
 from bnn_zoo.harness.summary import REFERENCE
@@ -55,11 +57,21 @@ def _key(record: dict) -> tuple:
     return record["entry"], record["data"], record["split"], record["seed"]
 
 
+def _record(path: Path, number: int, line: str) -> dict:
+    """The run record on line ``number`` of the checkpoint ``path``."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"Cannot read checkpoint {str(path)!r}: line {number} is not a JSON "
+                         f"run record ({error.msg}).") from None
+
+
 def cached_records(out: Path) -> list[dict]:
     """Every run cached under ``out/runs`` of today's code that finished or was skipped,
     sorted by entry, data set, split and seed."""
     code = code_version()
-    records = (json.loads(path.read_text()) for path in sorted(out.glob("runs/*/*.json")))
+    records = (read_json(path, what="cached run")
+               for path in sorted(out.glob("runs/*/*.json")))
     return sorted((r for r in records if r["status"] in KEPT and run_code(r) == code),
                   key=_key)
 
@@ -96,7 +108,8 @@ def unpack(out: Path) -> int:
     if not path.exists():
         return 0
     code = code_version()
-    records = (json.loads(line) for line in path.read_text().splitlines() if line)
+    records = [_record(path, number, line)
+               for number, line in enumerate(path.read_text().splitlines(), 1) if line]
     return sum(cache_record(out, r) for r in records if run_code(r) == code)
 
 
@@ -130,4 +143,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command("benchmarks/checkpoint.py", main))

@@ -36,10 +36,13 @@ import argparse
 import json
 import math
 import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from bnn_zoo.core.files import read_json
+from bnn_zoo.harness.cli import run_command
 from bnn_zoo.harness.provenance import run_columns, versions
 from bnn_zoo.harness.summary import mean_se
 from bnn_zoo.harness.tables import markdown_table, write_tables
@@ -52,7 +55,7 @@ def read_old(path: Path, since: str, old: Path | None) -> dict:
     """The old version of the results JSON ``path``: the file ``old``, or ``path`` as the git
     revision ``since`` has it."""
     if old is not None:
-        return json.loads(old.read_text())
+        return read_json(old)
     found = subprocess.run(["git", "-C", str(path.parent), "rev-parse", "--show-toplevel"],
                            capture_output=True, text=True)
     if found.returncode != 0:
@@ -65,7 +68,11 @@ def read_old(path: Path, since: str, old: Path | None) -> dict:
     if shown.returncode != 0:
         raise ValueError(f"Expected {relative} at revision since={since!r}, but git says: "
                          f"{shown.stderr.strip()}")
-    return json.loads(shown.stdout)
+    try:
+        return json.loads(shown.stdout)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"Cannot read results file {relative!r} at revision {since}: "
+                         f"{error.msg} at line {error.lineno}.") from None
 
 
 def split_values(document: Mapping, metric: str) -> dict[tuple[str, str], dict[int, float]]:
@@ -137,7 +144,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(argv)
-    new = json.loads(args.path.read_text())
+    new = read_json(args.path)
     old = read_old(args.path, args.since, args.old)
     rows = moves(old, new, args.metrics)
     gone, added = unpaired(old, new)
@@ -154,4 +161,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command("benchmarks/moves.py", main))

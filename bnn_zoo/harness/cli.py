@@ -1,6 +1,8 @@
-"""The command line: ``python -m bnn_zoo {list,fit,compare,priors,stale}`` (also ``bnn-zoo``).
+"""The command line: ``python -m bnn_zoo {list,datasets,fit,compare,priors,stale}`` (also
+``bnn-zoo``).
 
 * ``list``: the zoo's entries with their tasks, source documents and descriptions;
+* ``datasets``: every data set ``--data`` takes, with its task and a line on it;
 * ``fit --entry NAME --data NAME``: fit one entry on one split, print its test metrics
   and, with ``--out``, write them as ``<entry>_<data>_split<k>.md/.csv/.json``;
 * ``compare``: fit several entries on a data set and print a Markdown table of the
@@ -32,7 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
@@ -43,7 +45,7 @@ from bnn_zoo.harness.runs import run_one
 from bnn_zoo.harness.tables import write_tables
 from bnn_zoo.models.mlp import TASKS
 
-__all__ = ["NET_ENTRIES", "QUICK_ENTRIES", "build_parser", "main"]
+__all__ = ["NET_ENTRIES", "QUICK_ENTRIES", "build_parser", "main", "run_command"]
 
 #: What ``compare`` runs without ``--entries``: one entry per family that fits ``sine`` in
 #: seconds, so the README's first command finishes in a minute or two on 2 CPU cores.
@@ -65,6 +67,15 @@ def _list(args: argparse.Namespace) -> int:
         print(f"{name:<{width}}  {tasks:<27}  {entry.description}")
         if entry.source is not None:
             print(f"{'':<{width}}  {'':<27}  {entry.source}")
+    return 0
+
+
+def _datasets(args: argparse.Namespace) -> int:
+    rows = [row for row in data_module.catalogue() if args.task in (None, row[1])]
+    width = max(len(name) for name, _, _ in rows)
+    print(f"{'data set':<{width}}  {'task':<14}  description")
+    for name, task, description in rows:
+        print(f"{name:<{width}}  {task:<14}  {description}")
     return 0
 
 
@@ -114,8 +125,8 @@ def _stale(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``bnn_zoo`` argument parser with its ``list``, ``fit``, ``compare``, ``priors`` and
-    ``stale`` commands."""
+    """The ``bnn_zoo`` argument parser with its ``list``, ``datasets``, ``fit``, ``compare``,
+    ``priors`` and ``stale`` commands."""
     parser = argparse.ArgumentParser(prog=PROG,
                                      description="A Pyro model zoo for Bayesian neural networks.")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
@@ -123,12 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("list", help="list the zoo's entries")
     listing.add_argument("--task", choices=TASKS, default=None)
     listing.set_defaults(run=_list)
+    datasets = commands.add_parser("datasets", help="list the data sets, with their tasks")
+    datasets.add_argument("--task", choices=TASKS, default=None)
+    datasets.set_defaults(run=_datasets)
 
     fitting = commands.add_parser("fit", help="fit one entry on one data split, print metrics")
     fitting.add_argument("--entry", required=True, type=flags.entry_name,
                          help="zoo entry (see `list`)")
     fitting.add_argument("--data", required=True, type=flags.dataset_name,
-                         help=f"data set, one of: {', '.join(data_module.names())}")
+                         help=f"data set (see `{data_module.LIST_COMMAND}`)")
     fitting.add_argument("--split", type=flags.int_at_least(0), default=0)
     flags.add_fit_flags(fitting)
     flags.add_shared_flags(fitting, out=None, without=("splits",))
@@ -152,6 +166,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_command(prog: str, command: Callable[[], object], debug: bool = False) -> int:
+    """Run ``command`` and return its exit code: what it returns where that is an int, else
+    0; for a user's error (:data:`USER_ERRORS`: a bad value, a path that cannot be written,
+    a results file that cannot be read) one line ``<prog>: error: ...`` on standard error
+    (with ``debug``, the traceback first) and 2; when interrupted (Ctrl-C), 130."""
+    try:
+        code = command()
+    except USER_ERRORS as error:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    return code if isinstance(code, int) else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m bnn_zoo`` and the ``bnn-zoo`` script; returns the exit
     code (see the module's docstring)."""
@@ -159,13 +191,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = flags.parse(build_parser(), argv)
     except SystemExit as stop:  # argparse's answer to bad flags (2) or --help (0)
         return stop.code if isinstance(stop.code, int) else 2
-    try:
-        return args.run(args)
-    except USER_ERRORS as error:
-        if args.debug:
-            traceback.print_exc()
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    return run_command(PROG, lambda: args.run(args), args.debug)

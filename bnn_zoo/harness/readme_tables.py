@@ -34,16 +34,19 @@ the repository (default: the working directory).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
-from bnn_zoo.core.files import write_text_atomic
+from bnn_zoo.core.files import read_json, write_text_atomic
+from bnn_zoo.harness.cli import run_command
 from bnn_zoo.harness.provenance import note
 from bnn_zoo.harness.tables import markdown_table
 
-__all__ = ["BLOCK", "ENTRIES", "documents", "entries_table", "parse_spec", "render", "render_block"]
+__all__ = ["BLOCK", "ENTRIES", "PROG", "documents", "entries_table", "parse_spec", "render",
+           "render_block", "rewrite"]
+
+PROG = "python -m bnn_zoo.harness.readme_tables"
 
 #: A generated block: its opening marker's specification, then the body up to the end marker.
 BLOCK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- end table -->",
@@ -88,7 +91,7 @@ def render_block(spec: str, root: Path) -> str:
     file = root / path
     if not file.is_file():
         raise ValueError(f"The README table {spec!r} names {path}, which does not exist.")
-    tables = json.loads(file.read_text())
+    tables = read_json(file)
     table = options.get("table", ["summary"])[0]
     if table not in tables:
         raise ValueError(f"The README table {spec!r} asks for table {table!r} of {path}, "
@@ -156,21 +159,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if a table differs from its source; write nothing")
     args = parser.parse_args(argv)
-    root = args.root.resolve()
+    return run_command(PROG, lambda: rewrite(args.files, args.root.resolve(), args.check))
+
+
+def rewrite(files: list[Path], root: Path, check: bool) -> int:
+    """Rewrite the generated tables of ``files`` (default: :func:`documents`) from their
+    sources under ``root``; with ``check``, write nothing and return 1 if one differs."""
     stale = []
-    for file in args.files or documents(root):
+    for file in files or documents(root):
         text = file.read_text()
         new = render(text, root)
         if new == text:
             continue
-        if args.check:
+        if check:
             stale.append(file)
         else:
             write_text_atomic(file, new)
             print(f"rewrote the generated tables of {file}")
     for file in stale:
-        print(f"{file}: a generated table differs from its source; run "
-              "python -m bnn_zoo.harness.readme_tables", file=sys.stderr)
+        print(f"{file}: a generated table differs from its source; run {PROG}", file=sys.stderr)
     return 1 if stale else 0
 
 

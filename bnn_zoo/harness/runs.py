@@ -48,7 +48,7 @@ from torch import Tensor
 
 from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
-from bnn_zoo.core.files import write_text_atomic
+from bnn_zoo.core.files import read_json, write_text_atomic
 from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.evaluation.metrics import auroc, reliability_bins, shifted_inputs
 from bnn_zoo.harness.figures import BAND_MASS
@@ -354,7 +354,7 @@ def restore_cache(out: str | Path, name: str, *, task: str) -> int:
     if not document.exists():
         return 0
     written = 0
-    for run in json.loads(document.read_text()).get("runs", []):
+    for run in read_json(document).get("runs", []):
         if (run["status"] == "failed" or run.get("reason") == NOT_CACHED
                 or run_code(run) != code_version()):
             continue

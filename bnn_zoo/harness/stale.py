@@ -10,15 +10,16 @@ runs named their code). The run cache never reads a stale run back
 
 ``python -m bnn_zoo stale PATH...`` (a results folder, searched recursively, or a results
 file) prints one line per stale cell (file, entry, data set, the stale splits and their
-code versions) and their count, and exits with 1 when there are any, 0 otherwise.
+code versions) and their count, and exits with 1 when there are any, 0 otherwise; a
+results file that cannot be read or parsed is an error (exit code 2, the file named).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from bnn_zoo.core.files import read_json
 from bnn_zoo.harness.provenance import code_version, run_code
 from bnn_zoo.harness.runs import NOT_CACHED
 
@@ -30,11 +31,11 @@ RUN_FIELDS = ("entry", "data", "split", "settings")
 
 
 def kept_runs(path: Path) -> list[dict] | None:
-    """The run records kept in the JSON file ``path``, or ``None`` when it keeps none."""
-    try:
-        runs = json.loads(path.read_text()).get("runs")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """The run records kept in the results JSON file ``path``, or ``None`` when it keeps
+    none (a JSON document of another kind). A file that cannot be read or parsed raises a
+    ``ValueError`` naming it (:func:`~bnn_zoo.core.files.read_json`)."""
+    document = read_json(path)
+    runs = document.get("runs") if isinstance(document, dict) else None
     if not isinstance(runs, list) or not runs or not all(
             isinstance(r, dict) and all(k in r for k in RUN_FIELDS) for r in runs):
         return None
@@ -48,7 +49,7 @@ def _results(paths: Iterable[str | Path]) -> list[tuple[Path, list[dict]]]:
     for path in map(Path, paths):
         if path.is_dir():
             files = (f for f in sorted(path.rglob("*.json"))
-                     if "runs" not in f.relative_to(path).parts[:-1])
+                     if f.is_file() and "runs" not in f.relative_to(path).parts[:-1])
             found += [(f, kept) for f in files if (kept := kept_runs(f))]
         elif not path.is_file():
             raise ValueError(f"Expected paths to be results folders or files, but {path} "

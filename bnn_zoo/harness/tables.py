@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bnn_zoo.core.files import write_text_atomic
+from bnn_zoo.core.files import read_json, write_text_atomic
 from bnn_zoo.harness.provenance import commit_column, note
 from bnn_zoo.harness.provenance import provenance as process_provenance
 from bnn_zoo.harness.summary import RUNS
@@ -176,7 +176,7 @@ def merge_summary(out: str | Path, name: str, rows: Sequence[dict], *, keys: Seq
     rows of ``rows`` that replace none: what to pass to :func:`write_tables` when one run
     measures some rows of a table (one setting of a benchmark) and keeps the others."""
     path = Path(out) / f"{name}.json"
-    old = json.loads(path.read_text())["summary"] if path.exists() else []
+    old = read_json(path)["summary"] if path.exists() else []
     new = {tuple(row.get(k) for k in keys): row for row in rows}
     merged = [new.pop(tuple(row.get(k) for k in keys), row) for row in old]
     return merged + list(new.values())

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,41 @@ def test_a_table_of_this_process_names_its_code_and_keeps_its_provenance(tmp_pat
     assert document["provenance"]["code"] == [provenance.code_version()]
     assert document["provenance"]["process"]["torch"] == torch.__version__
     assert f"`{provenance.code_version()}`" in table.splitlines()[-1]
+
+
+def _broken(path: Path, text: str = '{"summary": [{"entry": "map"') -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _one_error_line(err: str, *words: str) -> None:
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_every_command_that_reads_results_names_a_file_it_cannot_read(tmp_path, capsys):
+    """A results file cut short is an error naming it (exit code 2, one line, no
+    traceback) in every command that reads results: ``stale``, the README tables, a
+    sweep restoring its cache, and the benchmark scripts that read results."""
+    broken = _broken(tmp_path / "results" / "sub" / "compare.json")
+    assert cli.main(["stale", str(tmp_path / "results")]) == 2
+    _one_error_line(capsys.readouterr().err, "Cannot read results file", str(broken),
+                    "line 1, column")
+    page = tmp_path / "page.md"
+    page.write_text("<!-- table: results/sub/compare.json keys=entry columns=ll -->\n"
+                    "<!-- end table -->\n")
+    assert readme_tables.main([str(page), "--root", str(tmp_path)]) == 2
+    _one_error_line(capsys.readouterr().err, readme_tables.PROG, str(broken))
+    with pytest.raises(ValueError, match=f"Cannot read results file '{broken}'"):
+        runs.restore_cache(broken.parent, "compare", task="regression")
+    _broken(tmp_path / "sweep" / "checkpoint.jsonl", '{"entry": "map"}\n{"entry": \n')
+    for argv in ([str(ROOT / "benchmarks" / "moves.py"), str(broken), "--old", str(broken)],
+                 [str(ROOT / "benchmarks" / "checkpoint.py"), "--out", str(tmp_path / "sweep"),
+                  "--unpack"]):
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2, done.stderr
+        _one_error_line(done.stderr, "Cannot read", str(tmp_path))
