@@ -32,6 +32,7 @@ split's statistics, so metrics come out in these units.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import random
@@ -47,8 +48,8 @@ from torch import Tensor
 
 from bnn_zoo.core.files import atomic_path
 
-__all__ = ["Dataset", "gap_rows", "holdout", "load", "names", "num_splits", "uci_root",
-           "uci_set"]
+__all__ = ["BUNDLED", "LIST_COMMAND", "Dataset", "catalogue", "check_name", "gap_rows", "holdout",
+           "load", "names", "num_splits", "uci_root", "uci_set"]
 
 UCI_SETS = ("bostonHousing", "concrete", "energy", "kin8nm", "naval-propulsion-plant",
             "power-plant", "protein-tertiary-structure", "wine-quality-red", "yacht")
@@ -89,10 +90,51 @@ class Dataset:
         return Dataset(**{**self.__dict__, **moved})
 
 
+#: The sets that need no files, with their task and a line on each.
+BUNDLED = {
+    "sine": ("regression", "y = sin(2x) + N(0, 0.1^2), x ~ U(-3, 3); 500 training points"),
+    "gap": ("regression", "the sine with no training inputs in (-1, 1)"),
+    "two_moons": ("classification", "scikit-learn's two interleaving half circles, 2 inputs"),
+    "diabetes": ("regression", "scikit-learn's diabetes progression, 10 inputs"),
+    "breast_cancer": ("classification", "scikit-learn's breast cancer, 30 inputs, 2 classes"),
+    "digits": ("classification", "scikit-learn's 8x8 digits, 64 inputs, 10 classes"),
+    "wine": ("classification", "scikit-learn's wine, 13 inputs, 3 classes"),
+    "mnist1d": ("classification", "MNIST-1D, 40 inputs, 10 classes (pip install "
+                "bnn-zoo[mnist1d])"),
+}
+#: The command that lists every data set.
+LIST_COMMAND = "python -m bnn_zoo datasets"
+
+
 def names() -> list[str]:
     """Every name :func:`load` accepts."""
-    return ["sine", "gap", "two_moons", *SKLEARN_SETS, "mnist1d",
-            *(f"{UCI_PREFIX}{n}" for n in UCI_SETS), *(f"{UCI_GAP_PREFIX}{n}" for n in UCI_SETS)]
+    return [*BUNDLED, *(f"{UCI_PREFIX}{n}" for n in UCI_SETS),
+            *(f"{UCI_GAP_PREFIX}{n}" for n in UCI_SETS)]
+
+
+def catalogue() -> list[tuple[str, str, str]]:
+    """``(name, task, description)`` of every name :func:`load` accepts."""
+    uci = [(f"{UCI_PREFIX}{n}", "regression", "UCI, the 20 standard splits of "
+            "Hernandez-Lobato & Adams (2015)" + (" (5 for protein)" if n.startswith("protein")
+                                                 else "")) for n in UCI_SETS]
+    gap = [(f"{UCI_GAP_PREFIX}{n}", "regression", "UCI, the gap splits of Foong et al. (2019): "
+            "one per input dimension") for n in UCI_SETS]
+    return [(name, task, text) for name, (task, text) in BUNDLED.items()] + uci + gap
+
+
+def check_name(name: str) -> str:
+    """``name`` if :func:`load` accepts it, else a ``ValueError`` naming it, the families of
+    names, the closest name and the command that lists them all."""
+    if name in names():
+        return name
+    close = difflib.get_close_matches(name, names(), n=1, cutoff=0.6)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    if uci_set(name) is not None:
+        raise ValueError(f"Unknown UCI data set {name!r}; expected {UCI_PREFIX}<name> or "
+                         f"{UCI_GAP_PREFIX}<name> with a name of: {', '.join(UCI_SETS)}.{hint}")
+    raise ValueError(f"Unknown data set {name!r}; expected {', '.join(BUNDLED)}, "
+                     f"{UCI_PREFIX}<name> or {UCI_GAP_PREFIX}<name> with a UCI set's name.{hint} "
+                     f"`{LIST_COMMAND}` lists them all.")
 
 
 def uci_set(name: str) -> str | None:
@@ -340,6 +382,7 @@ def load(name: str, split: int = 0, *, dtype: torch.dtype = torch.float32) -> Da
         raise TypeError(f"Expected name to be a string, but got {name!r}.")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"Expected dtype to be a floating torch.dtype, but got {dtype!r}.")
+    check_name(name)
     if name.startswith(UCI_GAP_PREFIX):  # its own split check names the input dimensions
         return _uci_gap(name.removeprefix(UCI_GAP_PREFIX), split, dtype)
     if isinstance(split, bool) or not isinstance(split, int) or split < 0:
@@ -352,9 +395,7 @@ def load(name: str, split: int = 0, *, dtype: torch.dtype = torch.float32) -> Da
         return _sklearn(name, split, dtype)
     if name == "mnist1d":
         return _mnist1d(split, dtype)
-    if name.startswith(UCI_PREFIX):
-        return _uci(name.removeprefix(UCI_PREFIX), split, dtype)
-    raise ValueError(f"Unknown data set {name!r}; expected one of: {', '.join(names())}.")
+    return _uci(name.removeprefix(UCI_PREFIX), split, dtype)
 
 
 def holdout(x: Tensor, y: Tensor, fraction: float, *, seed: int

@@ -102,10 +102,10 @@ def dataset_name(text: str) -> str:
     """An argparse type: a name :func:`bnn_zoo.core.data.load` accepts; a bare UCI name
     (``yacht``) becomes ``uci/yacht``."""
     name = f"uci/{text}" if text in data_module.UCI_SETS else text
-    if name not in data_module.names():
-        raise argparse.ArgumentTypeError(f"unknown data set {text!r}; expected one of: "
-                                         f"{', '.join(data_module.names())}")
-    return name
+    try:
+        return data_module.check_name(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def entry_name(text: str) -> str:
@@ -213,7 +213,8 @@ def add_data_flag(parser: argparse.ArgumentParser, default: Sequence[str],
     """``--data`` (also ``--datasets``): the data sets to run on (see :func:`dataset_name`)."""
     parser.add_argument("--data", "--datasets", nargs="+", default=list(default), dest="data",
                         type=dataset_name, choices=choices,
-                        help=f"data sets (default: {' '.join(default)})")
+                        help=f"data sets (default: {' '.join(default)}; "
+                             f"`{data_module.LIST_COMMAND}` lists them)")
     return parser
 
 

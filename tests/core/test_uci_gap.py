@@ -68,7 +68,8 @@ def test_gap_names_are_listed_and_an_unknown_set_is_refused(uci_data):
     assert {f"uci_gap/{name}" for name in data.UCI_SETS} <= set(data.names())
     assert data.uci_set("uci_gap/yacht") == data.uci_set("uci/yacht") == "yacht"
     assert data.uci_set("gap") is None
-    with pytest.raises(ValueError, match="Unknown UCI data set 'boston'"):
+    with pytest.raises(ValueError, match="Unknown UCI data set 'uci_gap/boston'.*Did you "
+                                         "mean 'uci_gap/bostonHousing'"):
         data.load("uci_gap/boston")
     with pytest.raises(ValueError, match="Unknown UCI data set"):
         data.num_splits("uci_gap/boston")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bnn_zoo import zoo
+from bnn_zoo import data, zoo
 from bnn_zoo.harness import cli
 
 
@@ -58,3 +58,14 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys):
 def test_bad_command_exits_with_2(capsys):
     assert cli.main(["no_such_command"]) == 2
     assert "invalid choice: 'no_such_command'" in capsys.readouterr().err
+
+
+def test_datasets_lists_every_name_with_its_task(capsys):
+    assert cli.main(["datasets"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[0] for line in lines] == data.names()
+    assert cli.main(["datasets", "--task", "classification"]) == 0
+    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [name for name, _ in rows] == ["two_moons", "breast_cancer", "digits", "wine",
+                                          "mnist1d"]
+    assert {task for _, task in rows} == {"classification"}

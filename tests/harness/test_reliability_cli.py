@@ -50,6 +50,17 @@ def _file(path: Path) -> None:
     path.write_text(KEEP)
 
 
+def _fifo(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+
+
+def _broken_json(path: Path) -> None:
+    """A results JSON cut short, as a full disk or an editor may leave one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"runs": [{"entry": "map", "data"')
+
+
 def _not_writable(out: Path, monkeypatch) -> None:
     """A results folder this process may not write (``os.access`` says so: the tests run
     as root, for whom every folder is writable)."""
@@ -144,6 +155,19 @@ CLI_ERRORS = {
     "priors activation unknown": (["priors", "--activation", "swish", "--out", "{out}"],
                                   ["--activation", "swish"], None),
     "list task unknown": (["list", "--task", "ranking"], ["--task", "ranking"], None),
+    "datasets task unknown": (["datasets", "--task", "ranking"], ["--task", "ranking"], None),
+    "data unknown names the families": (
+        [*FIT, "--data", "nope"],
+        ["--data", "'nope'", "two_moons", "uci/<name>", "uci_gap/<name>",
+         "`python -m bnn_zoo datasets` lists them all"], None),
+    "data misspelt": ([*FIT, "--data", "uci/yach"], ["'uci/yach'", "Did you mean 'uci/yacht'"],
+                      None),
+    "table file is a FIFO (fit)": ([*FIT, "--out", "{out}"],
+                                   ["--out", "map_sine_split0.md", "it is a FIFO"],
+                                   lambda out, mp: _fifo(out / "map_sine_split0.md")),
+    "results file unreadable (stale)": (["stale", "{out}"],
+                                        ["Cannot read results file", "broken.json", "line 1"],
+                                        lambda out, mp: _broken_json(out / "sub" / "broken.json")),
     "command unknown": (["train"], ["invalid choice", "train"], None),
 }
 
