@@ -1,5 +1,5 @@
-"""Results as data: the loader reads every results folder, and the committed tables are
-what the summary code makes of the committed runs, byte for byte."""
+"""Results as data: ``bnn_zoo.results.load`` reads a results folder or file into a
+DataFrame, a run per row."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 
 from bnn_zoo import results
 from bnn_zoo.core.files import read_json
-from bnn_zoo.harness import compare
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -73,21 +72,3 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path, text):
         results.load(tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
         results.load(tmp_path / "missing")
-
-
-@pytest.mark.parametrize("folder, name, task, options", [
-    ("classification", "classification", "classification",
-     {"columns": ("accuracy", "nll", "brier", "ece", "entropy", "mi", "auroc_shift",
-                  "fit_seconds", "ms_per_step"), "section": None}),
-    ("compare", "compare", "regression", {}),
-    ("sine_reference", "compare", "regression", {}),
-])
-def test_the_committed_tables_regenerate_from_their_runs(tmp_path, folder, name, task,
-                                                          options):
-    committed = RESULTS / folder
-    records = [{**{k: v for k, v in run.items() if not (k == "reason" and v is None)},
-                "task": task} for run in read_json(committed / f"{name}.json")["runs"]]
-    compare.write_comparison(records, tmp_path, name=name, **options)
-    for suffix in (".md", ".csv", ".json"):
-        assert (tmp_path / f"{name}{suffix}").read_bytes() == (
-            committed / f"{name}{suffix}").read_bytes(), f"{folder}/{name}{suffix}"
