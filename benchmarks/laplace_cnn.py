@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from bnn_zoo import zoo
 from bnn_zoo.harness import flags
 from bnn_zoo.harness.figures import reliability_diagram, save_figure
+from bnn_zoo.harness.summary import aggregate
 from bnn_zoo.harness.tables import write_tables
 
 ENTRIES = ("map", "laplace", "laplace_full", "laplace_ggn", "laplace_diag", "laplace_kron",
@@ -67,21 +68,6 @@ def run(entry: str, k: int, args: argparse.Namespace) -> tuple[dict, Tensor, Ten
     return record, fitted.predict(x_test).probs.mean(0), y_test
 
 
-def summarise(records: Sequence[dict]) -> list[dict]:
-    """Per entry the mean and standard error of every number over its splits."""
-    rows = []
-    for entry in dict.fromkeys(r["entry"] for r in records):
-        mine = [r for r in records if r["entry"] == entry]
-        row = {"entry": entry, "runs": len(mine)}
-        for key in (*METRICS, "fit_seconds", "alpha_min", "alpha_max"):
-            values = torch.tensor([r[key] for r in mine], dtype=torch.float64)
-            row[key] = float(values.mean())
-            row[f"{key}_se"] = (float(values.std() / math.sqrt(len(mine)))
-                                if len(mine) > 1 else None)
-        rows.append(row)
-    return rows
-
-
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     flags.add_shared_flags(parser, out="results/laplace_cnn", threads=2, splits=3)
@@ -105,7 +91,7 @@ def write_results(records: Sequence[dict], curves: dict, args: argparse.Namespac
                   ) -> list[dict]:
     """The tables and the reliability diagrams of the runs so far (written after every
     entry, so that a long run keeps what it finished)."""
-    rows = summarise(records)
+    rows = aggregate(records, ("entry",), ignore=("split",))
     table = write_tables(args.out, "laplace_cnn", rows, keys=("entry",),
                          columns=(*METRICS, "fit_seconds", "alpha_min", "alpha_max"),
                          runs=records)

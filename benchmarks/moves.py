@@ -37,9 +37,10 @@ import json
 import math
 import subprocess
 import sys
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import pandas as pd
 
 from bnn_zoo.core.files import read_json
 from bnn_zoo.harness.cli import run_command
@@ -75,17 +76,17 @@ def read_old(path: Path, since: str, old: Path | None) -> dict:
                          f"{error.msg} at line {error.lineno}.") from None
 
 
-def split_values(document: Mapping, metric: str) -> dict[tuple[str, str], dict[int, float]]:
-    """``{(data, entry): {split: value}}`` of ``metric`` over the finished runs of a results
-    JSON (those with status ok and a finite value)."""
+def finished(document: Mapping, metrics: Sequence[str]) -> pd.DataFrame:
+    """The values of ``metrics`` over the finished runs of a results JSON (status ok, a
+    finite value), a row per (data, entry, metric, split)."""
     if "runs" not in document:
         raise ValueError("Expected a results JSON with its runs (a 'runs' list), but it has none.")
-    values: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
-    for run in document["runs"]:
-        value = (run.get("metrics") or {}).get(metric)
-        if run.get("status") == "ok" and isinstance(value, (int, float)) and math.isfinite(value):
-            values[run["data"], run["entry"]][run["split"]] = float(value)
-    return values
+    values = [(run["data"], run["entry"], metric, run["split"], float(value))
+              for run in document["runs"] if run.get("status") == "ok" for metric in metrics
+              if isinstance(value := (run.get("metrics") or {}).get(metric), (int, float))
+              and math.isfinite(value)]
+    return pd.DataFrame(values, columns=[*KEYS, "split", "value"]).drop_duplicates(
+        [*KEYS, "split"], keep="last")
 
 
 def moves(old: Mapping, new: Mapping, metrics: Sequence[str]) -> list[dict]:
@@ -94,23 +95,17 @@ def moves(old: Mapping, new: Mapping, metrics: Sequence[str]) -> list[dict]:
     ``_se``, :func:`~bnn_zoo.harness.summary.mean_se` as the comparison's tables),
     ``paired_z`` (:func:`paired_z`) and ``moved`` (``|change|`` above the new cell's
     standard error)."""
-    before = {metric: split_values(old, metric) for metric in metrics}
-    after = {metric: split_values(new, metric) for metric in metrics}
+    pairs = finished(new, metrics).merge(finished(old, metrics), on=[*KEYS, "split"],
+                                         suffixes=("", "_old"))
     rows = []
-    for cell in dict.fromkeys((run["data"], run["entry"]) for run in new["runs"]):
-        for metric in metrics:
-            earlier, values = before[metric].get(cell, {}), after[metric].get(cell, {})
-            splits = sorted(values.keys() & earlier.keys())
-            if not splits:
-                continue
-            old_mean, old_se = mean_se([earlier[s] for s in splits])
-            new_mean, new_se = mean_se([values[s] for s in splits])
-            change, change_se = mean_se([values[s] - earlier[s] for s in splits])
-            rows.append({"data": cell[0], "entry": cell[1], "metric": metric,
-                         "runs": len(splits), "old": old_mean, "old_se": old_se,
-                         "new": new_mean, "new_se": new_se, "change": change,
-                         "change_se": change_se, "paired_z": paired_z(change, change_se),
-                         "moved": abs(change) > new_se})
+    for (data, entry, metric), pair in pairs.groupby(list(KEYS), sort=False):
+        old_mean, old_se = mean_se(list(pair["value_old"]))
+        new_mean, new_se = mean_se(list(pair["value"]))
+        change, change_se = mean_se(list(pair["value"] - pair["value_old"]))
+        rows.append({"data": data, "entry": entry, "metric": metric, "runs": len(pair),
+                     "old": old_mean, "old_se": old_se, "new": new_mean, "new_se": new_se,
+                     "change": change, "change_se": change_se,
+                     "paired_z": paired_z(change, change_se), "moved": abs(change) > new_se})
     return rows
 
 

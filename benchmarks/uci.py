@@ -87,6 +87,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
 from matplotlib.figure import Figure
 
 from bnn_zoo.core.data import UCI_GAP_PREFIX, UCI_PREFIX, UCI_SETS, uci_set
@@ -245,17 +246,15 @@ def coverage_rows(records: Sequence[dict]) -> list[dict]:
     coverage of the 90% interval over the input dimensions (``coverage_90``), the lowest
     (``coverage_90_min``), how many dimensions fall below :data:`COVERAGE_FLOOR`
     (``dims_below``) and whether the mean keeps to it (``keeps``)."""
-    finished = [r for r in records if r["status"] == "ok"]
-    rows = []
-    for data, entry in dict.fromkeys((r["data"], r["entry"]) for r in finished):
-        coverages = [r["metrics"]["coverage_90"] for r in finished
-                     if (r["data"], r["entry"]) == (data, entry)]
-        mean = sum(coverages) / len(coverages)
-        rows.append({"data": data, "entry": entry, "runs": len(coverages), "coverage_90": mean,
-                     "coverage_90_min": min(coverages),
-                     "dims_below": sum(c < COVERAGE_FLOOR for c in coverages),
-                     "keeps": mean >= COVERAGE_FLOOR})
-    return rows
+    finished = [{"data": r["data"], "entry": r["entry"], "coverage": r["metrics"]["coverage_90"]}
+                for r in records if r["status"] == "ok"]
+    if not finished:
+        return []
+    rows = pd.DataFrame(finished).groupby(["data", "entry"], sort=False)["coverage"].agg(
+        runs="count", coverage_90="mean", coverage_90_min="min",
+        dims_below=lambda c: (c < COVERAGE_FLOOR).sum()).reset_index()
+    rows["keeps"] = rows["coverage_90"] >= COVERAGE_FLOOR
+    return rows.to_dict("records")
 
 
 def write_standard_tables(summary: list[dict], out: Path) -> None:
