@@ -46,7 +46,7 @@ CODE_PACKAGES = (bnn_zoo, bnn_zoo.models, bnn_zoo.guides)
 #: back into tables and lists. A change to them changes no record, so it keeps the cached
 #: runs valid.
 NOT_RESULTS = ("bnn_zoo/harness/readme_tables.py", "bnn_zoo/harness/stale.py",
-               "bnn_zoo/harness/sweep.py", "bnn_zoo/harness/tables.py")
+               "bnn_zoo/harness/sweep.py", "bnn_zoo/harness/tables.py", "bnn_zoo/results.py")
 #: What a table shows for the code or commit of a run that does not record it.
 UNKNOWN = "unknown"
 #: How many hexadecimal digits of the digest :func:`code_version` keeps.
