@@ -31,22 +31,26 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.batches import Batches, first_inputs, num_points, num_targets, summed
+from bnn_zoo.core.batches import Batches, first_inputs, num_targets, summed
 from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
 from bnn_zoo.core.lbfgs import minimize_lbfgs
 from bnn_zoo.guides.curvature import (
     MAX_DENSE_BYTES,
     Activation,
-    GaussianPrecision,
-    Likelihood,
     check_curvature,
     energy_and_gradient,
-    negative_log_likelihood,
 )
 from bnn_zoo.guides.laplace import INDEFINITE, Block, LaplacePosterior, curvature_blocks
 from bnn_zoo.guides.laplace.output_blocks import output_blocks
 from bnn_zoo.guides.layouts import Layout, layout_of
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings, checked, maximize_evidence
+from bnn_zoo.models.likelihood import (
+    Categorical,
+    Gaussian,
+    GaussianOutputs,
+    Heteroscedastic,
+    Likelihood,
+)
 from bnn_zoo.models.priors import GaussianPrior
 
 __all__ = ["CurvatureSettings", "laplace_posterior", "model_alpha", "model_likelihood",
@@ -88,11 +92,11 @@ class CurvatureSettings:
         check_positive_int("max_bytes", self.max_bytes)
 
     def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-               likelihood: str) -> list[Block]:
+               likelihood: Likelihood) -> list[Block]:
         """The precision blocks of this curvature at ``theta`` (P,) on ``x`` (N, D), ``y``
-        (:func:`~bnn_zoo.guides.laplace.curvature_blocks`; for Gaussian targets (N, D), one
-        curvature per output, :func:`~bnn_zoo.guides.laplace.output_blocks.output_blocks`)."""
-        if likelihood == "gaussian" and y is not None and y.dim() == 2:
+        (:func:`~bnn_zoo.guides.laplace.curvature_blocks`; for a likelihood with a curvature
+        per output, :func:`~bnn_zoo.guides.laplace.output_blocks.output_blocks`)."""
+        if likelihood.per_output:
             return output_blocks(self.curvature, theta, x, y, layout, act,
                                  indefinite=self.indefinite, max_bytes=self.max_bytes,
                                  rank=self.rank, subnetwork=self.subnetwork)
@@ -108,9 +112,9 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
     """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
     full-batch L-BFGS (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`: 50 pairs in compact form,
     strong Wolfe line search); ``alpha`` and the prior mean ``m`` are (P,) (``m`` zero by
-    default); a noise precision per output (``beta`` (D,)) is folded into the likelihood
-    (:class:`~bnn_zoo.guides.curvature.GaussianPrecision`), so that ``beta E_D`` reads
-    ``sum_d beta_d E_d``. Returns the new (P,) MAP.
+    default); the likelihood folds in the noise precision its energy carries
+    (:meth:`~bnn_zoo.models.likelihood.Likelihood.fold_noise`: one per output, ``beta``
+    (D,), so that ``beta E_D`` reads ``sum_d beta_d E_d``). Returns the new (P,) MAP.
 
     L-BFGS minimises that objective divided by ``n``, the number of observed numbers (the
     mean per observation: about ``(n - gamma) / (2 n) <= 1/2`` at the evidence optimum, so
@@ -138,8 +142,7 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
     check_positive("rtol", rtol)
     mean = torch.zeros_like(theta) if prior_mean is None else prior_mean
     count = num_targets(x, y)
-    if beta.dim():
-        likelihood, beta = GaussianPrecision(beta), beta.new_ones(())
+    likelihood, beta = likelihood.fold_noise(beta)
 
     def objective_and_gradient(t: Tensor) -> tuple[Tensor, Tensor]:
         """The objective over ``n`` and its gradient: the data term's by
@@ -157,13 +160,21 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
                           tolerance_change=max(eps, rtol * start)).x
 
 
-def model_likelihood(model) -> str:
-    """The likelihood of ``model`` as the curvatures name it: ``"categorical"`` for a
-    classifier, ``"heteroscedastic"`` for a regression model whose network gives each point
-    its own noise scale (``noise="heteroscedastic"``), ``"gaussian"`` otherwise."""
+def model_likelihood(model, targets: Tensor) -> Likelihood:
+    """The likelihood of ``model`` on ``targets``: :class:`~bnn_zoo.models.likelihood.
+    Categorical` for a classifier, :class:`~bnn_zoo.models.likelihood.Heteroscedastic` for
+    a regression model whose network gives each point its own noise scale
+    (``noise="heteroscedastic"``; targets (N,)), :class:`~bnn_zoo.models.likelihood.
+    GaussianOutputs` for targets (N, D), :class:`~bnn_zoo.models.likelihood.Gaussian`
+    otherwise."""
     if model.task != "regression":
-        return "categorical"
-    return "heteroscedastic" if getattr(model, "heteroscedastic", False) else "gaussian"
+        return Categorical()
+    if getattr(model, "heteroscedastic", False):
+        if targets.dim() != 1:
+            raise ValueError(f"Expected y of shape (N,) for a heteroscedastic model, but got "
+                             f"{tuple(targets.shape)}.")
+        return Heteroscedastic()
+    return GaussianOutputs(targets.shape[1]) if targets.dim() == 2 else Gaussian()
 
 
 def model_alpha(model) -> float | Tensor:
@@ -186,7 +197,7 @@ class _Problem:
 
     layout: Layout
     act: Activation
-    likelihood: str
+    likelihood: Likelihood
     x: Tensor | Batches
     y: Tensor | None
     prior_mean: Tensor
@@ -206,14 +217,11 @@ class _Problem:
         with torch.no_grad():
 
             def energies(xb: Tensor, yb: Tensor) -> tuple[Tensor]:
-                f = layout.output(theta, xb, act)
-                return (0.5 * ((f - yb) ** 2).sum(0) if beta.dim() else
-                        negative_log_likelihood(f, yb, likelihood),)
+                return (likelihood.energy(layout.output(theta, xb, act), yb),)
 
             energy, = summed(energies, x, y)
-        num_outputs = num_targets(x, y) if likelihood == "gaussian" else num_points(x)
         return checked(LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
-                                        num_outputs, act, self.prior_mean))
+                                        likelihood.num_observed(x, y), act, self.prior_mean))
 
 
 def _prior_precision(model, alpha: Tensor | float | None, layout: Layout, tuned: bool,
@@ -241,21 +249,21 @@ def _prior_mean(prior_mean: Tensor | float, p: int, like: dict) -> Tensor:
     return mean.expand(p).clone()
 
 
-def _noise_precision(model, beta: Tensor | float | None, likelihood: str, y: Tensor | None,
+def _noise_precision(model, beta: Tensor | float | None, likelihood: Likelihood,
                      like: dict) -> Tensor:
     """``beta`` checked, a number or (D,) for Gaussian targets (N, D); ``None``: the model's
     noise precision (1 for a classifier and a heteroscedastic model)."""
     if beta is None:
-        beta = model.observation_scale().detach() ** -2 if likelihood == "gaussian" else 1.0
+        beta = likelihood.model_noise_precision(model)
     beta = torch.as_tensor(beta, **like).clone()
-    shape = (y.shape[1],) if likelihood == "gaussian" and y is not None and y.dim() == 2 else ()
+    shape = likelihood.noise_shape()
     if beta.numel() == 1 or beta.shape == shape:
         beta = beta.reshape(()).expand(shape).clone() if beta.numel() == 1 else beta
     else:
         raise ValueError(f"Expected beta as a number or one per output {shape}, but got shape "
                          f"{tuple(beta.shape)}.")
-    if likelihood != "gaussian" and float(beta) != 1.0:
-        raise ValueError(f"Expected beta == 1 for a {likelihood} likelihood (classification, "
+    if not likelihood.tunes_noise and float(beta) != 1.0:
+        raise ValueError(f"Expected beta == 1 for a {likelihood.name} likelihood (classification, "
                          f"or the network's own noise), but got {float(beta)}.")
     if not bool((beta > 0).all()) or not bool(torch.isfinite(beta).all()):
         raise ValueError(f"Expected beta > 0, but got {beta.tolist()}.")
@@ -293,11 +301,8 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
     p = layout.num_parameters
     if theta.shape != (p,):
         raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
-    likelihood = model_likelihood(model)
     targets = y if y is not None else x.first[1]  # a loader's: its first batch's
-    if likelihood == "heteroscedastic" and targets.dim() != 1:
-        raise ValueError(f"Expected y of shape (N,) for a heteroscedastic model, but got "
-                         f"{tuple(targets.shape)}.")
+    likelihood = model_likelihood(model, targets)
     if y is None and targets.dim() == 2:
         raise ValueError("Laplace on targets (N, D) holds one curvature per output, summed "
                          "over tensors in memory: expected x and y as tensors, not a loader.")
@@ -306,7 +311,7 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
     evidence = evidence.for_task(model.task)
     problem = _Problem(layout, getattr(model, "act", None), likelihood, x, y,
                        _prior_mean(prior_mean, p, like), curvature, evidence.refine)
-    beta = _noise_precision(model, beta, likelihood, y, like)
+    beta = _noise_precision(model, beta, likelihood, like)
     post = problem.posterior(theta.detach().to(**like), alpha, beta)
     if evidence.evidence is None:
         return post

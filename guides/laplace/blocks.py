@@ -55,6 +55,7 @@ from bnn_zoo.guides.laplace.dense_blocks import INDEFINITE, DenseBlock, DiagBloc
 from bnn_zoo.guides.laplace.factored_blocks import KronBlock, LowRankBlock
 from bnn_zoo.guides.laplace.output_blocks import OutputBlock
 from bnn_zoo.guides.layouts import Layout
+from bnn_zoo.models.likelihood import Likelihood
 
 __all__ = ["Block", "block_from_state", "curvature_blocks"]
 
@@ -81,7 +82,7 @@ def _split_bias(index: slice | Tensor, d_out: int) -> tuple[slice | Tensor, slic
 
 
 def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
-                     layout: Layout, act: Activation, likelihood: str,
+                     layout: Layout, act: Activation, likelihood: Likelihood,
                      *, indefinite: str = "raise", max_bytes: int = MAX_DENSE_BYTES,
                      rank: int = 10, subnetwork: Tensor | None = None) -> list[Block]:
     """The blocks of ``curvature`` (one of :data:`~bnn_zoo.guides.curvature.CURVATURES`) at

@@ -4,7 +4,7 @@ with PRML 3.5's evidence read per output).
 
 The GGN of ``E = 1/2 sum_{n,d} beta_d (f_nd - t_nd)^2`` is ``sum_n J_n^T diag(beta) J_n =
 sum_d beta_d H_d`` with ``H_d = sum_n J_{n,d}^T J_{n,d}`` the curvature of output ``d``
-alone (:class:`~bnn_zoo.guides.curvature.GaussianPrecision` with ``beta = e_d``), and the
+alone (:class:`~bnn_zoo.models.likelihood.GaussianPrecision` with ``beta = e_d``), and the
 precision is
 
 .. math::  A(\\alpha, \\beta) = \\mathrm{diag}(\\alpha) + \\sum_d \\beta_d H_d.
@@ -30,7 +30,6 @@ from bnn_zoo.core.checks import check_choice
 from bnn_zoo.guides.curvature import (
     MAX_DENSE_BYTES,
     Activation,
-    GaussianPrecision,
     diagonal_ggn,
     full_hessian,
     ggn,
@@ -43,6 +42,7 @@ from bnn_zoo.guides.laplace.block_base import index_from, index_state
 from bnn_zoo.guides.laplace.dense_blocks import DenseBlock, DiagBlock
 from bnn_zoo.guides.laplace.factored_blocks import KronBlock, LowRankBlock
 from bnn_zoo.guides.layouts import Layout
+from bnn_zoo.models.likelihood import GaussianPrecision
 
 __all__ = ["OUTPUT_CURVATURES", "OutputBlock", "output_blocks", "output_effective_parameters"]
 

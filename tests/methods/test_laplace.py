@@ -49,6 +49,7 @@ from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings, bounded_step, fixed_point_update
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP, GaussianPrior
+from bnn_zoo.models.likelihood import Categorical, Gaussian
 
 ROOT = Path(__file__).resolve().parents[2]
 D = torch.float64
@@ -336,7 +337,7 @@ def test_ggn_equals_the_hessian_for_a_linear_model(task):
                                full_hessian(theta, x, y, layout, model.act, LIK[task]))
 
 
-LIK = {"regression": "gaussian", "classification": "categorical"}
+LIK = {"regression": Gaussian(), "classification": Categorical()}
 
 
 @pytest.mark.parametrize("chunk", [256, 2], ids=["one_chunk", "chunks_of_2"])

@@ -20,17 +20,16 @@ from bnn_zoo.guides.curvature import (
     energy_and_gradient,
     ggn,
     kron_ggn,
-    negative_log_likelihood,
-    output_gradient,
 )
 from bnn_zoo.guides.layouts import layout_of
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings, fixed_point_update
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP
-from bnn_zoo.models.likelihood import heteroscedastic_scale
+from bnn_zoo.models.likelihood import Heteroscedastic, heteroscedastic_scale
 from bnn_zoo.models.priors import GaussianPrior
 
 ALPHA, BETA = 2.0, torch.tensor([4.0, 0.5, 9.0])
+HETERO = Heteroscedastic()
 
 
 def linear_problem(n: int = 25, d_in: int = 3):
@@ -140,17 +139,17 @@ def test_heteroscedastic_ggn_is_jacobian_fisher_jacobian():
     sigma = heteroscedastic_scale(f[:, 1])
     fisher = torch.stack([1 / sigma**2, 2 * torch.sigmoid(f[:, 1]) ** 2 / sigma**2], -1)
     expected = torch.einsum("nkp,nk,nkq->pq", jac, fisher, jac)
-    torch.testing.assert_close(ggn(theta, x, y, layout, model.act, "heteroscedastic"), expected)
+    torch.testing.assert_close(ggn(theta, x, y, layout, model.act, HETERO), expected)
     # The Fisher is the expected Hessian of the negative log-likelihood in (mu, s).
     eps = torch.randn(200000, 1, generator=torch.Generator().manual_seed(0), dtype=x.dtype)
     draws = f[:, 0] + sigma * eps
     hess = torch.func.vmap(torch.func.jacrev(torch.func.jacrev(
-        lambda g, t: negative_log_likelihood(g[None], t[None], "heteroscedastic"))),
+        lambda g, t: HETERO.negative_log_likelihood(g[None], t[None]))),
         in_dims=(None, 0))
     mean = torch.stack([hess(f[n], draws[:, n]).mean(0) for n in range(3)])
     torch.testing.assert_close(mean.diagonal(dim1=-2, dim2=-1), fisher[:3], atol=2e-2,
                                rtol=2e-2)
-    q, g = kron_ggn(theta, x, y, layout, model.act, "heteroscedastic")[-1]
+    q, g = kron_ggn(theta, x, y, layout, model.act, HETERO)[-1]
     assert g.shape == (2, 2)  # the output-side factor of the two heads
 
 
@@ -159,14 +158,14 @@ def test_heteroscedastic_energy_is_the_models_negative_log_likelihood():
     trace = poutine.trace(poutine.condition(model, data=layout.unflatten(theta))).get_trace(x, y)
     nll = -trace.nodes["obs"]["fn"].log_prob(y).sum()
     f = layout.output(theta, x, model.act)
-    energy = negative_log_likelihood(f, y, "heteroscedastic")
+    energy = HETERO.negative_log_likelihood(f, y)
     torch.testing.assert_close(energy + 0.5 * len(y) * math.log(2 * math.pi), nll)
     g = f.detach().requires_grad_()
-    auto, = torch.autograd.grad(negative_log_likelihood(g, y, "heteroscedastic"), g)
-    torch.testing.assert_close(output_gradient(f, y, "heteroscedastic"), auto)
-    grad = energy_and_gradient(theta, x, y, layout, model.act, "heteroscedastic")[1]
-    auto = torch.func.grad(lambda t: negative_log_likelihood(
-        layout.output(t, x, model.act), y, "heteroscedastic"))(theta)
+    auto, = torch.autograd.grad(HETERO.negative_log_likelihood(g, y), g)
+    torch.testing.assert_close(HETERO.output_gradient(f, y), auto)
+    grad = energy_and_gradient(theta, x, y, layout, model.act, HETERO)[1]
+    auto = torch.func.grad(lambda t: HETERO.negative_log_likelihood(
+        layout.output(t, x, model.act), y))(theta)
     torch.testing.assert_close(grad, auto)
 
 
@@ -176,9 +175,9 @@ def test_heteroscedastic_posterior_evidence_and_predictive():
                              evidence=EvidenceSettings(refine=False))
     assert float(post.beta) == 1.0
     f = layout.output(theta, x, model.act)
-    energy = negative_log_likelihood(f, y, "heteroscedastic")
+    energy = HETERO.negative_log_likelihood(f, y)
     a = post.alpha_vector()
-    precision = torch.diag(a) + ggn(theta, x, y, layout, model.act, "heteroscedastic")
+    precision = torch.diag(a) + ggn(theta, x, y, layout, model.act, HETERO)
     expected = -energy - 0.5 * (a * theta**2).sum() + 0.5 * a.log().sum() \
         - 0.5 * torch.logdet(precision) - 0.5 * len(y) * math.log(2 * math.pi)
     torch.testing.assert_close(post.log_evidence(), expected)

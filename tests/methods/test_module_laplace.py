@@ -34,9 +34,10 @@ from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP, BayesianModule, GaussianPrior, digits_cnn
+from bnn_zoo.models.likelihood import Categorical, Gaussian
 
 D = torch.float64
-LIK = {"regression": "gaussian", "classification": "categorical"}
+LIK = {"regression": Gaussian(), "classification": Categorical()}
 
 
 # --------------------------------------------------------------------------- references
@@ -87,7 +88,7 @@ def naive_jacobian(net, theta, x):
 
 def loss_hessians(f, likelihood):
     """(N, K, K) the Hessian of the negative log-likelihood in the outputs ``f``."""
-    if likelihood == "gaussian":
+    if isinstance(likelihood, Gaussian):
         return torch.eye(f.shape[1], dtype=f.dtype).expand(f.shape[0], -1, -1)
     p = torch.softmax(f, -1)
     return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
@@ -141,8 +142,8 @@ def test_kron_of_a_linear_gaussian_layer_is_the_exact_ggn(bias):
     index puts torch's ``(d_out, d_in)`` weight (and the bias) in K-FAC's order."""
     net, layout, theta, x, y = problem(lambda out: nn.Linear(16, out, bias=bias),
                                        "regression", n=9)
-    dense = naive_ggn(net, theta, x, "gaussian")
-    (block, index), = kron_block(layout, theta, x, y, "gaussian")
+    dense = naive_ggn(net, theta, x, Gaussian())
+    (block, index), = kron_block(layout, theta, x, y, Gaussian())
     assert index.numel() == len(theta)
     torch.testing.assert_close(block, dense[index][:, index])
 
