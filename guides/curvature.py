@@ -65,33 +65,21 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.batches import Batches, chunks
-from bnn_zoo.core.checks import check_choice, check_data
+from bnn_zoo.core.checks import check_data
 from bnn_zoo.core.nn import ACTIVATION_BACKWARD
 from bnn_zoo.guides.layouts import Layout
 from bnn_zoo.guides.layouts import ParameterLayout as ParameterLayout
 from bnn_zoo.models.likelihood import Gaussian, Likelihood
 
-__all__ = ["CURVATURES", "MAX_DENSE_BYTES", "ParameterLayout", "check_curvature",
-           "check_dense_fits", "diagonal_ggn", "energy_and_gradient", "full_hessian", "ggn",
-           "jacobian", "kron_ggn", "last_layer_ggn", "subnetwork_ggn", "subnetwork_indices"]
+__all__ = ["MAX_DENSE_BYTES", "ParameterLayout", "check_dense_fits", "diagonal_ggn",
+           "energy_and_gradient", "full_hessian", "ggn", "jacobian", "kron_ggn", "last_layer_ggn",
+           "subnetwork_ggn", "subnetwork_indices"]
 
-CURVATURES = ("hessian", "ggn", "diag", "kron", "kron_separate", "last_layer", "low_rank",
-              "subnetwork")
 #: The MLP's hidden activation; ``None`` for a module, which has its own.
 Activation = Callable[[Tensor], Tensor] | None
 MAX_DENSE_BYTES = 2 * 1024**3
 GAUSSIAN = Gaussian()
 CHUNK = 256
-
-
-def check_curvature(curvature: str) -> None:
-    """Refuse a ``curvature`` outside :data:`CURVATURES`; ``"full"``, which could mean the
-    exact Hessian or laplace-torch's ``"full"`` (the GGN), is refused with both names."""
-    if curvature == "full":
-        raise ValueError("curvature='full' is ambiguous: the exact Hessian is "
-                         "curvature='hessian', and the full GGN (laplace-torch's 'full') is "
-                         "curvature='ggn'.")
-    check_choice("curvature", curvature, CURVATURES)
 
 
 def check_dense_fits(num_parameters: int, dtype: torch.dtype, curvature: str,

@@ -32,16 +32,10 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.batches import Batches, first_inputs, num_targets, summed
-from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
+from bnn_zoo.core.checks import check_data, check_positive, check_positive_int
 from bnn_zoo.core.lbfgs import minimize_lbfgs
-from bnn_zoo.guides.curvature import (
-    MAX_DENSE_BYTES,
-    Activation,
-    check_curvature,
-    energy_and_gradient,
-)
-from bnn_zoo.guides.laplace import INDEFINITE, Block, LaplacePosterior, curvature_blocks
-from bnn_zoo.guides.laplace.output_blocks import output_blocks
+from bnn_zoo.guides.curvature import MAX_DENSE_BYTES, Activation, energy_and_gradient
+from bnn_zoo.guides.laplace import Block, LaplacePosterior, Structure, curvature_structure
 from bnn_zoo.guides.layouts import Layout, layout_of
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings, checked, maximize_evidence
 from bnn_zoo.models.likelihood import (
@@ -63,7 +57,7 @@ class CurvatureSettings:
 
     Attributes
     ----------
-    curvature : one of :data:`~bnn_zoo.guides.curvature.CURVATURES`: ``"hessian"``
+    curvature : one of :data:`~bnn_zoo.guides.laplace.CURVATURES`: ``"hessian"``
         (exact), ``"ggn"`` (full GGN), ``"diag"``, ``"kron"`` (joint weight-and-bias
         factors), ``"kron_separate"`` (laplace-torch's separate weight and bias factors),
         ``"last_layer"``, ``"low_rank"`` or ``"subnetwork"``.
@@ -83,26 +77,26 @@ class CurvatureSettings:
     max_bytes: int = MAX_DENSE_BYTES
 
     def __post_init__(self) -> None:
-        check_curvature(self.curvature)
+        self.structure()  # the name, indefinite and the subnetwork checked
         check_positive_int("rank", self.rank)
-        if self.curvature == "subnetwork" and self.subnetwork is None:
-            raise ValueError("curvature='subnetwork' needs the subnetwork's weight indices; "
-                             "expected subnetwork=(...), but got None.")
-        check_choice("indefinite", self.indefinite, INDEFINITE)
         check_positive_int("max_bytes", self.max_bytes)
+
+    def structure(self) -> Structure:
+        """The structure :attr:`curvature` names, with these options
+        (:func:`~bnn_zoo.guides.laplace.curvature_structure`)."""
+        return curvature_structure(self.curvature, indefinite=self.indefinite,
+                                   max_bytes=self.max_bytes, rank=self.rank,
+                                   subnetwork=self.subnetwork)
 
     def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
                likelihood: Likelihood) -> list[Block]:
         """The precision blocks of this curvature at ``theta`` (P,) on ``x`` (N, D), ``y``
-        (:func:`~bnn_zoo.guides.laplace.curvature_blocks`; for a likelihood with a curvature
-        per output, :func:`~bnn_zoo.guides.laplace.output_blocks.output_blocks`)."""
+        (:meth:`~bnn_zoo.guides.laplace.Structure.blocks`; for a likelihood with a curvature
+        per output, :meth:`~bnn_zoo.guides.laplace.Structure.output_blocks`)."""
+        structure = self.structure()
         if likelihood.per_output:
-            return output_blocks(self.curvature, theta, x, y, layout, act,
-                                 indefinite=self.indefinite, max_bytes=self.max_bytes,
-                                 rank=self.rank, subnetwork=self.subnetwork)
-        return curvature_blocks(self.curvature, theta, x, y, layout, act, likelihood,
-                                indefinite=self.indefinite, max_bytes=self.max_bytes,
-                                rank=self.rank, subnetwork=self.subnetwork)
+            return structure.output_blocks(theta, x, y, layout, act)
+        return structure.blocks(theta, x, y, layout, act, likelihood)
 
 
 def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Layout,
