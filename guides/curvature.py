@@ -12,7 +12,7 @@ evaluates the network ``f(x, theta)``, its Jacobian ``J = df/dtheta`` and, for
 Kronecker factors, each layer's inputs and output Jacobian; everything here is written
 on those alone, so every structure below works on both (``kron`` and ``kron_separate``
 on a module need every layer to be an ``nn.Linear``, ``nn.Conv1d`` or ``nn.Conv2d``).
-``act`` is the MLP's hidden activation; a module has its own and takes ``None``.
+The layout carries the network's activation.
 
 Every function here returns the curvature ``H`` of the *unit-precision* negative
 log-likelihood ``E(theta)`` of a :class:`~bnn_zoo.models.likelihood.Likelihood` object,
@@ -59,8 +59,6 @@ hidden layers under the Gaussian likelihood.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
@@ -75,8 +73,6 @@ __all__ = ["MAX_DENSE_BYTES", "ParameterLayout", "check_dense_fits", "diagonal_g
            "energy_and_gradient", "full_hessian", "ggn", "jacobian", "kron_ggn", "last_layer_ggn",
            "subnetwork_ggn", "subnetwork_indices"]
 
-#: The MLP's hidden activation; ``None`` for a module, which has its own.
-Activation = Callable[[Tensor], Tensor] | None
 MAX_DENSE_BYTES = 2 * 1024**3
 GAUSSIAN = Gaussian()
 CHUNK = 256
@@ -95,7 +91,7 @@ def check_dense_fits(num_parameters: int, dtype: torch.dtype, curvature: str,
         )
 
 
-def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                         likelihood: Likelihood) -> tuple[Tensor, Tensor]:
     """``E(theta)`` (the likelihood's negative log-likelihood of the outputs) and
     ``dE/dtheta`` (P,), detached.
@@ -117,11 +113,12 @@ def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act
     evaluation, and a Laplace refit makes hundreds. Otherwise (a module, or another
     activation) by autograd.
     """
-    backward = ACTIVATION_BACKWARD.get(act) if isinstance(layout, ParameterLayout) else None
+    act = layout.act if isinstance(layout, ParameterLayout) else None
+    backward = ACTIVATION_BACKWARD.get(act)
     if backward is None:
         theta = theta.detach().requires_grad_()
         with torch.enable_grad():
-            energy = likelihood.negative_log_likelihood(layout.output(theta, x, act), y)
+            energy = likelihood.negative_log_likelihood(layout.output(theta, x), y)
         return energy.detach(), torch.autograd.grad(energy, theta)[0]
     theta = theta.detach()
     net = layout.network(theta)
@@ -153,25 +150,25 @@ def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: Layout):
     return x, y
 
 
-def jacobian(theta: Tensor, x: Tensor, layout: Layout, act: Activation,
+def jacobian(theta: Tensor, x: Tensor, layout: Layout,
              layers: list[int] | None = None) -> tuple[Tensor, Tensor]:
     """Output ``f`` (N, K) and its Jacobian ``g = df/dtheta`` (N, K, P) at ``theta``.
 
     With ``layers`` given, only those layers' columns, concatenated in order.
     This is PRML's ``g = grad_w y(x, w)`` at ``w_MAP``, one row per output.
     """
-    return layout.jacobian(theta, x, act, layers)
+    return layout.jacobian(theta, x, layers)
 
 
-def _whitened_rows(theta, x, layout, act, likelihood, layers=None) -> Tensor:
+def _whitened_rows(theta, x, layout, likelihood, layers=None) -> Tensor:
     """(N K, P) the rows of ``R_n J_n`` (only ``layers``' columns, if given), so that
     ``rows^T rows = sum_n J_n^T Lambda_n J_n``."""
-    _, rows = layout.jacobian(theta, x, act, layers,
+    _, rows = layout.jacobian(theta, x, layers,
                               whiten=likelihood.hessian_root)
     return rows.flatten(0, 1)
 
 
-def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                  likelihood: Likelihood = GAUSSIAN, max_bytes: int = MAX_DENSE_BYTES,
                  chunk: int = CHUNK) -> Tensor:
     """(P, P) exact Hessian ``d^2 E / dtheta^2``: ``E`` is a sum over data points, so its
@@ -187,34 +184,34 @@ def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activ
     for xc, yc in chunks(x, y, chunk):  # memory grows with the chunk, not N
 
         def energy(t: Tensor, xc: Tensor = xc, yc: Tensor = yc) -> Tensor:
-            return likelihood.negative_log_likelihood(layout.output(t, xc, act), yc)
+            return likelihood.negative_log_likelihood(layout.output(t, xc), yc)
 
         out += torch.func.jacrev(torch.func.jacrev(energy))(theta)
     return out
 
 
-def ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+def ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
         likelihood: Likelihood = GAUSSIAN, max_bytes: int = MAX_DENSE_BYTES,
         chunk: int = CHUNK) -> Tensor:
     """(P, P) generalised Gauss-Newton ``sum_n J_n^T Lambda_n J_n``, in chunks of data points."""
     x, y = _checked(theta, x, y, layout)
     check_dense_fits(theta.shape[0], theta.dtype, "ggn", max_bytes)
-    return _dense_ggn(theta, x, y, layout, act, likelihood, None, chunk)
+    return _dense_ggn(theta, x, y, layout, likelihood, None, chunk)
 
 
-def last_layer_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+def last_layer_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                    likelihood: Likelihood = GAUSSIAN, chunk: int = CHUNK) -> Tensor:
     """(p_L, p_L) the GGN block of the last layer's weights (the rest held at ``theta``)."""
     x, y = _checked(theta, x, y, layout)
-    return _dense_ggn(theta, x, y, layout, act, likelihood, [layout.num_layers - 1], chunk)
+    return _dense_ggn(theta, x, y, layout, likelihood, [layout.num_layers - 1], chunk)
 
 
-def _dense_ggn(theta, x, y, layout, act, likelihood, layers, chunk) -> Tensor:
+def _dense_ggn(theta, x, y, layout, likelihood, layers, chunk) -> Tensor:
     size = sum(s.stop - s.start for i, s in enumerate(layout.layer_slices)
                if layers is None or i in layers)
     out = theta.new_zeros(size, size)
     for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
-        rows = _whitened_rows(theta, xc, layout, act, likelihood, layers)
+        rows = _whitened_rows(theta, xc, layout, likelihood, layers)
         out += rows.T @ rows
     return out
 
@@ -233,7 +230,7 @@ def subnetwork_indices(indices, num_parameters: int) -> Tensor:
     return out
 
 
-def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                    likelihood: Likelihood = GAUSSIAN, *, indices: Tensor,
                    chunk: int = CHUNK) -> Tensor:
     """(p_S, p_S) the GGN block ``sum_n J_{n,S}^T Lambda_n J_{n,S}`` of the weights
@@ -243,12 +240,12 @@ def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Act
     indices = subnetwork_indices(indices, layout.num_parameters).to(theta.device)
     out = theta.new_zeros(indices.numel(), indices.numel())
     for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
-        rows = _whitened_rows(theta, xc, layout, act, likelihood)[:, indices]
+        rows = _whitened_rows(theta, xc, layout, likelihood)[:, indices]
         out += rows.T @ rows
     return out
 
 
-def diagonal_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+def diagonal_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                  likelihood: Likelihood = GAUSSIAN, chunk: int = CHUNK) -> Tensor:
     """(P,) the diagonal of the GGN, ``sum_{n,k} (R_n J_n)_{k,i}^2``, in chunks of data
     points. Where every layer's Jacobian is an outer product ``a_n ⊗ J_{z,n}`` laid out
@@ -259,18 +256,19 @@ def diagonal_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activ
     out = theta.new_zeros(theta.shape[0])
     for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
         if layout.outer_product_jacobian:
-            f, parts = layout.layer_factors(theta, xc, act)
+            f, parts = layout.layer_factors(theta, xc)
             r = likelihood.hessian_root(f)
             out += torch.cat([torch.einsum("ni,nkj->ij", a[:, 0] ** 2,
                                            (r @ jz[:, :, 0]) ** 2).flatten()
                               for a, jz in parts])
         else:
-            out += (_whitened_rows(theta, xc, layout, act, likelihood) ** 2).sum(0)
+            out += (_whitened_rows(theta, xc, layout, likelihood) ** 2).sum(0)
     return out
 
 
-def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-             likelihood: Likelihood = GAUSSIAN, chunk: int = CHUNK) -> list[tuple[Tensor, Tensor]]:
+def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
+             likelihood: Likelihood = GAUSSIAN, chunk: int = CHUNK
+             ) -> list[tuple[Tensor, Tensor]]:
     """Per layer the Kronecker factors ``(Q_l, G_l)`` with GGN block ``≈ Q_l ⊗ G_l`` (K-FAC),
     on the layer's weights in the order of ``layout.kron_indices``.
 
@@ -289,7 +287,7 @@ def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activatio
     factors: list[list[Tensor]] = []
     counts: list[int] = []
     for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
-        f, parts = layout.layer_factors(theta, xc, act)
+        f, parts = layout.layer_factors(theta, xc)
         r = likelihood.hessian_root(f)
         if not factors:
             factors = [[theta.new_zeros(a.shape[-1], a.shape[-1]),

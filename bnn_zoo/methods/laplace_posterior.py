@@ -34,7 +34,7 @@ from torch import Tensor
 from bnn_zoo.core.batches import Batches, first_inputs, num_targets, summed
 from bnn_zoo.core.checks import check_data, check_positive, check_positive_int
 from bnn_zoo.core.lbfgs import minimize_lbfgs
-from bnn_zoo.guides.curvature import MAX_DENSE_BYTES, Activation, energy_and_gradient
+from bnn_zoo.guides.curvature import MAX_DENSE_BYTES, energy_and_gradient
 from bnn_zoo.guides.laplace import Block, LaplacePosterior, Structure, curvature_structure
 from bnn_zoo.guides.layouts import Layout, layout_of
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings, checked, maximize_evidence
@@ -88,19 +88,19 @@ class CurvatureSettings:
                                    max_bytes=self.max_bytes, rank=self.rank,
                                    subnetwork=self.subnetwork)
 
-    def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+    def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                likelihood: Likelihood) -> list[Block]:
         """The precision blocks of this curvature at ``theta`` (P,) on ``x`` (N, D), ``y``
         (:meth:`~bnn_zoo.guides.laplace.Structure.blocks`; for a likelihood with a curvature
         per output, :meth:`~bnn_zoo.guides.laplace.Structure.output_blocks`)."""
         structure = self.structure()
         if likelihood.per_output:
-            return structure.output_blocks(theta, x, y, layout, act)
-        return structure.blocks(theta, x, y, layout, act, likelihood)
+            return structure.output_blocks(theta, x, y, layout)
+        return structure.blocks(theta, x, y, layout, likelihood)
 
 
 def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Layout,
-               act: Activation, likelihood: Likelihood, alpha: Tensor, beta: Tensor,
+               likelihood: Likelihood, alpha: Tensor, beta: Tensor,
                *, prior_mean: Tensor | None = None, max_iter: int = 500,
                rtol: float | None = None) -> Tensor:
     """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
@@ -143,7 +143,7 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
         :func:`~bnn_zoo.guides.curvature.energy_and_gradient`, the prior's
         ``alpha (t - m) / n`` by hand."""
         energy, gradient = summed(
-            lambda xb, yb: energy_and_gradient(t, xb, yb, layout, act, likelihood), x, y)
+            lambda xb, yb: energy_and_gradient(t, xb, yb, layout, likelihood), x, y)
         scaled = alpha * (t - mean)
         objective = energy * (beta / count) + scaled.dot(t - mean) * (0.5 / count)
         return objective, gradient.mul_(beta / count).add_(scaled, alpha=1 / count)
@@ -190,7 +190,6 @@ class _Problem:
     ``alpha`` and ``beta``."""
 
     layout: Layout
-    act: Activation
     likelihood: Likelihood
     x: Tensor | Batches
     y: Tensor | None
@@ -201,21 +200,21 @@ class _Problem:
     def posterior(self, theta: Tensor, alpha: Tensor, beta: Tensor) -> LaplacePosterior:
         """The posterior for ``alpha``, ``beta`` at ``theta`` refitted (``refine``), with a
         new curvature."""
-        layout, act, likelihood, x, y = self.layout, self.act, self.likelihood, self.x, self.y
+        layout, likelihood, x, y = self.layout, self.likelihood, self.x, self.y
         if self.refine:
             per_weight = alpha if alpha.numel() == layout.num_parameters \
                 else alpha[layout.layer_index(theta)]
-            theta = refine_map(theta, x, y, layout, act, likelihood, per_weight, beta,
+            theta = refine_map(theta, x, y, layout, likelihood, per_weight, beta,
                                prior_mean=self.prior_mean)
-        blocks = self.curvature.blocks(theta, x, y, layout, act, likelihood)
+        blocks = self.curvature.blocks(theta, x, y, layout, likelihood)
         with torch.no_grad():
 
             def energies(xb: Tensor, yb: Tensor) -> tuple[Tensor]:
-                return (likelihood.energy(layout.output(theta, xb, act), yb),)
+                return (likelihood.energy(layout.output(theta, xb), yb),)
 
             energy, = summed(energies, x, y)
         return checked(LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
-                                        likelihood.num_observed(x, y), act, self.prior_mean))
+                                        likelihood.num_observed(x, y), self.prior_mean))
 
 
 def _prior_precision(model, alpha: Tensor | float | None, layout: Layout, tuned: bool,
@@ -303,7 +302,7 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
     like = dict(dtype=first_inputs(x).dtype, device=first_inputs(x).device)
     alpha = _prior_precision(model, alpha, layout, evidence.evidence is not None, like)
     evidence = evidence.for_task(model.task)
-    problem = _Problem(layout, getattr(model, "act", None), likelihood, x, y,
+    problem = _Problem(layout, likelihood, x, y,
                        _prior_mean(prior_mean, p, like), curvature, evidence.refine)
     beta = _noise_precision(model, beta, likelihood, like)
     post = problem.posterior(theta.detach().to(**like), alpha, beta)

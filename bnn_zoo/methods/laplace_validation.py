@@ -125,4 +125,4 @@ def tune_on_held_out(post: LaplacePosterior, x: Tensor, y: Tensor,
     factor, beta_factor, _ = scores[best]
     tuned = replace(post, alpha=post.alpha * factor, beta=post.beta * beta_factor)
     # Rebuilt from its state: blocks without the factors the grid kept, as a loaded fit's.
-    return LaplacePosterior.from_state(tuned.state_dict(), tuned.layout, tuned.act), scores
+    return LaplacePosterior.from_state(tuned.state_dict(), tuned.layout), scores

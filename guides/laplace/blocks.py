@@ -53,7 +53,6 @@ from torch import Tensor
 from bnn_zoo.core.checks import check_choice
 from bnn_zoo.guides.curvature import (
     MAX_DENSE_BYTES,
-    Activation,
     diagonal_ggn,
     full_hessian,
     ggn,
@@ -75,9 +74,9 @@ __all__ = ["CURVATURES", "OUTPUT_CURVATURES", "STRUCTURES", "Block", "Diag", "Gg
 Block = DenseBlock | DiagBlock | KronBlock | LowRankBlock | OutputBlock
 _KINDS = {cls.kind: cls for cls in (DenseBlock, DiagBlock, KronBlock, LowRankBlock,
                                     OutputBlock)}
-#: The arguments of a curvature function: ``theta``, ``x``, ``y``, the layout, the
-#: activation and the likelihood.
-CurvatureArgs = tuple[Tensor, Tensor, Tensor, Layout, Activation, Likelihood]
+#: The arguments of a curvature function: ``theta``, ``x``, ``y``, the layout and the
+#: likelihood.
+CurvatureArgs = tuple[Tensor, Tensor, Tensor, Layout, Likelihood]
 
 
 def block_from_state(state: dict) -> Block:
@@ -117,20 +116,20 @@ class Structure:
     def __post_init__(self) -> None:
         check_choice("indefinite", self.indefinite, INDEFINITE)
 
-    def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
+    def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                likelihood: Likelihood) -> list[Block]:
         """The blocks of this curvature at ``theta`` (P,) on data ``x`` (N, D), ``y``."""
         raise NotImplementedError
 
-    def output_blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
-                      act: Activation) -> list[OutputBlock]:
+    def output_blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout
+                      ) -> list[OutputBlock]:
         """The :class:`OutputBlock` s of this curvature at ``theta`` (P,) on ``x`` (N, ...)
         and targets ``y`` (N, D): each output's curvature ``H_d`` computed alone, under a
         :class:`~bnn_zoo.models.likelihood.GaussianPrecision` of its indicator."""
         check_choice("curvature (for D outputs with a noise precision each)", self.name,
                      OUTPUT_CURVATURES)
         eye = torch.eye(y.shape[-1], dtype=theta.dtype, device=theta.device)
-        return self._output_blocks([(theta, x, y, layout, act, GaussianPrecision(e))
+        return self._output_blocks([(theta, x, y, layout, GaussianPrecision(e))
                                     for e in eye])
 
     def _output_blocks(self, units: list[CurvatureArgs]) -> list[OutputBlock]:
@@ -162,9 +161,9 @@ class _Dense(Structure):
         """What an :class:`OutputBlock` does with an indefinite sum: clip."""
         return "clip"
 
-    def blocks(self, theta, x, y, layout, act, likelihood):
+    def blocks(self, theta, x, y, layout, likelihood):
         index = self.index(theta, layout)
-        return [self.block(index, self.matrix((theta, x, y, layout, act, likelihood), index))]
+        return [self.block(index, self.matrix((theta, x, y, layout, likelihood), index))]
 
     def _output_blocks(self, units: list[CurvatureArgs]) -> list[OutputBlock]:
         theta, layout = units[0][0], units[0][3]
@@ -243,8 +242,8 @@ class Diag(Structure):
 
     name = "diag"
 
-    def blocks(self, theta, x, y, layout, act, likelihood):
-        args = (theta, x, y, layout, act, likelihood)
+    def blocks(self, theta, x, y, layout, likelihood):
+        args = (theta, x, y, layout, likelihood)
         return [DiagBlock(slice(0, layout.num_parameters), diagonal_ggn(*args))]
 
     def _output_blocks(self, units):
@@ -257,10 +256,10 @@ class Kron(Structure):
 
     name = "kron"
 
-    def blocks(self, theta, x, y, layout, act, likelihood):
+    def blocks(self, theta, x, y, layout, likelihood):
         return [KronBlock.from_factors(index, q, g)
                 for (index, _), (q, g) in zip(layout.kron_indices(theta),
-                                              kron_ggn(theta, x, y, layout, act, likelihood))]
+                                              kron_ggn(theta, x, y, layout, likelihood))]
 
     def _output_blocks(self, units):
         theta, layout = units[0][0], units[0][3]
@@ -277,10 +276,10 @@ class KronSeparate(Structure):
     name = "kron_separate"
     per_output = False
 
-    def blocks(self, theta, x, y, layout, act, likelihood):
+    def blocks(self, theta, x, y, layout, likelihood):
         blocks: list[Block] = []
         for (index, bias), (q, g) in zip(layout.kron_indices(theta),
-                                         kron_ggn(theta, x, y, layout, act, likelihood)):
+                                         kron_ggn(theta, x, y, layout, likelihood)):
             if not bias:
                 blocks.append(KronBlock.from_factors(index, q, g))
                 continue

@@ -76,7 +76,7 @@ class LinearizedModel(_PosteriorModel):
         post = self.posterior
 
         def output(t: Tensor) -> Tensor:
-            return post.layout.output(t, x, post.act)
+            return post.layout.output(t, x)
 
         def tangent(delta: Tensor) -> Tensor:
             return torch.func.jvp(output, (post.theta,), (delta,))[1]
@@ -98,4 +98,4 @@ class NonlinearModel(_PosteriorModel):
 
     def network(self, x: Tensor, theta: Tensor) -> Tensor:
         """``f(x, theta)`` (*S, N, K) for ``theta`` (*S, P)."""
-        return self.posterior.layout.output(theta, x, self.posterior.act)
+        return self.posterior.layout.output(theta, x)

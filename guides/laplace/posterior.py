@@ -68,7 +68,7 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data, check_positive_int
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.guides.curvature import Activation, check_dense_fits, jacobian
+from bnn_zoo.guides.curvature import check_dense_fits, jacobian
 from bnn_zoo.guides.laplace.blocks import Block, block_from_state
 from bnn_zoo.guides.laplace.output_blocks import output_effective_parameters
 from bnn_zoo.guides.layouts import Layout
@@ -101,7 +101,6 @@ class LaplacePosterior:
         one per output, with ``beta`` (D,)).
     num_outputs : ``N K``, the number of observed numbers (regression: ``N``, or ``N D``
         for D outputs).
-    act : hidden activation of an MLP (``None`` for a torch module, which has its own).
     prior_mean : (P,) prior mean ``m`` (zeros by default).
     history : ``(alpha, beta, log evidence)`` after each refit of the evidence loop.
     converged : whether the evidence loop converged (``None`` without evidence tuning).
@@ -116,7 +115,6 @@ class LaplacePosterior:
     likelihood: Likelihood
     energy: Tensor
     num_outputs: int
-    act: Activation = field(repr=False)
     prior_mean: Tensor | None = None
     history: list[tuple[list[float], float | list[float], float]] = field(
         default_factory=list)
@@ -135,7 +133,7 @@ class LaplacePosterior:
                              f"{tuple(self.prior_mean.shape)}.")
 
     def state_dict(self) -> dict:
-        """Everything but ``layout`` and ``act`` (the model's), as tensors and plain data:
+        """Everything but ``layout`` (the model's), as tensors and plain data:
         :meth:`from_state` rebuilds this posterior from it without the training data."""
         return {"theta": self.theta, "alpha": self.alpha, "beta": self.beta,
                 "likelihood": self.likelihood.name, "energy": self.energy,
@@ -145,9 +143,9 @@ class LaplacePosterior:
                 "converged": self.converged, "iterations": self.iterations}
 
     @classmethod
-    def from_state(cls, state: dict, layout: Layout, act: Activation) -> LaplacePosterior:
-        """The posterior of :meth:`state_dict` on the network ``layout`` with activation
-        ``act`` (both from the model the posterior was fitted to)."""
+    def from_state(cls, state: dict, layout: Layout) -> LaplacePosterior:
+        """The posterior of :meth:`state_dict` on the network ``layout`` (the model's the
+        posterior was fitted to)."""
         theta = state["theta"]
         if theta.shape != (layout.num_parameters,):
             raise ValueError(f"Expected a saved MAP of shape ({layout.num_parameters},) for "
@@ -156,7 +154,7 @@ class LaplacePosterior:
         history = [(list(a), b, e) for a, b, e in state["history"]]  # b: a list for D outputs
         likelihood = laplace_likelihood(state["likelihood"], tuple(state["beta"].shape))
         return cls(layout, theta, blocks, state["alpha"], state["beta"], likelihood,
-                   state["energy"], state["num_outputs"], act, state["prior_mean"], history,
+                   state["energy"], state["num_outputs"], state["prior_mean"], history,
                    state["converged"], state["iterations"])
 
     @property
@@ -268,7 +266,7 @@ class LaplacePosterior:
     def function_covariance(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Output ``f`` (N, K) at the MAP and the GLM covariances ``J_n A^-1 J_n^T`` (N, K, K),
         from the whitened Jacobian rows of each block."""
-        f, g = jacobian(self.theta, x, self.layout, self.act)
+        f, g = jacobian(self.theta, x, self.layout)
         a = self.alpha_vector()
         parts = [block.whiten(g.flatten(0, 1)[:, block.index], a[block.index], self.beta)
                  for block in self.blocks]

@@ -100,4 +100,4 @@ def test_the_registry_names_each_structure_once_and_refuses_other_names():
     x, y = torch.zeros(2, 1), torch.zeros(2, 2)
     with pytest.raises(ValueError, match=r"Unknown curvature \(for D outputs with a noise "
                        r"precision each\) 'kron_separate'"):
-        curvature_structure("kron_separate").output_blocks(torch.zeros(3), x, y, None, None)
+        curvature_structure("kron_separate").output_blocks(torch.zeros(3), x, y, None)

@@ -143,11 +143,11 @@ def test_refit_reaches_the_optimum_in_float64(n):
 
     def gradient(t):
         t = t.clone().requires_grad_()
-        loss = beta * Gaussian().negative_log_likelihood(layout.output(t, x, model.act), y) \
+        loss = beta * Gaussian().negative_log_likelihood(layout.output(t, x), y) \
             + 0.5 * (alpha * t**2).sum()
         return torch.autograd.grad(loss, t)[0]
 
     start = float(gradient(theta).abs().max())
-    refit = refine_map(theta, x, y, layout, model.act, Gaussian(), alpha, beta)
+    refit = refine_map(theta, x, y, layout, Gaussian(), alpha, beta)
     assert float(gradient(refit).abs().max()) < 1e-7 * start
     assert math.isfinite(start) and start > 1

@@ -53,7 +53,7 @@ def problem(task: str, n: int = 16):
     y = f[:, 0] + 0.1 * torch.randn(n, generator=g, dtype=D) if task == "regression" \
         else f.argmax(-1)
     likelihood = Gaussian() if task == "regression" else Categorical()
-    theta = refine_map(teacher, x, y, layout, model.act, likelihood, torch.ones_like(teacher),
+    theta = refine_map(teacher, x, y, layout, likelihood, torch.ones_like(teacher),
                        torch.tensor(1.0, dtype=D))
     return model, layout, theta, x, y
 
