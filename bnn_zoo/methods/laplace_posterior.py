@@ -155,12 +155,10 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
 
 
 def model_likelihood(model, targets: Tensor) -> Likelihood:
-    """The likelihood of ``model`` on ``targets``: :class:`~bnn_zoo.models.likelihood.
-    Categorical` for a classifier, :class:`~bnn_zoo.models.likelihood.Heteroscedastic` for
-    a regression model whose network gives each point its own noise scale
-    (``noise="heteroscedastic"``; targets (N,)), :class:`~bnn_zoo.models.likelihood.
-    GaussianOutputs` for targets (N, D), :class:`~bnn_zoo.models.likelihood.Gaussian`
-    otherwise."""
+    """The likelihood (:mod:`bnn_zoo.models.likelihood`) of ``model`` on ``targets``:
+    ``Categorical`` for a classifier, ``Heteroscedastic`` for a regression model whose
+    network gives each point its own noise scale (``noise="heteroscedastic"``; targets
+    (N,)), ``GaussianOutputs`` for targets (N, D), ``Gaussian`` otherwise."""
     if model.task != "regression":
         return Categorical()
     if getattr(model, "heteroscedastic", False):
@@ -302,8 +300,8 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
     like = dict(dtype=first_inputs(x).dtype, device=first_inputs(x).device)
     alpha = _prior_precision(model, alpha, layout, evidence.evidence is not None, like)
     evidence = evidence.for_task(model.task)
-    problem = _Problem(layout, likelihood, x, y,
-                       _prior_mean(prior_mean, p, like), curvature, evidence.refine)
+    problem = _Problem(layout, likelihood, x, y, _prior_mean(prior_mean, p, like), curvature,
+                       evidence.refine)
     beta = _noise_precision(model, beta, likelihood, like)
     post = problem.posterior(theta.detach().to(**like), alpha, beta)
     if evidence.evidence is None:
