@@ -12,35 +12,19 @@ evaluates the network ``f(x, theta)``, its Jacobian ``J = df/dtheta`` and, for
 Kronecker factors, each layer's inputs and output Jacobian; everything here is written
 on those alone, so every structure below works on both (``kron`` and ``kron_separate``
 on a module need every layer to be an ``nn.Linear``, ``nn.Conv1d`` or ``nn.Conv2d``).
-``act`` is the MLP's hidden activation; a module has its own and takes ``None``.
+The layout carries the network's activation.
 
 Every function here returns the curvature ``H`` of the *unit-precision* negative
-log-likelihood, so that the Laplace precision (PRML 5.7.1) is
+log-likelihood ``E(theta)`` of a :class:`~bnn_zoo.models.likelihood.Likelihood` object,
+so that the Laplace precision (PRML 5.7.1) is
 
-.. math:: A = \\alpha I + \\beta H,
+.. math:: A = \\alpha I + \\beta H;
 
-with, per data point and ``f = f(x_n, theta)``,
-
-* Gaussian likelihood: ``E(theta) = 1/2 sum_n ||f_n - t_n||^2`` (PRML's sum-of-squares
-  error without its ``beta``); its Hessian in ``f`` is ``Lambda_n = I_K``;
-* categorical likelihood: ``E(theta) = -sum_n log softmax(f_n)[t_n]`` (``beta = 1``);
-  its Hessian in ``f`` is ``Lambda_n = diag(p_n) - p_n p_n^T``.
-* Gaussian likelihood on D outputs with a noise precision per output, ``beta`` (D,)
-  (:class:`GaussianPrecision`): ``E(theta) = 1/2 sum_{n,d} beta_d (f_nd - t_nd)^2``, so
-  ``Lambda_n = diag(beta)`` and the GGN is ``sum_n J_n^T diag(beta) J_n``; with ``beta =
-  e_d`` (one output's indicator) it is output ``d``'s own curvature ``H_d = sum_n
-  J_{n,d}^T J_{n,d}``, and ``sum_n J_n^T diag(beta) J_n = sum_d beta_d H_d``;
-* heteroscedastic Gaussian (``"heteroscedastic"``): the network's two outputs are the mean
-  ``mu`` and the raw scale ``s`` with ``sigma = softplus(s) + MIN_SCALE``
-  (:func:`~bnn_zoo.models.likelihood.heteroscedastic_scale`), ``E(theta) = sum_n
-  (t_n - mu_n)^2 / (2 sigma_n^2) + log sigma_n`` (the model's negative log-likelihood
-  less ``N/2 log 2 pi``; the noise is the network's, ``beta = 1``). ``Lambda_n`` is the
-  Fisher information of ``N(mu, sigma^2)`` in ``(mu, s)``, ``diag(1 / sigma^2, 2
-  sigma'(s)^2 / sigma^2)`` with ``sigma'(s) = sigmoid(s)``: the expected Hessian, which is
-  positive definite where the Hessian in ``(mu, s)`` need not be (the GGN of an
-  exponential family in its mean and scale, as in Immer et al. 2023, "Effective Bayesian
-  Heteroscedastic Regression with Deep Neural Networks", which take it in the natural
-  parameters; the two Fishers give the same GGN through the chain rule).
+the likelihood gives ``E``, its gradient in the outputs and the square root ``R_n`` of
+its Hessian ``Lambda_n`` in each output ``f_n = f(x_n, theta)`` (``I_K`` for a Gaussian,
+``diag(p_n) - p_n p_n^T`` for a categorical, the Fisher of ``N(mu, sigma^2)`` for a
+heteroscedastic Gaussian, ``diag(beta)`` for a
+:class:`~bnn_zoo.models.likelihood.GaussianPrecision`).
 
 Structures (``P`` weights; ``L`` layers of ``p_l`` weights each):
 
@@ -75,43 +59,23 @@ hidden layers under the Gaussian likelihood.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from bnn_zoo.core.batches import Batches, chunks
-from bnn_zoo.core.checks import check_choice, check_data
+from bnn_zoo.core.checks import check_data
 from bnn_zoo.core.nn import ACTIVATION_BACKWARD
 from bnn_zoo.guides.layouts import Layout
 from bnn_zoo.guides.layouts import ParameterLayout as ParameterLayout
-from bnn_zoo.models.likelihood import heteroscedastic_scale
+from bnn_zoo.models.likelihood import Gaussian, Likelihood
 
-__all__ = ["CURVATURES", "LIKELIHOODS", "MAX_DENSE_BYTES", "GaussianPrecision", "Likelihood",
-           "ParameterLayout", "check_curvature",
-           "check_dense_fits", "diagonal_ggn", "energy_and_gradient", "full_hessian", "ggn",
-           "jacobian", "kron_ggn", "last_layer_ggn", "loss_whitening", "negative_log_likelihood",
-           "output_gradient", "subnetwork_ggn", "subnetwork_indices"]
+__all__ = ["MAX_DENSE_BYTES", "ParameterLayout", "check_dense_fits", "diagonal_ggn",
+           "energy_and_gradient", "full_hessian", "ggn", "jacobian", "kron_ggn", "last_layer_ggn",
+           "subnetwork_ggn", "subnetwork_indices"]
 
-CURVATURES = ("hessian", "ggn", "diag", "kron", "kron_separate", "last_layer", "low_rank",
-              "subnetwork")
-LIKELIHOODS = ("gaussian", "categorical", "heteroscedastic")
-#: The MLP's hidden activation; ``None`` for a module, which has its own.
-Activation = Callable[[Tensor], Tensor] | None
 MAX_DENSE_BYTES = 2 * 1024**3
+GAUSSIAN = Gaussian()
 CHUNK = 256
-
-
-def check_curvature(curvature: str) -> None:
-    """Refuse a ``curvature`` outside :data:`CURVATURES`; ``"full"``, which could mean the
-    exact Hessian or laplace-torch's ``"full"`` (the GGN), is refused with both names."""
-    if curvature == "full":
-        raise ValueError("curvature='full' is ambiguous: the exact Hessian is "
-                         "curvature='hessian', and the full GGN (laplace-torch's 'full') is "
-                         "curvature='ggn'.")
-    check_choice("curvature", curvature, CURVATURES)
 
 
 def check_dense_fits(num_parameters: int, dtype: torch.dtype, curvature: str,
@@ -127,66 +91,15 @@ def check_dense_fits(num_parameters: int, dtype: torch.dtype, curvature: str,
         )
 
 
-@dataclass(frozen=True, eq=False)
-class GaussianPrecision:
-    """The Gaussian likelihood of targets (N, D) with the noise precisions ``precision``
-    (D,) folded into the energy, ``E = 1/2 sum_{n,d} beta_d (f_nd - t_nd)^2`` (see the
-    module docstring): passed where a curvature function takes ``likelihood``."""
-
-    precision: Tensor
-
-
-#: A likelihood: one of :data:`LIKELIHOODS`, or a :class:`GaussianPrecision`.
-Likelihood = str | GaussianPrecision
-
-
-def _heteroscedastic_parts(f: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Mean ``mu``, scale ``sigma`` and ``dsigma/ds = sigmoid(s)`` (each (N,)) of
-    heteroscedastic outputs ``f = (mu, s)`` (N, 2)."""
-    return f[..., 0], heteroscedastic_scale(f[..., 1]), torch.sigmoid(f[..., 1])
-
-
-def negative_log_likelihood(f: Tensor, y: Tensor, likelihood: Likelihood) -> Tensor:
-    """``E`` of the module docstring: ``1/2 sum (f - y)^2`` (over every output of targets
-    (N, D)), ``1/2 sum beta_d (f - y)^2`` (:class:`GaussianPrecision`), the heteroscedastic
-    ``sum (y - mu)^2 / (2 sigma^2) + log sigma`` or the summed cross-entropy."""
-    if isinstance(likelihood, GaussianPrecision):
-        return 0.5 * ((f - y) ** 2 * likelihood.precision).sum()
-    if likelihood == "gaussian":  # mse_loss: one kernel each way, where (f - y)^2 takes three
-        f = f if y.dim() == f.dim() else f.squeeze(-1)
-        return 0.5 * torch.nn.functional.mse_loss(f, y, reduction="sum")
-    if likelihood == "heteroscedastic":
-        mu, sigma, _ = _heteroscedastic_parts(f)
-        return ((y - mu) ** 2 / (2 * sigma**2) + torch.log(sigma)).sum()
-    return torch.nn.functional.cross_entropy(f, y.long(), reduction="sum")
-
-
-def output_gradient(f: Tensor, y: Tensor, likelihood: Likelihood) -> Tensor:
-    """``dE/df`` (N, K) of :func:`negative_log_likelihood`: ``f - y`` (Gaussian; times
-    ``beta`` for :class:`GaussianPrecision`), ``((mu - y) / sigma^2, (1 - r^2) sigma' /
-    sigma)`` with ``r = (y - mu) / sigma`` (heteroscedastic) or ``softmax(f) - onehot(y)``
-    (categorical)."""
-    if isinstance(likelihood, GaussianPrecision):
-        return (f - y) * likelihood.precision
-    if likelihood == "gaussian":
-        return f - (y if y.dim() == f.dim() else y.unsqueeze(-1))
-    if likelihood == "heteroscedastic":
-        mu, sigma, slope = _heteroscedastic_parts(f)
-        r = (y - mu) / sigma
-        return torch.stack([-r / sigma, (1 - r**2) * slope / sigma], -1)
-    return torch.softmax(f, -1).scatter_add_(
-        -1, y.long().unsqueeze(-1), f.new_full((f.shape[0], 1), -1.0))
-
-
-def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-                        likelihood: str) -> tuple[Tensor, Tensor]:
-    """``E(theta)`` (:func:`negative_log_likelihood` of the outputs) and ``dE/dtheta`` (P,),
-    detached.
+def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
+                        likelihood: Likelihood) -> tuple[Tensor, Tensor]:
+    """``E(theta)`` (the likelihood's negative log-likelihood of the outputs) and
+    ``dE/dtheta`` (P,), detached.
 
     For the zoo's MLP (:class:`ParameterLayout`) with an activation whose backward pass
     :data:`~bnn_zoo.core.nn.ACTIVATION_BACKWARD` knows, backpropagation written out (Bishop,
     PRML 5.3, eqs. 5.53-5.56): with ``z_l = h_{l-1} W_l + b_l``, ``h_l = act(z_l)`` and
-    ``delta_L = dE/df`` (:func:`output_gradient`),
+    ``delta_L = dE/df`` (the likelihood's ``output_gradient``),
 
     .. math::
 
@@ -200,11 +113,12 @@ def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act
     evaluation, and a Laplace refit makes hundreds. Otherwise (a module, or another
     activation) by autograd.
     """
-    backward = ACTIVATION_BACKWARD.get(act) if isinstance(layout, ParameterLayout) else None
+    act = layout.act if isinstance(layout, ParameterLayout) else None
+    backward = ACTIVATION_BACKWARD.get(act)
     if backward is None:
         theta = theta.detach().requires_grad_()
         with torch.enable_grad():
-            energy = negative_log_likelihood(layout.output(theta, x, act), y, likelihood)
+            energy = likelihood.negative_log_likelihood(layout.output(theta, x), y)
         return energy.detach(), torch.autograd.grad(energy, theta)[0]
     theta = theta.detach()
     net = layout.network(theta)
@@ -213,71 +127,49 @@ def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act
         pre.append(torch.addmm(bias, inputs[-1], weight))
         inputs.append(act(pre[-1]))
     f = torch.addmm(net[-1][1], inputs[-1], net[-1][0])
-    delta = output_gradient(f, y, likelihood)
+    delta = likelihood.output_gradient(f, y)
     grads: list[Tensor] = []
     for i in reversed(range(len(net))):
         grads += [delta.sum(0), (inputs[i].mT @ delta).reshape(-1)]
         if i > 0:
             delta = backward(delta @ net[i][0].mT, pre[i - 1], inputs[i])
-    return negative_log_likelihood(f, y, likelihood), torch.cat(grads[::-1])
+    return likelihood.negative_log_likelihood(f, y), torch.cat(grads[::-1])
 
 
-def loss_whitening(f: Tensor, likelihood: Likelihood) -> Tensor:
-    """(N, K, K) factors ``R_n`` with ``R_n^T R_n = Lambda_n``, the Hessian of ``E`` in ``f_n``.
-
-    Categorical: ``R_n = diag(sqrt(p_n)) (I - 1 p_n^T)``, since
-    ``diag(p) - p p^T = sum_k p_k (e_k - p)(e_k - p)^T``. :class:`GaussianPrecision`:
-    ``diag(sqrt(beta))``; heteroscedastic: ``diag(1 / sigma, sqrt(2) sigma' / sigma)``, the
-    square root of the Fisher information in ``(mu, s)``.
-    """
-    eye = torch.eye(f.shape[-1], dtype=f.dtype, device=f.device)
-    if isinstance(likelihood, GaussianPrecision):
-        return torch.diag_embed(likelihood.precision.sqrt()).expand(f.shape[0], -1, -1)
-    if likelihood == "gaussian":
-        return eye.expand(f.shape[0], -1, -1)
-    if likelihood == "heteroscedastic":
-        _, sigma, slope = _heteroscedastic_parts(f)
-        return torch.diag_embed(torch.stack([1 / sigma, math.sqrt(2) * slope / sigma], -1))
-    p = torch.softmax(f, -1)
-    return p.sqrt().unsqueeze(-1) * (eye - p.unsqueeze(-2))
-
-
-def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, likelihood: str):
-    """``x`` and ``y`` checked (``x`` of the shape the layout's network takes), the
-    likelihood and the length of ``theta``; ``x`` may be a loader's
+def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: Layout):
+    """``x`` and ``y`` checked (``x`` of the shape the layout's network takes) and
+    the length of ``theta``; ``x`` may be a loader's
     :class:`~bnn_zoo.core.batches.Batches` (``y`` ``None``), checked batch by batch, whose
     sums go over one pass (:func:`~bnn_zoo.core.batches.chunks`)."""
     if not isinstance(x, Batches):
         x, y = check_data(x, y, any_shape=True)
     layout.check_input(x.first[0] if isinstance(x, Batches) else x)
-    if not isinstance(likelihood, GaussianPrecision):
-        check_choice("likelihood", likelihood, LIKELIHOODS)
     if theta.shape != (layout.num_parameters,):
         raise ValueError(f"Expected theta of shape ({layout.num_parameters},), "
                          f"but got {tuple(theta.shape)}.")
     return x, y
 
 
-def jacobian(theta: Tensor, x: Tensor, layout: Layout, act: Activation,
+def jacobian(theta: Tensor, x: Tensor, layout: Layout,
              layers: list[int] | None = None) -> tuple[Tensor, Tensor]:
     """Output ``f`` (N, K) and its Jacobian ``g = df/dtheta`` (N, K, P) at ``theta``.
 
     With ``layers`` given, only those layers' columns, concatenated in order.
     This is PRML's ``g = grad_w y(x, w)`` at ``w_MAP``, one row per output.
     """
-    return layout.jacobian(theta, x, act, layers)
+    return layout.jacobian(theta, x, layers)
 
 
-def _whitened_rows(theta, x, layout, act, likelihood, layers=None) -> Tensor:
+def _whitened_rows(theta, x, layout, likelihood, layers=None) -> Tensor:
     """(N K, P) the rows of ``R_n J_n`` (only ``layers``' columns, if given), so that
     ``rows^T rows = sum_n J_n^T Lambda_n J_n``."""
-    _, rows = layout.jacobian(theta, x, act, layers,
-                              whiten=lambda f: loss_whitening(f, likelihood))
+    _, rows = layout.jacobian(theta, x, layers,
+                              whiten=likelihood.hessian_root)
     return rows.flatten(0, 1)
 
 
-def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-                 likelihood: str = "gaussian", max_bytes: int = MAX_DENSE_BYTES,
+def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
+                 likelihood: Likelihood = GAUSSIAN, max_bytes: int = MAX_DENSE_BYTES,
                  chunk: int = CHUNK) -> Tensor:
     """(P, P) exact Hessian ``d^2 E / dtheta^2``: ``E`` is a sum over data points, so its
     Hessian is the sum of the Hessians of chunks of ``chunk`` points, each in one vectorised
@@ -285,41 +177,41 @@ def full_hessian(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activ
     because the forward mode of ``torch.func.hessian`` scripts decompositions with the
     deprecated ``torch.jit.script`` on first use). The vectorised call holds P copies of the
     chunk's activations, so the chunk, not ``N``, bounds the memory."""
-    x, y = _checked(theta, x, y, layout, likelihood)
+    x, y = _checked(theta, x, y, layout)
     check_dense_fits(theta.shape[0], theta.dtype, "hessian", max_bytes)
     theta = theta.detach()
     out = theta.new_zeros(theta.shape[0], theta.shape[0])
     for xc, yc in chunks(x, y, chunk):  # memory grows with the chunk, not N
 
         def energy(t: Tensor, xc: Tensor = xc, yc: Tensor = yc) -> Tensor:
-            return negative_log_likelihood(layout.output(t, xc, act), yc, likelihood)
+            return likelihood.negative_log_likelihood(layout.output(t, xc), yc)
 
         out += torch.func.jacrev(torch.func.jacrev(energy))(theta)
     return out
 
 
-def ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-        likelihood: str = "gaussian", max_bytes: int = MAX_DENSE_BYTES,
+def ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
+        likelihood: Likelihood = GAUSSIAN, max_bytes: int = MAX_DENSE_BYTES,
         chunk: int = CHUNK) -> Tensor:
     """(P, P) generalised Gauss-Newton ``sum_n J_n^T Lambda_n J_n``, in chunks of data points."""
-    x, y = _checked(theta, x, y, layout, likelihood)
+    x, y = _checked(theta, x, y, layout)
     check_dense_fits(theta.shape[0], theta.dtype, "ggn", max_bytes)
-    return _dense_ggn(theta, x, y, layout, act, likelihood, None, chunk)
+    return _dense_ggn(theta, x, y, layout, likelihood, None, chunk)
 
 
-def last_layer_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-                   likelihood: str = "gaussian", chunk: int = CHUNK) -> Tensor:
+def last_layer_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
+                   likelihood: Likelihood = GAUSSIAN, chunk: int = CHUNK) -> Tensor:
     """(p_L, p_L) the GGN block of the last layer's weights (the rest held at ``theta``)."""
-    x, y = _checked(theta, x, y, layout, likelihood)
-    return _dense_ggn(theta, x, y, layout, act, likelihood, [layout.num_layers - 1], chunk)
+    x, y = _checked(theta, x, y, layout)
+    return _dense_ggn(theta, x, y, layout, likelihood, [layout.num_layers - 1], chunk)
 
 
-def _dense_ggn(theta, x, y, layout, act, likelihood, layers, chunk) -> Tensor:
+def _dense_ggn(theta, x, y, layout, likelihood, layers, chunk) -> Tensor:
     size = sum(s.stop - s.start for i, s in enumerate(layout.layer_slices)
                if layers is None or i in layers)
     out = theta.new_zeros(size, size)
     for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
-        rows = _whitened_rows(theta, xc, layout, act, likelihood, layers)
+        rows = _whitened_rows(theta, xc, layout, likelihood, layers)
         out += rows.T @ rows
     return out
 
@@ -338,44 +230,45 @@ def subnetwork_indices(indices, num_parameters: int) -> Tensor:
     return out
 
 
-def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-                   likelihood: str = "gaussian", *, indices: Tensor,
+def subnetwork_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
+                   likelihood: Likelihood = GAUSSIAN, *, indices: Tensor,
                    chunk: int = CHUNK) -> Tensor:
     """(p_S, p_S) the GGN block ``sum_n J_{n,S}^T Lambda_n J_{n,S}`` of the weights
     ``theta[indices]`` (Daxberger et al. 2021, "Bayesian Deep Learning via Subnetwork
     Inference"), in chunks of data points."""
-    x, y = _checked(theta, x, y, layout, likelihood)
+    x, y = _checked(theta, x, y, layout)
     indices = subnetwork_indices(indices, layout.num_parameters).to(theta.device)
     out = theta.new_zeros(indices.numel(), indices.numel())
     for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
-        rows = _whitened_rows(theta, xc, layout, act, likelihood)[:, indices]
+        rows = _whitened_rows(theta, xc, layout, likelihood)[:, indices]
         out += rows.T @ rows
     return out
 
 
-def diagonal_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-                 likelihood: str = "gaussian", chunk: int = CHUNK) -> Tensor:
+def diagonal_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
+                 likelihood: Likelihood = GAUSSIAN, chunk: int = CHUNK) -> Tensor:
     """(P,) the diagonal of the GGN, ``sum_{n,k} (R_n J_n)_{k,i}^2``, in chunks of data
     points. Where every layer's Jacobian is an outer product ``a_n ⊗ J_{z,n}`` laid out
     as ``theta`` (``layout.outer_product_jacobian``: the MLP) that is
     ``sum_{n,k} a_{n,i}^2 (R_n J_{z,n})_{k,j}^2`` per layer, without forming ``J``;
     otherwise from ``J`` itself (``chunk K P`` numbers at a time)."""
-    x, y = _checked(theta, x, y, layout, likelihood)
+    x, y = _checked(theta, x, y, layout)
     out = theta.new_zeros(theta.shape[0])
     for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
         if layout.outer_product_jacobian:
-            f, parts = layout.layer_factors(theta, xc, act)
-            r = loss_whitening(f, likelihood)
+            f, parts = layout.layer_factors(theta, xc)
+            r = likelihood.hessian_root(f)
             out += torch.cat([torch.einsum("ni,nkj->ij", a[:, 0] ** 2,
                                            (r @ jz[:, :, 0]) ** 2).flatten()
                               for a, jz in parts])
         else:
-            out += (_whitened_rows(theta, xc, layout, act, likelihood) ** 2).sum(0)
+            out += (_whitened_rows(theta, xc, layout, likelihood) ** 2).sum(0)
     return out
 
 
-def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-             likelihood: str = "gaussian", chunk: int = CHUNK) -> list[tuple[Tensor, Tensor]]:
+def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
+             likelihood: Likelihood = GAUSSIAN, chunk: int = CHUNK
+             ) -> list[tuple[Tensor, Tensor]]:
     """Per layer the Kronecker factors ``(Q_l, G_l)`` with GGN block ``≈ Q_l ⊗ G_l`` (K-FAC),
     on the layer's weights in the order of ``layout.kron_indices``.
 
@@ -390,12 +283,12 @@ def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activatio
     :class:`~bnn_zoo.guides.layouts.ModuleLayout` with a layer other than ``nn.Linear``,
     ``nn.Conv1d`` or ``nn.Conv2d`` raises a ``ValueError`` naming it.
     """
-    x, y = _checked(theta, x, y, layout, likelihood)
+    x, y = _checked(theta, x, y, layout)
     factors: list[list[Tensor]] = []
     counts: list[int] = []
     for xc, _ in chunks(x, y, chunk):  # memory grows with the chunk, not N
-        f, parts = layout.layer_factors(theta, xc, act)
-        r = loss_whitening(f, likelihood)
+        f, parts = layout.layer_factors(theta, xc)
+        r = likelihood.hessian_root(f)
         if not factors:
             factors = [[theta.new_zeros(a.shape[-1], a.shape[-1]),
                         theta.new_zeros(jz.shape[-1], jz.shape[-1])] for a, jz in parts]

@@ -3,7 +3,8 @@ approximation's view of a net), for the zoo's MLP and for any torch module.
 
 A layout knows where each weight tensor sits in ``theta`` (P,), how the weights group
 into layers (for a prior precision per layer, the last layer, Kronecker factors), and
-evaluates the network and its Jacobians at a ``theta``. Two layouts share that interface,
+evaluates the network (with its own activation) and its Jacobians at a ``theta``. Two
+layouts share that interface,
 so the curvatures (:mod:`bnn_zoo.guides.curvature`), the precision blocks, the posterior,
 its guide and its predictive models work unchanged on both:
 
@@ -117,10 +118,11 @@ class ParameterLayout(_FlatWeights):
     Layer ``l``'s slice of ``theta`` is the row-major flattening of ``[W_l; b_l]``
     (d_in + 1, d_out), so with ``a = [h_{l-1}, 1]`` the pre-activation is
     ``z_l = a^T [W_l; b_l]`` and the Jacobian of the output in the layer's weights is the
-    outer product ``a ⊗ df/dz_l``.
+    outer product ``a ⊗ df/dz_l``. ``act`` is the MLP's hidden activation.
     """
 
     sites: tuple[tuple[str, tuple[int, ...]], ...]
+    act: Callable[[Tensor], Tensor] = field(repr=False)
     #: Every layer's Jacobian is ``a ⊗ J_z`` (one location), in the order of ``theta``.
     outer_product_jacobian = True
 
@@ -131,7 +133,7 @@ class ParameterLayout(_FlatWeights):
                 len(s) != 1 for _, s in sites[1::2]):
             raise ValueError("Expected model.sites to alternate weight (d_in, d_out) and bias "
                              f"(d_out,) tensors, but got {sites}.")
-        return cls(sites)
+        return cls(sites, model.act)
 
     @property
     def sizes(self) -> list[int]:
@@ -167,12 +169,11 @@ class ParameterLayout(_FlatWeights):
                              f"{tuple(x.shape)}.")
         return x
 
-    def output(self, theta: Tensor, x: Tensor, act: Callable[[Tensor], Tensor]) -> Tensor:
+    def output(self, theta: Tensor, x: Tensor) -> Tensor:
         """``f(x, theta)`` (*S, N, K) for ``theta`` (*S, P)."""
-        return mlp_forward(x, self.network(theta), act)
+        return mlp_forward(x, self.network(theta), self.act)
 
-    def layer_factors(self, theta: Tensor, x: Tensor, act: Callable[[Tensor], Tensor]
-                      ) -> tuple[Tensor, LayerFactors]:
+    def layer_factors(self, theta: Tensor, x: Tensor) -> tuple[Tensor, LayerFactors]:
         """Output ``f`` (N, K) and, per layer, its inputs ``a_l = [h_{l-1}, 1]``
         (N, 1, d_in + 1) and ``J_l[n, k, 0, j] = d f_nk / d z_l,nj`` (N, K, 1, d_out).
 
@@ -185,7 +186,7 @@ class ParameterLayout(_FlatWeights):
                 inputs.append(torch.cat([h, h.new_ones(h.shape[0], 1)], -1))
                 z = (h @ weight + bias).requires_grad_()
                 pre.append(z)
-                h = act(z) if i < len(net) - 1 else z
+                h = self.act(z) if i < len(net) - 1 else z
             f = h
             rows = [torch.autograd.grad(f[:, k].sum(), pre, retain_graph=k < f.shape[1] - 1)
                     for k in range(f.shape[1])]
@@ -193,13 +194,12 @@ class ParameterLayout(_FlatWeights):
         return f.detach(), [(a.detach().unsqueeze(1), j.unsqueeze(2))
                             for a, j in zip(inputs, jacs)]
 
-    def jacobian(self, theta: Tensor, x: Tensor, act: Callable[[Tensor], Tensor],
-                 layers: list[int] | None = None, whiten: Whitening | None = None
-                 ) -> tuple[Tensor, Tensor]:
+    def jacobian(self, theta: Tensor, x: Tensor, layers: list[int] | None = None,
+                 whiten: Whitening | None = None) -> tuple[Tensor, Tensor]:
         """Output ``f`` (N, K) and ``df/dtheta`` (N, K, P) (only ``layers``' columns, in
         order, if given; ``R(f) df/dtheta`` with ``whiten=R``, R (N, K', K)): the outer
         products ``a_l ⊗ R J_l`` of :meth:`layer_factors`, whitened before the product."""
-        f, parts = self.layer_factors(theta, x, act)
+        f, parts = self.layer_factors(theta, x)
         r = None if whiten is None else whiten(f)
         keep = range(self.num_layers) if layers is None else layers
         cols = []
@@ -280,18 +280,17 @@ class ModuleLayout(_FlatWeights):
             raise ValueError(f"Expected x of shape (N, ...), but got {tuple(x.shape)}.")
         return x
 
-    def output(self, theta: Tensor, x: Tensor, act: object = None) -> Tensor:
+    def output(self, theta: Tensor, x: Tensor) -> Tensor:
         """``f(x, theta)`` (*S, N, K) for ``theta`` (*S, P), all samples in one vectorised
-        call (``act`` is the MLP's and unused: the module has its own)."""
+        call."""
         if theta.dim() == 1:
             return self.call(self.unflatten(theta), x)
         flat = theta.reshape(-1, theta.shape[-1])
         f = vmap(lambda t: self.call(self.unflatten(t), x), randomness="different")(flat)
         return f.reshape(*theta.shape[:-1], *f.shape[1:])
 
-    def jacobian(self, theta: Tensor, x: Tensor, act: object = None,
-                 layers: list[int] | None = None, whiten: Whitening | None = None
-                 ) -> tuple[Tensor, Tensor]:
+    def jacobian(self, theta: Tensor, x: Tensor, layers: list[int] | None = None,
+                 whiten: Whitening | None = None) -> tuple[Tensor, Tensor]:
         """Output ``f`` (N, K) and ``df/dtheta`` (N, K, P) (only ``layers``' columns, in
         order, if given; ``R(f) df/dtheta`` with ``whiten=R``), by ``torch.func.jacrev`` of
         each point's output, ``vmap``-ed over the points: ``K`` backward passes of one
@@ -369,8 +368,7 @@ class ModuleLayout(_FlatWeights):
             out.append((index.flatten(), bias))
         return out
 
-    def layer_factors(self, theta: Tensor, x: Tensor, act: object = None
-                      ) -> tuple[Tensor, LayerFactors]:
+    def layer_factors(self, theta: Tensor, x: Tensor) -> tuple[Tensor, LayerFactors]:
         """Output ``f`` (N, K) and, per layer, its inputs ``a`` (N, L, D [+ 1]) and the
         output's Jacobian ``J_z`` (N, K, L, d_out) in its outputs at the ``L`` locations
         (see the module doc), captured by forward hooks on the layers (removed after):

@@ -288,8 +288,7 @@ class Laplace:
         model = build_model()
         if "source" in state:
             load_module_state(model, state["source"])
-        post = LaplacePosterior.from_state(state["laplace"], layout_of(model),
-                                           getattr(model, "act", None))
+        post = LaplacePosterior.from_state(state["laplace"], layout_of(model))
         guide = self.build_guide(model, x)
         load_module_state(guide, state["guide"])
         guide.set_posterior(post)

@@ -120,7 +120,9 @@ def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor,
     noise precision per output (``beta`` (D,)), ``beta_d = (N - gamma_d) / (2 E_d)``, where
     ``gamma_d = beta_d tr(A^-1 H_d)`` is the share of the effective parameters attributed
     to output ``d`` (the evidence's derivative in ``beta_d``, ``-E_d + N / (2 beta_d) -
-    tr(A^-1 H_d) / 2``, is zero there). A heteroscedastic likelihood keeps ``beta = 1``.
+    tr(A^-1 H_d) / 2``, is zero there): the likelihood's
+    :meth:`~bnn_zoo.models.likelihood.Likelihood.noise_update`, which keeps a fixed noise
+    (classification, heteroscedastic regression) at ``beta = 1``.
     Unbounded: the targets may be infinite or not positive (see :func:`bounded_step`).
     Sums run over the covered weights of each layer."""
     covered = post.covered_layers
@@ -131,13 +133,7 @@ def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor,
         alpha[covered] = gamma[covered] / sq[covered]
     else:
         alpha[covered] = gamma / sq[covered].sum()
-    beta = post.beta
-    if post.likelihood == "gaussian" and post.beta.dim():
-        points = post.num_outputs // post.beta.numel()
-        beta = (points - post.output_effective_parameters()) / (2 * post.energy)
-    elif post.likelihood == "gaussian":
-        beta = (post.num_outputs - gamma.sum()) / (2 * post.energy)
-    return alpha, beta
+    return alpha, post.likelihood.noise_update(post, gamma)
 
 
 def gradient_update(post: LaplacePosterior, per_layer: bool,
@@ -149,14 +145,14 @@ def gradient_update(post: LaplacePosterior, per_layer: bool,
     underflows (0 or infinite) has objective ``inf``: the line search steps back from it."""
     covered = post.covered_layers
     log_alpha = torch.log(post.alpha[covered] if per_layer else post.alpha[covered[:1]])
-    regression = post.likelihood == "gaussian"
-    start = torch.cat([log_alpha, torch.log(post.beta).reshape(-1)]) if regression else log_alpha
+    tuned = post.likelihood.tunes_noise
+    start = torch.cat([log_alpha, torch.log(post.beta).reshape(-1)]) if tuned else log_alpha
     k = log_alpha.numel()
 
     def hyperparameters(x: Tensor) -> tuple[Tensor, Tensor]:
         alpha = post.alpha.clone()
         alpha[covered] = x[:k].exp().expand(len(covered))
-        return alpha, x[k:].exp().reshape(post.beta.shape) if regression else post.beta
+        return alpha, x[k:].exp().reshape(post.beta.shape) if tuned else post.beta
 
     def objective_and_gradient(x: Tensor) -> tuple[Tensor, Tensor]:
         x = x.detach().requires_grad_()
@@ -224,7 +220,7 @@ def evidence_step(post: LaplacePosterior, settings: EvidenceSettings
     new_alpha, alpha_distance = bounded_step(post.alpha, target_alpha, *step)
     new_beta, beta_distance = bounded_step(post.beta, target_beta, *step)
     distance = float(alpha_distance.max())
-    if post.likelihood != "gaussian":
+    if not post.likelihood.tunes_noise:
         return new_alpha, post.beta, distance
     return new_alpha, new_beta, max(distance, float(beta_distance.max()))
 

@@ -31,22 +31,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.batches import Batches, first_inputs, num_points, num_targets, summed
-from bnn_zoo.core.checks import check_choice, check_data, check_positive, check_positive_int
+from bnn_zoo.core.batches import Batches, first_inputs, num_targets, summed
+from bnn_zoo.core.checks import check_data, check_positive, check_positive_int
 from bnn_zoo.core.lbfgs import minimize_lbfgs
-from bnn_zoo.guides.curvature import (
-    MAX_DENSE_BYTES,
-    Activation,
-    GaussianPrecision,
-    Likelihood,
-    check_curvature,
-    energy_and_gradient,
-    negative_log_likelihood,
-)
-from bnn_zoo.guides.laplace import INDEFINITE, Block, LaplacePosterior, curvature_blocks
-from bnn_zoo.guides.laplace.output_blocks import output_blocks
+from bnn_zoo.guides.curvature import MAX_DENSE_BYTES, energy_and_gradient
+from bnn_zoo.guides.laplace import Block, LaplacePosterior, Structure, curvature_structure
 from bnn_zoo.guides.layouts import Layout, layout_of
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings, checked, maximize_evidence
+from bnn_zoo.models.likelihood import (
+    Categorical,
+    Gaussian,
+    GaussianOutputs,
+    Heteroscedastic,
+    Likelihood,
+)
 from bnn_zoo.models.priors import GaussianPrior
 
 __all__ = ["CurvatureSettings", "laplace_posterior", "model_alpha", "model_likelihood",
@@ -59,7 +57,7 @@ class CurvatureSettings:
 
     Attributes
     ----------
-    curvature : one of :data:`~bnn_zoo.guides.curvature.CURVATURES`: ``"hessian"``
+    curvature : one of :data:`~bnn_zoo.guides.laplace.CURVATURES`: ``"hessian"``
         (exact), ``"ggn"`` (full GGN), ``"diag"``, ``"kron"`` (joint weight-and-bias
         factors), ``"kron_separate"`` (laplace-torch's separate weight and bias factors),
         ``"last_layer"``, ``"low_rank"`` or ``"subnetwork"``.
@@ -79,38 +77,38 @@ class CurvatureSettings:
     max_bytes: int = MAX_DENSE_BYTES
 
     def __post_init__(self) -> None:
-        check_curvature(self.curvature)
+        self.structure()  # the name, indefinite and the subnetwork checked
         check_positive_int("rank", self.rank)
-        if self.curvature == "subnetwork" and self.subnetwork is None:
-            raise ValueError("curvature='subnetwork' needs the subnetwork's weight indices; "
-                             "expected subnetwork=(...), but got None.")
-        check_choice("indefinite", self.indefinite, INDEFINITE)
         check_positive_int("max_bytes", self.max_bytes)
 
-    def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout, act: Activation,
-               likelihood: str) -> list[Block]:
+    def structure(self) -> Structure:
+        """The structure :attr:`curvature` names, with these options
+        (:func:`~bnn_zoo.guides.laplace.curvature_structure`)."""
+        return curvature_structure(self.curvature, indefinite=self.indefinite,
+                                   max_bytes=self.max_bytes, rank=self.rank,
+                                   subnetwork=self.subnetwork)
+
+    def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
+               likelihood: Likelihood) -> list[Block]:
         """The precision blocks of this curvature at ``theta`` (P,) on ``x`` (N, D), ``y``
-        (:func:`~bnn_zoo.guides.laplace.curvature_blocks`; for Gaussian targets (N, D), one
-        curvature per output, :func:`~bnn_zoo.guides.laplace.output_blocks.output_blocks`)."""
-        if likelihood == "gaussian" and y is not None and y.dim() == 2:
-            return output_blocks(self.curvature, theta, x, y, layout, act,
-                                 indefinite=self.indefinite, max_bytes=self.max_bytes,
-                                 rank=self.rank, subnetwork=self.subnetwork)
-        return curvature_blocks(self.curvature, theta, x, y, layout, act, likelihood,
-                                indefinite=self.indefinite, max_bytes=self.max_bytes,
-                                rank=self.rank, subnetwork=self.subnetwork)
+        (:meth:`~bnn_zoo.guides.laplace.Structure.blocks`; for a likelihood with a curvature
+        per output, :meth:`~bnn_zoo.guides.laplace.Structure.output_blocks`)."""
+        structure = self.structure()
+        if likelihood.per_output:
+            return structure.output_blocks(theta, x, y, layout)
+        return structure.blocks(theta, x, y, layout, likelihood)
 
 
 def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Layout,
-               act: Activation, likelihood: Likelihood, alpha: Tensor, beta: Tensor,
+               likelihood: Likelihood, alpha: Tensor, beta: Tensor,
                *, prior_mean: Tensor | None = None, max_iter: int = 500,
                rtol: float | None = None) -> Tensor:
     """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
     full-batch L-BFGS (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`: 50 pairs in compact form,
     strong Wolfe line search); ``alpha`` and the prior mean ``m`` are (P,) (``m`` zero by
-    default); a noise precision per output (``beta`` (D,)) is folded into the likelihood
-    (:class:`~bnn_zoo.guides.curvature.GaussianPrecision`), so that ``beta E_D`` reads
-    ``sum_d beta_d E_d``. Returns the new (P,) MAP.
+    default); the likelihood folds in the noise precision its energy carries
+    (:meth:`~bnn_zoo.models.likelihood.Likelihood.fold_noise`: one per output, ``beta``
+    (D,), so that ``beta E_D`` reads ``sum_d beta_d E_d``). Returns the new (P,) MAP.
 
     L-BFGS minimises that objective divided by ``n``, the number of observed numbers (the
     mean per observation: about ``(n - gamma) / (2 n) <= 1/2`` at the evidence optimum, so
@@ -138,15 +136,14 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
     check_positive("rtol", rtol)
     mean = torch.zeros_like(theta) if prior_mean is None else prior_mean
     count = num_targets(x, y)
-    if beta.dim():
-        likelihood, beta = GaussianPrecision(beta), beta.new_ones(())
+    likelihood, beta = likelihood.fold_noise(beta)
 
     def objective_and_gradient(t: Tensor) -> tuple[Tensor, Tensor]:
         """The objective over ``n`` and its gradient: the data term's by
         :func:`~bnn_zoo.guides.curvature.energy_and_gradient`, the prior's
         ``alpha (t - m) / n`` by hand."""
         energy, gradient = summed(
-            lambda xb, yb: energy_and_gradient(t, xb, yb, layout, act, likelihood), x, y)
+            lambda xb, yb: energy_and_gradient(t, xb, yb, layout, likelihood), x, y)
         scaled = alpha * (t - mean)
         objective = energy * (beta / count) + scaled.dot(t - mean) * (0.5 / count)
         return objective, gradient.mul_(beta / count).add_(scaled, alpha=1 / count)
@@ -157,13 +154,19 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
                           tolerance_change=max(eps, rtol * start)).x
 
 
-def model_likelihood(model) -> str:
-    """The likelihood of ``model`` as the curvatures name it: ``"categorical"`` for a
-    classifier, ``"heteroscedastic"`` for a regression model whose network gives each point
-    its own noise scale (``noise="heteroscedastic"``), ``"gaussian"`` otherwise."""
+def model_likelihood(model, targets: Tensor) -> Likelihood:
+    """The likelihood (:mod:`bnn_zoo.models.likelihood`) of ``model`` on ``targets``:
+    ``Categorical`` for a classifier, ``Heteroscedastic`` for a regression model whose
+    network gives each point its own noise scale (``noise="heteroscedastic"``; targets
+    (N,)), ``GaussianOutputs`` for targets (N, D), ``Gaussian`` otherwise."""
     if model.task != "regression":
-        return "categorical"
-    return "heteroscedastic" if getattr(model, "heteroscedastic", False) else "gaussian"
+        return Categorical()
+    if getattr(model, "heteroscedastic", False):
+        if targets.dim() != 1:
+            raise ValueError(f"Expected y of shape (N,) for a heteroscedastic model, but got "
+                             f"{tuple(targets.shape)}.")
+        return Heteroscedastic()
+    return GaussianOutputs(targets.shape[1]) if targets.dim() == 2 else Gaussian()
 
 
 def model_alpha(model) -> float | Tensor:
@@ -185,8 +188,7 @@ class _Problem:
     ``alpha`` and ``beta``."""
 
     layout: Layout
-    act: Activation
-    likelihood: str
+    likelihood: Likelihood
     x: Tensor | Batches
     y: Tensor | None
     prior_mean: Tensor
@@ -196,24 +198,21 @@ class _Problem:
     def posterior(self, theta: Tensor, alpha: Tensor, beta: Tensor) -> LaplacePosterior:
         """The posterior for ``alpha``, ``beta`` at ``theta`` refitted (``refine``), with a
         new curvature."""
-        layout, act, likelihood, x, y = self.layout, self.act, self.likelihood, self.x, self.y
+        layout, likelihood, x, y = self.layout, self.likelihood, self.x, self.y
         if self.refine:
             per_weight = alpha if alpha.numel() == layout.num_parameters \
                 else alpha[layout.layer_index(theta)]
-            theta = refine_map(theta, x, y, layout, act, likelihood, per_weight, beta,
+            theta = refine_map(theta, x, y, layout, likelihood, per_weight, beta,
                                prior_mean=self.prior_mean)
-        blocks = self.curvature.blocks(theta, x, y, layout, act, likelihood)
+        blocks = self.curvature.blocks(theta, x, y, layout, likelihood)
         with torch.no_grad():
 
             def energies(xb: Tensor, yb: Tensor) -> tuple[Tensor]:
-                f = layout.output(theta, xb, act)
-                return (0.5 * ((f - yb) ** 2).sum(0) if beta.dim() else
-                        negative_log_likelihood(f, yb, likelihood),)
+                return (likelihood.energy(layout.output(theta, xb), yb),)
 
             energy, = summed(energies, x, y)
-        num_outputs = num_targets(x, y) if likelihood == "gaussian" else num_points(x)
         return checked(LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
-                                        num_outputs, act, self.prior_mean))
+                                        likelihood.num_observed(x, y), self.prior_mean))
 
 
 def _prior_precision(model, alpha: Tensor | float | None, layout: Layout, tuned: bool,
@@ -241,21 +240,21 @@ def _prior_mean(prior_mean: Tensor | float, p: int, like: dict) -> Tensor:
     return mean.expand(p).clone()
 
 
-def _noise_precision(model, beta: Tensor | float | None, likelihood: str, y: Tensor | None,
+def _noise_precision(model, beta: Tensor | float | None, likelihood: Likelihood,
                      like: dict) -> Tensor:
     """``beta`` checked, a number or (D,) for Gaussian targets (N, D); ``None``: the model's
     noise precision (1 for a classifier and a heteroscedastic model)."""
     if beta is None:
-        beta = model.observation_scale().detach() ** -2 if likelihood == "gaussian" else 1.0
+        beta = likelihood.model_noise_precision(model)
     beta = torch.as_tensor(beta, **like).clone()
-    shape = (y.shape[1],) if likelihood == "gaussian" and y is not None and y.dim() == 2 else ()
+    shape = likelihood.noise_shape()
     if beta.numel() == 1 or beta.shape == shape:
         beta = beta.reshape(()).expand(shape).clone() if beta.numel() == 1 else beta
     else:
         raise ValueError(f"Expected beta as a number or one per output {shape}, but got shape "
                          f"{tuple(beta.shape)}.")
-    if likelihood != "gaussian" and float(beta) != 1.0:
-        raise ValueError(f"Expected beta == 1 for a {likelihood} likelihood (classification, "
+    if not likelihood.tunes_noise and float(beta) != 1.0:
+        raise ValueError(f"Expected beta == 1 for a {likelihood.name} likelihood (classification, "
                          f"or the network's own noise), but got {float(beta)}.")
     if not bool((beta > 0).all()) or not bool(torch.isfinite(beta).all()):
         raise ValueError(f"Expected beta > 0, but got {beta.tolist()}.")
@@ -293,20 +292,17 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
     p = layout.num_parameters
     if theta.shape != (p,):
         raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
-    likelihood = model_likelihood(model)
     targets = y if y is not None else x.first[1]  # a loader's: its first batch's
-    if likelihood == "heteroscedastic" and targets.dim() != 1:
-        raise ValueError(f"Expected y of shape (N,) for a heteroscedastic model, but got "
-                         f"{tuple(targets.shape)}.")
+    likelihood = model_likelihood(model, targets)
     if y is None and targets.dim() == 2:
         raise ValueError("Laplace on targets (N, D) holds one curvature per output, summed "
                          "over tensors in memory: expected x and y as tensors, not a loader.")
     like = dict(dtype=first_inputs(x).dtype, device=first_inputs(x).device)
     alpha = _prior_precision(model, alpha, layout, evidence.evidence is not None, like)
     evidence = evidence.for_task(model.task)
-    problem = _Problem(layout, getattr(model, "act", None), likelihood, x, y,
-                       _prior_mean(prior_mean, p, like), curvature, evidence.refine)
-    beta = _noise_precision(model, beta, likelihood, y, like)
+    problem = _Problem(layout, likelihood, x, y, _prior_mean(prior_mean, p, like), curvature,
+                       evidence.refine)
+    beta = _noise_precision(model, beta, likelihood, like)
     post = problem.posterior(theta.detach().to(**like), alpha, beta)
     if evidence.evidence is None:
         return post

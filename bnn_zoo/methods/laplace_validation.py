@@ -114,7 +114,7 @@ def tune_on_held_out(post: LaplacePosterior, x: Tensor, y: Tensor,
     ``(x, y)`` the highest mean log-likelihood (the first of equals), and the
     ``(alpha factor, beta factor, log-likelihood)`` of every pair tried. The blocks of the
     returned posterior keep no factorisation of the candidates."""
-    beta_grid = settings.beta_grid if post.likelihood == "gaussian" else (1.0,)
+    beta_grid = settings.beta_grid if post.likelihood.tunes_noise else (1.0,)
     scores = []
     for factor in settings.grid:
         for beta_factor in beta_grid:
@@ -125,4 +125,4 @@ def tune_on_held_out(post: LaplacePosterior, x: Tensor, y: Tensor,
     factor, beta_factor, _ = scores[best]
     tuned = replace(post, alpha=post.alpha * factor, beta=post.beta * beta_factor)
     # Rebuilt from its state: blocks without the factors the grid kept, as a loaded fit's.
-    return LaplacePosterior.from_state(tuned.state_dict(), tuned.layout, tuned.act), scores
+    return LaplacePosterior.from_state(tuned.state_dict(), tuned.layout), scores

@@ -3,8 +3,11 @@ its precision structures, the posterior with its closed-form GLM predictive, the
 and the predictive Pyro models. Fitting (MAP, curvature, evidence) is the method
 :class:`bnn_zoo.methods.laplace.Laplace`."""
 
+from bnn_zoo.guides.laplace.blocks import CURVATURES as CURVATURES
+from bnn_zoo.guides.laplace.blocks import STRUCTURES as STRUCTURES
 from bnn_zoo.guides.laplace.blocks import Block as Block
-from bnn_zoo.guides.laplace.blocks import curvature_blocks as curvature_blocks
+from bnn_zoo.guides.laplace.blocks import Structure as Structure
+from bnn_zoo.guides.laplace.blocks import curvature_structure as curvature_structure
 from bnn_zoo.guides.laplace.dense_blocks import INDEFINITE as INDEFINITE
 from bnn_zoo.guides.laplace.dense_blocks import DenseBlock as DenseBlock
 from bnn_zoo.guides.laplace.dense_blocks import DiagBlock as DiagBlock
@@ -19,6 +22,6 @@ from bnn_zoo.guides.laplace.linearized import NonlinearModel as NonlinearModel
 from bnn_zoo.guides.laplace.posterior import LINKS as LINKS
 from bnn_zoo.guides.laplace.posterior import LaplacePosterior as LaplacePosterior
 
-__all__ = ["INDEFINITE", "LINKS", "Block", "DenseBlock", "DiagBlock", "KronBlock", "LaplaceGuide",
-           "LaplacePosterior", "LinearizedModel", "LowRankBlock", "NonlinearModel",
-           "NotPositiveDefiniteError", "curvature_blocks"]
+__all__ = ["CURVATURES", "INDEFINITE", "LINKS", "STRUCTURES", "Block", "DenseBlock", "DiagBlock",
+           "KronBlock", "LaplaceGuide", "LaplacePosterior", "LinearizedModel", "LowRankBlock",
+           "NonlinearModel", "NotPositiveDefiniteError", "Structure", "curvature_structure"]

@@ -18,6 +18,13 @@ and :class:`~bnn_zoo.guides.laplace.dense_blocks.DiagBlock`, are in
 :class:`~bnn_zoo.guides.laplace.factored_blocks.LowRankBlock`, in
 :mod:`~bnn_zoo.guides.laplace.factored_blocks`.
 
+Each structure of the curvature is one :class:`Structure` class, registered by its name
+in :data:`STRUCTURES`: it builds the blocks of its curvature for one likelihood
+(:meth:`Structure.blocks`) and, for a Gaussian with a noise precision per output, the
+:class:`~bnn_zoo.guides.laplace.output_blocks.OutputBlock` s of each output's curvature
+(:meth:`Structure.output_blocks`). A new structure is one class and one line in
+:data:`STRUCTURES`; :func:`curvature_structure` turns a name into its structure.
+
 A block's ``index`` is a slice of ``theta``, or for ``subnetwork`` an int64 tensor of
 positions. Memory for ``p`` weights: :class:`DenseBlock` ``p^2`` (``hessian``, ``ggn``,
 ``last_layer``, ``subnetwork``; ``kron_separate``'s bias blocks), :class:`LowRankBlock`
@@ -36,13 +43,16 @@ one of ``d_in^2 + d_out^2`` per layer's weight matrix).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice
 from bnn_zoo.guides.curvature import (
     MAX_DENSE_BYTES,
-    Activation,
-    check_curvature,
     diagonal_ggn,
     full_hessian,
     ggn,
@@ -55,12 +65,18 @@ from bnn_zoo.guides.laplace.dense_blocks import INDEFINITE, DenseBlock, DiagBloc
 from bnn_zoo.guides.laplace.factored_blocks import KronBlock, LowRankBlock
 from bnn_zoo.guides.laplace.output_blocks import OutputBlock
 from bnn_zoo.guides.layouts import Layout
+from bnn_zoo.models.likelihood import GaussianPrecision, Likelihood
 
-__all__ = ["Block", "block_from_state", "curvature_blocks"]
+__all__ = ["CURVATURES", "OUTPUT_CURVATURES", "STRUCTURES", "Block", "Diag", "Ggn", "Hessian",
+           "Kron", "KronSeparate", "LastLayer", "LowRank", "Structure", "Subnetwork",
+           "block_from_state", "check_curvature", "curvature_structure"]
 
 Block = DenseBlock | DiagBlock | KronBlock | LowRankBlock | OutputBlock
 _KINDS = {cls.kind: cls for cls in (DenseBlock, DiagBlock, KronBlock, LowRankBlock,
                                     OutputBlock)}
+#: The arguments of a curvature function: ``theta``, ``x``, ``y``, the layout and the
+#: likelihood.
+CurvatureArgs = tuple[Tensor, Tensor, Tensor, Layout, Likelihood]
 
 
 def block_from_state(state: dict) -> Block:
@@ -80,33 +96,190 @@ def _split_bias(index: slice | Tensor, d_out: int) -> tuple[slice | Tensor, slic
     return index[:-d_out], index[-d_out:]
 
 
-def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
-                     layout: Layout, act: Activation, likelihood: str,
-                     *, indefinite: str = "raise", max_bytes: int = MAX_DENSE_BYTES,
-                     rank: int = 10, subnetwork: Tensor | None = None) -> list[Block]:
-    """The blocks of ``curvature`` (one of :data:`~bnn_zoo.guides.curvature.CURVATURES`) at
-    ``theta`` (P,) on data ``x`` (N, D), ``y`` (N,); ``rank`` is the number of
-    eigenpairs ``low_rank`` keeps, ``subnetwork`` the weights ``subnetwork`` covers."""
-    check_curvature(curvature)
-    check_choice("indefinite", indefinite, INDEFINITE)
-    everything = slice(0, layout.num_parameters)
-    args = (theta, x, y, layout, act, likelihood)
-    if curvature == "hessian":
-        return [DenseBlock.from_hessian(everything, full_hessian(*args, max_bytes=max_bytes),
-                                        indefinite)]
-    # A GGN is positive semi-definite in exact arithmetic; where even jitter does not
-    # absorb the round-off negatives of a float32 GGN times a large beta, the projection
-    # removes them.
-    if curvature == "ggn":
-        return [DenseBlock.from_hessian(everything, ggn(*args, max_bytes=max_bytes), "clip")]
-    if curvature == "diag":
-        return [DiagBlock(everything, diagonal_ggn(*args))]
-    if curvature == "kron":
+@dataclass(frozen=True, eq=False)
+class Structure:
+    """A structure of the curvature ``H`` of the Laplace precision, with the options its
+    blocks take: ``indefinite`` (``"raise"`` or ``"clip"``, for an indefinite exact
+    Hessian), ``max_bytes`` (the largest dense ``P x P`` matrix), ``rank`` (the eigenpairs
+    ``low_rank`` keeps) and ``subnetwork`` (the weights ``subnetwork`` covers)."""
+
+    #: The name the structure is chosen by (:data:`CURVATURES`).
+    name: ClassVar[str]
+    #: Whether it holds each output's curvature apart (:meth:`output_blocks`).
+    per_output: ClassVar[bool] = True
+
+    indefinite: str = "raise"
+    max_bytes: int = MAX_DENSE_BYTES
+    rank: int = 10
+    subnetwork: Sequence[int] | Tensor | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("indefinite", self.indefinite, INDEFINITE)
+
+    def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
+               likelihood: Likelihood) -> list[Block]:
+        """The blocks of this curvature at ``theta`` (P,) on data ``x`` (N, D), ``y``."""
+        raise NotImplementedError
+
+    def output_blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout
+                      ) -> list[OutputBlock]:
+        """The :class:`OutputBlock` s of this curvature at ``theta`` (P,) on ``x`` (N, ...)
+        and targets ``y`` (N, D): each output's curvature ``H_d`` computed alone, under a
+        :class:`~bnn_zoo.models.likelihood.GaussianPrecision` of its indicator."""
+        check_choice("curvature (for D outputs with a noise precision each)", self.name,
+                     OUTPUT_CURVATURES)
+        eye = torch.eye(y.shape[-1], dtype=theta.dtype, device=theta.device)
+        return self._output_blocks([(theta, x, y, layout, GaussianPrecision(e))
+                                    for e in eye])
+
+    def _output_blocks(self, units: list[CurvatureArgs]) -> list[OutputBlock]:
+        raise NotImplementedError
+
+
+class _Dense(Structure):
+    """A structure of one block: the matrix :meth:`matrix` on the weights :meth:`index`,
+    held dense (or as :meth:`block` makes it)."""
+
+    #: The structure of an :class:`OutputBlock`'s sum of the outputs' matrices.
+    inner: ClassVar[str] = "dense"
+
+    def index(self, theta: Tensor, layout: Layout) -> slice | Tensor:
+        """The weights the block covers: all of them."""
+        return slice(0, layout.num_parameters)
+
+    def matrix(self, args: CurvatureArgs, index: slice | Tensor) -> Tensor:
+        """The curvature on the weights ``index``."""
+        raise NotImplementedError
+
+    def block(self, index: slice | Tensor, matrix: Tensor) -> Block:
+        """The block of ``matrix``. A GGN is positive semi-definite in exact arithmetic;
+        where even jitter does not absorb the round-off negatives of a float32 GGN times a
+        large ``beta``, the projection removes them."""
+        return DenseBlock.from_hessian(index, matrix, "clip")
+
+    def output_indefinite(self) -> str:
+        """What an :class:`OutputBlock` does with an indefinite sum: clip."""
+        return "clip"
+
+    def blocks(self, theta, x, y, layout, likelihood):
+        index = self.index(theta, layout)
+        return [self.block(index, self.matrix((theta, x, y, layout, likelihood), index))]
+
+    def _output_blocks(self, units: list[CurvatureArgs]) -> list[OutputBlock]:
+        theta, layout = units[0][0], units[0][3]
+        index = self.index(theta, layout)
+        parts = [self.matrix(args, index) for args in units]
+        return [OutputBlock(index, self.inner, torch.stack(parts), rank=self.rank,
+                            indefinite=self.output_indefinite())]
+
+
+class Hessian(_Dense):
+    """The exact Hessian ``d^2 E / dtheta^2``, dense (P^2 memory)."""
+
+    name = "hessian"
+
+    def matrix(self, args, index):
+        return full_hessian(*args, max_bytes=self.max_bytes)
+
+    def block(self, index, matrix):
+        return DenseBlock.from_hessian(index, matrix, self.indefinite)
+
+    def output_indefinite(self) -> str:
+        return self.indefinite
+
+
+class Ggn(_Dense):
+    """The full generalised Gauss-Newton ``sum_n J_n^T Lambda_n J_n``, dense (P^2 memory)."""
+
+    name = "ggn"
+
+    def matrix(self, args, index):
+        return ggn(*args, max_bytes=self.max_bytes)
+
+
+class LowRank(Ggn):
+    """The top ``rank`` eigenpairs of the GGN (P rank memory, P^2 to build)."""
+
+    name = "low_rank"
+    inner = "low_rank"
+
+    def block(self, index, matrix):
+        return LowRankBlock.from_hessian(index, matrix, self.rank)
+
+
+class LastLayer(_Dense):
+    """The GGN of the last layer's weights, the others at the MAP (p_L^2 memory)."""
+
+    name = "last_layer"
+
+    def index(self, theta, layout):
+        return layout.layer_slices[-1]
+
+    def matrix(self, args, index):
+        return last_layer_ggn(*args)
+
+
+class Subnetwork(_Dense):
+    """The GGN of the weights ``subnetwork``, the others at the MAP (p_S^2 memory)."""
+
+    name = "subnetwork"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.subnetwork is None:
+            raise ValueError("curvature='subnetwork' needs the subnetwork's weight indices; "
+                             "expected subnetwork=(...), but got None.")
+
+    def index(self, theta, layout):
+        return subnetwork_indices(self.subnetwork, layout.num_parameters).to(theta.device)
+
+    def matrix(self, args, index):
+        return subnetwork_ggn(*args, indices=index)
+
+
+class Diag(Structure):
+    """The diagonal of the GGN (P memory)."""
+
+    name = "diag"
+
+    def blocks(self, theta, x, y, layout, likelihood):
+        args = (theta, x, y, layout, likelihood)
+        return [DiagBlock(slice(0, layout.num_parameters), diagonal_ggn(*args))]
+
+    def _output_blocks(self, units):
+        everything = slice(0, units[0][3].num_parameters)
+        return [OutputBlock(everything, "diag", torch.stack([diagonal_ggn(*a) for a in units]))]
+
+
+class Kron(Structure):
+    """K-FAC per layer on the joint ``[W; b]`` (``(d_in + 1)^2 + d_out^2`` per layer)."""
+
+    name = "kron"
+
+    def blocks(self, theta, x, y, layout, likelihood):
         return [KronBlock.from_factors(index, q, g)
-                for (index, _), (q, g) in zip(layout.kron_indices(theta), kron_ggn(*args))]
-    if curvature == "kron_separate":
+                for (index, _), (q, g) in zip(layout.kron_indices(theta),
+                                              kron_ggn(theta, x, y, layout, likelihood))]
+
+    def _output_blocks(self, units):
+        theta, layout = units[0][0], units[0][3]
+        per_output = [kron_ggn(*args) for args in units]
+        return [OutputBlock(index, "kron", torch.stack([factors[i][1] for factors in per_output]),
+                            q=per_output[0][i][0])
+                for i, (index, _) in enumerate(layout.kron_indices(theta))]
+
+
+class KronSeparate(Structure):
+    """K-FAC per layer on ``W``, the exact ``sum_n G_n`` on ``b``, no weight-bias cross
+    terms (laplace-torch's ``kron``; ``d_in^2 + 2 d_out^2`` per layer)."""
+
+    name = "kron_separate"
+    per_output = False
+
+    def blocks(self, theta, x, y, layout, likelihood):
         blocks: list[Block] = []
-        for (index, bias), (q, g) in zip(layout.kron_indices(theta), kron_ggn(*args)):
+        for (index, bias), (q, g) in zip(layout.kron_indices(theta),
+                                         kron_ggn(theta, x, y, layout, likelihood)):
             if not bias:
                 blocks.append(KronBlock.from_factors(index, q, g))
                 continue
@@ -114,12 +287,31 @@ def curvature_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor,
             blocks.append(KronBlock.from_factors(weights, q[:-1, :-1], g))
             blocks.append(DenseBlock.from_hessian(biases, g, "clip"))
         return blocks
-    if curvature == "low_rank":
-        return [LowRankBlock.from_hessian(everything, ggn(*args, max_bytes=max_bytes), rank)]
-    if curvature == "subnetwork":
-        if subnetwork is None:
-            raise ValueError("curvature='subnetwork' needs the subnetwork's weight indices; "
-                             "expected subnetwork=[...], but got None.")
-        index = subnetwork_indices(subnetwork, layout.num_parameters).to(theta.device)
-        return [DenseBlock.from_hessian(index, subnetwork_ggn(*args, indices=index), "clip")]
-    return [DenseBlock.from_hessian(layout.layer_slices[-1], last_layer_ggn(*args), "clip")]
+
+
+#: The structures by name: a new structure is one class and one line here.
+STRUCTURES: dict[str, type[Structure]] = {
+    cls.name: cls for cls in (Hessian, Ggn, Diag, Kron, KronSeparate, LastLayer, LowRank,
+                              Subnetwork)}
+CURVATURES = tuple(STRUCTURES)
+#: The structures a D-output Gaussian likelihood with a precision per output supports.
+OUTPUT_CURVATURES = tuple(name for name, cls in STRUCTURES.items() if cls.per_output)
+
+
+def check_curvature(curvature: str) -> None:
+    """Refuse a ``curvature`` outside :data:`CURVATURES`; ``"full"``, which could mean the
+    exact Hessian or laplace-torch's ``"full"`` (the GGN), is refused with both names."""
+    if curvature == "full":
+        raise ValueError("curvature='full' is ambiguous: the exact Hessian is "
+                         "curvature='hessian', and the full GGN (laplace-torch's 'full') is "
+                         "curvature='ggn'.")
+    check_choice("curvature", curvature, CURVATURES)
+
+
+def curvature_structure(curvature: str, *, indefinite: str = "raise",
+                        max_bytes: int = MAX_DENSE_BYTES, rank: int = 10,
+                        subnetwork: Sequence[int] | Tensor | None = None) -> Structure:
+    """The structure named ``curvature`` (one of :data:`CURVATURES`) with its options."""
+    check_curvature(curvature)
+    return STRUCTURES[curvature](indefinite=indefinite, max_bytes=max_bytes, rank=rank,
+                                 subnetwork=subnetwork)

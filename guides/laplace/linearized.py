@@ -34,7 +34,6 @@ from pyro.nn import PyroModule
 from torch import Tensor
 
 from bnn_zoo.guides.laplace.posterior import LaplacePosterior
-from bnn_zoo.models.likelihood import observe
 from bnn_zoo.models.mlp import drop_plate_dim
 
 __all__ = ["LinearizedModel", "NonlinearModel"]
@@ -61,9 +60,8 @@ class _PosteriorModel(PyroModule):
             prior = dist.Normal(means[name], scales[name]).to_event(len(shape))
             values[name] = drop_plate_dim(pyro.sample(name, prior), len(shape))
         theta = layout.flatten(values)
-        return observe(x, y, lambda inputs: self.network(inputs, theta),
-                       regression=post.likelihood != "categorical", noise_scale=post.beta.rsqrt,
-                       heteroscedastic=post.likelihood == "heteroscedastic")
+        return post.likelihood.observe(x, y, lambda inputs: self.network(inputs, theta),
+                                       post.beta)
 
 
 class LinearizedModel(_PosteriorModel):
@@ -78,7 +76,7 @@ class LinearizedModel(_PosteriorModel):
         post = self.posterior
 
         def output(t: Tensor) -> Tensor:
-            return post.layout.output(t, x, post.act)
+            return post.layout.output(t, x)
 
         def tangent(delta: Tensor) -> Tensor:
             return torch.func.jvp(output, (post.theta,), (delta,))[1]
@@ -100,4 +98,4 @@ class NonlinearModel(_PosteriorModel):
 
     def network(self, x: Tensor, theta: Tensor) -> Tensor:
         """``f(x, theta)`` (*S, N, K) for ``theta`` (*S, P)."""
-        return self.posterior.layout.output(theta, x, self.posterior.act)
+        return self.posterior.layout.output(theta, x)

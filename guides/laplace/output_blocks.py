@@ -4,7 +4,7 @@ with PRML 3.5's evidence read per output).
 
 The GGN of ``E = 1/2 sum_{n,d} beta_d (f_nd - t_nd)^2`` is ``sum_n J_n^T diag(beta) J_n =
 sum_d beta_d H_d`` with ``H_d = sum_n J_{n,d}^T J_{n,d}`` the curvature of output ``d``
-alone (:class:`~bnn_zoo.guides.curvature.GaussianPrecision` with ``beta = e_d``), and the
+alone (:class:`~bnn_zoo.models.likelihood.GaussianPrecision` with ``beta = e_d``), and the
 precision is
 
 .. math::  A(\\alpha, \\beta) = \\mathrm{diag}(\\alpha) + \\sum_d \\beta_d H_d.
@@ -27,27 +27,12 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice
-from bnn_zoo.guides.curvature import (
-    MAX_DENSE_BYTES,
-    Activation,
-    GaussianPrecision,
-    diagonal_ggn,
-    full_hessian,
-    ggn,
-    kron_ggn,
-    last_layer_ggn,
-    subnetwork_ggn,
-    subnetwork_indices,
-)
 from bnn_zoo.guides.laplace.block_base import index_from, index_state
 from bnn_zoo.guides.laplace.dense_blocks import DenseBlock, DiagBlock
 from bnn_zoo.guides.laplace.factored_blocks import KronBlock, LowRankBlock
-from bnn_zoo.guides.layouts import Layout
 
-__all__ = ["OUTPUT_CURVATURES", "OutputBlock", "output_blocks", "output_effective_parameters"]
+__all__ = ["OutputBlock", "output_effective_parameters"]
 
-#: The curvatures a D-output Gaussian likelihood with a precision per output supports.
-OUTPUT_CURVATURES = ("hessian", "ggn", "diag", "kron", "last_layer", "low_rank", "subnetwork")
 _INNER = ("dense", "diag", "kron", "low_rank")
 
 
@@ -135,36 +120,3 @@ def output_effective_parameters(blocks: list, alpha: Tensor, beta: Tensor) -> Te
         b = beta.detach().requires_grad_()
         log_det = sum(block.log_det(alpha[block.index].detach(), b) for block in blocks)
         return b.detach() * torch.autograd.grad(log_det, b)[0]
-
-
-def output_blocks(curvature: str, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
-                  act: Activation, *, indefinite: str = "raise",
-                  max_bytes: int = MAX_DENSE_BYTES, rank: int = 10,
-                  subnetwork: Tensor | None = None) -> list[OutputBlock]:
-    """The :class:`OutputBlock` s of ``curvature`` at ``theta`` (P,) on ``x`` (N, ...) and
-    targets ``y`` (N, D): each output's curvature ``H_d`` computed alone. ``kron_separate``
-    is refused by name."""
-    check_choice("curvature (for D outputs with a noise precision each)", curvature,
-                 OUTPUT_CURVATURES)
-    eye = torch.eye(y.shape[-1], dtype=theta.dtype, device=theta.device)
-    units = [(theta, x, y, layout, act, GaussianPrecision(e)) for e in eye]
-    everything = slice(0, layout.num_parameters)
-    if curvature == "kron":
-        per_output = [kron_ggn(*args) for args in units]
-        return [OutputBlock(index, "kron", torch.stack([factors[i][1] for factors in per_output]),
-                            q=per_output[0][i][0])
-                for i, (index, _) in enumerate(layout.kron_indices(theta))]
-    if curvature == "diag":
-        return [OutputBlock(everything, "diag", torch.stack([diagonal_ggn(*a) for a in units]))]
-    if curvature == "subnetwork":
-        index = subnetwork_indices(subnetwork, layout.num_parameters).to(theta.device)
-        parts = [subnetwork_ggn(*a, indices=index) for a in units]
-    elif curvature == "last_layer":
-        index, parts = layout.layer_slices[-1], [last_layer_ggn(*a) for a in units]
-    elif curvature == "hessian":
-        index, parts = everything, [full_hessian(*a, max_bytes=max_bytes) for a in units]
-    else:
-        index, parts = everything, [ggn(*a, max_bytes=max_bytes) for a in units]
-    inner = "low_rank" if curvature == "low_rank" else "dense"
-    return [OutputBlock(index, inner, torch.stack(parts), rank=rank,
-                        indefinite=indefinite if curvature == "hessian" else "clip")]

@@ -44,23 +44,22 @@ D/2 log(2 pi)`` in place of ``-beta E_D + N/2 log beta - N/2 log(2 pi)``. The GL
 predictive is ``N(f, diag(1/beta) + J A^-1 J^T)``, of which the metrics need each
 output's marginal ``N(f_d, 1/beta_d + g_d^T A^-1 g_d)``.
 
-Heteroscedastic regression (``likelihood="heteroscedastic"``: the network's outputs are
-the mean ``mu`` and the raw scale ``s`` of ``sigma = softplus(s) + MIN_SCALE``) has
-``beta = 1`` (the noise is the network's), ``H`` the GGN with the Fisher of ``N(mu,
-sigma^2)`` in ``(mu, s)`` (:mod:`bnn_zoo.guides.curvature`), ``E_D = sum_n (y_n -
-mu_n)^2 / (2 sigma_n^2) + log sigma_n`` and the evidence ``-E_D - alpha/2 ||w||^2 - 1/2
-log|A| + W/2 log alpha - N/2 log(2 pi)``. Its GLM predictive linearises the mean head
-and plugs in the scale head at the MAP: ``N(mu(x), sigma(x)^2 + g_mu^T A^-1 g_mu)``,
-the epistemic variance of the mean plus the aleatoric variance as in Kendall & Gal
-2017 ("What Uncertainties Do We Need in Bayesian Deep Learning for Computer Vision?",
-eq. 9), with ``sigma(x)`` at the MAP rather than averaged over the posterior: the scale
-head's own uncertainty is left out of the closed form (the Pyro model
+Heteroscedastic regression (:class:`~bnn_zoo.models.likelihood.Heteroscedastic`: the
+network's outputs are the mean ``mu`` and the raw scale ``s`` of ``sigma = softplus(s) +
+MIN_SCALE``) has ``beta = 1`` (the noise is the network's), ``H`` the GGN with the Fisher
+of ``N(mu, sigma^2)`` in ``(mu, s)``, ``E_D = sum_n (y_n - mu_n)^2 / (2 sigma_n^2) + log
+sigma_n`` and the evidence ``-E_D - alpha/2 ||w||^2 - 1/2 log|A| + W/2 log alpha - N/2
+log(2 pi)``. Its GLM predictive linearises the mean head and plugs in the scale head at
+the MAP: ``N(mu(x), sigma(x)^2 + g_mu^T A^-1 g_mu)``, with ``sigma(x)`` at the MAP rather
+than averaged over the posterior (the Pyro model
 :class:`~bnn_zoo.guides.laplace.LinearizedModel` samples both heads linearised).
+
+Each of these is one :class:`~bnn_zoo.models.likelihood.Likelihood` object, which gives
+the posterior its evidence's data terms and its GLM predictive.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -68,13 +67,12 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data, check_positive_int
-from bnn_zoo.core.linalg import cholesky_with_jitter, symmetric_eigh
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.guides.curvature import Activation, check_dense_fits, jacobian
+from bnn_zoo.guides.curvature import check_dense_fits, jacobian
 from bnn_zoo.guides.laplace.blocks import Block, block_from_state
 from bnn_zoo.guides.laplace.output_blocks import output_effective_parameters
 from bnn_zoo.guides.layouts import Layout
-from bnn_zoo.models.likelihood import heteroscedastic_scale
+from bnn_zoo.models.likelihood import Likelihood, laplace_likelihood
 
 __all__ = ["LINKS", "LaplacePosterior"]
 
@@ -98,12 +96,11 @@ class LaplacePosterior:
     beta : noise precision (1 for classification and heteroscedastic regression), or (D,)
         one per output for regression on targets (N, D) (then ``blocks`` are
         :class:`~bnn_zoo.guides.laplace.output_blocks.OutputBlock` s).
-    likelihood : ``"gaussian"``, ``"heteroscedastic"`` or ``"categorical"``.
+    likelihood : the likelihood of the outputs (:mod:`bnn_zoo.models.likelihood`).
     energy : ``E_D(theta)``, the unit-precision negative log-likelihood at the MAP ((D,),
         one per output, with ``beta`` (D,)).
     num_outputs : ``N K``, the number of observed numbers (regression: ``N``, or ``N D``
         for D outputs).
-    act : hidden activation of an MLP (``None`` for a torch module, which has its own).
     prior_mean : (P,) prior mean ``m`` (zeros by default).
     history : ``(alpha, beta, log evidence)`` after each refit of the evidence loop.
     converged : whether the evidence loop converged (``None`` without evidence tuning).
@@ -115,10 +112,9 @@ class LaplacePosterior:
     blocks: list[Block]
     alpha: Tensor
     beta: Tensor
-    likelihood: str
+    likelihood: Likelihood
     energy: Tensor
     num_outputs: int
-    act: Activation = field(repr=False)
     prior_mean: Tensor | None = None
     history: list[tuple[list[float], float | list[float], float]] = field(
         default_factory=list)
@@ -137,27 +133,28 @@ class LaplacePosterior:
                              f"{tuple(self.prior_mean.shape)}.")
 
     def state_dict(self) -> dict:
-        """Everything but ``layout`` and ``act`` (the model's), as tensors and plain data:
+        """Everything but ``layout`` (the model's), as tensors and plain data:
         :meth:`from_state` rebuilds this posterior from it without the training data."""
         return {"theta": self.theta, "alpha": self.alpha, "beta": self.beta,
-                "likelihood": self.likelihood, "energy": self.energy,
+                "likelihood": self.likelihood.name, "energy": self.energy,
                 "num_outputs": self.num_outputs, "prior_mean": self.prior_mean,
                 "blocks": [block.state_dict() for block in self.blocks],
                 "history": [(list(a), b, e) for a, b, e in self.history],
                 "converged": self.converged, "iterations": self.iterations}
 
     @classmethod
-    def from_state(cls, state: dict, layout: Layout, act: Activation) -> LaplacePosterior:
-        """The posterior of :meth:`state_dict` on the network ``layout`` with activation
-        ``act`` (both from the model the posterior was fitted to)."""
+    def from_state(cls, state: dict, layout: Layout) -> LaplacePosterior:
+        """The posterior of :meth:`state_dict` on the network ``layout`` (the model's the
+        posterior was fitted to)."""
         theta = state["theta"]
         if theta.shape != (layout.num_parameters,):
             raise ValueError(f"Expected a saved MAP of shape ({layout.num_parameters},) for "
                              f"the network {layout.description}, but got {tuple(theta.shape)}.")
         blocks = [block_from_state(block) for block in state["blocks"]]
         history = [(list(a), b, e) for a, b, e in state["history"]]  # b: a list for D outputs
-        return cls(layout, theta, blocks, state["alpha"], state["beta"], state["likelihood"],
-                   state["energy"], state["num_outputs"], act, state["prior_mean"], history,
+        likelihood = laplace_likelihood(state["likelihood"], tuple(state["beta"].shape))
+        return cls(layout, theta, blocks, state["alpha"], state["beta"], likelihood,
+                   state["energy"], state["num_outputs"], state["prior_mean"], history,
                    state["converged"], state["iterations"])
 
     @property
@@ -217,13 +214,7 @@ class LaplacePosterior:
         sq = (self.theta - self.prior_mean)[mask] ** 2
         out = -0.5 * (a * sq).sum() + 0.5 * torch.log(a).sum()
         out = out - 0.5 * self.log_det(alpha, beta)
-        n = self.num_outputs
-        if self.likelihood == "gaussian":  # N/2 sum_d log beta_d: n / D points per output
-            return out - (beta * self.energy).sum() \
-                + 0.5 * (n / beta.numel()) * torch.log(beta).sum() - 0.5 * n * math.log(2 * math.pi)
-        if self.likelihood == "heteroscedastic":
-            return out - self.energy - 0.5 * n * math.log(2 * math.pi)
-        return out - self.energy
+        return self.likelihood.add_data_terms(out, self.energy, beta, self.num_outputs)
 
     def _as_alpha(self, alpha: Tensor | float | None) -> Tensor:
         if alpha is None:
@@ -275,7 +266,7 @@ class LaplacePosterior:
     def function_covariance(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Output ``f`` (N, K) at the MAP and the GLM covariances ``J_n A^-1 J_n^T`` (N, K, K),
         from the whitened Jacobian rows of each block."""
-        f, g = jacobian(self.theta, x, self.layout, self.act)
+        f, g = jacobian(self.theta, x, self.layout)
         a = self.alpha_vector()
         parts = [block.whiten(g.flatten(0, 1)[:, block.index], a[block.index], self.beta)
                  for block in self.blocks]
@@ -293,12 +284,11 @@ class LaplacePosterior:
         """The linearised predictive at ``x`` (N, D) (a module's inputs (N, ...)), as a
         one-component predictive.
 
-        Regression: ``N(f(x), 1/beta + g^T A^-1 g)`` (``link`` unused; D outputs: per output,
-        (1, N, D); heteroscedastic: ``N(mu(x), sigma(x)^2 + g_mu^T A^-1 g_mu)``, the scale
-        head at the MAP). Classification:
-        ``E[softmax(l)]`` over the logits ``l ~ N(f, J A^-1 J^T)``, by the probit
-        approximation ``softmax(f / sqrt(1 + pi/8 g_k^T A^-1 g_k))`` (``link="probit"``)
-        or by ``num_samples`` draws of the logits (``link="mc"``, from ``generator``).
+        The likelihood's (:meth:`~bnn_zoo.models.likelihood.Likelihood.glm_predictive`):
+        regression ``N(f(x), 1/beta + g^T A^-1 g)`` (``link`` unused); classification
+        ``E[softmax(l)]`` over the logits ``l ~ N(f, J A^-1 J^T)`` by the probit
+        approximation (``link="probit"``) or ``num_samples`` draws of the logits
+        (``link="mc"``, from ``generator``).
         """
         x, _ = check_data(x, any_shape=True)
         self.layout.check_input(x)
@@ -310,22 +300,5 @@ class LaplacePosterior:
             if not (bool(torch.isfinite(f).all()) and bool(torch.isfinite(var).all())):
                 warnings.warn("The Laplace GLM predictive has non-finite means or variances.",
                               RuntimeWarning, stacklevel=2)
-            if self.likelihood == "heteroscedastic":
-                noise = heteroscedastic_scale(f[:, 1]) ** 2
-                return GaussianMixturePredictive(f[None, :, 0], (var[:, 0] + noise).sqrt()[None])
-            if self.likelihood == "gaussian" and self.beta.dim():
-                return GaussianMixturePredictive(f[None], (var + 1 / self.beta).sqrt()[None])
-            if self.likelihood == "gaussian":
-                return GaussianMixturePredictive(f.T, (var + 1 / self.beta).sqrt().T)
-            if link == "probit":
-                probs = torch.softmax(f * (1 + math.pi / 8 * var).rsqrt(), -1)
-            else:
-                chol, _ = cholesky_with_jitter(cov.double())
-                if chol is None:  # rank-deficient J A^-1 J^T: its symmetric square root
-                    evals, evecs, _ = symmetric_eigh(cov.double(), "the logits' covariance")
-                    chol = evecs * evals.clamp_min(0).sqrt().unsqueeze(-2)
-                eps = torch.randn(num_samples, *f.shape, generator=generator,
-                                  dtype=torch.float64, device=f.device)
-                logits = f.double() + (chol @ eps.unsqueeze(-1)).squeeze(-1)
-                probs = torch.softmax(logits, -1).mean(0).to(f.dtype)
-        return CategoricalPredictive(probs.unsqueeze(0))
+            return self.likelihood.glm_predictive(f, cov, self.beta, link, num_samples,
+                                                  generator)

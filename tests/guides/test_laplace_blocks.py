@@ -11,7 +11,16 @@ comparison below catches."""
 import pytest
 import torch
 
-from bnn_zoo.guides.laplace import DenseBlock, DiagBlock, KronBlock, LowRankBlock
+from bnn_zoo.guides.laplace import (
+    CURVATURES,
+    STRUCTURES,
+    DenseBlock,
+    DiagBlock,
+    KronBlock,
+    LowRankBlock,
+    curvature_structure,
+)
+from bnn_zoo.guides.laplace.blocks import OUTPUT_CURVATURES
 
 D = torch.float64
 
@@ -69,3 +78,26 @@ def test_low_rank_inverse_diagonal(rank):
     u, lam = block.eigenvectors, block.eigenvalues
     assert u.shape == (6, rank)
     assert_inverse_diagonal(block, alpha, beta, torch.diag(alpha) + beta * (u * lam) @ u.T)
+
+
+def test_the_registry_names_each_structure_once_and_refuses_other_names():
+    """Each name builds its class with the options; unknown names, the ambiguous
+    ``"full"`` and a per-output ``kron_separate`` are refused by name."""
+    assert CURVATURES == ("hessian", "ggn", "diag", "kron", "kron_separate", "last_layer",
+                          "low_rank", "subnetwork")
+    assert OUTPUT_CURVATURES == tuple(n for n in CURVATURES if n != "kron_separate")
+    for name, cls in STRUCTURES.items():
+        structure = curvature_structure(name, rank=3, subnetwork=[0, 2])
+        assert type(structure) is cls and structure.name == name and structure.rank == 3
+    with pytest.raises(ValueError, match="Unknown curvature 'kfac'; expected one of: hessian"):
+        curvature_structure("kfac")
+    with pytest.raises(ValueError, match="curvature='full' is ambiguous"):
+        curvature_structure("full")
+    with pytest.raises(ValueError, match="needs the subnetwork's weight indices"):
+        curvature_structure("subnetwork")
+    with pytest.raises(ValueError, match="Unknown indefinite 'skip'"):
+        curvature_structure("hessian", indefinite="skip")
+    x, y = torch.zeros(2, 1), torch.zeros(2, 2)
+    with pytest.raises(ValueError, match=r"Unknown curvature \(for D outputs with a noise "
+                       r"precision each\) 'kron_separate'"):
+        curvature_structure("kron_separate").output_blocks(torch.zeros(3), x, y, None)

@@ -49,6 +49,7 @@ from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings, bounded_step, fixed_point_update
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP, GaussianPrior
+from bnn_zoo.models.likelihood import Categorical, Gaussian
 
 ROOT = Path(__file__).resolve().parents[2]
 D = torch.float64
@@ -332,11 +333,11 @@ def test_ggn_equals_the_hessian_for_a_linear_model(task):
     x = torch.randn(9, 2, generator=g, dtype=D)
     y = torch.randn(9, generator=g, dtype=D) if out == 1 else torch.randint(0, 3, (9,),
                                                                            generator=g)
-    torch.testing.assert_close(ggn(theta, x, y, layout, model.act, LIK[task]),
-                               full_hessian(theta, x, y, layout, model.act, LIK[task]))
+    torch.testing.assert_close(ggn(theta, x, y, layout, LIK[task]),
+                               full_hessian(theta, x, y, layout, LIK[task]))
 
 
-LIK = {"regression": "gaussian", "classification": "categorical"}
+LIK = {"regression": Gaussian(), "classification": Categorical()}
 
 
 @pytest.mark.parametrize("chunk", [256, 2], ids=["one_chunk", "chunks_of_2"])
@@ -345,7 +346,7 @@ def test_full_hessian_matches_finite_differences_of_the_model_likelihood(task, c
     # summed over chunks of the data (the energy is a sum over points), it is the same
     model, layout, theta, x, y = tiny_net(task)
     assert x.shape[0] > 2 * chunk or chunk > x.shape[0]
-    hessian = full_hessian(theta, x, y, layout, model.act, LIK[task], chunk=chunk)
+    hessian = full_hessian(theta, x, y, layout, LIK[task], chunk=chunk)
 
     def grad(t):
         t = t.clone().requires_grad_()
@@ -364,14 +365,15 @@ def test_hand_written_energy_gradient_is_the_models_likelihood_gradient(task, ac
     # the refits' objective: E and dE/dtheta by backpropagation written out, for every
     # activation, against the Pyro model's own likelihood and autograd (two hidden layers)
     model, layout, theta, x, y = tiny_net(task, activation=activation)
-    energy, gradient = energy_and_gradient(theta, x, y, layout, model.act, LIK[task])
+    energy, gradient = energy_and_gradient(theta, x, y, layout, LIK[task])
     t = theta.clone().requires_grad_()
     nll = model_nll(model, layout, t, x, y)
     constant = 0.5 * len(y) * math.log(2 * math.pi) if task == "regression" else 0.0
     torch.testing.assert_close(energy, nll.detach() - constant)
     torch.testing.assert_close(gradient, torch.autograd.grad(nll, t)[0])
     # an activation without a known backward pass goes through autograd, to the same
-    unknown = energy_and_gradient(theta, x, y, layout, lambda z: model.act(z), LIK[task])
+    unknown = energy_and_gradient(theta, x, y, replace(layout, act=lambda z: model.act(z)),
+                                  LIK[task])
     torch.testing.assert_close(unknown, (energy, gradient))
 
 
@@ -380,13 +382,13 @@ def test_structured_curvatures_agree_with_a_naive_dense_ggn(task):
     model, layout, theta, x, y = tiny_net(task, activation="relu")
     lik = LIK[task]
     dense = naive_ggn(model, layout, theta, x)
-    torch.testing.assert_close(ggn(theta, x, y, layout, model.act, lik, chunk=3), dense)
-    torch.testing.assert_close(diagonal_ggn(theta, x, y, layout, model.act, lik, chunk=3),
+    torch.testing.assert_close(ggn(theta, x, y, layout, lik, chunk=3), dense)
+    torch.testing.assert_close(diagonal_ggn(theta, x, y, layout, lik, chunk=3),
                                dense.diag())
     last = layout.layer_slices[-1]
-    torch.testing.assert_close(last_layer_ggn(theta, x, y, layout, model.act, lik),
+    torch.testing.assert_close(last_layer_ggn(theta, x, y, layout, lik),
                                dense[last, last])
-    f, jac = jacobian(theta, x, layout, model.act)
+    f, jac = jacobian(theta, x, layout)
     torch.testing.assert_close(jac, naive_jacobian(model, layout, theta, x))
     torch.testing.assert_close(f, mlp_forward(x, layout.network(theta), model.act))
 
@@ -396,8 +398,7 @@ def test_kronecker_factors_are_exact_for_one_data_point(task):
     model, layout, theta, x, y = tiny_net(task)
     x, y = x[:1], y[:1]
     dense = naive_ggn(model, layout, theta, x)
-    for index, (q, g) in zip(layout.layer_slices, kron_ggn(theta, x, y, layout, model.act,
-                                                           LIK[task])):
+    for index, (q, g) in zip(layout.layer_slices, kron_ggn(theta, x, y, layout, LIK[task])):
         torch.testing.assert_close(torch.kron(q, g), dense[index, index])
 
 
@@ -546,7 +547,7 @@ def test_kron_posterior_precision_is_alpha_plus_beta_q_kron_g():
     model, layout, theta, x, y = tiny_net("regression")
     post = laplace_posterior(model, theta, x, y, curvature=CurvatureSettings("kron"),
                              evidence=EvidenceSettings(refine=False), alpha=2.0, beta=3.0)
-    factors = kron_ggn(theta, x, y, layout, model.act)
+    factors = kron_ggn(theta, x, y, layout)
     precision = torch.block_diag(*[2 * torch.eye(q.shape[0] * g.shape[0], dtype=D)
                                    + 3 * torch.kron(q, g) for q, g in factors])
     torch.testing.assert_close(post.covariance() @ precision, torch.eye(len(theta), dtype=D))
@@ -773,7 +774,7 @@ def test_posterior_state_rebuilds_the_same_posterior_without_data(curvature, tas
                              evidence=EvidenceSettings("fixed_point", refine=False, iterations=2))
     state = post.state_dict()
     assert [b["kind"] for b in state["blocks"]] == [b.kind for b in post.blocks]
-    again = LaplacePosterior.from_state(state, layout, model.act)
+    again = LaplacePosterior.from_state(state, layout)
     assert again.history == post.history and len(post.history) == 3
     assert again.clipped == post.clipped
     eps = torch.randn(4, len(theta), dtype=D)
@@ -783,8 +784,7 @@ def test_posterior_state_rebuilds_the_same_posterior_without_data(curvature, tas
     for a, b in zip(vars(again.glm_predictive(x)).values(), vars(post.glm_predictive(x)).values()):
         assert equal_fields(a, b)
     with pytest.raises(ValueError, match=r"MAP of shape \(11,\)"):
-        LaplacePosterior.from_state(state, ParameterLayout.from_model(BayesianMLP(3, 1, (2,))),
-                                    model.act)
+        LaplacePosterior.from_state(state, ParameterLayout.from_model(BayesianMLP(3, 1, (2,))))
     with pytest.raises(ValueError, match="kind"):
         block_from_state({**state["blocks"][0], "kind": "banded"})
 

@@ -13,12 +13,13 @@ import torch
 from torch import nn
 
 from bnn_zoo import zoo
-from bnn_zoo.guides.curvature import ParameterLayout, negative_log_likelihood
+from bnn_zoo.guides.curvature import ParameterLayout
 from bnn_zoo.guides.laplace import LaplaceGuide
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.methods.laplace_posterior import refine_map
 from bnn_zoo.models import BayesianMLP, BayesianModule
+from bnn_zoo.models.likelihood import Gaussian
 
 D = torch.float64
 SMALL = {"model_options": {"hidden": (8,)}, "steps": 60, "batch_size": None, "jit": False}
@@ -142,11 +143,11 @@ def test_refit_reaches_the_optimum_in_float64(n):
 
     def gradient(t):
         t = t.clone().requires_grad_()
-        loss = beta * negative_log_likelihood(layout.output(t, x, model.act), y, "gaussian") \
+        loss = beta * Gaussian().negative_log_likelihood(layout.output(t, x), y) \
             + 0.5 * (alpha * t**2).sum()
         return torch.autograd.grad(loss, t)[0]
 
     start = float(gradient(theta).abs().max())
-    refit = refine_map(theta, x, y, layout, model.act, "gaussian", alpha, beta)
+    refit = refine_map(theta, x, y, layout, Gaussian(), alpha, beta)
     assert float(gradient(refit).abs().max()) < 1e-7 * start
     assert math.isfinite(start) and start > 1

@@ -29,6 +29,7 @@ from bnn_zoo.methods.laplace_validation import (
     tune_on_held_out,
 )
 from bnn_zoo.models import BayesianMLP
+from bnn_zoo.models.likelihood import Categorical, Gaussian
 
 D = torch.float64
 STRUCTURES = ("hessian", "ggn", "kron", "kron_separate", "diag", "low_rank", "last_layer",
@@ -51,8 +52,8 @@ def problem(task: str, n: int = 16):
     f = outputs(model, layout, teacher, x)
     y = f[:, 0] + 0.1 * torch.randn(n, generator=g, dtype=D) if task == "regression" \
         else f.argmax(-1)
-    likelihood = "gaussian" if task == "regression" else "categorical"
-    theta = refine_map(teacher, x, y, layout, model.act, likelihood, torch.ones_like(teacher),
+    likelihood = Gaussian() if task == "regression" else Categorical()
+    theta = refine_map(teacher, x, y, layout, likelihood, torch.ones_like(teacher),
                        torch.tensor(1.0, dtype=D))
     return model, layout, theta, x, y
 

@@ -34,9 +34,10 @@ from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP, BayesianModule, GaussianPrior, digits_cnn
+from bnn_zoo.models.likelihood import Categorical, Gaussian
 
 D = torch.float64
-LIK = {"regression": "gaussian", "classification": "categorical"}
+LIK = {"regression": Gaussian(), "classification": Categorical()}
 
 
 # --------------------------------------------------------------------------- references
@@ -87,7 +88,7 @@ def naive_jacobian(net, theta, x):
 
 def loss_hessians(f, likelihood):
     """(N, K, K) the Hessian of the negative log-likelihood in the outputs ``f``."""
-    if likelihood == "gaussian":
+    if isinstance(likelihood, Gaussian):
         return torch.eye(f.shape[1], dtype=f.dtype).expand(f.shape[0], -1, -1)
     p = torch.softmax(f, -1)
     return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
@@ -102,7 +103,7 @@ def naive_ggn(net, theta, x, likelihood):
 
 def kron_block(layout, theta, x, y, likelihood):
     """Per layer ``(Q ⊗ G, index)``: the K-FAC block and its positions in ``theta``."""
-    factors = kron_ggn(theta, x, y, layout, None, likelihood)
+    factors = kron_ggn(theta, x, y, layout, likelihood)
     return [(torch.kron(q, g), index) for (q, g), (index, _) in
             zip(factors, layout.kron_indices(theta))]
 
@@ -114,14 +115,14 @@ def test_module_curvatures_equal_a_dense_naive_ggn(make_net, task):
     net, layout, theta, x, y = problem(make_net, task)
     lik = LIK[task]
     dense = naive_ggn(net, theta, x, lik)
-    torch.testing.assert_close(ggn(theta, x, y, layout, None, lik, chunk=4), dense)
-    torch.testing.assert_close(diagonal_ggn(theta, x, y, layout, None, lik, chunk=4),
+    torch.testing.assert_close(ggn(theta, x, y, layout, lik, chunk=4), dense)
+    torch.testing.assert_close(diagonal_ggn(theta, x, y, layout, lik, chunk=4),
                                dense.diag())
     last = layout.layer_slices[-1]
     assert last.stop - last.start == net[-1].weight.numel() + net[-1].bias.numel()
-    torch.testing.assert_close(last_layer_ggn(theta, x, y, layout, None, lik, chunk=4),
+    torch.testing.assert_close(last_layer_ggn(theta, x, y, layout, lik, chunk=4),
                                dense[last, last])
-    f, jac = jacobian(theta, x, layout, None)
+    f, jac = jacobian(theta, x, layout)
     torch.testing.assert_close(jac, naive_jacobian(net, theta, x))
     torch.testing.assert_close(f, functional_call(net, params_of(net, theta), (x,)))
 
@@ -130,7 +131,7 @@ def test_module_curvatures_equal_a_dense_naive_ggn(make_net, task):
 def test_module_hessian_of_a_linear_net_is_its_ggn(task):
     """A single ``nn.Linear`` is linear in ``theta``: its exact Hessian is its GGN."""
     net, layout, theta, x, y = problem(lambda out: nn.Linear(16, out), task)
-    torch.testing.assert_close(full_hessian(theta, x, y, layout, None, LIK[task]),
+    torch.testing.assert_close(full_hessian(theta, x, y, layout, LIK[task]),
                                naive_ggn(net, theta, x, LIK[task]))
 
 
@@ -141,8 +142,8 @@ def test_kron_of_a_linear_gaussian_layer_is_the_exact_ggn(bias):
     index puts torch's ``(d_out, d_in)`` weight (and the bias) in K-FAC's order."""
     net, layout, theta, x, y = problem(lambda out: nn.Linear(16, out, bias=bias),
                                        "regression", n=9)
-    dense = naive_ggn(net, theta, x, "gaussian")
-    (block, index), = kron_block(layout, theta, x, y, "gaussian")
+    dense = naive_ggn(net, theta, x, Gaussian())
+    (block, index), = kron_block(layout, theta, x, y, Gaussian())
     assert index.numel() == len(theta)
     torch.testing.assert_close(block, dense[index][:, index])
 
@@ -219,7 +220,7 @@ def test_conv_kron_factors_match_patches_cut_by_hand(shape, padding, stride, tas
     theta = layout.flatten(model.initial_weights())
     x = torch.randn(5, *shape, generator=g, dtype=D)
     y = torch.randn(5, dtype=D) if out == 1 else torch.randint(0, 3, (5,), generator=g)
-    (q, gg), _ = kron_ggn(theta, x, y, layout, None, LIK[task])
+    (q, gg), _ = kron_ggn(theta, x, y, layout, LIK[task])
 
     patches = patches_by_hand(x, padding, stride)
     a = torch.cat([patches, torch.ones(*patches.shape[:2], 1, dtype=D)], -1)  # (N, L, D + 1)
@@ -268,7 +269,7 @@ def test_kron_of_a_whole_input_convolution_is_the_ggn_posterior_on_images(shape)
 def test_kron_refuses_what_it_cannot_factor_naming_the_parameter():
     _, layout, theta, x, y = problem(layer_norm_net, "regression")
     with pytest.raises(ValueError, match="'1.weight' belongs to a LayerNorm"):
-        kron_ggn(theta, x, y, layout, None)
+        kron_ggn(theta, x, y, layout)
     model = BayesianModule(layer_norm_net(1).double())
     for curvature in ("kron", "kron_separate"):
         with pytest.raises(ValueError, match="LayerNorm.*curvature='ggn'"):
@@ -291,7 +292,7 @@ def test_kron_refuses_what_it_cannot_factor_naming_the_parameter():
     twice = layout_of(BayesianModule(Twice()))
     with pytest.raises(ValueError, match="'layer' was applied 2 times"):
         kron_ggn(twice.flatten(dict(Twice().named_parameters())).detach(),
-                 torch.randn(3, 4), torch.randn(3), twice, None)
+                 torch.randn(3, 4), torch.randn(3), twice)
     shared = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Linear(4, 1))
     shared[2].weight = shared[0].weight  # named_parameters lists it once, under '0'
     with pytest.raises(ValueError, match=r"layer '2'.*\['2.bias'\].*shared"):
@@ -499,7 +500,7 @@ def test_kron_with_batch_norm_between_is_the_dense_ggn_on_one_point(name, task):
     f = reference(x)
     dense = torch.einsum("nkp,nkl,nlq->pq", jac, loss_hessians(f, LIK[task]), jac)
     torch.testing.assert_close(layout.output(theta, x), f)
-    torch.testing.assert_close(ggn(theta, x, y, layout, None, LIK[task]), dense)
+    torch.testing.assert_close(ggn(theta, x, y, layout, LIK[task]), dense)
     blocks = kron_block(layout, theta, x, y, LIK[task])
     assert len(blocks) == 2
     for block, index in blocks:

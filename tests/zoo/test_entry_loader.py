@@ -20,6 +20,7 @@ from bnn_zoo.guides.layouts import layout_of
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior, refine_map
 from bnn_zoo.models import BayesianMLP
+from bnn_zoo.models.likelihood import Gaussian
 
 N = 40
 FAST = dict(steps=15, jit=False)
@@ -100,7 +101,7 @@ def test_the_map_refit_sums_the_objective_over_a_loaders_batches():
                               dtype=torch.float64)
     alpha, beta = torch.ones_like(theta), torch.tensor(4.0, dtype=torch.float64)
     batches = as_batches(DataLoader(TensorDataset(x, y), batch_size=7))
-    a, b = (refine_map(theta, *data, layout, model.act, "gaussian", alpha, beta, max_iter=3)
+    a, b = (refine_map(theta, *data, layout, Gaussian(), alpha, beta, max_iter=3)
             for data in ((x, y), (batches, None)))
     assert (a - theta).abs().max() > 1e-3
     torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
