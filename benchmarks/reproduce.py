@@ -113,7 +113,8 @@ RESULTS: tuple[Result, ...] = (
             f"{BENCH}/replicas.py --threads 2 --repeats 3"),
 )
 #: Folders of :data:`RESULTS_DIR` that no command here writes.
-ELSEWHERE = {"gpu": "benchmarks/gpu_check.sh on a CUDA machine",
+ELSEWHERE = {"fingerprints": "benchmarks/fingerprints.py, run on the code before a change",
+             "gpu": "benchmarks/gpu_check.sh on a CUDA machine",
              "laplace_cnn_gpu": "benchmarks/laplace_cnn.py --device cuda on a CUDA machine"}
 
 

@@ -32,6 +32,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
     "checkpoint.py": ("benchmarks/test_checkpoint.py",
                       "test_a_packed_sweep_resumes_from_a_fresh_cache"),
     "classification.py": ("guides/test_mean_field_clf.py", "test_classification_benchmark_script"),
+    "fingerprints.py": ("benchmarks/test_fingerprints.py",
+                        "test_check_passes_on_the_same_code_and_names_an_altered_digest"),
     "cnn.py": ("models/test_module_handlers.py", "test_cnn_benchmark_runs_and_writes_its_ratios"),
     "compare_guides.py": ("benchmarks/test_benchmarks.py",
                           "test_compare_guides_writes_a_row_per_entry"),
