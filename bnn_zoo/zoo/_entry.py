@@ -9,7 +9,7 @@ with the training statistics), fits the method on it and wraps the posterior in 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from types import MappingProxyType
@@ -43,9 +43,9 @@ from bnn_zoo.zoo._preparation import (
     output_dim,
     training_data,
 )
-from bnn_zoo.zoo._replicas import fit_many
+from bnn_zoo.zoo._replicas import training_sets
 
-__all__ = ["TINY_BUDGET", "Entry"]
+__all__ = ["TINY_BUDGET", "Entry", "batches_replicas"]
 
 #: The budget overrides of a fit that takes seconds (the default of :attr:`Entry.tiny`): a
 #: few full-batch steps, untraced.
@@ -282,13 +282,49 @@ class Entry:
             raise ValueError("Expected no batch_size with a loader for x: the loader sets "
                              f"the batches, but got batch_size={budget_overrides['batch_size']!r}.")
 
-    def fit_many(self, xs: object, ys: object, *, seeds: list[int] | tuple[int, ...],
-                 **options: Any) -> list[Fitted]:
-        """R independent fits (R training sets of equal size, or one set with R seeds) in
-        one vectorised pass where the method can batch them, one by one where not; each
-        :class:`Fitted` as from :meth:`fit` (see :func:`bnn_zoo.zoo._replicas.fit_many`,
-        which takes the options of :meth:`fit`)."""
-        return fit_many(self, xs, ys, seeds=seeds, **options)
+    def fit_many(self, xs: object, ys: object, *, seeds: Sequence[int],
+                 task: str | None = None, progress: bool | None = False,
+                 model_options: Mapping[str, Any] | None = None,
+                 guide_options: Mapping[str, Any] | None = None,
+                 method_options: Mapping[str, Any] | None = None, net: Network | None = None,
+                 **budget_overrides: Any) -> list[Fitted]:
+        """R independent fits: fit ``r`` on ``xs[r]``, ``ys[r]`` (see
+        :func:`~bnn_zoo.zoo._replicas.training_sets`) from ``seeds[r]``; the options are
+        those of :meth:`fit`. Fits of a user's network (``net``) run one by one.
+
+        Each :class:`~bnn_zoo.zoo.Fitted` behaves as one from :meth:`fit`. Where the entry
+        batches (:func:`batches_replicas`), fit ``r`` starts from the initial values of
+        ``fit(xs[r], ys[r], seed=seeds[r])`` and follows its trajectory up to round-off
+        when the fit is deterministic (MAP on full batches); in general every fit takes the
+        minibatch order of ``seeds[0]`` and noise of its own, so fits agree with :meth:`fit`
+        in distribution. Its ``fit_seconds`` is the batch's wall time shared equally. For
+        classification the number of classes is that of all the sets together.
+        """
+        xs, ys, seeds = training_sets(xs, ys, seeds, any_shape=net is not None)
+        check_bool("progress", progress, allow_none=True)
+        options, model_kw, method, budget = self.settings(
+            model_options, guide_options, method_options, budget_overrides)
+        if not _batches(method, budget) or net is not None:
+            return [self.fit(x, y, task=task, seed=seed, progress=progress, net=net, **options,
+                             **budget_overrides) for x, y, seed in zip(xs, ys, seeds)]
+        task, _ = check_targets(self.name, self.tasks, ys[0], task, "ys[0]")
+        ys = [check_targets(self.name, self.tasks, y, task, f"ys[{r}]")[1]
+              for r, y in enumerate(ys)]
+        started = time.perf_counter()
+        prepared = [training_data(x, y, task, budget, seed, entry=self.name,
+                                  tunable_noise=self.tunable_noise)
+                    for x, y, seed in zip(xs, ys, seeds)]
+        x = torch.stack([p.x for p in prepared])
+        y = torch.stack([p.y for p in prepared])
+        out_dim = output_dim(task, y.flatten(0, 1))  # the R sets stacked: one set of R N rows
+        build_model = self.model_factory(x.shape[-1], out_dim, task, model_kw, x)
+        posteriors = method.fit_many(build_model, x, y, task=task, seeds=seeds,
+                                     budget=replace(budget, validation=0.0), progress=progress)
+        posteriors = [posterior if p.validation is None else tune_noise(posterior, *p.validation)
+                      for posterior, p in zip(posteriors, prepared)]
+        seconds = (time.perf_counter() - started) / len(seeds)
+        return [Fitted(self.name, task, p.x_scaler, p.y_scaler, posterior, seconds,
+                       x.shape[-1], out_dim, options) for p, posterior in zip(prepared, posteriors)]
 
     def restore(self, state: dict, *, source: str = "<state>",
                 net: Network | None = None) -> Fitted:
@@ -332,6 +368,23 @@ class Entry:
         return Fitted(self.name, state["task"], x_scaler, y_scaler, posterior,
                       state["fit_seconds"], state["in_dim"], state["out_dim"], options,
                       in_shape, net_sites)
+
+
+def _batches(method: Method, budget: Budget) -> bool:
+    """Whether a fit of ``method`` under ``budget`` batches as replicas: the method declares
+    ``replicas`` and the budget is not distributed."""
+    return bool(getattr(method, "replicas", False)) and not budget.distributed
+
+
+def batches_replicas(entry: Entry, *, model_options: Mapping[str, Any] | None = None,
+                     guide_options: Mapping[str, Any] | None = None,
+                     method_options: Mapping[str, Any] | None = None,
+                     **budget_overrides: Any) -> bool:
+    """Whether ``entry.fit_many`` with these options (those of :meth:`Entry.fit`) trains
+    its fits as replicas in one pass rather than one by one."""
+    _, _, method, budget = entry.settings(model_options, guide_options, method_options,
+                                          budget_overrides)
+    return _batches(method, budget)
 
 
 def _describe(sites: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
