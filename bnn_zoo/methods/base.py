@@ -190,11 +190,34 @@ class Method(Protocol):
     standardised inputs and targets of the fit's shape, dtype and device, on which lazily
     built guides are run once to create their parameters).
     ``with_guide_options`` passes the keyword options of an SVI guide factory down to
-    where the method builds its guides (a ``ValueError`` where it builds none)."""
+    where the method builds its guides (a ``ValueError`` where it builds none).
+
+    What a caller may ask of a method is declared here: ``guide``, ``streams``,
+    ``replicas`` and ``fit_many``. A method class that subclasses ``Method`` takes its
+    defaults, those of a method without the capability: no guide factory of its own, no
+    loader, one fit at a time.
+    """
+
+    #: The SVI guide factory ``guide(model, **guide_options)`` the method trains, or
+    #: ``None`` where it trains none of its own (NUTS, an exact GP).
+    guide: Callable[..., Callable] | None = None
+    #: Whether :meth:`fit` takes a loader's batches (``x`` a
+    #: :class:`~bnn_zoo.core.batches.Batches`, ``y`` ``None``) instead of tensors.
+    streams: bool = False
+    #: Whether :meth:`fit_many` trains many fits as replicas in one vectorised pass.
+    replicas: bool = False
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> Posterior:
         ...
+
+    def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
+                 seeds: Sequence[int], budget: Budget, progress: bool | None
+                 ) -> list[Posterior]:
+        """R fits as replicas in one pass, fit ``r`` on ``x[r]``, ``y[r]`` from ``seeds[r]``
+        (where :attr:`replicas`; a ``ValueError`` otherwise: fit one by one)."""
+        raise ValueError(f"{type(self).__name__} does not train fits as replicas "
+                         "(replicas=False); fit one by one.")
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> Posterior:

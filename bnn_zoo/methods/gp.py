@@ -41,7 +41,7 @@ from bnn_zoo.core.loop import run_steps
 from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.core.step import SVIStep, TrainingDiverged
 from bnn_zoo.core.training import FitResult
-from bnn_zoo.methods.base import ENTRY_ONLY, Budget, ModelFactory, UnsupportedProblem
+from bnn_zoo.methods.base import ENTRY_ONLY, Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods.state import result_from_state, result_state
 from bnn_zoo.models.nngp import NotPositiveDefinite
 
@@ -153,7 +153,7 @@ def check_budget(budget: Budget) -> None:
 
 
 @dataclass(frozen=True)
-class ExactGP:
+class ExactGP(Method):
     """Type-II maximum likelihood of an exact GP model, in float64 (module doc)."""
 
     max_points: int = 3000

@@ -89,7 +89,7 @@ class Entry:
     def guide(self) -> Callable[..., Callable] | None:
         """The SVI guide factory ``guide(model, **guide_options)`` of the method, or
         ``None`` where the method trains no guide of its own (NUTS, exact GP)."""
-        return getattr(self.method, "guide", None)
+        return self.method.guide
 
     @property
     def model_keywords(self) -> set[str] | None:
@@ -273,7 +273,7 @@ class Entry:
     def _check_streams(self, method: Method, budget_overrides: Mapping[str, Any]) -> None:
         """Refuse a loader where the method needs all the data at once (it does not
         declare ``streams``), or where a batch size is asked for (the loader sets it)."""
-        if not getattr(method, "streams", False):
+        if not method.streams:
             raise UnsupportedProblem(
                 f"Entry {self.name!r} ({self.description}) cannot fit from a loader: its "
                 f"method {type(method).__name__} needs all the training data in memory at "
@@ -373,7 +373,7 @@ class Entry:
 def _batches(method: Method, budget: Budget) -> bool:
     """Whether a fit of ``method`` under ``budget`` batches as replicas: the method declares
     ``replicas`` and the budget is not distributed."""
-    return bool(getattr(method, "replicas", False)) and not budget.distributed
+    return method.replicas and not budget.distributed
 
 
 def batches_replicas(entry: Entry, *, model_options: Mapping[str, Any] | None = None,
