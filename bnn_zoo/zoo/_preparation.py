@@ -78,23 +78,23 @@ def check_targets(entry: str, tasks: tuple[str, ...], y: Tensor, task: str | Non
     return task, y
 
 
-def training_data(x: Tensor, y: Tensor, task: str, budget: Budget, seed: int, *,
-                  entry: str, tunable_noise: bool) -> TrainingData:
+def training_data(x: Tensor, y: Tensor, task: str, budget: Budget, validation: float,
+                  seed: int, *, entry: str, tunable_noise: bool) -> TrainingData:
     """The scalers of ``x`` and (regression) ``y``, fitted on the training data (on all
     shards with ``budget.distributed``), the standardised data, and the held-out points
-    (``budget.validation > 0``, regression only) split off with ``seed``; validation of
-    entry ``entry`` needs ``tunable_noise`` (one noise scale to tune)."""
+    (the fraction ``validation`` > 0, regression only) split off with ``seed``; validation
+    of entry ``entry`` needs ``tunable_noise`` (one noise scale to tune)."""
     fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
     x_scaler = fit_scaler(x)
     y_scaler = fit_scaler(y) if task == "regression" else None
     xs = x_scaler.transform(x)
     ys = y_scaler.transform(y) if y_scaler is not None else y
-    if budget.validation == 0 or task != "regression":
+    if validation == 0 or task != "regression":
         return TrainingData(x_scaler, y_scaler, xs, ys, None)
     if not tunable_noise:
         raise ValueError(f"Entry {entry!r} has no single noise scale to tune: "
                          "expected validation=0.")
-    xs, ys, x_val, y_val = holdout(xs, ys, budget.validation, seed=seed)
+    xs, ys, x_val, y_val = holdout(xs, ys, validation, seed=seed)
     return TrainingData(x_scaler, y_scaler, xs, ys, (x_val, y_val))
 
 
@@ -109,7 +109,7 @@ def output_dim(task: str, y: Tensor, *, distributed_fit: bool = False) -> int:
 
 
 def loader_training_data(entry: str, tasks: tuple[str, ...], loader: object, y: object,
-                         task: str | None, budget: Budget, *, net: bool,
+                         task: str | None, budget: Budget, validation: float, *, net: bool,
                          num_data: int | None) -> tuple[str, TrainingData, int]:
     """The task, the :class:`TrainingData` and the number of outputs of a fit of entry
     ``entry`` on ``loader`` (see :func:`~bnn_zoo.core.batches.as_batches`): one pass over
@@ -122,7 +122,7 @@ def loader_training_data(entry: str, tasks: tuple[str, ...], loader: object, y: 
     if y is not None:
         raise ValueError("Expected y=None with a loader for x: the loader yields the targets "
                          "with the inputs.")
-    for name, value, default in (("validation", budget.validation, 0.0),
+    for name, value, default in (("validation", validation, 0.0),
                                  ("distributed", budget.distributed, False)):
         if value != default:
             raise ValueError(f"Expected {name}={default} with a loader for x: {name} needs "
