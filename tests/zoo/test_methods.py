@@ -4,13 +4,19 @@ method instance given to ``entry.fit(..., method=...)``."""
 
 from __future__ import annotations
 
+import pyro
 import pytest
 import torch
 
 from bnn_zoo import zoo
+from bnn_zoo.core.elbo import LocalReparameterizationELBO
+from bnn_zoo.guides.bbb import BayesByBackpropGuide
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.laplace import Laplace
+from bnn_zoo.methods.svi import SVI
+from bnn_zoo.zoo import TINY_BUDGET
+from bnn_zoo.zoo._defaults import map_guide
 
 #: Laplace declares its guide in the Laplace package (it trains no guide factory: None).
 LAPLACE_GUIDE = pytest.mark.xfail(raises=AttributeError, strict=True,
@@ -41,3 +47,50 @@ def test_a_method_without_replicas_says_so_through_fit_many():
         method.fit_many(lambda: None, x, y, task="regression", seeds=[0], budget=Budget(),
                         progress=False)
     assert zoo.get("swag").method.guide is zoo.get("map").method.guide
+
+
+def _problem() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 2, generator=gen, dtype=torch.float64)
+    return x, torch.sin(x.sum(-1)) + 0.1 * torch.randn(24, generator=gen, dtype=torch.float64)
+
+
+def _predict(fitted: zoo.Fitted, x: torch.Tensor) -> torch.Tensor:
+    pyro.set_rng_seed(1)
+    return fitted.predict(x, num_samples=4).mean
+
+
+def test_a_method_instance_is_the_method_its_options_give(tmp_path):
+    x, y = _problem()
+    entry = zoo.get("laplace_kron")
+    typed = entry.fit(x, y, method=Laplace(curvature="kron", evidence="fixed_point",
+                                           holdout="auto", refine=False), **TINY_BUDGET)
+    text = entry.fit(x, y, method_options={"refine": False}, **TINY_BUDGET)
+    assert typed.options["method_options"] == text.options["method_options"] == {
+        "refine": False}
+    assert torch.equal(_predict(typed, x), _predict(text, x))
+    typed.save(tmp_path / "kron.pt")
+    assert torch.equal(_predict(zoo.load(tmp_path / "kron.pt"), x), _predict(typed, x))
+
+
+def test_a_method_instance_takes_guide_options_as_the_dict_does():
+    x, y = _problem()
+    entry = zoo.get("bbb")
+    method = SVI(BayesByBackpropGuide, elbo=LocalReparameterizationELBO, replicas=True,
+                 guide_options={"init_scale": 0.05})
+    typed = entry.fit_many([x, x], [y, y], seeds=[0, 1], method=method, **TINY_BUDGET)
+    text = entry.fit_many([x, x], [y, y], seeds=[0, 1], guide_options={"init_scale": 0.05},
+                          **TINY_BUDGET)
+    assert typed[1].options["method_options"] == {"guide_options": {"init_scale": 0.05}}
+    assert all(torch.equal(_predict(a, x), _predict(b, x)) for a, b in zip(typed, text))
+    assert zoo.batches_replicas(entry, method=method)
+
+
+@pytest.mark.parametrize("name,method", [("bbb", Laplace()), ("rff_logitnormal", SVI(map_guide)),
+                                         ("laplace", Ensemble(Laplace()))])
+def test_a_method_of_another_class_is_refused_by_name(name, method):
+    x, y = _problem()
+    expected = type(zoo.get(name).method).__name__
+    with pytest.raises(TypeError, match=rf"Expected method to be a .*\.{expected} \(the "
+                       rf"method of entry '{name}'\), but got {type(method).__name__}"):
+        zoo.get(name).fit(x, y, method=method, **TINY_BUDGET)
