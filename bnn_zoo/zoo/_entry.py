@@ -25,7 +25,7 @@ from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior, tune_noise
 from bnn_zoo.methods.base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods.ensemble import Ensemble
-from bnn_zoo.methods.options import accepted_keywords, check_keywords
+from bnn_zoo.methods.options import as_factory, check_keywords
 from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo._fitted import Fitted
 from bnn_zoo.zoo._networks import (
@@ -92,10 +92,10 @@ class Entry:
         return self.method.guide
 
     @property
-    def model_keywords(self) -> set[str] | None:
-        """The ``model_options`` the entry's model takes (``None``: any, it takes
-        ``**options``)."""
-        return accepted_keywords(self.model, skip=("in_dim", "out_dim", "task"))
+    def model_keywords(self) -> tuple[str, ...] | None:
+        """The ``model_options`` the entry's model declares (``None``: any, a plain
+        callable; see :class:`~bnn_zoo.methods.options.Factory`)."""
+        return as_factory(self.model).options
 
     def configure(self, model_options: Mapping[str, Any] | None = None,
                   guide_options: Mapping[str, Any] | None = None,

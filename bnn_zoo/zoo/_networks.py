@@ -11,7 +11,6 @@ bundles (``compare --net cnn``).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,8 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo.core.checks import same_device
-from bnn_zoo.methods.options import accepted_keywords
-from bnn_zoo.models.module import BayesianModule, digits_cnn
+from bnn_zoo.methods.options import as_factory
+from bnn_zoo.models.module import digits_cnn
 from bnn_zoo.models.module_options import net_mode
 
 __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cnn",
@@ -29,8 +28,8 @@ __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cn
 #: What ``net=`` takes: a module (used as given) or a factory (called for every model).
 Network = nn.Module | Callable[[], nn.Module]
 
-#: The model options of a fit with ``net=``: those of :class:`BayesianModule`.
-NET_MODEL_OPTIONS = accepted_keywords(BayesianModule, skip=("net", "task"))
+#: The model options of a fit with ``net=``: the keywords of :class:`BayesianModule`.
+NET_MODEL_OPTIONS = ("prior", "deterministic", "noise_scale", "init_noise_scale")
 
 
 def _check_placement(net: nn.Module, like: Tensor) -> None:
@@ -101,9 +100,8 @@ def net_model_defaults(model: Callable) -> dict:
     """The entry's own defaults for the options its model shares with
     :class:`BayesianModule` (``prior``, ``noise_scale``): a fit with ``net=`` keeps the
     entry's prior (``map``'s fan-in prior, read in torch's layout)."""
-    params = inspect.signature(model).parameters.values()
-    return {p.name: p.default for p in params
-            if p.name in NET_MODEL_OPTIONS and p.default is not inspect.Parameter.empty}
+    return {name: value for name, value in as_factory(model).defaults.items()
+            if name in NET_MODEL_OPTIONS}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """What an entry asks of its method: the capabilities the ``Method`` protocol declares
-(``guide``, ``streams``, ``replicas``, ``fit_many``), read without probing, and a configured
-method instance given to ``entry.fit(..., method=...)``."""
+(``guide``, ``streams``, ``replicas``, ``fit_many``), read without probing; a configured
+method instance given to ``entry.fit(..., method=...)``; and the option names that models
+and guides declare, which are the keywords they take."""
 
 from __future__ import annotations
+
+import inspect
 
 import pyro
 import pytest
@@ -10,13 +13,15 @@ import torch
 
 from bnn_zoo import zoo
 from bnn_zoo.core.elbo import LocalReparameterizationELBO
-from bnn_zoo.guides.bbb import BayesByBackpropGuide
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.laplace import Laplace
+from bnn_zoo.methods.options import Factory
 from bnn_zoo.methods.svi import SVI
+from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo import TINY_BUDGET
 from bnn_zoo.zoo._defaults import map_guide
+from bnn_zoo.zoo._networks import NET_MODEL_OPTIONS
 
 #: Laplace declares its guide in the Laplace package (it trains no guide factory: None).
 LAPLACE_GUIDE = pytest.mark.xfail(raises=AttributeError, strict=True,
@@ -76,7 +81,7 @@ def test_a_method_instance_is_the_method_its_options_give(tmp_path):
 def test_a_method_instance_takes_guide_options_as_the_dict_does():
     x, y = _problem()
     entry = zoo.get("bbb")
-    method = SVI(BayesByBackpropGuide, elbo=LocalReparameterizationELBO, replicas=True,
+    method = SVI(entry.guide, elbo=LocalReparameterizationELBO, replicas=True,
                  guide_options={"init_scale": 0.05})
     typed = entry.fit_many([x, x], [y, y], seeds=[0, 1], method=method, **TINY_BUDGET)
     text = entry.fit_many([x, x], [y, y], seeds=[0, 1], guide_options={"init_scale": 0.05},
@@ -94,3 +99,32 @@ def test_a_method_of_another_class_is_refused_by_name(name, method):
     with pytest.raises(TypeError, match=rf"Expected method to be a .*\.{expected} \(the "
                        rf"method of entry '{name}'\), but got {type(method).__name__}"):
         zoo.get(name).fit(x, y, method=method, **TINY_BUDGET)
+
+
+def _keywords(build: object, inputs: set[str]) -> tuple[set[str], bool]:
+    """The keyword names of ``build``'s signature but its ``inputs``, and whether it also
+    takes ``**options``."""
+    params = inspect.signature(build).parameters.values()
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return named - inputs, any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _check_declared(factory: Factory, inputs: set[str]) -> None:
+    named, more = _keywords(factory.build, inputs)
+    assert named <= set(factory.options) if more else named == set(factory.options)
+    assert set(factory.defaults) <= set(factory.options)
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_the_declared_options_are_those_the_factories_take(name):
+    """The names a model or guide declares are its signature's: an option is refused by
+    name before anything is built, and one it takes never is."""
+    entry = zoo.get(name)
+    _check_declared(entry.model, {"in_dim", "out_dim", "task"})
+    if not _laplace(entry.method) and entry.guide is not None:  # Laplace builds its own
+        _check_declared(entry.guide, {"model"})
+
+
+def test_a_network_takes_the_options_of_bayesian_module():
+    named, _ = _keywords(BayesianModule, {"net", "task"})
+    assert set(NET_MODEL_OPTIONS) == named
