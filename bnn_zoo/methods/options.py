@@ -33,7 +33,13 @@ class Factory:
 def factory(*options: str) -> Callable[[Callable[..., Any]], Factory]:
     """Declare the keyword options of a factory function: ``@factory("rank", "init_scale")``
     above ``def low_rank(model, *, rank=10, init_scale=0.01)``."""
-    return lambda build: Factory(build, options)
+
+    def declare(build: Callable[..., Any]) -> Factory:
+        # The module's name now holds the Factory: pickle finds the function as its .build.
+        build.__qualname__ = f"{build.__qualname__}.build"
+        return Factory(build, options)
+
+    return declare
 
 
 def as_factory(build: Callable[..., Any]) -> Factory:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.gp import ExactGP
-from bnn_zoo.methods.options import factory
+from bnn_zoo.methods.options import Factory
 from bnn_zoo.models.nngp import NNGPRegression
 from bnn_zoo.zoo import Entry, register
 
@@ -16,12 +16,8 @@ __all__ = ["MAX_TRAINING_POINTS", "nngp"]
 #: Exact GP regression costs O(N^3) per step; above this many training points the entry
 #: declines (a benchmark lists it as skipped) instead of running for hours.
 MAX_TRAINING_POINTS = 3000
-#: The initial kernel variances, keywords of :class:`~bnn_zoo.models.nngp.NNGPKernel`.
-_KERNEL_OPTIONS = ("weight_variance", "bias_variance", "output_variance", "output_bias_variance")
 
 
-@factory("activation", "depth", "noise_scale", "num_features", "init_noise_scale", "jitter",
-         *_KERNEL_OPTIONS)
 def nngp(in_dim: int, out_dim: int, *, task: str = "regression", activation: str = "relu",
          depth: int = 1, noise_scale: float | None = None, num_features: int | None = None,
          **kernel_options: float) -> NNGPRegression:
@@ -48,7 +44,8 @@ for _name, (_activation, _source) in _KERNELS.items():
         tasks=("regression",),
         source=_source,
         seed_notes="001",
-        model=nngp.with_defaults(activation=_activation),
+        # Any option: those nngp does not name go on to the model and its kernel.
+        model=Factory(nngp, None, {"activation": _activation}),
         method=ExactGP(max_points=MAX_TRAINING_POINTS),
         budget=Budget(steps=300, lr=0.05, batch_size=None),
     ))
