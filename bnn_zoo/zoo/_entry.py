@@ -36,6 +36,7 @@ from bnn_zoo.zoo._networks import (
     network_builder,
 )
 from bnn_zoo.zoo._preparation import (
+    TARGETS,
     TrainingData,
     check_inputs,
     check_targets,
@@ -378,8 +379,7 @@ class Entry:
         in_shape = None if state.get("in_shape") is None else tuple(state["in_shape"])
         like = torch.zeros(2, *(in_shape or (state["in_dim"],)), dtype=dtype,
                            device=x_scaler.mean.device)
-        y_like = like.new_zeros(2) if state["task"] == "regression" else like.new_zeros(
-            2, dtype=torch.long)
+        y_like = TARGETS[state["task"]].like(like)
         net_sites = None
         if net is None:
             build_model = self.model_factory(state["in_dim"], state["out_dim"], state["task"],

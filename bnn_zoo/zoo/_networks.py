@@ -21,6 +21,7 @@ from bnn_zoo.core.checks import same_device
 from bnn_zoo.methods.options import as_factory
 from bnn_zoo.models.module import digits_cnn
 from bnn_zoo.models.module_options import net_mode
+from bnn_zoo.zoo._preparation import TARGETS
 
 __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cnn",
            "net_model_defaults", "net_outputs", "network_builder"]
@@ -83,12 +84,7 @@ def net_outputs(net: nn.Module, x: Tensor, task: str, classes: int) -> int:
                          f"{', '.join(map(str, x.shape[1:]))}), but applied to the first "
                          f"{len(probe)} points it fails: {error}") from None
     shape = tuple(out.shape) if isinstance(out, Tensor) else None
-    if task == "regression":
-        expected, ok = "(n, 1) for regression", shape == (len(probe), 1)
-    else:
-        expected = f"(n, K) class logits with K >= {max(classes, 2)} (the classes of y)"
-        ok = (shape is not None and len(shape) == 2 and shape[0] == len(probe)
-              and shape[1] >= max(classes, 2))
+    expected, ok = TARGETS[task].net_output(shape, len(probe), classes)
     if not ok:
         got = shape if shape is not None else type(out).__name__
         raise ValueError(f"Expected net to map inputs {tuple(probe.shape)} (the first "
