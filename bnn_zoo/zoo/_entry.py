@@ -57,7 +57,8 @@ TINY_BUDGET: Mapping[str, Any] = MappingProxyType({"steps": 4, "batch_size": Non
 class Entry:
     """A registered model and inference method.
 
-    ``model(in_dim, out_dim, *, task, **model_options)`` builds the Pyro model,
+    ``model(in_dim, out_dim, *, task, **model_options)`` builds the Pyro model (a
+    :class:`~bnn_zoo.methods.options.Factory` declares the ``model_options`` it takes),
     ``method`` (a dataclass of :mod:`bnn_zoo.methods`) fits it, ``budget`` is the
     training budget for every data set. ``source`` cites the paper the entry implements
     (authors, year, title) and ``seed_notes`` numbers the seed notes it follows, if any
@@ -66,8 +67,9 @@ class Entry:
     sizes: chains, members): what the contract test fits every entry with.
     ``tunable_noise`` marks an entry whose regression predictive is a mixture
     ``1/S sum_s N(f_s(x), sigma^2)`` with one learned ``sigma``, which
-    ``fit(..., validation=...)`` may replace by a held-out optimum (not so where the predictive
-    variance has an epistemic part in closed form, as in Laplace's GLM predictive or a GP).
+    ``fit(..., validation=...)`` may replace by a held-out optimum (not so where the
+    predictive variance has an epistemic part in closed form, as in Laplace's GLM predictive
+    or a GP).
     ``accepts_net`` marks an entry whose method works on any network of weights, so that
     ``fit(..., net=...)`` replaces its model by the user's network (not so where the model
     is not a network of weights: a GP, random features; or where the method needs the
