@@ -108,10 +108,11 @@ def render_block(spec: str, root: Path) -> str:
 
 def _method_name(method: object) -> str:
     """``SVI``, ``Laplace``, ...; an ensemble with its member, ``Ensemble(Laplace x 5)``."""
+    from bnn_zoo.methods.ensemble import Ensemble  # imports the methods: only when asked for
+
     name = type(method).__name__
-    member = getattr(method, "member", None)
-    if member is not None:
-        return f"{name}({_method_name(member)} x {getattr(method, 'members', '?')})"
+    if isinstance(method, Ensemble):
+        return f"{name}({_method_name(method.member)} x {method.members})"
     return name
 
 

@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from bnn_zoo.core.checks import (
     check_bool,
     check_choice,
-    check_fraction,
     check_positive,
     check_positive_int,
 )
@@ -28,7 +27,7 @@ from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY, fit_single_pairs
 from bnn_zoo.core.step import KL_WEIGHTINGS
 from bnn_zoo.core.training import FitResult, fit
 
-__all__ = ["ENTRY_ONLY", "Budget", "Method", "ModelFactory", "Posterior", "Predictive",
+__all__ = ["Budget", "Method", "ModelFactory", "Posterior", "Predictive",
            "UnsupportedProblem"]
 
 Predictive = GaussianMixturePredictive | CategoricalPredictive
@@ -37,11 +36,6 @@ Predictive = GaussianMixturePredictive | CategoricalPredictive
 #: keyword arguments replace the entry's model options for that model (NUTS fixes the
 #: noise scale of its MAP start with ``build_model(noise_scale=...)``).
 ModelFactory = Callable[..., Callable]
-
-
-#: How a method's refusal of ``validation > 0`` names the one who applies it.
-ENTRY_ONLY = ("Training a method directly (validation is applied by a zoo entry's fit, which "
-              "holds the points out and tunes the noise on them)")
 
 
 class UnsupportedProblem(ValueError):
@@ -55,20 +49,15 @@ class Budget:
 
     ``distributed=True`` trains data-parallel on the initialised ``torch.distributed``
     process group (see :mod:`bnn_zoo.core.distributed`); ``batch_size`` is then per
-    process. ``validation > 0`` (regression, entries with ``tunable_noise``) holds that
-    fraction of the training points out of the fit and sets the predictive's noise scale to
-    the one that maximises their log-likelihood (see :mod:`bnn_zoo.evaluation.noise_tuning`).
-    ``check_every`` is the number of steps between read-backs of the losses to the host
+    process. ``check_every`` is the number of steps between read-backs of the losses to the host
     (the NaN guard's checks; see :func:`bnn_zoo.core.training.fit`); ``None``: the
     runner's default (:meth:`check_interval`).
 
     A method trains under the budget whole: :meth:`run` (one fit) and
     :meth:`run_replicas` (many fits in one pass) turn it into a run of the SVI runner, and a
     method that cannot honour a field refuses it by name with :meth:`check_supported`
-    before it trains. ``validation`` belongs to the zoo's entry, which holds the points out
-    before the method fits the rest and tunes the noise on them after (``Entry.fit``), and
-    hands the method the budget with ``validation=0``; a method given ``validation > 0``
-    refuses it (:data:`ENTRY_ONLY`), since it fits every point it is given.
+    before it trains. Held-out points are the zoo entry's (``Entry.fit(...,
+    validation=...)``): a method fits every point it is given.
     """
 
     steps: int = 3000
@@ -79,7 +68,6 @@ class Budget:
     kl_weighting: str = "uniform"
     jit: bool = False
     distributed: bool = False
-    validation: float = 0.0
     check_every: int | None = None
 
     def __post_init__(self) -> None:
@@ -89,8 +77,7 @@ class Budget:
         > 0, ``lr_schedule`` one of :data:`~bnn_zoo.core.lr_schedule.LR_SCHEDULES`,
         ``batch_size`` ``None`` or an int >= 1, ``kl_weighting`` one of
         :data:`~bnn_zoo.core.step.KL_WEIGHTINGS`, ``jit`` and ``distributed`` bools
-        (not 0/1), ``validation`` a number in [0, 1), ``check_every`` ``None`` or an int
-        >= 1."""
+        (not 0/1), ``check_every`` ``None`` or an int >= 1."""
         check_positive_int("steps", self.steps)
         check_positive("lr", self.lr)
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
@@ -99,7 +86,6 @@ class Budget:
         check_choice("kl_weighting", self.kl_weighting, KL_WEIGHTINGS)
         check_bool("jit", self.jit)
         check_bool("distributed", self.distributed)
-        check_fraction("validation", self.validation)
         check_positive_int("check_every", self.check_every, allow_none=True)
 
     def check_supported(self, method: str, **supported: object) -> None:
@@ -135,7 +121,6 @@ class Budget:
         budget (:func:`bnn_zoo.core.training.fit` with ``steps``, ``lr``,
         ``batch_size``, ``num_particles``, ``kl_weighting``, ``jit``, ``distributed`` and
         :meth:`check_interval`), seeded by ``seed``."""
-        self.check_supported(ENTRY_ONLY, validation=0.0)
         return fit(model, guide, x, y, elbo=elbo, seed=seed, progress=progress,
                    distributed=self.distributed, check_every=self.check_interval(),
                    **self._svi_options())
@@ -151,7 +136,6 @@ class Budget:
         :meth:`check_interval` for replicas), every replica taking the minibatch order of
         ``seed``. Replicas train on one process: ``distributed=True`` is refused."""
         self.check_supported("Training as replicas", distributed=False)
-        self.check_supported(ENTRY_ONLY, validation=0.0)
         return fit_single_pairs(models, guides, build_guide, x, y, elbo=elbo, seed=seed,
                                 progress=progress,
                                 check_every=self.check_interval(replicas=True),
@@ -190,11 +174,34 @@ class Method(Protocol):
     standardised inputs and targets of the fit's shape, dtype and device, on which lazily
     built guides are run once to create their parameters).
     ``with_guide_options`` passes the keyword options of an SVI guide factory down to
-    where the method builds its guides (a ``ValueError`` where it builds none)."""
+    where the method builds its guides (a ``ValueError`` where it builds none).
+
+    What a caller may ask of a method is declared here: ``guide``, ``streams``,
+    ``replicas`` and ``fit_many``. A method class that subclasses ``Method`` takes its
+    defaults, those of a method without the capability: no guide factory of its own, no
+    loader, one fit at a time.
+    """
+
+    #: The SVI guide factory ``guide(model, **guide_options)`` the method trains, or
+    #: ``None`` where it trains none of its own (NUTS, an exact GP).
+    guide: Callable[..., Callable] | None = None
+    #: Whether :meth:`fit` takes a loader's batches (``x`` a
+    #: :class:`~bnn_zoo.core.batches.Batches`, ``y`` ``None``) instead of tensors.
+    streams: bool = False
+    #: Whether :meth:`fit_many` trains many fits as replicas in one vectorised pass.
+    replicas: bool = False
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> Posterior:
         ...
+
+    def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
+                 seeds: Sequence[int], budget: Budget, progress: bool | None
+                 ) -> list[Posterior]:
+        """R fits as replicas in one pass, fit ``r`` on ``x[r]``, ``y[r]`` from ``seeds[r]``
+        (where :attr:`replicas`; a ``ValueError`` otherwise: fit one by one)."""
+        raise ValueError(f"{type(self).__name__} does not train fits as replicas "
+                         "(replicas=False); fit one by one.")
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> Posterior:

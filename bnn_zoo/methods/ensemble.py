@@ -116,7 +116,7 @@ class Ensemble:
     def guide(self) -> Callable[..., Callable] | None:
         """The SVI guide factory every member trains (``None`` for Laplace members, which
         build their own guide)."""
-        return getattr(self.member, "guide", None)
+        return self.member.guide
 
     def with_guide_options(self, options: Mapping[str, Any]) -> Ensemble:
         return replace(self, member=self.member.with_guide_options(options))
@@ -131,7 +131,7 @@ class Ensemble:
     def streams(self) -> bool:
         """Whether the ensemble fits from a loader's batches: when the member does; its
         members are then fitted one by one."""
-        return getattr(self.member, "streams", False)
+        return self.member.streams
 
     def _member_seeds(self, seed: int) -> list[int]:
         return [self.members * seed + m for m in range(self.members)]

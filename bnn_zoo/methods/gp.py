@@ -41,7 +41,7 @@ from bnn_zoo.core.loop import run_steps
 from bnn_zoo.core.predictive import GaussianMixturePredictive
 from bnn_zoo.core.step import SVIStep, TrainingDiverged
 from bnn_zoo.core.training import FitResult
-from bnn_zoo.methods.base import ENTRY_ONLY, Budget, ModelFactory, UnsupportedProblem
+from bnn_zoo.methods.base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods.state import result_from_state, result_state
 from bnn_zoo.models.nngp import NotPositiveDefinite
 
@@ -147,13 +147,12 @@ def check_budget(budget: Budget) -> None:
     freeze (``jit=False``); its few full-batch steps take a constant rate
     (``lr_schedule="constant"``). ``steps``, ``lr`` and ``check_every`` are honoured by
     :func:`fit_evidence`."""
-    budget.check_supported(ENTRY_ONLY, validation=0.0)
     budget.check_supported("ExactGP", batch_size=None, distributed=False, num_particles=1,
                            kl_weighting="uniform", jit=False, lr_schedule="constant")
 
 
 @dataclass(frozen=True)
-class ExactGP:
+class ExactGP(Method):
     """Type-II maximum likelihood of an exact GP model, in float64 (module doc)."""
 
     max_points: int = 3000

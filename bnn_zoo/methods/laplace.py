@@ -53,7 +53,7 @@ from bnn_zoo.guides.laplace import (
     NonlinearModel,
 )
 from bnn_zoo.guides.layouts import layout_of
-from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
+from bnn_zoo.methods.base import Budget, Method, ModelFactory, Predictive
 from bnn_zoo.methods.laplace_evidence import (
     DAMPING,
     HYPER_BOUNDS,
@@ -85,7 +85,7 @@ def check_budget(budget: Budget) -> None:
 
 
 @dataclass(frozen=True)
-class Laplace:
+class Laplace(Method):
     """The Laplace approximation (Bishop 2006, PRML 5.7; MacKay 1992 for the evidence; the
     curvature structures and the GLM predictive as in Daxberger et al. 2021, "Laplace
     Redux: Effortless Bayesian Deep Learning") as a :class:`~bnn_zoo.methods.base.Method`.

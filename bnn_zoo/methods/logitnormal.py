@@ -34,6 +34,7 @@ from bnn_zoo.core.elbo import (
 )
 from bnn_zoo.guides.logitnormal import LogitNormalGuide
 from bnn_zoo.methods.base import Budget, ModelFactory
+from bnn_zoo.methods.options import Factory
 from bnn_zoo.methods.svi import SVI, SVIPosterior
 
 __all__ = ["OBJECTIVES", "LogitNormalSVI", "objective_elbo"]
@@ -55,7 +56,7 @@ class LogitNormalSVI(SVI):
     """:class:`~bnn_zoo.methods.svi.SVI` of :class:`LogitNormalGuide` with the ELBO of
     ``objective`` (module doc); ``elbo`` is derived from it, not set."""
 
-    guide: Callable[..., Callable] = LogitNormalGuide
+    guide: Callable[..., Callable] = Factory(LogitNormalGuide, ("init_loc", "init_scale"))
     objective: str = "alg3"
     inner_steps: int = 10
     feature_seed: int | None = None

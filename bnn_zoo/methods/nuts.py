@@ -42,7 +42,7 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.predictive import GaussianMixturePredictive, predict
-from bnn_zoo.methods.base import Budget, ModelFactory, Predictive, UnsupportedProblem
+from bnn_zoo.methods.base import Budget, Method, ModelFactory, Predictive, UnsupportedProblem
 from bnn_zoo.methods.state import module_state
 from bnn_zoo.methods.svi import SVI
 
@@ -242,7 +242,7 @@ def pooled_posterior(model: Callable, chains: list[dict[str, Tensor]], x: Tensor
 
 
 @dataclass(frozen=True)
-class NUTS:
+class NUTS(Method):
     """NUTS chains on the entry's model, started from the SVI fit ``start`` (module doc).
 
     The budget trains the start, which honours every field as :class:`SVI` does; the

@@ -1,37 +1,61 @@
-"""Keyword options of the factories a method or entry calls (models, guides, methods):
-which keywords a factory accepts, and a mapping of options checked against them, so that an
-unknown option is refused by name before anything is built.
+"""Keyword options of the factories a method or entry calls (models, guides): a
+:class:`Factory` declares the option names it takes, so that an unknown option is refused by
+name before anything is built.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["accepted_keywords", "check_keywords"]
+__all__ = ["Factory", "as_factory", "check_keywords", "factory"]
 
 
-def accepted_keywords(factory: Callable, *, skip: tuple[str, ...] = ()) -> set[str] | None:
-    """The keyword options ``factory`` accepts (``None``: any, it takes ``**kwargs``),
-    without the positional inputs named in ``skip``. Used to check options (and, through
-    ``Entry.model_keywords``, by the UCI protocol to leave out a model option that a model
-    does not have)."""
-    params = inspect.signature(factory).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in skip}
+@dataclass(frozen=True)
+class Factory:
+    """A model or guide factory ``build(*inputs, **options)`` and the option names it
+    declares (``options``; ``None``: any), called with ``defaults`` under the options
+    given (the entry's own choices, such as ``map``'s fan-in prior)."""
+
+    build: Callable[..., Any]
+    options: tuple[str, ...] | None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, *inputs: Any, **options: Any) -> Any:
+        return self.build(*inputs, **{**self.defaults, **options})
+
+    def with_defaults(self, **defaults: Any) -> Factory:
+        """This factory with ``defaults`` added to (or replacing) its own."""
+        return replace(self, defaults={**self.defaults, **defaults})
 
 
-def check_keywords(namespace: str, options: Mapping[str, Any], accepted: set[str] | None
-                   ) -> dict[str, Any]:
+def factory(*options: str) -> Callable[[Callable[..., Any]], Factory]:
+    """Declare the keyword options of a factory function: ``@factory("rank", "init_scale")``
+    above ``def low_rank(model, *, rank=10, init_scale=0.01)``."""
+
+    def declare(build: Callable[..., Any]) -> Factory:
+        # The module's name now holds the Factory: pickle finds the function as its .build.
+        build.__qualname__ = f"{build.__qualname__}.build"
+        return Factory(build, options)
+
+    return declare
+
+
+def as_factory(build: Callable[..., Any]) -> Factory:
+    """``build`` as a :class:`Factory`: itself, or a plain callable (a user's own model or
+    guide) as one that declares no option names and so takes any."""
+    return build if isinstance(build, Factory) else Factory(build, None)
+
+
+def check_keywords(namespace: str, options: Mapping[str, Any],
+                   accepted: tuple[str, ...] | set[str] | None) -> dict[str, Any]:
     """``options`` as a dict, or a ``ValueError`` naming ``namespace`` and the accepted
     keys when one is unknown."""
     if not isinstance(options, Mapping):
         raise TypeError(f"Expected {namespace} to be a mapping of option names to values, "
                         f"but got {options!r}.")
-    unknown = sorted(set(options) - accepted) if accepted is not None else []
+    unknown = sorted(set(options) - set(accepted)) if accepted is not None else []
     if unknown:
         raise ValueError(f"Unknown {namespace} {', '.join(map(repr, unknown))}; expected one "
                          f"of: {', '.join(sorted(accepted)) or '(none)'}.")

@@ -58,7 +58,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from pyro import poutine
@@ -76,7 +76,7 @@ from bnn_zoo.core.checks import (
     check_seed,
 )
 from bnn_zoo.core.handlers import subsample_data
-from bnn_zoo.methods.base import Budget, ModelFactory
+from bnn_zoo.methods.base import Budget, Method, ModelFactory
 from bnn_zoo.methods.nuts import NUTS, NUTSPosterior, pooled_posterior, sampler_start
 from bnn_zoo.methods.svi import SVI
 
@@ -282,7 +282,7 @@ def sgmcmc_samples(model: Callable, x: Tensor, y: Tensor | None = None, *,
 
 
 @dataclass(frozen=True)
-class SGMCMC:
+class SGMCMC(Method):
     """SGLD or SGHMC chains on the entry's model, started from the SVI fit ``start``.
 
     The budget trains the start (every field, as :class:`SVI`), and its ``batch_size``
@@ -306,8 +306,6 @@ class SGMCMC:
     cycles: int = 1
     exploration: float = 0.5
     adapt: bool = True
-    #: Needs all the data as tensors: a minibatch is any subset of it.
-    streams: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         check_settings(**self.sampler_settings)

@@ -23,7 +23,7 @@ from bnn_zoo.core.batches import first_inputs
 from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.training import FitResult
 from bnn_zoo.methods.base import Budget, ModelFactory, Predictive
-from bnn_zoo.methods.options import accepted_keywords, check_keywords
+from bnn_zoo.methods.options import as_factory, check_keywords
 from bnn_zoo.methods.state import (
     load_module_state,
     module_state,
@@ -93,8 +93,7 @@ class SVI:
             raise TypeError(f"Expected guide to be a guide factory, but got {self.guide!r}.")
         if not (isinstance(self.elbo, type) and issubclass(self.elbo, pyro.infer.ELBO)):
             raise TypeError(f"Expected elbo to be a pyro.infer.ELBO subclass, got {self.elbo!r}.")
-        check_keywords("guide_options", self.guide_options,
-                       accepted_keywords(self.guide, skip=("model",)))
+        check_keywords("guide_options", self.guide_options, as_factory(self.guide).options)
 
     def with_guide_options(self, options: Mapping[str, Any]) -> SVI:
         """This method with ``options`` added to the guide factory's options."""

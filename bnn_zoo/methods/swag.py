@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import pyro
 import torch
@@ -36,7 +36,7 @@ from bnn_zoo.core.step import SVIStep
 from bnn_zoo.core.training import FitResult
 from bnn_zoo.guides.flat_sites import flatten_sites
 from bnn_zoo.guides.swag import SWAGGuide
-from bnn_zoo.methods.base import Budget, ModelFactory
+from bnn_zoo.methods.base import Budget, Method, ModelFactory
 from bnn_zoo.methods.state import load_module_state, result_from_state
 from bnn_zoo.methods.svi import SVI, SVIPosterior
 
@@ -89,7 +89,7 @@ def _flat_point(guide: Callable, sites: list[tuple[str, tuple[int, ...]]], x: Te
 
 
 @dataclass(frozen=True)
-class SWAG:
+class SWAG(Method):
     """SWAG after the MAP fit of ``start``; see the module doc.
 
     ``rank`` is ``K`` (at least 2, at most ``snapshots``), ``snapshots`` the number of
@@ -104,9 +104,6 @@ class SWAG:
     snapshots: int = 40
     every: int | None = None
     lr: float = 1e-2
-    #: Fits one at a time, on tensors.
-    replicas: ClassVar[bool] = False
-    streams: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         check_positive_int("snapshots", self.snapshots)

@@ -10,8 +10,9 @@ Entries live in the public modules of this package, each a short declaration cal
 MAP guide, the family budgets) lives in :mod:`bnn_zoo.zoo._defaults`, and no entry module
 imports another. :mod:`~bnn_zoo.zoo._entry` holds the declaration, :mod:`~bnn_zoo.zoo._fitted`
 the fitted result and its file, :mod:`~bnn_zoo.zoo._preparation` the data preparation,
-:mod:`~bnn_zoo.zoo._replicas` many fits in one pass. This is the one place in ``bnn_zoo``
-that names models and guides: the CLI and the benchmarks reach them only through it.
+:mod:`~bnn_zoo.zoo._replicas` the training sets of many fits in one pass. This is the one
+place in ``bnn_zoo`` that names models and guides: the CLI and the benchmarks reach them only
+through it.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ import torch
 
 from bnn_zoo.core.files import load_plain
 from bnn_zoo.methods.base import Budget, UnsupportedProblem
-from bnn_zoo.zoo._entry import TINY_BUDGET, Entry
+from bnn_zoo.zoo._entry import TINY_BUDGET, Entry, batches_replicas
 from bnn_zoo.zoo._fitted import FILE_FORMAT, Fitted
 from bnn_zoo.zoo._networks import NETWORK_CHOICES, NETWORKS, NamedNetwork, Network
-from bnn_zoo.zoo._replicas import batches_replicas
 
 __all__ = ["NETWORKS", "NETWORK_CHOICES", "TINY_BUDGET", "Budget", "Entry", "Fitted",
            "NamedNetwork", "Network", "UnsupportedProblem", "batches_replicas", "get", "load",

@@ -9,12 +9,12 @@ entry module, so that an entry's module is its declaration alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 
 from pyro.infer.autoguide import AutoDelta
 
 from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.options import factory
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.methods.swag import SWAG
 from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
@@ -39,6 +39,7 @@ SAMPLER_BUDGET = Budget(steps=2000, lr=3e-2, batch_size=1000, jit=True)
 SAMPLER_TINY = {**TINY_BUDGET, "method_options": {"burn_in": 4, "draws": 4, "thinning": 1}}
 
 
+@factory("hidden", "activation", "prior", "noise_scale", "noise")
 def mlp(in_dim: int, out_dim: int, *, task: str = "regression", hidden: Sequence[int] = (50,),
         activation: str = "relu", prior: GaussianPrior | ScaleMixturePrior | None = None,
         noise_scale: float | None = None, noise: str = "homoscedastic") -> BayesianMLP:
@@ -51,7 +52,7 @@ def mlp(in_dim: int, out_dim: int, *, task: str = "regression", hidden: Sequence
 
 #: :func:`mlp` with Neal's fan-in prior ``N(0, 1/d_in)`` by default (a ``prior=`` option
 #: still replaces it): the model of ``map``, ``mean_field``, the ensembles and ``nuts``.
-fan_in_mlp = partial(mlp, prior=GaussianPrior(fan_in=True))
+fan_in_mlp = mlp.with_defaults(prior=GaussianPrior(fan_in=True))
 
 
 def init_loc_fn(model: Callable) -> Callable[[dict], object]:
@@ -68,6 +69,7 @@ def init_loc_fn(model: Callable) -> Callable[[dict], object]:
     return init_to_fan_in
 
 
+@factory()
 def map_guide(model: BayesianMLP | BayesianModule) -> AutoDelta:
     """Point estimate of every weight (MAP under the model's prior), started at
     :func:`init_loc_fn`."""

@@ -9,7 +9,7 @@ with the training statistics), fits the method on it and wraps the posterior in 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from types import MappingProxyType
@@ -20,12 +20,12 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo.core.batches import first_inputs, is_loader
-from bnn_zoo.core.checks import check_bool, check_seed
+from bnn_zoo.core.checks import check_bool, check_fraction, check_seed
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior, tune_noise
 from bnn_zoo.methods.base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods.ensemble import Ensemble
-from bnn_zoo.methods.options import accepted_keywords, check_keywords
+from bnn_zoo.methods.options import as_factory, check_keywords
 from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo._fitted import Fitted
 from bnn_zoo.zoo._networks import (
@@ -36,6 +36,7 @@ from bnn_zoo.zoo._networks import (
     network_builder,
 )
 from bnn_zoo.zoo._preparation import (
+    TARGETS,
     TrainingData,
     check_inputs,
     check_targets,
@@ -43,9 +44,9 @@ from bnn_zoo.zoo._preparation import (
     output_dim,
     training_data,
 )
-from bnn_zoo.zoo._replicas import fit_many
+from bnn_zoo.zoo._replicas import training_sets
 
-__all__ = ["TINY_BUDGET", "Entry"]
+__all__ = ["TINY_BUDGET", "Entry", "batches_replicas"]
 
 #: The budget overrides of a fit that takes seconds (the default of :attr:`Entry.tiny`): a
 #: few full-batch steps, untraced.
@@ -56,7 +57,8 @@ TINY_BUDGET: Mapping[str, Any] = MappingProxyType({"steps": 4, "batch_size": Non
 class Entry:
     """A registered model and inference method.
 
-    ``model(in_dim, out_dim, *, task, **model_options)`` builds the Pyro model,
+    ``model(in_dim, out_dim, *, task, **model_options)`` builds the Pyro model (a
+    :class:`~bnn_zoo.methods.options.Factory` declares the ``model_options`` it takes),
     ``method`` (a dataclass of :mod:`bnn_zoo.methods`) fits it, ``budget`` is the
     training budget for every data set. ``source`` cites the paper the entry implements
     (authors, year, title) and ``seed_notes`` numbers the seed notes it follows, if any
@@ -65,8 +67,9 @@ class Entry:
     sizes: chains, members): what the contract test fits every entry with.
     ``tunable_noise`` marks an entry whose regression predictive is a mixture
     ``1/S sum_s N(f_s(x), sigma^2)`` with one learned ``sigma``, which
-    ``Budget.validation`` may replace by a held-out optimum (not so where the predictive
-    variance has an epistemic part in closed form, as in Laplace's GLM predictive or a GP).
+    ``fit(..., validation=...)`` may replace by a held-out optimum (not so where the
+    predictive variance has an epistemic part in closed form, as in Laplace's GLM predictive
+    or a GP).
     ``accepts_net`` marks an entry whose method works on any network of weights, so that
     ``fit(..., net=...)`` replaces its model by the user's network (not so where the model
     is not a network of weights: a GP, random features; or where the method needs the
@@ -89,13 +92,13 @@ class Entry:
     def guide(self) -> Callable[..., Callable] | None:
         """The SVI guide factory ``guide(model, **guide_options)`` of the method, or
         ``None`` where the method trains no guide of its own (NUTS, exact GP)."""
-        return getattr(self.method, "guide", None)
+        return self.method.guide
 
     @property
-    def model_keywords(self) -> set[str] | None:
-        """The ``model_options`` the entry's model takes (``None``: any, it takes
-        ``**options``)."""
-        return accepted_keywords(self.model, skip=("in_dim", "out_dim", "task"))
+    def model_keywords(self) -> tuple[str, ...] | None:
+        """The ``model_options`` the entry's model declares (``None``: any, a plain
+        callable; see :class:`~bnn_zoo.methods.options.Factory`)."""
+        return as_factory(self.model).options
 
     def configure(self, model_options: Mapping[str, Any] | None = None,
                   guide_options: Mapping[str, Any] | None = None,
@@ -151,35 +154,60 @@ class Entry:
     def settings(self, model_options: Mapping[str, Any] | None,
                  guide_options: Mapping[str, Any] | None,
                  method_options: Mapping[str, Any] | None,
-                 budget_overrides: Mapping[str, Any], *, net: bool = False
+                 budget_overrides: Mapping[str, Any], *, method: Method | None = None,
+                 validation: float = 0.0, net: bool = False
                  ) -> tuple[dict[str, dict[str, Any]], dict[str, Any], Method, Budget]:
-        """The checked options of a fit (as :class:`Fitted` records them), the model
-        options, the configured method (:meth:`configure`) and the budget with
-        ``budget_overrides`` (fields of :class:`Budget`) in place."""
+        """The checked options of a fit (as :class:`Fitted` records them: a ``method``
+        instance as the ``method_options`` that make it from the entry's own, see
+        :meth:`method_fields`), the model options, the configured method
+        (:meth:`configure`) and the budget with ``budget_overrides`` (fields of
+        :class:`Budget`) in place; ``validation`` is checked here, applied by :meth:`fit`."""
         overrides = check_keywords("budget option", budget_overrides,
                                    {f.name for f in fields(Budget)})
         options = {name: check_keywords(name, value or {}, None) for name, value in
                    (("model_options", model_options), ("guide_options", guide_options),
                     ("method_options", method_options))}
+        if method is not None:
+            options["method_options"] = {**self.method_fields(method),
+                                         **options["method_options"]}
         model_kw, method = self.configure(**options, net=net)
-        budget = replace(self.budget, **overrides)
-        if budget.validation > 0 and model_kw.get("noise") == "heteroscedastic":
+        check_fraction("validation", validation)
+        if validation > 0 and model_kw.get("noise") == "heteroscedastic":
             raise ValueError("validation tunes one noise scale, and a heteroscedastic model "
                              "has one per point: expected validation=0 with "
                              "noise='heteroscedastic'.")
-        return options, model_kw, method, budget
+        return options, model_kw, method, replace(self.budget, **overrides)
+
+    def method_fields(self, method: Method) -> dict[str, Any]:
+        """The fields in which ``method``, a configured instance of the entry's method
+        class, differs from the entry's method: the ``method_options`` that give it (a
+        ``TypeError`` for a method of another class)."""
+        expected = type(self.method)
+        if type(method) is not expected:
+            raise TypeError(f"Expected method to be a {expected.__module__}."
+                            f"{expected.__qualname__} (the method of entry {self.name!r}), "
+                            f"but got {type(method).__name__}.")
+        return {f.name: getattr(method, f.name) for f in fields(method)
+                if getattr(method, f.name) != getattr(self.method, f.name)}
 
     def fit(self, x: Tensor | Iterable, y: Tensor | None = None, *, task: str | None = None,
             seed: int = 0, progress: bool | None = False,
             model_options: Mapping[str, Any] | None = None,
             guide_options: Mapping[str, Any] | None = None,
-            method_options: Mapping[str, Any] | None = None, net: Network | None = None,
-            num_data: int | None = None, **budget_overrides: Any) -> Fitted:
+            method_options: Mapping[str, Any] | None = None, method: Method | None = None,
+            validation: float = 0.0, net: Network | None = None, num_data: int | None = None,
+            **budget_overrides: Any) -> Fitted:
         """Standardise with the training statistics, fit the method, and wrap the result.
 
         ``model_options`` go to the model factory, ``guide_options`` to the guide factory,
-        ``method_options`` replace fields of the method (e.g. ``members=3``), and
-        ``budget_overrides`` replace :class:`Budget` fields (``steps``, ``lr``, ...).
+        ``method`` (an instance of the entry's method class, e.g.
+        ``Laplace(curvature="kron")``) replaces the entry's method, ``method_options``
+        replace fields of the method (e.g. ``members=3``), and ``budget_overrides`` replace
+        :class:`Budget` fields (``steps``, ``lr``, ...). ``validation > 0`` (regression,
+        entries with ``tunable_noise``) holds that fraction of the training points out of
+        the fit and sets the predictive's noise scale to the one that maximises their
+        log-likelihood (see :mod:`bnn_zoo.evaluation.noise_tuning`); the method never sees
+        them.
         Everything runs on the device and in the dtype of ``x``. With
         ``distributed=True`` (see :mod:`bnn_zoo.core.distributed`) ``x`` and ``y`` are
         this process's shard, and the standardisation statistics and the number of
@@ -225,12 +253,13 @@ class Entry:
         seed = check_seed("seed", seed)
         check_bool("progress", progress, allow_none=True)
         options, model_kw, method, budget = self.settings(
-            model_options, guide_options, method_options, budget_overrides, net=net is not None)
+            model_options, guide_options, method_options, budget_overrides, method=method,
+            validation=validation, net=net is not None)
         if is_loader(x, y):
             self._check_streams(method, budget_overrides)
             budget = replace(budget, batch_size=None)
-        task, data, out_dim = self._training_data(x, y, task, budget, seed, net=net is not None,
-                                                  num_data=num_data)
+        task, data, out_dim = self._training_data(x, y, task, budget, validation, seed,
+                                                  net=net is not None, num_data=num_data)
         if isinstance(net, nn.Module) and isinstance(method, Ensemble) and method.members > 1:
             raise ValueError(f"Expected net to be a factory for entry {self.name!r}: its "
                              f"{method.members} members would all start at the one module's "
@@ -246,7 +275,7 @@ class Entry:
         pyro.set_rng_seed(seed)
         started = time.perf_counter()
         posterior = method.fit(build_model, data.x, data.y, task=task, seed=seed,
-                               budget=replace(budget, validation=0.0), progress=progress)
+                               budget=budget, progress=progress)
         if data.validation is not None:
             posterior = tune_noise(posterior, *data.validation, distributed=budget.distributed)
         return Fitted(self.name, task, data.x_scaler, data.y_scaler, posterior,
@@ -254,26 +283,26 @@ class Entry:
                       in_shape, net_sites)
 
     def _training_data(self, x: object, y: object, task: str | None, budget: Budget,
-                       seed: int, *, net: bool, num_data: int | None
+                       validation: float, seed: int, *, net: bool, num_data: int | None
                        ) -> tuple[str, TrainingData, int]:
         """The task, the prepared data (:mod:`bnn_zoo.zoo._preparation`) and the number of
         outputs of a fit on ``x``, ``y``, or on the loader ``x``."""
         if is_loader(x, y):
-            return loader_training_data(self.name, self.tasks, x, y, task, budget, net=net,
-                                        num_data=num_data)
+            return loader_training_data(self.name, self.tasks, x, y, task, budget, validation,
+                                        net=net, num_data=num_data)
         if num_data is not None:
             raise ValueError("num_data is the size of a loader's data set; with tensors x, y "
                              "it is len(x): expected num_data=None.")
         x, y = check_inputs(self.name, x, y, net=net)
         task, y = check_targets(self.name, self.tasks, y, task)
-        data = training_data(x, y, task, budget, seed, entry=self.name,
+        data = training_data(x, y, task, budget, validation, seed, entry=self.name,
                              tunable_noise=self.tunable_noise)
         return task, data, output_dim(task, y, distributed_fit=budget.distributed)
 
     def _check_streams(self, method: Method, budget_overrides: Mapping[str, Any]) -> None:
         """Refuse a loader where the method needs all the data at once (it does not
         declare ``streams``), or where a batch size is asked for (the loader sets it)."""
-        if not getattr(method, "streams", False):
+        if not method.streams:
             raise UnsupportedProblem(
                 f"Entry {self.name!r} ({self.description}) cannot fit from a loader: its "
                 f"method {type(method).__name__} needs all the training data in memory at "
@@ -282,13 +311,52 @@ class Entry:
             raise ValueError("Expected no batch_size with a loader for x: the loader sets "
                              f"the batches, but got batch_size={budget_overrides['batch_size']!r}.")
 
-    def fit_many(self, xs: object, ys: object, *, seeds: list[int] | tuple[int, ...],
-                 **options: Any) -> list[Fitted]:
-        """R independent fits (R training sets of equal size, or one set with R seeds) in
-        one vectorised pass where the method can batch them, one by one where not; each
-        :class:`Fitted` as from :meth:`fit` (see :func:`bnn_zoo.zoo._replicas.fit_many`,
-        which takes the options of :meth:`fit`)."""
-        return fit_many(self, xs, ys, seeds=seeds, **options)
+    def fit_many(self, xs: object, ys: object, *, seeds: Sequence[int],
+                 task: str | None = None, progress: bool | None = False,
+                 model_options: Mapping[str, Any] | None = None,
+                 guide_options: Mapping[str, Any] | None = None,
+                 method_options: Mapping[str, Any] | None = None, method: Method | None = None,
+                 validation: float = 0.0, net: Network | None = None,
+                 **budget_overrides: Any) -> list[Fitted]:
+        """R independent fits: fit ``r`` on ``xs[r]``, ``ys[r]`` (see
+        :func:`~bnn_zoo.zoo._replicas.training_sets`) from ``seeds[r]``; the options are
+        those of :meth:`fit`. Fits of a user's network (``net``) run one by one.
+
+        Each :class:`~bnn_zoo.zoo.Fitted` behaves as one from :meth:`fit`. Where the entry
+        batches (:func:`batches_replicas`), fit ``r`` starts from the initial values of
+        ``fit(xs[r], ys[r], seed=seeds[r])`` and follows its trajectory up to round-off
+        when the fit is deterministic (MAP on full batches); in general every fit takes the
+        minibatch order of ``seeds[0]`` and noise of its own, so fits agree with :meth:`fit`
+        in distribution. Its ``fit_seconds`` is the batch's wall time shared equally. For
+        classification the number of classes is that of all the sets together.
+        """
+        xs, ys, seeds = training_sets(xs, ys, seeds, any_shape=net is not None)
+        check_bool("progress", progress, allow_none=True)
+        options, model_kw, method, budget = self.settings(
+            model_options, guide_options, method_options, budget_overrides, method=method,
+            validation=validation)
+        if not _batches(method, budget) or net is not None:
+            return [self.fit(x, y, task=task, seed=seed, progress=progress, net=net,
+                             validation=validation, **options, **budget_overrides)
+                    for x, y, seed in zip(xs, ys, seeds)]
+        task, _ = check_targets(self.name, self.tasks, ys[0], task, "ys[0]")
+        ys = [check_targets(self.name, self.tasks, y, task, f"ys[{r}]")[1]
+              for r, y in enumerate(ys)]
+        started = time.perf_counter()
+        prepared = [training_data(x, y, task, budget, validation, seed, entry=self.name,
+                                  tunable_noise=self.tunable_noise)
+                    for x, y, seed in zip(xs, ys, seeds)]
+        x = torch.stack([p.x for p in prepared])
+        y = torch.stack([p.y for p in prepared])
+        out_dim = output_dim(task, y.flatten(0, 1))  # the R sets stacked: one set of R N rows
+        build_model = self.model_factory(x.shape[-1], out_dim, task, model_kw, x)
+        posteriors = method.fit_many(build_model, x, y, task=task, seeds=seeds, budget=budget,
+                                     progress=progress)
+        posteriors = [posterior if p.validation is None else tune_noise(posterior, *p.validation)
+                      for posterior, p in zip(posteriors, prepared)]
+        seconds = (time.perf_counter() - started) / len(seeds)
+        return [Fitted(self.name, task, p.x_scaler, p.y_scaler, posterior, seconds,
+                       x.shape[-1], out_dim, options) for p, posterior in zip(prepared, posteriors)]
 
     def restore(self, state: dict, *, source: str = "<state>",
                 net: Network | None = None) -> Fitted:
@@ -313,8 +381,7 @@ class Entry:
         in_shape = None if state.get("in_shape") is None else tuple(state["in_shape"])
         like = torch.zeros(2, *(in_shape or (state["in_dim"],)), dtype=dtype,
                            device=x_scaler.mean.device)
-        y_like = like.new_zeros(2) if state["task"] == "regression" else like.new_zeros(
-            2, dtype=torch.long)
+        y_like = TARGETS[state["task"]].like(like)
         net_sites = None
         if net is None:
             build_model = self.model_factory(state["in_dim"], state["out_dim"], state["task"],
@@ -332,6 +399,25 @@ class Entry:
         return Fitted(self.name, state["task"], x_scaler, y_scaler, posterior,
                       state["fit_seconds"], state["in_dim"], state["out_dim"], options,
                       in_shape, net_sites)
+
+
+def _batches(method: Method, budget: Budget) -> bool:
+    """Whether a fit of ``method`` under ``budget`` batches as replicas: the method declares
+    ``replicas`` and the budget is not distributed."""
+    return method.replicas and not budget.distributed
+
+
+def batches_replicas(entry: Entry, *, model_options: Mapping[str, Any] | None = None,
+                     guide_options: Mapping[str, Any] | None = None,
+                     method_options: Mapping[str, Any] | None = None,
+                     method: Method | None = None, validation: float = 0.0,
+                     **budget_overrides: Any) -> bool:
+    """Whether ``entry.fit_many`` with these options (those of :meth:`Entry.fit`) trains
+    its fits as replicas in one pass rather than one by one."""
+    _, _, method, budget = entry.settings(model_options, guide_options, method_options,
+                                          budget_overrides, method=method,
+                                          validation=validation)
+    return _batches(method, budget)
 
 
 def _describe(sites: tuple[tuple[str, tuple[int, ...]], ...]) -> str:

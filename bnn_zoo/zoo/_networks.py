@@ -11,7 +11,6 @@ bundles (``compare --net cnn``).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,9 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo.core.checks import same_device
-from bnn_zoo.methods.options import accepted_keywords
-from bnn_zoo.models.module import BayesianModule, digits_cnn
+from bnn_zoo.methods.options import as_factory
+from bnn_zoo.models.module import digits_cnn
 from bnn_zoo.models.module_options import net_mode
+from bnn_zoo.zoo._preparation import TARGETS
 
 __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cnn",
            "net_model_defaults", "net_outputs", "network_builder"]
@@ -29,8 +29,8 @@ __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cn
 #: What ``net=`` takes: a module (used as given) or a factory (called for every model).
 Network = nn.Module | Callable[[], nn.Module]
 
-#: The model options of a fit with ``net=``: those of :class:`BayesianModule`.
-NET_MODEL_OPTIONS = accepted_keywords(BayesianModule, skip=("net", "task"))
+#: The model options of a fit with ``net=``: the keywords of :class:`BayesianModule`.
+NET_MODEL_OPTIONS = ("prior", "deterministic", "noise_scale", "init_noise_scale")
 
 
 def _check_placement(net: nn.Module, like: Tensor) -> None:
@@ -84,12 +84,7 @@ def net_outputs(net: nn.Module, x: Tensor, task: str, classes: int) -> int:
                          f"{', '.join(map(str, x.shape[1:]))}), but applied to the first "
                          f"{len(probe)} points it fails: {error}") from None
     shape = tuple(out.shape) if isinstance(out, Tensor) else None
-    if task == "regression":
-        expected, ok = "(n, 1) for regression", shape == (len(probe), 1)
-    else:
-        expected = f"(n, K) class logits with K >= {max(classes, 2)} (the classes of y)"
-        ok = (shape is not None and len(shape) == 2 and shape[0] == len(probe)
-              and shape[1] >= max(classes, 2))
+    expected, ok = TARGETS[task].net_output(shape, len(probe), classes)
     if not ok:
         got = shape if shape is not None else type(out).__name__
         raise ValueError(f"Expected net to map inputs {tuple(probe.shape)} (the first "
@@ -101,9 +96,8 @@ def net_model_defaults(model: Callable) -> dict:
     """The entry's own defaults for the options its model shares with
     :class:`BayesianModule` (``prior``, ``noise_scale``): a fit with ``net=`` keeps the
     entry's prior (``map``'s fan-in prior, read in torch's layout)."""
-    params = inspect.signature(model).parameters.values()
-    return {p.name: p.default for p in params
-            if p.name in NET_MODEL_OPTIONS and p.default is not inspect.Parameter.empty}
+    return {name: value for name, value in as_factory(model).defaults.items()
+            if name in NET_MODEL_OPTIONS}
 
 
 @dataclass(frozen=True)

@@ -1,59 +1,25 @@
-"""``Entry.fit_many``: R independent fits of one entry, as replicas in one pass where the
-entry's method can batch them (:mod:`bnn_zoo.core.replicas`), one by one where not.
+"""The training sets of ``Entry.fit_many``: R sets of equal size (or one set that R seeds
+fit), checked and stacked as the replicas of one pass (:mod:`bnn_zoo.core.replicas`).
 
 Whether an entry batches is declared by its method, not tried: a method with
 ``replicas=True`` (:class:`~bnn_zoo.methods.svi.SVI` of the zoo's MLP with the ``map``,
 ``mean_field`` and ``bbb`` guides; :class:`~bnn_zoo.methods.ensemble.Ensemble` of such
 members, whose R fits of M members train as R x M replicas;
-:class:`~bnn_zoo.methods.laplace.Laplace`, for its MAP phases) has a ``fit_many``; every
-other method (NUTS, exact GP) and a data-parallel budget (``distributed=True``) fit one by
-one through :meth:`Entry.fit`.
+:class:`~bnn_zoo.methods.laplace.Laplace`, for its MAP phases) trains them in one pass;
+every other method (NUTS, exact GP) and a data-parallel budget (``distributed=True``) fit
+one by one through ``Entry.fit``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_bool, check_data, check_seed
-from bnn_zoo.evaluation.noise_tuning import tune_noise
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.zoo._fitted import Fitted
-from bnn_zoo.zoo._networks import Network
-from bnn_zoo.zoo._preparation import check_targets, output_dim, training_data
+from bnn_zoo.core.checks import check_data, check_seed
 
-if TYPE_CHECKING:  # Entry.fit_many calls fit_many: the entry is only an annotation here
-    from bnn_zoo.zoo._entry import Entry
-
-__all__ = ["batches_replicas", "fit_many", "training_sets"]
-
-
-def _configure(entry: Entry, model_options: Mapping[str, Any] | None,
-               guide_options: Mapping[str, Any] | None,
-               method_options: Mapping[str, Any] | None, budget_overrides: dict
-               ) -> tuple[dict, dict, object, Budget, bool]:
-    """The checked options, model options, method and budget of a fit, and whether its
-    fits batch: the method declares ``replicas=True`` and the budget is not distributed."""
-    options, model_kw, method, budget = entry.settings(model_options, guide_options,
-                                                       method_options, budget_overrides)
-    batches = bool(getattr(method, "replicas", False)) and not budget.distributed
-    return options, model_kw, method, budget, batches
-
-
-def batches_replicas(entry: Entry, *, model_options: Mapping[str, Any] | None = None,
-                     guide_options: Mapping[str, Any] | None = None,
-                     method_options: Mapping[str, Any] | None = None,
-                     **budget_overrides: Any) -> bool:
-    """Whether ``entry.fit_many`` with these options (those of :meth:`Entry.fit`) trains
-    its fits as replicas in one pass rather than one by one."""
-    return _configure(entry, model_options, guide_options, method_options,
-                      budget_overrides)[-1]
+__all__ = ["training_sets"]
 
 
 def training_sets(xs: object, ys: object, seeds: object, *, any_shape: bool = False
@@ -87,49 +53,3 @@ def training_sets(xs: object, ys: object, seeds: object, *, any_shape: bool = Fa
     if len({(x.dtype, x.device, y.dtype) for x, y in pairs}) > 1:
         raise ValueError("Expected every training set with the same dtypes and device.")
     return [x for x, _ in pairs], [y for _, y in pairs], seeds
-
-
-def fit_many(entry: Entry, xs: object, ys: object, *, seeds: Sequence[int],
-             task: str | None = None, progress: bool | None = False,
-             model_options: Mapping[str, Any] | None = None,
-             guide_options: Mapping[str, Any] | None = None,
-             method_options: Mapping[str, Any] | None = None, net: Network | None = None,
-             **budget_overrides: Any) -> list[Fitted]:
-    """R independent fits of ``entry``: fit ``r`` on ``xs[r]``, ``ys[r]`` (see
-    :func:`training_sets`) from ``seeds[r]``; the options are those of :meth:`Entry.fit`.
-    Fits of a user's network (``net``) run one by one.
-
-    Each :class:`~bnn_zoo.zoo.Fitted` behaves as one from ``entry.fit``: standardised with
-    its own training statistics, predicting, evaluating and saving alike. Where the entry
-    batches (:func:`batches_replicas`), fit ``r`` starts from the initial values of
-    ``entry.fit(xs[r], ys[r], seed=seeds[r])`` and follows its trajectory up to round-off
-    when the fit is deterministic (MAP on full batches); in general every fit takes the
-    minibatch order of ``seeds[0]`` and noise of its own, so fits agree with ``entry.fit``
-    in distribution. Its ``fit_seconds`` is the batch's wall time shared equally. For
-    classification the number of classes is that of all the sets together.
-    """
-    xs, ys, seeds = training_sets(xs, ys, seeds, any_shape=net is not None)
-    check_bool("progress", progress, allow_none=True)
-    options, model_kw, method, budget, batches = _configure(
-        entry, model_options, guide_options, method_options, budget_overrides)
-    if not batches or net is not None:
-        return [entry.fit(x, y, task=task, seed=seed, progress=progress, net=net, **options,
-                          **budget_overrides) for x, y, seed in zip(xs, ys, seeds)]
-    task, _ = check_targets(entry.name, entry.tasks, ys[0], task, "ys[0]")
-    ys = [check_targets(entry.name, entry.tasks, y, task, f"ys[{r}]")[1]
-          for r, y in enumerate(ys)]
-    started = time.perf_counter()
-    prepared = [training_data(x, y, task, budget, seed, entry=entry.name,
-                              tunable_noise=entry.tunable_noise)
-                for x, y, seed in zip(xs, ys, seeds)]
-    x = torch.stack([p.x for p in prepared])
-    y = torch.stack([p.y for p in prepared])
-    out_dim = output_dim(task, y.flatten(0, 1))  # the R sets stacked: one set of R N rows
-    build_model = entry.model_factory(x.shape[-1], out_dim, task, model_kw, x)
-    posteriors = method.fit_many(build_model, x, y, task=task, seeds=seeds,
-                                 budget=replace(budget, validation=0.0), progress=progress)
-    posteriors = [posterior if p.validation is None else tune_noise(posterior, *p.validation)
-                  for posterior, p in zip(posteriors, prepared)]
-    seconds = (time.perf_counter() - started) / len(seeds)
-    return [Fitted(entry.name, task, p.x_scaler, p.y_scaler, posterior, seconds, x.shape[-1],
-                   out_dim, options) for p, posterior in zip(prepared, posteriors)]

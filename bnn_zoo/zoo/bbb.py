@@ -27,6 +27,7 @@ from __future__ import annotations
 from bnn_zoo.core.elbo import LocalReparameterizationELBO
 from bnn_zoo.guides.bbb import BayesByBackpropGuide
 from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.options import Factory
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import mlp
@@ -38,7 +39,8 @@ register(Entry(
     source='Blundell et al. 2015, "Weight Uncertainty in Neural Networks"',
     seed_notes="004",
     model=mlp,
-    method=SVI(BayesByBackpropGuide, elbo=LocalReparameterizationELBO, replicas=True),
+    method=SVI(Factory(BayesByBackpropGuide, ("init_scale", "generator")),
+               elbo=LocalReparameterizationELBO, replicas=True),
     budget=Budget(steps=4000, lr=3e-2, batch_size=256, jit=True),
     tunable_noise=True,
     accepts_net=True,

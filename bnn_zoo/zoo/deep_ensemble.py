@@ -16,8 +16,6 @@ results on UCI use, and it matters where the noise varies with the inputs.
 
 from __future__ import annotations
 
-from functools import partial
-
 from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.zoo import Entry, register
@@ -30,7 +28,7 @@ register(Entry(
     tasks=("regression",),
     source='Lakshminarayanan et al. 2017, "Simple and Scalable Predictive Uncertainty '
            'Estimation using Deep Ensembles"',
-    model=partial(fan_in_mlp, noise="heteroscedastic"),
+    model=fan_in_mlp.with_defaults(noise="heteroscedastic"),
     method=Ensemble(member=SVI(map_guide, replicas=True), members=5),
     budget=MAP_BUDGET,
 ))

@@ -12,6 +12,7 @@ for a linear-Gaussian model and affordable for the zoo's small nets (``P = 151``
 from __future__ import annotations
 
 from bnn_zoo.guides.params import MultivariateNormal
+from bnn_zoo.methods.options import factory
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.module import BayesianModule
@@ -19,6 +20,7 @@ from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import STRUCTURED_BUDGET, init_loc_fn, mlp
 
 
+@factory("init_scale")
 def full_rank(model: BayesianMLP | BayesianModule, *,
               init_scale: float = 0.01) -> MultivariateNormal:
     """Full-covariance Gaussian over all weights, started narrow at a fan-in point

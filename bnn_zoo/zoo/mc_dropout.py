@@ -31,6 +31,7 @@ from __future__ import annotations
 from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.guides.dropout import MCDropoutGuide
 from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.options import factory
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import TASKS, BayesianMLP
 from bnn_zoo.models.module import BayesianModule
@@ -38,6 +39,7 @@ from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import init_loc_fn, mlp
 
 
+@factory("dropout")
 def dropout_guide(model: BayesianMLP | BayesianModule, *, dropout: float = 0.05
                   ) -> MCDropoutGuide:
     """:class:`MCDropoutGuide` at rate ``dropout``, its point masses started where the zoo's

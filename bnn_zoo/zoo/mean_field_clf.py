@@ -11,6 +11,7 @@ import pyro.infer
 from bnn_zoo.core.checks import check_positive
 from bnn_zoo.guides.mean_field import MeanFieldGuide
 from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.options import Factory, factory
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.priors import GaussianPrior
@@ -18,6 +19,7 @@ from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import mlp
 
 
+@factory("hidden", "activation", "prior_scale")
 def classifier(in_dim: int, out_dim: int, *, task: str = "classification",
                hidden: Sequence[int] = (50,), activation: str = "relu",
                prior_scale: float = 1.0) -> BayesianMLP:
@@ -35,7 +37,8 @@ register(Entry(
     seed_notes="002",
     model=classifier,
     # TraceMeanField_ELBO: the seed's ELBO with the KL of eq. (1) in closed form
-    method=SVI(MeanFieldGuide, elbo=pyro.infer.TraceMeanField_ELBO),
+    method=SVI(Factory(MeanFieldGuide, ("init_scale", "generator")),
+               elbo=pyro.infer.TraceMeanField_ELBO),
     budget=Budget(steps=1000, lr=1e-2, batch_size=None, jit=True),
     accepts_net=True,
 ))

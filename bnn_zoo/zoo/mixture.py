@@ -8,6 +8,7 @@ from __future__ import annotations
 from bnn_zoo.core.elbo import MixtureELBO
 from bnn_zoo.guides.mixture import MixtureGuide
 from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.options import factory
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.module import BayesianModule
@@ -15,6 +16,7 @@ from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import init_loc_fn, mlp
 
 
+@factory("num_components", "estimator", "baseline", "init_scale", "init_spread")
 def mixture_guide(model: BayesianMLP | BayesianModule, *, num_components: int = 2,
                   estimator: str = "enumerate", baseline: bool = False, init_scale: float = 0.02,
                   init_spread: float = 0.1) -> MixtureGuide:

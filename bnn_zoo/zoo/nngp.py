@@ -5,10 +5,9 @@ Lee et al. 2018 for depth), hyperparameters by type-II maximum likelihood
 
 from __future__ import annotations
 
-from functools import partial
-
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.gp import ExactGP
+from bnn_zoo.methods.options import Factory
 from bnn_zoo.models.nngp import NNGPRegression
 from bnn_zoo.zoo import Entry, register
 
@@ -45,7 +44,8 @@ for _name, (_activation, _source) in _KERNELS.items():
         tasks=("regression",),
         source=_source,
         seed_notes="001",
-        model=partial(nngp, activation=_activation),
+        # Any option: those nngp does not name go on to the model and its kernel.
+        model=Factory(nngp, None, {"activation": _activation}),
         method=ExactGP(max_points=MAX_TRAINING_POINTS),
         budget=Budget(steps=300, lr=0.05, batch_size=None),
     ))

@@ -19,6 +19,7 @@ from pyro.infer.autoguide import AutoNormal
 
 from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.options import factory
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.module import BayesianModule
@@ -31,6 +32,7 @@ from bnn_zoo.zoo._defaults import MAP_BUDGET, fan_in_mlp, init_loc_fn, map_guide
 MEAN_FIELD_BUDGET = Budget(steps=3000, lr=3e-2, batch_size=256, num_particles=8, jit=True)
 
 
+@factory("init_scale")
 def auto_normal(model: BayesianMLP | BayesianModule, *, init_scale: float = 0.01) -> AutoNormal:
     """Pyro's mean-field Gaussian autoguide, started narrow at a fan-in initialisation
     (a user's network: at its own weights, :func:`~bnn_zoo.zoo._defaults.init_loc_fn`)."""

@@ -20,12 +20,15 @@ from __future__ import annotations
 from bnn_zoo.core.checks import check_choice
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.logitnormal import LogitNormalSVI
+from bnn_zoo.methods.options import factory
 from bnn_zoo.models.rff import RandomFeatureRegression
 from bnn_zoo.zoo import Entry, register
 
 __all__ = ["rff_model"]
 
 
+@factory("num_features", "bandwidth", "prior_loc", "prior_scale", "prior_variance",
+         "noise_scale", "feature_seed")
 def rff_model(in_dim: int, out_dim: int = 1, *, task: str = "regression",
               num_features: int = 100, bandwidth: float = 3.0, prior_loc: float = 0.0,
               prior_scale: float = 1.0, prior_variance: float = 1.0,

@@ -25,6 +25,7 @@ from pyro.distributions.transforms import affine_autoregressive
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.guides.flow import AffineShiftedFlow
 from bnn_zoo.guides.params import LowRankMultivariateNormal
+from bnn_zoo.methods.options import factory
 from bnn_zoo.methods.svi import SVI
 from bnn_zoo.models.mlp import BayesianMLP
 from bnn_zoo.models.module import BayesianModule
@@ -32,6 +33,7 @@ from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import STRUCTURED_BUDGET, init_loc_fn, mlp
 
 
+@factory("rank", "init_scale")
 def low_rank(model: BayesianMLP | BayesianModule, *, rank: int = 10,
              init_scale: float = 0.01) -> LowRankMultivariateNormal:
     """Low-rank-plus-diagonal Gaussian over all weights, started narrow at a fan-in init
@@ -40,6 +42,7 @@ def low_rank(model: BayesianMLP | BayesianModule, *, rank: int = 10,
                                      rank=check_positive_int("rank", rank), init_scale=init_scale)
 
 
+@factory("init_scale")
 def iaf(model: BayesianMLP | BayesianModule, *, init_scale: float = 0.01) -> AffineShiftedFlow:
     """One affine IAF layer (MADE hidden width = number of weights) on ``N(0, I)``, then
     ``w = loc + scale * IAF(z)`` with ``loc`` at a fan-in initialisation and ``scale``

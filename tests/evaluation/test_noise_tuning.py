@@ -1,5 +1,5 @@
 """Observation noise tuned on held-out training data (bnn_zoo.evaluation.noise_tuning,
-Budget.validation)."""
+Entry.fit(..., validation=...))."""
 
 from __future__ import annotations
 

@@ -50,10 +50,8 @@ class Reached(Exception):
     """Raised by the spied runners: the run was about to start."""
 
 
-def test_the_cases_cover_every_budget_field_but_the_entrys():
-    # validation is applied by Entry.fit (held-out points, tuned noise), not by a method:
-    # see test_a_method_refuses_validation_which_the_entry_applies.
-    assert set(VALUES) == {f.name for f in fields(Budget)} - {"validation"}
+def test_the_cases_cover_every_budget_field():
+    assert set(VALUES) == {f.name for f in fields(Budget)}
     assert all(getattr(BASE, name) != value for name, value in VALUES.items())
 
 
@@ -97,16 +95,13 @@ def test_each_budget_field_is_honoured_or_refused_by_name(case, field, monkeypat
     assert seen[field] == VALUES[field]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.entry}.{c.call}")
-def test_a_method_refuses_validation_which_the_entry_applies(case, monkeypatch):
-    """Given ``validation > 0`` directly, every method refuses it by name before training
-    (it would fit every point and tune nothing); the entry holds the points out, hands the
-    method ``validation=0`` and tunes the noise itself."""
-    seen = _spy_runners(monkeypatch)
-    with pytest.raises(ValueError, match="validation is applied by a zoo entry.* does not "
-                                         "support validation=0.25"):
-        _call(case, replace(BASE, validation=0.25))
-    assert not seen
+def test_validation_is_the_entrys_and_no_budget_field():
+    """The held-out points are the entry's (``Entry.fit(..., validation=...)``): a budget
+    has no such field, so no method sees or refuses one."""
+    with pytest.raises(TypeError, match="validation"):
+        Budget(validation=0.25)
+    with pytest.raises(ValueError, match="validation"):
+        zoo.get("map").fit(torch.randn(8, 2), torch.randn(8), validation=1.5)
 
 
 def test_the_entry_fits_the_method_without_the_held_out_points(monkeypatch):

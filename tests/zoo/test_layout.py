@@ -3,10 +3,10 @@
 ``bnn_zoo.guides``), and no zoo entry module importing another, so that shared defaults
 live in one place (:mod:`bnn_zoo.zoo._defaults`) and each entry module is its declaration.
 
-An import counts wherever it stands (module level or inside a function), except under
-``if TYPE_CHECKING:``, which never runs. ``from package import name`` is an edge to the
-submodule ``package.name`` where there is one, otherwise to the package itself; importing
-a module does not count as importing its parent packages.
+An import counts wherever it stands (module level, inside a function, or under
+``if TYPE_CHECKING:``, where a cycle hides rather than ends). ``from package import name``
+is an edge to the submodule ``package.name`` where there is one, otherwise to the package
+itself; importing a module does not count as importing its parent packages.
 """
 
 from __future__ import annotations
@@ -33,24 +33,12 @@ def modules(folders: dict[str, Path]) -> dict[str, Path]:
     return found
 
 
-def _type_checking_only(tree: ast.Module) -> set[int]:
-    """The ids of the import nodes under ``if TYPE_CHECKING:``."""
-    skipped = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
-    return skipped
-
-
 def imports(name: str, path: Path, known: set[str]) -> set[str]:
     """The modules of ``known`` that module ``name`` (file ``path``) imports."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    skipped = _type_checking_only(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name in known)
         elif isinstance(node, ast.ImportFrom):
@@ -135,10 +123,8 @@ def fake_package(tmp_path):
     _write(tmp_path, {
         "__init__.py": "",
         "zoo/__init__.py": "from bnn_zoo.zoo._entry import Entry\n",
-        "zoo/_entry.py": "from typing import TYPE_CHECKING\n"
-                         "from bnn_zoo.zoo import _replicas\n",
-        "zoo/_replicas.py": "from typing import TYPE_CHECKING\n"
-                            "if TYPE_CHECKING:\n    from bnn_zoo.zoo._entry import Entry\n",
+        "zoo/_entry.py": "from bnn_zoo.zoo import _replicas\n",
+        "zoo/_replicas.py": "BATCH = 1\n",
         "zoo/_defaults.py": "BUDGET = 1\n",
         "zoo/a.py": "from bnn_zoo.zoo import register\nfrom bnn_zoo.zoo._defaults import BUDGET\n"
                     "register(BUDGET)\n",
@@ -155,9 +141,12 @@ def test_the_checks_pass_a_well_laid_out_package(fake_package):
 
 def test_the_checks_find_a_cycle_and_an_entry_importing_an_entry(fake_package):
     folder = fake_package["bnn_zoo"]
+    cycle = ["bnn_zoo.zoo._entry", "bnn_zoo.zoo._replicas", "bnn_zoo.zoo._entry"]
     (folder / "zoo/_replicas.py").write_text("def f():\n    from bnn_zoo.zoo._entry import E\n")
-    assert find_cycle(import_graph(fake_package)) == [
-        "bnn_zoo.zoo._entry", "bnn_zoo.zoo._replicas", "bnn_zoo.zoo._entry"]
+    assert find_cycle(import_graph(fake_package)) == cycle
+    (folder / "zoo/_replicas.py").write_text("from typing import TYPE_CHECKING\n"
+                                             "if TYPE_CHECKING:\n    from ._entry import E\n")
+    assert find_cycle(import_graph(fake_package)) == cycle
     (folder / "zoo/b.py").write_text("from bnn_zoo.zoo import register\n"
                                      "from .a import BUDGET\nregister(BUDGET)\n")
     assert entries_importing_entries(fake_package) == {"bnn_zoo.zoo.b": {"bnn_zoo.zoo.a"}}

@@ -329,11 +329,10 @@ BUDGET_CASES = {
     "jit 1": ({"jit": 1}, TypeError),
     "jit string": ({"jit": "True"}, TypeError),
     "distributed 0": ({"distributed": 0}, TypeError),
-    "validation 1": ({"validation": 1.0}, ValueError),
-    "validation negative": ({"validation": -0.1}, ValueError),
-    "validation string": ({"validation": "0.1"}, TypeError),
-    "validation bool": ({"validation": True}, TypeError),
 }
+#: The held-out share is the entry's, not a budget field: checked by entry.fit alone.
+VALIDATION_CASES = {"1": (1.0, ValueError), "negative": (-0.1, ValueError),
+                    "string": ("0.1", TypeError), "bool": (True, TypeError)}
 
 
 @pytest.mark.parametrize("case", sorted(BUDGET_CASES))
@@ -343,6 +342,12 @@ def test_bad_budget_field_is_named(case):
     expect(lambda: Budget(**options), error, [field])
     # the same through the budget overrides of entry.fit, before any work
     expect(lambda: zoo.get("map").fit(X, Y, **options), error, [field])
+
+
+@pytest.mark.parametrize("case", sorted(VALIDATION_CASES))
+def test_bad_validation_is_named(case):
+    value, error = VALIDATION_CASES[case]
+    expect(lambda: zoo.get("map").fit(X, Y, validation=value), error, ["validation"])
 
 
 # --- entry.fit ------------------------------------------------------------------------------
