@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import pyro
 import pyro.distributions as dist
@@ -42,18 +42,28 @@ from bnn_zoo.core.checks import check_choice
 from bnn_zoo.core.linalg import cholesky_with_jitter, symmetric_eigh
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
 
-if TYPE_CHECKING:
-    from bnn_zoo.guides.laplace.posterior import LaplacePosterior
-
 __all__ = ["LIKELIHOODS", "MIN_SCALE", "Categorical", "Gaussian", "GaussianOutputs",
-           "GaussianPrecision", "Heteroscedastic", "Likelihood", "heteroscedastic_scale",
-           "laplace_likelihood", "observe"]
+           "GaussianPrecision", "Heteroscedastic", "Likelihood", "NoiseStatistics",
+           "heteroscedastic_scale", "laplace_likelihood", "observe"]
 
 #: The names of the likelihoods, as a Laplace posterior saves them.
 LIKELIHOODS = ("gaussian", "categorical", "heteroscedastic")
 
 #: The floor of a heteroscedastic noise scale, in the units of the (standardised) targets.
 MIN_SCALE = 1e-3
+
+
+class NoiseStatistics(Protocol):
+    """What a noise update reads of a Laplace posterior
+    ([`LaplacePosterior`][bnn_zoo.guides.laplace.posterior.LaplacePosterior]): the noise
+    precision ``beta``, the number of observed outputs, the data energy ``E_D`` and the
+    effective parameters per output."""
+
+    beta: Tensor
+    num_outputs: int
+    energy: Tensor
+
+    def output_effective_parameters(self) -> Tensor: ...
 
 
 def heteroscedastic_scale(raw: Tensor) -> Tensor:
@@ -154,7 +164,7 @@ class Likelihood:
         ``- E_D``."""
         return log_evidence - energy
 
-    def noise_update(self, post: LaplacePosterior, gamma: Tensor) -> Tensor:
+    def noise_update(self, post: NoiseStatistics, gamma: Tensor) -> Tensor:
         """MacKay's fixed-point ``beta`` (PRML 5.180) given the effective parameters
         ``gamma``: the fixed noise itself."""
         return post.beta
@@ -212,7 +222,7 @@ class Gaussian(Likelihood):
         return log_evidence - (beta * energy).sum() \
             + 0.5 * (n / beta.numel()) * torch.log(beta).sum() - 0.5 * n * math.log(2 * math.pi)
 
-    def noise_update(self, post: LaplacePosterior, gamma: Tensor) -> Tensor:
+    def noise_update(self, post: NoiseStatistics, gamma: Tensor) -> Tensor:
         """``beta = (N - gamma) / (2 E_D)``."""
         return (post.num_outputs - gamma.sum()) / (2 * post.energy)
 
@@ -240,7 +250,7 @@ class GaussianOutputs(Gaussian):
         """Per output ``N(f_d(x), 1/beta_d + g_d^T A^-1 g_d)``, (1, N, D)."""
         return GaussianMixturePredictive(f[None], (_glm_variance(cov) + 1 / beta).sqrt()[None])
 
-    def noise_update(self, post: LaplacePosterior, gamma: Tensor) -> Tensor:
+    def noise_update(self, post: NoiseStatistics, gamma: Tensor) -> Tensor:
         """``beta_d = (N - gamma_d) / (2 E_d)``, ``gamma_d = beta_d tr(A^-1 H_d)``."""
         points = post.num_outputs // post.beta.numel()
         return (points - post.output_effective_parameters()) / (2 * post.energy)
