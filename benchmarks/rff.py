@@ -1,4 +1,5 @@
-"""Seed 000's four objectives for the ``rff_logitnormal`` entry, compared on UCI sets.
+"""The four objectives of the ``rff_logitnormal`` entry (after Coker's notes "LogitNormal
+model"), compared on UCI sets.
 
 For every data set, split and objective (``alg3``, ``alg3_literal``, ``alg1``,
 ``collapsed``): test log-likelihood per point and RMSE (original units), fit time,
