@@ -1,11 +1,12 @@
-"""Bayes by Backprop (seed 004) under three weight priors, side by side.
+"""Bayes by Backprop under three weight priors, side by side.
 
-For each network (``seed_1-3-1_sigmoid``: the seed's worked example, one hidden layer of
-3 sigmoid units; ``bbb_1-50-1_relu``: the ``bbb`` entry's own net) and each prior
-(``gaussian_0.05``: the seed's ``N(0, 0.05^2)``; ``gaussian_1``: ``N(0, 1)``, the entry's
+For each network (``seed_1-3-1_sigmoid``: the worked example of Thakur's notes on Blundell
+et al. 2015, one hidden layer of 3 sigmoid units; ``bbb_1-50-1_relu``: the ``bbb`` entry's
+own net) and each prior
+(``gaussian_0.05``: the notes' ``N(0, 0.05^2)``; ``gaussian_1``: ``N(0, 1)``, the entry's
 default; ``scale_mixture``: Blundell et al.'s ``1/2 N(0, 1) + 1/2 N(0, e^-12)``,
 :class:`~bnn_zoo.models.ScaleMixturePrior`), the ``bbb`` entry is fitted on ``sine`` (the
-seed's curve) with its own budget, split ``k`` with seed ``--seed + k``: test
+notes' curve) with its own budget, split ``k`` with seed ``--seed + k``: test
 log-likelihood per point, RMSE, 90% coverage and fit seconds, mean ± standard error over
 ``--splits``. Writes ``bbb_priors.md``, ``.csv`` and ``.json`` under ``--out``.
 

@@ -5,7 +5,7 @@ three rotated from split to split:
 
 * **zoo**: ``zoo.get("laplace").fit``: the MAP by SVI (its budget: 2000 Adam steps, lr
   1e-2, minibatches of 256, traced), full-batch L-BFGS refits, the full GGN, ``alpha``
-  and ``beta`` by MacKay's evidence fixed point (seed 001);
+  and ``beta`` by MacKay's evidence fixed point (Bishop 2006, section 5.7);
 * **zoo_posthoc**: the same with ``method_options={"refine": False}``: ``alpha`` and
   ``beta`` tuned at the SVI MAP and its curvature, no refits, the post-hoc recipe
   laplace-torch follows;

@@ -1,4 +1,4 @@
-"""Laplace variants (seed 001) against each other, with and without evidence tuning.
+"""Laplace variants (Bishop 2006, section 5.7) against each other, with and without evidence tuning.
 
 For every data set, split and curvature variant (``laplace_full``, ``laplace_ggn``,
 ``laplace_diag``, ``laplace_kron``, ``laplace_last_layer``) the entry is fitted twice

@@ -1,8 +1,8 @@
-"""Mixture-of-diagonal-Gaussians guide (seed 003) by gradient estimator and number of components.
+"""Mixture-of-diagonal-Gaussians guide by gradient estimator and number of components.
 
 For each target (``two_component``, ``banana``, ``ring``: KL to the normalised target,
 ``KL = log Z - ELBO``; ``bnn``: the weight posterior of a 1-10-1 tanh net on 100 points
-of ``sine``, ELBO only) and each estimator (``score`` as in the seed, ``score_baseline``,
+of ``sine``, ELBO only) and each estimator (``score``, ``score_baseline``,
 ``pathwise``, ``enumerate``) and ``K``: the final KL or ELBO (Monte Carlo, with its
 standard error), the effective number of components ``exp(H(pi))``, and the wall time.
 Then, at one common state per target (the ``enumerate`` fit with the largest ``K >= 2``),

@@ -1,4 +1,4 @@
-"""The mixture guide (seed 003) with K = 1, 2, 4 components against NUTS on a small BNN.
+"""The mixture guide with K = 1, 2, 4 components against NUTS on a small BNN.
 
 The target: the weight posterior of a 1-5-1 tanh net (16 weights, prior N(0, 1), noise
 fixed at 0.2) on 20 random training points of ``sine`` and of ``gap``, in float64

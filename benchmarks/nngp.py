@@ -1,4 +1,7 @@
-"""The infinite-width limit against finite nets (seed 001, second half).
+"""The infinite-width limit against finite nets.
+
+After the second half of Arbel's lecture notes "Bayesian NN under a Laplace approximation"
+(2021):
 
 1. Prior: for one-hidden-layer nets of growing width ``H`` under the fan-in Gaussian
    prior, the empirical covariance of the outputs at three inputs against the NNGP

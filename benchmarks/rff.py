@@ -1,12 +1,12 @@
-"""Seed 000's four objectives for the ``rff_logitnormal`` entry, compared on UCI sets.
+"""The four objectives of the ``rff_logitnormal`` entry, compared on UCI sets.
 
-For every data set, split and objective (``alg3``, ``alg3_literal``, ``alg1``,
-``collapsed``): test log-likelihood per point and RMSE (original units), fit time,
-and, at the fitted parameters, the variance of the objective's estimate (negative ELBO,
-nats) and of its gradient (summed over the guide's parameters) over repeated evaluations.
-``alg1`` is evaluated with a fresh ``beta`` per evaluation, i.e. the variance of
-one outer iteration's estimate. Writes ``rff.md``, ``.csv``, ``.json`` (mean ±
-standard error over splits) and ``rff.png``.
+For every data set, split and objective (after Coker's notes "LogitNormal model": ``alg3``,
+``alg3_literal``, ``alg1``, ``collapsed``): test log-likelihood per point and RMSE (original
+units), fit time, and, at the fitted parameters, the variance of the objective's estimate
+(negative ELBO, nats) and of its gradient (summed over the guide's parameters) over repeated
+evaluations. ``alg1`` is evaluated with a fresh ``beta`` per evaluation, i.e. the variance
+of one outer iteration's estimate. Writes ``rff.md``, ``.csv``, ``.json`` (mean ± standard
+error over splits) and ``rff.png``.
 
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/rff.py --out results/rff
     python benchmarks/rff.py --datasets sine --splits 1 --steps 20   # a few seconds

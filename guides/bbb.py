@@ -1,4 +1,4 @@
-"""Bayes by Backprop (Blundell et al. 2015; seed 004).
+"""Bayes by Backprop (Blundell et al. 2015; Thakur's notes on it).
 
 The variational posterior is a diagonal Gaussian over every weight tensor,
 parameterised as in the paper's section 3.2::
@@ -9,7 +9,7 @@ so one sample site per weight tensor, reparameterised. With a Gaussian prior,
 train with ``TraceMeanField_ELBO`` (the KL term in closed form); with the
 scale-mixture prior, ``Trace_ELBO`` (a Monte Carlo KL, as in the paper).
 
-Initialisation differs from the seed on purpose: the seed draws ``rho`` near 0,
+Initialisation differs from Thakur's notes on purpose: they draw ``rho`` near 0,
 i.e. a posterior scale of ``softplus(0) = 0.69``, which drowns the signal of a
 freshly initialised net in weight noise. We start narrow (``init_scale=1e-2``:
 ``rho = log(expm1(0.01)) = -4.6``) with means from

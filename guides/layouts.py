@@ -1,4 +1,4 @@
-"""A network as a function of its flat weight vector ``theta`` (seed 001; the Laplace
+"""A network as a function of its flat weight vector ``theta`` (the Laplace
 approximation's view of a net), for the zoo's MLP and for any torch module.
 
 A layout knows where each weight tensor sits in ``theta`` (P,), how the weights group

@@ -1,4 +1,5 @@
-"""LogitNormal guide with the exact full conditional of the output weights (seed 000).
+"""LogitNormal guide with the exact full conditional of the output weights (Coker's
+notes "LogitNormal model").
 
 For :class:`~bnn_zoo.models.rff.RandomFeatureRegression` the guide is
 
@@ -11,7 +12,7 @@ the second factor the exact Gaussian full conditional (Bayesian linear regressio
 on the features; :func:`~bnn_zoo.models.rff.feature_posterior`). Four training
 objectives (``objective=`` of :class:`~bnn_zoo.methods.logitnormal.LogitNormalSVI`):
 
-* ``"alg3"``, **Algorithm 3 as an ELBO** (default; the seed's "version 2.0"): the Trace
+* ``"alg3"``, **Algorithm 3 as an ELBO** (default; Coker's "version 2.0"): the Trace
   ELBO of this guide, ``n_est`` vectorised particles ``s_k ~ q(s)``, a fresh
   ``beta_k ~ p(beta | X, y, s_k)`` for each, and ``KL(q(s) || p(s))`` in closed form:
 
@@ -21,18 +22,18 @@ objectives (``objective=`` of :class:`~bnn_zoo.methods.logitnormal.LogitNormalSV
           + \\log p(\\beta) - \\log q(\\beta | s)\\big] - \\mathrm{KL}(q_\\phi(s) \\| p(s)).
 
   Train with :class:`~bnn_zoo.core.elbo.MeanFieldELBO`.
-* ``"alg3_literal"``, **Algorithm 3 as the seed writes it** (line 9: the likelihood term
+* ``"alg3_literal"``, **Algorithm 3 as Coker writes it** (line 9: the likelihood term
   minus ``KL(q(s))`` alone; :class:`~bnn_zoo.core.elbo.ExpectedLikelihoodELBO`):
 
   .. math::
 
-      \\mathcal{L}_{3,\\text{seed}}(\\phi) = E_{q(s)\\,p(\\beta | X, y, s)}
+      \\mathcal{L}_{3,\\text{lit}}(\\phi) = E_{q(s)\\,p(\\beta | X, y, s)}
           \\big[\\log p(y | X, \\beta, s)\\big] - \\mathrm{KL}(q_\\phi(s) \\| p(s)).
 
 * ``"alg1"``, **Algorithm 1** (:class:`~bnn_zoo.core.elbo.Algorithm1ELBO`):
   ``beta_i ~ p(beta | X, y, s_i)`` with ``s_i ~ q(s)`` drawn once per outer iteration
-  and held (no gradient) for ``inner_steps`` (the seed's ``n_grad``) optimiser steps on
-  the seed's line 11, ``E_q(s)[log p(y | X, beta_i, s)] - KL(q(s) || p(s))``.
+  and held (no gradient) for ``inner_steps`` (Coker's ``n_grad``) optimiser steps on
+  Coker's line 11, ``E_q(s)[log p(y | X, beta_i, s)] - KL(q(s) || p(s))``.
 * ``"collapsed"`` (:class:`~bnn_zoo.core.elbo.CollapsedELBO`): ``beta`` integrated out,
   ``E_q(s)[log N(y; 0, sigma_beta^2 Phi Phi^T + sigma^2 I)] - KL(q(s) || p(s))``,
   by the K x K Woodbury form.
@@ -40,11 +41,11 @@ objectives (``objective=`` of :class:`~bnn_zoo.methods.logitnormal.LogitNormalSV
 Algorithm 2 (the predictive) is what :func:`bnn_zoo.predict` does with this
 guide: ``s ~ q(s)``, ``beta ~ p(beta | X_train, y_train, s)``, ``f* = Phi(x*; s) beta``.
 
-Deviation from the seed: Algorithms 1 and 3 of seed 000 estimate the likelihood
+Deviation from the notes: Coker's Algorithms 1 and 3 estimate the likelihood
 term as an average of *likelihoods*, ``1/n_est sum_k N(y; f_k(x), sigma^2 I)``,
 and subtract the KL from it. An ELBO averages *log*-likelihoods,
 ``1/n_est sum_k log N(y; f_k(x), sigma^2 I)``; that is what every objective here does
-(the seed's version is not a bound on anything, and underflows for any real N).
+(the notes' version is not a bound on anything, and underflows for any real N).
 
 Why Algorithm 3 (``"alg3"``) and the collapsed objective agree: for every ``s`` and every
 ``beta``, ``log p(y | beta, s) + log p(beta) - log p(beta | y, s) = log p(y | s)``.
@@ -58,9 +59,9 @@ minibatch the likelihood is a rescaled part of the data, so the equality holds i
 expectation over batches only); (3) log-likelihoods are averaged, not likelihoods. The
 collapsed form is just cheaper (no ``beta`` sample, no likelihood pass).
 
-Why the default is not the seed's literal Algorithm 3: without (1) the identity gives
+Why the default is not the literal Algorithm 3: without (1) the identity gives
 ``E_{beta | y, s}[log p(y | beta, s)] = log p(y | s) + KL(p(beta | X, y, s) || p(beta))``,
-so ``L_3,seed = L_collapsed + E_q(s)[KL(p(beta | X, y, s) || p(beta))]`` (tested): the
+so ``L_3,lit = L_collapsed + E_q(s)[KL(p(beta | X, y, s) || p(beta))]`` (tested): the
 literal objective is *not* the collapsed ELBO, not a lower bound on ``log p(y | X)``, and
 its extra term rewards scales ``s`` (and a noise ``sigma``) under which ``beta``'s
 conditional moves far from its prior, i.e. fits the training data more closely. It

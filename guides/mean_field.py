@@ -1,11 +1,12 @@
-"""Mean-field Gaussian variational inference with a closed-form KL (seed 002).
+"""Mean-field Gaussian variational inference with a closed-form KL (the notes "ELBO
+diagonal Gaussian").
 
 The guide is a diagonal Gaussian over every weight tensor of the model,
 ``q(w) = prod_i N(w_i; mu_i, sigma_i^2)``, with ``sigma = softplus(rho)``: the
 same family and parameterisation as Bayes by Backprop, so
 :class:`MeanFieldGuide` subclasses
 :class:`~bnn_zoo.guides.bbb.BayesByBackpropGuide` rather than repeating it.
-Seed 002 trains it on the ELBO
+The notes train it on the ELBO
 
 .. math::
 
@@ -15,20 +16,20 @@ Seed 002 trains it on the ELBO
 with a Gaussian prior ``p(w) = N(0, s^2 I)`` so that the KL is the closed form of
 eq. (1) (:func:`diagonal_gaussian_kl`); in Pyro that is ``TraceMeanField_ELBO``,
 which replaces the Monte Carlo ``log q(w) - log p(w)`` of ``Trace_ELBO`` by the
-analytic KL of each site. The predictive is the seed's section 2, the Monte
+analytic KL of each site. The predictive is the notes' section 2, the Monte
 Carlo average of class probabilities over ``w_s ~ q``
 (:func:`bnn_zoo.predict`, :class:`~bnn_zoo.core.predictive.CategoricalPredictive`).
 
-Where we differ from the seed's slips:
+Where we differ from the notes' slips:
 
 * eq. (1)-(2) put ``- n`` inside the sum over the ``n`` weights, which would
   subtract ``n^2``; it belongs outside (``- 1`` per weight), as the line above
   eq. (1) has it;
-* the seed's ELBO writes ``E_q[sum_n p(y_n | f(x_n))]``; the ELBO has the
+* the notes' ELBO writes ``E_q[sum_n p(y_n | f(x_n))]``; the ELBO has the
   expected *log*-likelihood;
-* the seed's first line writes ``KL(q || p) = E_q[log p/q]``, the negative of the
+* the notes' first line writes ``KL(q || p) = E_q[log p/q]``, the negative of the
   KL; its later lines (and ours) use ``E_q[log q/p]``;
-* the seed's predictive averages over ``p(w)``; it means the posterior ``p(w | D)``,
+* the notes' predictive averages over ``p(w)``; it means the posterior ``p(w | D)``,
   which ``q`` approximates.
 """
 
@@ -47,7 +48,7 @@ __all__ = ["MeanFieldGuide", "diagonal_gaussian_kl"]
 
 def diagonal_gaussian_kl(loc_q: Tensor, scale_q: Tensor, loc_p: Tensor | float,
                          scale_p: Tensor | float) -> Tensor:
-    """Closed-form ``KL(N(loc_q, diag scale_q^2) || N(loc_p, diag scale_p^2))`` (seed 002, eq. 1).
+    """Closed-form ``KL(N(loc_q, diag scale_q^2) || N(loc_p, diag scale_p^2))`` (the notes' eq. 1).
 
     With ``n`` the number of elements after broadcasting the four arguments
     against each other,
@@ -59,11 +60,11 @@ def diagonal_gaussian_kl(loc_q: Tensor, scale_q: Tensor, loc_p: Tensor | float,
             + \\frac{\\sigma_{q,i}^2}{\\sigma_{p,i}^2}
             + \\frac{(\\mu_{p,i} - \\mu_{q,i})^2}{\\sigma_{p,i}^2}\\Big) - n\\Big].
 
-    The seed puts ``- n`` inside the sum; it belongs outside, as written here. We
+    The notes put ``- n`` inside the sum; it belongs outside, as written here. We
     compute it as ``- 1`` inside each term (the same number), which keeps each
     term ``r^2 - 1 - 2 log r >= 0`` for ``r = sigma_q / sigma_p`` instead of
     cancelling two large sums. With ``loc_p = 0`` and ``scale_p = 1`` this is
-    the seed's eq. (2).
+    the notes' eq. (2).
 
     Parameters
     ----------
@@ -98,7 +99,7 @@ def diagonal_gaussian_kl(loc_q: Tensor, scale_q: Tensor, loc_p: Tensor | float,
 
 
 class MeanFieldGuide(BayesByBackpropGuide):
-    """Seed 002's diagonal Gaussian guide: one mean and one softplus-scale per weight.
+    """The notes' diagonal Gaussian guide: one mean and one softplus-scale per weight.
 
     The parameters, their initialisation (means ``N(0, 1/d_in)``, scales
     ``init_scale``) and the sampling are those of

@@ -1,8 +1,9 @@
-r"""Mixture of diagonal Gaussians for unnormalised posteriors (seed 003).
+r"""Mixture of diagonal Gaussians for unnormalised posteriors.
 
-The guide is the seed's fitting function over the flattened, unconstrained
-latent vector :math:`\theta \in \mathbb{R}^D` of any Pyro model (built on
-Pyro's :class:`~pyro.infer.autoguide.AutoContinuous`):
+The guide is the fitting function of the notes on fitting an unnormalised posterior by a
+mixture of diagonal Gaussians (the mixture notes) over the flattened, unconstrained latent
+vector :math:`\theta \in \mathbb{R}^D` of any Pyro model (built on Pyro's
+:class:`~pyro.infer.autoguide.AutoContinuous`):
 
 .. math::
 
@@ -13,27 +14,27 @@ Pyro's :class:`~pyro.infer.autoguide.AutoContinuous`):
                = \mathcal{N}\!\left(x; -\tfrac{b}{w}, \tfrac{1}{w^2}\right),
 
 evaluated in log space as :math:`\log q = \operatorname{logsumexp}_i \beta_i` with
-the seed's component terms
+the notes' component terms
 
 .. math::
 
     \beta_i = \log \pi_i + \sum_j \left\{-\tfrac12 (\theta_j w_{ij} + b_{ij})^2
               + \tfrac12 \log \frac{w_{ij}^2}{2\pi}\right\}.
 
-Where this differs from the seed, on purpose:
+Where this differs from the mixture notes, on purpose:
 
-* the component mean is :math:`-b/w`, not the seed's :math:`b/w`;
+* the component mean is :math:`-b/w`, not the notes' :math:`b/w`;
 * the weights are normalised, :math:`\pi_i = a_i^2 / \sum_k a_k^2`: with the
-  seed's raw :math:`a_i^2`, ``q`` is not a density and its "KL" is not a KL;
+  notes' raw :math:`a_i^2`, ``q`` is not a density and its "KL" is not a KL;
 * ``w`` is kept positive (a ``PyroParam`` with a positive constraint): the
   density depends on ``w`` only through ``|w|`` and ``w = 0`` is a singularity;
-* ``log q`` is an exact ``torch.logsumexp``; the seed's truncation to the set
+* ``log q`` is an exact ``torch.logsumexp``; the notes' truncation to the set
   :math:`M_\beta` of leading terms is an approximation that a stable
   log-sum-exp makes unnecessary;
-* the seed's cost :math:`E_q[\ln p - \ln q]` is the ELBO (to be maximised), not
+* the notes' cost :math:`E_q[\ln p - \ln q]` is the ELBO (to be maximised), not
   the KL; for a target with normaliser :math:`Z`,
   :math:`\mathrm{KL}(q \| p/Z) = \log Z - \mathrm{ELBO}`;
-* the seed's :math:`\partial\beta_i/\partial w_{jk}` has the wrong sign on
+* the notes' :math:`\partial\beta_i/\partial w_{jk}` has the wrong sign on
   :math:`1/w`: it is :math:`\delta_{ik}\{-(\theta_j w_{jk} + b_{jk})\theta_j + 1/w_{jk}\}`;
   and with normalised weights :math:`\partial\beta_i/\partial a_k =
   2\delta_{ik}/a_k - 2 a_k / \sum_l a_l^2`.
@@ -41,10 +42,10 @@ Where this differs from the seed, on purpose:
 Gradient estimators of the ELBO (``estimator=``), all unbiased, computed by
 :class:`~bnn_zoo.core.elbo.MixtureELBO`:
 
-* ``"score"``: the seed's section 4,
+* ``"score"``: the notes' section 4,
   :math:`\nabla \mathrm{ELBO} \approx \frac1n\sum_s \nabla\log q(\theta^{(s)})
   \{\ln p(\theta^{(s)}) - \ln q(\theta^{(s)}) - 1 - c\}`, with ``c = 0`` as in the
-  seed or, with ``baseline=True``, ``c = m - 1`` where ``m`` is a running mean of the
+  notes or, with ``baseline=True``, ``c = m - 1`` where ``m`` is a running mean of the
   ELBO from earlier steps, which centres the multiplier (a control variate, unbiased
   because it does not depend on the current draw);
 * ``"pathwise"``: the component ``k ~ pi`` is drawn, then
@@ -99,7 +100,7 @@ BASELINE_DECAY = 0.9
 
 
 def component_log_densities(theta: Tensor, a: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    r"""The seed's :math:`\beta_i` (with normalised weights) at every ``theta``.
+    r"""The notes' :math:`\beta_i` (with normalised weights) at every ``theta``.
 
     Parameters
     ----------
@@ -249,8 +250,8 @@ class MixtureGuide(AutoContinuous):
         do not start on top of each other.
     init_loc_fn : Pyro init function for the centre (default ``init_to_median``).
 
-    The parameters are the seed's ``a`` (K,), ``w`` (K, D) and ``b`` (K, D); note
-    the (component, coordinate) layout, the transpose of the seed's :math:`w_{ji}`.
+    The parameters are the notes' ``a`` (K,), ``w`` (K, D) and ``b`` (K, D); note
+    the (component, coordinate) layout, the transpose of the notes' :math:`w_{ji}`.
     Train with :class:`~bnn_zoo.core.elbo.MixtureELBO`.
     """
 

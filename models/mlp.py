@@ -1,4 +1,4 @@
-"""Bayesian MLP for regression and classification (seeds 001, 002, 004).
+"""Bayesian MLP for regression and classification.
 
 Prior over every weight tensor (one sample site per tensor, named
 ``layers.{l}.weight`` and ``layers.{l}.bias``), network output recorded as the
@@ -65,7 +65,8 @@ class BayesianMLP(ObservationNoise, PyroModule):
         1 for targets (N,), D > 1 for targets (N, D); classification: the number of
         classes).
     hidden : widths of the hidden layers.
-    activation : hidden activation (``relu`` default; ``sigmoid`` for the seed's 1-3-1 net).
+    activation : hidden activation (``relu`` default; ``sigmoid`` for the 1-3-1 net of
+        ``benchmarks/bbb_priors.py``).
     task : ``"regression"`` or ``"classification"``.
     prior : :class:`GaussianPrior` (default ``N(0, 1)``) or :class:`ScaleMixturePrior`.
     noise_scale : regression only; a float fixes ``sigma``, ``None`` learns it

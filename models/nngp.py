@@ -1,5 +1,5 @@
-r"""Exact GP regression with the NNGP kernel: the infinite-width Bayesian network (seed 001,
-second half; Neal 1996, "Bayesian Learning for Neural Networks"; Lee et al. 2018, "Deep
+r"""Exact GP regression with the NNGP kernel: the infinite-width Bayesian network (Neal
+1996, "Bayesian Learning for Neural Networks"; Lee et al. 2018, "Deep
 Neural Networks as Gaussian Processes").
 
 .. math:: y \sim N(0, K(X, X) + \sigma^2 I),

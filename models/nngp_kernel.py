@@ -1,7 +1,8 @@
 r"""The NNGP kernel: the covariance of the infinite-width limit of a Bayesian network with
-one or more hidden layers (seed 001, second half), as a Pyro GP kernel.
+one or more hidden layers, as a Pyro GP kernel.
 
-Neal (1996), as in the seed: the network
+Neal (1996), as in the second half of Arbel's lecture notes "Bayesian NN under a Laplace
+approximation" (2021): the network
 
 .. math::
 
@@ -51,7 +52,7 @@ diagonal (hence the relative jitter of :class:`~bnn_zoo.models.nngp.NNGPRegressi
 **Deeper networks** (``depth`` = ``L`` hidden layers, each with the same
 :math:`\sigma_w^2, \sigma_b^2`, hidden-to-hidden weights of variance
 :math:`\sigma_w^2 / H`): taking the widths to infinity one layer after the other
-(the seed notes that the limit extends to deeper networks; Lee et al. 2018, "Deep neural
+(the notes remark that the limit extends to deeper networks; Lee et al. 2018, "Deep neural
 networks as Gaussian processes"; Matthews et al. 2018 for all widths at once), the
 pre-activations of every layer are Gaussian processes, with covariances given by the
 recursion
@@ -71,10 +72,10 @@ section 2.3, for erf Williams 1997 iterated). ``depth = 1`` is the kernel above.
 Unlike the one-layer case, the covariance of a finite deep net differs from the
 limit by :math:`O(1/H)`.
 
-The seed's :math:`\sigma_H^2` is the variance of each output weight; it must
+The notes' :math:`\sigma_H^2` is the variance of each output weight; it must
 scale as :math:`1/H` for the limit :math:`N(0, H \sigma_H^2 c^2)` to exist, which
-the seed leaves implicit: here :math:`\sigma_H^2 = \sigma_v^2 / H`. The seed
-also assumes :math:`E[h_m(x)] = 0`, which fails for ReLU; it is not needed,
+the notes leave implicit: here :math:`\sigma_H^2 = \sigma_v^2 / H`. The notes
+also assume :math:`E[h_m(x)] = 0`, which fails for ReLU; it is not needed,
 because :math:`E[v_m] = 0` already centres each term.
 """
 

@@ -1,6 +1,7 @@
-"""Random-Fourier-feature regression with LogitNormal input scales (seed 000).
+"""Random-Fourier-feature regression with LogitNormal input scales (Coker's notes
+"LogitNormal model").
 
-The network of seed 000, eqs. (1)-(8)::
+The network of the notes, eqs. (1)-(8)::
 
     Phi(X; s) = sqrt(2) cos(X S W + b)          # (N, K), S = diag(s_1..s_D)
     f(X; s, beta) = Phi(X; s) beta              # (N,)
@@ -10,7 +11,7 @@ The network of seed 000, eqs. (1)-(8)::
 
 ``W`` (D, K) and ``b`` (K,) are random but fixed: drawn once from a seeded
 generator, ``W_dk ~ N(0, bandwidth^2)`` and ``b_k ~ U(0, 2 pi)``, and kept as
-buffers so a saved model predicts the same. Seed eq. (2) drops the phase ``b``
+buffers so a saved model predicts the same. The notes' eq. (2) drops the phase ``b``
 that eq. (4) has; we keep it (without it the features are all even functions of
 ``x``). Because ``s_d < 1``, ``bandwidth`` is the largest frequency a feature
 can have along an input; ``s_d -> 0`` switches input ``d`` off, so ``E_q[s_d]``
@@ -222,7 +223,7 @@ def feature_posterior(phi: Tensor, y: Tensor, noise_scale: Tensor | float,
 
 
 class RandomFeatureRegression(ObservationNoise, pyro.nn.PyroModule):
-    """Random-Fourier-feature regression with LogitNormal input scales (seed 000).
+    """Random-Fourier-feature regression with LogitNormal input scales (Coker's notes).
 
     Parameters
     ----------

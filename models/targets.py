@@ -1,6 +1,7 @@
-r"""Unnormalised log densities as Pyro models (seed 003).
+r"""Unnormalised log densities as Pyro models.
 
-The seed fits an unnormalised posterior :math:`p_D(\theta) = L(D, \theta) p(\theta)`
+The mixture notes (on fitting an unnormalised posterior by a mixture of diagonal
+Gaussians) fit an unnormalised posterior :math:`p_D(\theta) = L(D, \theta) p(\theta)`
 known only up to its normaliser :math:`Z`. :class:`UnnormalisedModel` turns any
 log density ``log_density(theta)`` (vectorised over leading dims) into a Pyro
 model with one latent site ``theta`` under a flat prior and a

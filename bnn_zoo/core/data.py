@@ -1,7 +1,7 @@
 """Data sets, in their original units, with fixed train/test splits.
 
-* ``sine``: the seed's 1-D sine curve (seed 004), ``y = sin(2x) + N(0, 0.1^2)``,
-  ``x ~ U(-3, 3)``; 500 training and 500 test points.
+* ``sine``: the 1-D sine curve of Thakur's notes on Blundell et al. (2015),
+  ``y = sin(2x) + N(0, 0.1^2)``, ``x ~ U(-3, 3)``; 500 training and 500 test points.
 * ``gap``: the same curve with no training inputs in ``(-1, 1)`` (test inputs
   cover the whole range), to see in-between uncertainty.
 * ``two_moons``: scikit-learn's two interleaving half circles, noise 0.1.

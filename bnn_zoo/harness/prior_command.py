@@ -1,5 +1,6 @@
 """The ``priors`` subcommand: the Gaussian limit of the output as the width grows and the
-tail parameter of the units against depth (seed 001, second half).
+tail parameter of the units against depth (the second half of Arbel's lecture notes
+"Bayesian NN under a Laplace approximation" (2021)).
 
     python -m bnn_zoo priors --widths 1 10 100 1000 --depth 3 --width 2 --out results/priors
     python -m bnn_zoo priors --nngp-depth 3      # the width sweep with 3 hidden layers

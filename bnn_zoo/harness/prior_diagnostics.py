@@ -1,7 +1,8 @@
 r"""Prior diagnostics: what a Gaussian weight prior says about the units of a network.
 
-Seed 001 (second half), after Vladimirova et al. (2019), "Understanding priors in
-Bayesian neural networks at the unit level": with i.i.d. centred Gaussian weights
+The second half of Arbel's lecture notes "Bayesian NN under a Laplace approximation"
+(2021), after Vladimirova et al. (2019), "Understanding priors in Bayesian neural networks
+at the unit level": with i.i.d. centred Gaussian weights
 and a ReLU-like activation, the pre-activation of a unit of layer ``l``
 (``l = 1`` the first hidden layer, the output layer ``L``) is *sub-Weibull* with
 tail parameter :math:`\theta = l/2`,
@@ -11,7 +12,7 @@ tail parameter :math:`\theta = l/2`,
 
 and the bound is tight (the moment norms grow as :math:`k^{l/2}`). Layer 1 is
 Gaussian (sub-Gaussian, :math:`\theta = 1/2`), layer 2 sub-exponential, deeper
-layers heavier still. (The seed writes :math:`\|X\|_k = (E[X^k])^{1/k}`; for odd
+layers heavier still. (The notes write :math:`\|X\|_k = (E[X^k])^{1/k}`; for odd
 ``k`` this needs :math:`|X|`, which is used here.)
 
 Two estimators of :math:`\theta` from samples:

@@ -1,15 +1,16 @@
-"""SVI of the LogitNormal random-feature pair (seed 000) under one of its four objectives.
+"""SVI of the LogitNormal random-feature pair (Coker's notes "LogitNormal model")
+under one of its four objectives.
 
 ``objective`` picks the training schedule (see :mod:`bnn_zoo.guides.logitnormal`):
 
-* ``"alg3"`` (default): seed Algorithm 3 as an ELBO, a fresh ``beta`` from its full
+* ``"alg3"`` (default): Coker's Algorithm 3 as an ELBO, a fresh ``beta`` from its full
   conditional per sample of ``s`` (``MeanFieldELBO``: the likelihood plus
-  ``log p(beta) - log q(beta | s)``, minus ``KL(q(s) || p(s))``), ``num_particles`` = the
-  seed's ``n_est``; in value and gradient the collapsed ELBO;
-* ``"alg3_literal"``: seed Algorithm 3 as written, the likelihood minus ``KL(q(s) || p(s))``
+  ``log p(beta) - log q(beta | s)``, minus ``KL(q(s) || p(s))``), ``num_particles`` = Coker's
+  ``n_est``; in value and gradient the collapsed ELBO;
+* ``"alg3_literal"``: Coker's Algorithm 3 as written, the likelihood minus ``KL(q(s) || p(s))``
   alone (``ExpectedLikelihoodELBO``): not a bound, and not the collapsed ELBO;
-* ``"alg1"``: seed Algorithm 1, ``beta`` drawn once and held for ``inner_steps`` (the
-  seed's ``n_grad``, default 10) steps;
+* ``"alg1"``: Coker's Algorithm 1, ``beta`` drawn once and held for ``inner_steps`` (Coker's
+  ``n_grad``, default 10) steps;
 * ``"collapsed"``: ``beta`` integrated out (full batch only).
 
 The random features are drawn from the fit's seed unless ``feature_seed`` is given (the

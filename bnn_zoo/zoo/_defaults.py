@@ -1,6 +1,6 @@
 """The defaults that several zoo entries share: the zoo's MLP, where its guides start, the
-MAP point estimate, the budgets of the entry families, and the SWAG method of ``swag`` and
-``multiswag``.
+MAP point estimate, the budgets of the entry families, the SWAG method of ``swag`` and
+``multiswag``, and the lecture notes of the Laplace and NNGP entries.
 
 Every entry module imports what it shares with another entry from here, never from another
 entry module, so that an entry's module is its declaration alone.
@@ -22,9 +22,12 @@ from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 from bnn_zoo.zoo._entry import TINY_BUDGET
 
-__all__ = ["LAPLACE_BUDGET", "MAP_BUDGET", "SAMPLER_BUDGET", "SAMPLER_TINY", "STRUCTURED_BUDGET",
-           "SWAG_METHOD", "fan_in_mlp", "init_loc_fn", "map_guide", "mlp"]
+__all__ = ["ARBEL_NOTES", "LAPLACE_BUDGET", "MAP_BUDGET", "SAMPLER_BUDGET", "SAMPLER_TINY",
+           "STRUCTURED_BUDGET", "SWAG_METHOD", "fan_in_mlp", "init_loc_fn", "map_guide", "mlp"]
 
+#: The lecture notes of the Laplace entries and the infinite-width ones (``nngp``).
+ARBEL_NOTES = ('Arbel 2021, "Bayesian NN under a Laplace approximation" (lecture notes, '
+               "Bayesian deep learning, NASH & IASD)")
 #: ``map``'s budget, shared by every member of ``ensemble``, ``deep_ensemble`` and the MAP
 #: start of ``nuts``.
 MAP_BUDGET = Budget(steps=4000, lr=3e-2, batch_size=256, jit=True)

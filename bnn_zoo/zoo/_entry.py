@@ -61,8 +61,8 @@ class Entry:
     :class:`~bnn_zoo.methods.options.Factory` declares the ``model_options`` it takes),
     ``method`` (a dataclass of :mod:`bnn_zoo.methods`) fits it, ``budget`` is the
     training budget for every data set. ``source`` cites the paper the entry implements
-    (authors, year, title) and ``seed_notes`` numbers the seed notes it follows, if any
-    (``"004"``: ``seeds/004_*.txt``). ``tiny`` holds the keywords of :meth:`fit` that make a
+    (authors, year, title) and ``notes`` the lecture or study notes it follows, if any
+    (author and title). ``tiny`` holds the keywords of :meth:`fit` that make a
     fit take seconds (budget overrides, and ``method_options`` shrinking the method's own
     sizes: chains, members): what the contract test fits every entry with.
     ``tunable_noise`` marks an entry whose regression predictive is a mixture
@@ -83,7 +83,7 @@ class Entry:
     method: Method
     budget: Budget = Budget()
     source: str | None = None
-    seed_notes: str | None = None
+    notes: str | None = None
     tiny: Mapping[str, Any] = field(default_factory=partial(dict, TINY_BUDGET))
     tunable_noise: bool = False
     accepts_net: bool = False

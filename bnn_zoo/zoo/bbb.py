@@ -1,5 +1,5 @@
 """Zoo entry ``bbb``: Bayes by Backprop (Blundell et al. 2015, "Weight Uncertainty in Neural
-Networks"; seed 004).
+Networks"; Thakur's notes on it).
 
 A diagonal Gaussian over every weight, ``w = mu + softplus(rho) * eps``
 (:class:`~bnn_zoo.guides.bbb.BayesByBackpropGuide`), trained on the ELBO with one particle
@@ -7,18 +7,18 @@ and the local reparameterisation trick (Kingma et al. 2015), whose gradient has 
 variance than several particles of sampled weights.
 
 Prior: ``N(0, 1)`` on every weight and bias (:class:`~bnn_zoo.models.GaussianPrior`
-``(1.0)``), on standardised inputs and targets; this is *not* the seed's prior. Seed 004
-states a Gaussian prior of scale ``sigma_p = 0.05`` ("In the case of prior, mu = 0.0,
-sigma_p = 0.05", the same 0.05 it uses to draw the initial ``mu``, ``rho`` and ``eps``).
+``(1.0)``), on standardised inputs and targets; this is *not* the prior of Thakur's notes,
+which state a Gaussian prior of scale ``sigma_p = 0.05`` ("In the case of prior, mu = 0.0,
+sigma_p = 0.05", the same 0.05 they use to draw the initial ``mu``, ``rho`` and ``eps``).
 Under that prior every weight is held near zero, a network of such weights computes an
-almost constant function, and the posterior fits the mean of the targets, with the seed's
-own 1-3-1 sigmoid net as with the entry's 1-50-1 ReLU net. ``N(0, 1)`` fits the data, and
+almost constant function, and the posterior fits the mean of the targets, with the
+notes' own 1-3-1 sigmoid net as with the entry's 1-50-1 ReLU net. ``N(0, 1)`` fits the data, and
 so does the paper's scale mixture (eq. 7, :class:`~bnn_zoo.models.ScaleMixturePrior`:
 ``1/2 N(0, 1) + 1/2 N(0, e^-12)``) about as well (``benchmarks/bbb_priors.py``, results in
 ``benchmarks/results/bbb_priors/``). ``N(0, 1)`` is the default because it is the simplest
 prior that fits, its KL is in closed form (the scale mixture's is a Monte Carlo estimate),
 and on standardised data a unit scale is the natural one. The others are one option away:
-``model_options={"prior": GaussianPrior(0.05)}`` (the seed's) or
+``model_options={"prior": GaussianPrior(0.05)}`` (the notes') or
 ``model_options={"prior": ScaleMixturePrior()}`` (the paper's).
 """
 
@@ -37,7 +37,7 @@ register(Entry(
     description="Bayes by Backprop: diagonal Gaussian w = mu + softplus(rho) * eps",
     tasks=("regression", "classification"),
     source='Blundell et al. 2015, "Weight Uncertainty in Neural Networks"',
-    seed_notes="004",
+    notes='Thakur, notes on Blundell et al. 2015, "Weight Uncertainty in Neural Networks"',
     model=mlp,
     method=SVI(Factory(BayesByBackpropGuide, ("init_scale", "generator")),
                elbo=LocalReparameterizationELBO, replicas=True),

@@ -1,6 +1,7 @@
 """Zoo entries of the Laplace approximation (MacKay 1992, "A Practical Bayesian Framework
 for Backpropagation Networks"; Bishop 2006, "Pattern Recognition and Machine Learning",
-section 5.7; seed 001, first half).
+section 5.7; the first half of Arbel's lecture notes "Bayesian NN under a Laplace
+approximation" (2021)).
 
 Each entry runs :class:`~bnn_zoo.methods.laplace.Laplace`: the MAP by SVI (a
 :class:`~bnn_zoo.guides.laplace.LaplaceGuide` as point mass, refined by full-batch
@@ -49,18 +50,18 @@ from __future__ import annotations
 from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.models.mlp import TASKS
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
-from bnn_zoo.zoo._defaults import LAPLACE_BUDGET, mlp
+from bnn_zoo.zoo._defaults import ARBEL_NOTES, LAPLACE_BUDGET, mlp
 
 #: The L-BFGS refinement of the MAP is most of a tiny fit's time: left out.
 TINY = {**TINY_BUDGET, "method_options": {"refine": False}}
 
 
 def laplace_entry(name: str, description: str, method: Laplace, source: str) -> Entry:
-    """A Laplace entry on the zoo's MLP (or a user's network) with the shared budget, seed
-    notes and tiny fit."""
+    """A Laplace entry on the zoo's MLP (or a user's network) with the shared budget, notes
+    and tiny fit."""
     return register(Entry(name=name, description=description, tasks=TASKS, model=mlp,
                           method=method, budget=LAPLACE_BUDGET, source=source,
-                          seed_notes="001", tiny=TINY, accepts_net=True))
+                          notes=ARBEL_NOTES, tiny=TINY, accepts_net=True))
 
 
 REDUX = 'Daxberger et al. 2021, "Laplace Redux -- Effortless Bayesian Deep Learning"'

@@ -1,6 +1,7 @@
 """Zoo entry ``laplace_ensemble``: a mixture of Laplace approximations around the members
 of a deep ensemble (Eschenhagen et al. 2021, "Mixtures of Laplace Approximations for
-Improved Post-Hoc Uncertainty in Deep Learning"; seed 001 for each component).
+Improved Post-Hoc Uncertainty in Deep Learning"; each component as in Arbel's lecture
+notes "Bayesian NN under a Laplace approximation" (2021)).
 
 Five ``laplace`` fits (GGN curvature, ``alpha`` and ``beta`` by MacKay's evidence fixed
 point, the ``laplace`` budget) from different seeds, their MAP phases trained as
@@ -20,7 +21,7 @@ from bnn_zoo.methods.ensemble import Ensemble
 from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.models.mlp import TASKS
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
-from bnn_zoo.zoo._defaults import LAPLACE_BUDGET, mlp
+from bnn_zoo.zoo._defaults import ARBEL_NOTES, LAPLACE_BUDGET, mlp
 
 register(Entry(
     name="laplace_ensemble",
@@ -32,7 +33,7 @@ register(Entry(
     budget=LAPLACE_BUDGET,
     source='Eschenhagen et al. 2021, "Mixtures of Laplace Approximations for Improved '
            'Post-Hoc Uncertainty in Deep Learning"',
-    seed_notes="001",
+    notes=ARBEL_NOTES,
     tiny={**TINY_BUDGET, "method_options": {"members": 2}},
     accepts_net=True,
 ))

@@ -1,6 +1,6 @@
-"""Zoo entry ``mean_field_clf``: mean-field Gaussian VI for classification (seed 002; Graves
-2011, "Practical Variational Inference for Neural Networks"), its KL to the ``N(0, I)``
-prior in closed form."""
+"""Zoo entry ``mean_field_clf``: mean-field Gaussian VI for classification (Graves 2011,
+"Practical Variational Inference for Neural Networks"), its KL to the ``N(0, I)`` prior in
+closed form, as the notes "ELBO diagonal Gaussian" derive it."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def classifier(in_dim: int, out_dim: int, *, task: str = "classification",
                hidden: Sequence[int] = (50,), activation: str = "relu",
                prior_scale: float = 1.0) -> BayesianMLP:
     """The zoo's MLP with a categorical likelihood on its logits and the prior
-    ``N(0, prior_scale^2 I)`` on every weight tensor (the seed's ``N(0, I)`` by default)."""
+    ``N(0, prior_scale^2 I)`` on every weight tensor (the notes' ``N(0, I)`` by default)."""
     prior = GaussianPrior(check_positive("prior_scale", prior_scale))
     return mlp(in_dim, out_dim, task=task, hidden=hidden, activation=activation, prior=prior)
 
@@ -34,9 +34,9 @@ register(Entry(
     description="mean-field Gaussian, closed-form KL (TraceMeanField_ELBO), MC-averaged probs",
     tasks=("classification",),
     source='Graves 2011, "Practical Variational Inference for Neural Networks"',
-    seed_notes="002",
+    notes='"ELBO diagonal Gaussian" (unsigned notes)',
     model=classifier,
-    # TraceMeanField_ELBO: the seed's ELBO with the KL of eq. (1) in closed form
+    # TraceMeanField_ELBO: the notes' ELBO with the KL of eq. (1) in closed form
     method=SVI(Factory(MeanFieldGuide, ("init_scale", "generator")),
                elbo=pyro.infer.TraceMeanField_ELBO),
     budget=Budget(steps=1000, lr=1e-2, batch_size=None, jit=True),

@@ -1,7 +1,8 @@
-"""Zoo entry ``mixture``: a mixture of ``K`` diagonal Gaussians over all weights (seed 003;
-Jaakkola & Jordan 1998, "Improving the Mean Field Approximation via the Use of Mixture
-Distributions"), its ELBO's gradient by the score function, the pathwise estimator or an
-exact sum over the components (:class:`~bnn_zoo.core.elbo.MixtureELBO`)."""
+"""Zoo entry ``mixture``: a mixture of ``K`` diagonal Gaussians over all weights (Jaakkola &
+Jordan 1998, "Improving the Mean Field Approximation via the Use of Mixture Distributions";
+after the notes on fitting an unnormalised posterior by a mixture of diagonal Gaussians),
+its ELBO's gradient by the score function, the pathwise estimator or an exact sum over the
+components (:class:`~bnn_zoo.core.elbo.MixtureELBO`)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ register(Entry(
     tasks=("regression", "classification"),
     source='Jaakkola & Jordan 1998, "Improving the Mean Field Approximation via the Use of '
            'Mixture Distributions"',
-    seed_notes="003",
+    notes="Unsigned notes on fitting an unnormalised posterior by a mixture of diagonal "
+          "Gaussians",
     model=mlp,
     method=SVI(mixture_guide, elbo=MixtureELBO),  # MixtureELBO applies the guide's estimator
     budget=Budget(steps=3000, lr=1e-2, batch_size=256, num_particles=4),

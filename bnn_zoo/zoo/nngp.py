@@ -1,6 +1,7 @@
 """Zoo entries ``nngp`` and ``nngp-erf``: the infinite-width limit of the BNN with ``depth``
-hidden layers (one by default) as exact GP regression (seed 001, second half; Neal 1996;
-Lee et al. 2018 for depth), hyperparameters by type-II maximum likelihood
+hidden layers (one by default) as exact GP regression (Neal 1996; Lee et al. 2018 for
+depth; the second half of Arbel's lecture notes "Bayesian NN under a Laplace approximation"
+(2021)), hyperparameters by type-II maximum likelihood
 (:class:`~bnn_zoo.methods.gp.ExactGP`); e.g. ``fit(x, y, model_options={"depth": 3})``."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from bnn_zoo.methods.gp import ExactGP
 from bnn_zoo.methods.options import Factory
 from bnn_zoo.models.nngp import NNGPRegression
 from bnn_zoo.zoo import Entry, register
+from bnn_zoo.zoo._defaults import ARBEL_NOTES
 
 __all__ = ["MAX_TRAINING_POINTS", "nngp"]
 
@@ -43,7 +45,7 @@ for _name, (_activation, _source) in _KERNELS.items():
                     "with the NNGP kernel, hyperparameters by type-II maximum likelihood",
         tasks=("regression",),
         source=_source,
-        seed_notes="001",
+        notes=ARBEL_NOTES,
         # Any option: those nngp does not name go on to the model and its kernel.
         model=Factory(nngp, None, {"activation": _activation}),
         method=ExactGP(max_points=MAX_TRAINING_POINTS),

@@ -1,9 +1,9 @@
 """Zoo entry ``rff_logitnormal``: random-Fourier-feature net (Rahimi & Recht 2007, "Random
-Features for Large-Scale Kernel Machines") with LogitNormal input scales (seed 000), trained
-by one of four objectives.
+Features for Large-Scale Kernel Machines") with LogitNormal input scales (Coker's notes
+"LogitNormal model"), trained by one of four objectives.
 
 ``method_options={"objective": ...}`` picks ``"alg3"`` (default: Algorithm 3 as an ELBO,
-equal to the collapsed ELBO), ``"alg3_literal"`` (Algorithm 3 as the seed writes it, the
+equal to the collapsed ELBO), ``"alg3_literal"`` (Algorithm 3 as Coker writes it, the
 likelihood minus ``KL(q(s))`` alone: it overfits where the features can interpolate the
 data), ``"alg1"`` (with ``inner_steps``) or ``"collapsed"``; ``feature_seed`` fixes the
 random features (by default the fit's seed draws them). See
@@ -51,7 +51,7 @@ register(Entry(
     tasks=("regression",),
     source='Rahimi & Recht 2007, "Random Features for Large-Scale Kernel Machines", with '
            'LogitNormal input scales',
-    seed_notes="000",
+    notes='Coker, "LogitNormal model" (notes)',
     model=rff_model,
     method=LogitNormalSVI(objective="alg3"),
     budget=Budget(steps=1000, lr=5e-2, batch_size=None, num_particles=4),

@@ -1,6 +1,7 @@
-"""Bayes by Backprop (seed 004): the seed's hand-derived gradients, the mean-field
-optimum of Bayesian linear regression, minibatch weighting, the sine fit under N(0, 1) and
-the scale-mixture prior, and the priors benchmark (the seed's N(0, 0.05^2) beside them)."""
+"""Bayes by Backprop (Thakur's notes on Blundell et al. 2015): their hand-derived gradients,
+the mean-field optimum of Bayesian linear regression, minibatch weighting, the sine fit
+under N(0, 1) and the scale-mixture prior, and the priors benchmark (the notes' N(0, 0.05^2)
+beside them)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from bnn_zoo.models.priors import ScaleMixtureNormal
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def seed_net(sigma: float, prior_scale: float):
+def notes_net(sigma: float, prior_scale: float):
     model = BayesianMLP(1, 1, (3,), activation="sigmoid", noise_scale=sigma,
                         prior=GaussianPrior(prior_scale)).double()
     guide = BayesByBackpropGuide(model).double()
@@ -41,11 +42,11 @@ def seed_net(sigma: float, prior_scale: float):
     return model, guide
 
 
-def test_seed_gradients_match_autograd():
-    """Equations (1)-(8) of seed 004 (with (8) using layer 1's eps and rho, not layer 2's),
+def test_hand_derived_gradients_match_autograd():
+    """Equations (1)-(8) of Thakur's notes (with (8) using layer 1's eps and rho, not layer 2's),
     and the prior and posterior terms, against autograd through model and guide."""
     sigma, sigma_p = 0.3, 0.05
-    model, guide = seed_net(sigma, sigma_p)
+    model, guide = notes_net(sigma, sigma_p)
     x = torch.tensor([[0.7]], dtype=torch.float64)
     y = torch.tensor([0.2], dtype=torch.float64)
     qs = guide.distributions()
@@ -73,7 +74,7 @@ def test_seed_gradients_match_autograd():
     dsig = {k: torch.sigmoid(deep_getattr(guide.rho, k)) for k in names}  # d softplus(rho) / d rho
     e = eps
     back = (r * W2.T) * h1 * (1 - h1)  # d log p / d z1
-    seed = {
+    hand = {
         "mu.layers.1.weight": (r * h1).T,                                              # (1)
         "rho.layers.1.weight": (r * h1).T * e["layers.1.weight"] * dsig["layers.1.weight"],  # (2)
         "mu.layers.1.bias": r.reshape(1),                                              # (3)
@@ -81,10 +82,10 @@ def test_seed_gradients_match_autograd():
         "mu.layers.0.weight": x.T @ back,                                              # (5)
         "rho.layers.0.weight": x.T @ back * e["layers.0.weight"] * dsig["layers.0.weight"],  # (6)
         "mu.layers.0.bias": back.reshape(3),                                           # (7)
-        # (8), corrected: the seed multiplies by layer 2's eps and rho here.
+        # (8), corrected: the notes multiply by layer 2's eps and rho here.
         "rho.layers.0.bias": back.reshape(3) * e["layers.0.bias"] * dsig["layers.0.bias"],
     }
-    for key, expected in seed.items():
+    for key, expected in hand.items():
         torch.testing.assert_close(g_lik[key], expected.reshape(g_lik[key].shape))
     for name in names:
         wv = w[name]
@@ -279,7 +280,7 @@ def test_n01_and_scale_mixture_priors_fit_sine_close_to_the_noise():
     paper's scale mixture (Monte Carlo KL): each test log-likelihood within 0.3 nats per
     point of the generating noise's own, 90% intervals covering 80-98% of test points, and
     the scale mixture within 0.1 nats of the ``N(0, 1)`` fit (seeds move it by ~0.01) and
-    far above the mean-only predictive, where the seed's ``N(0, 0.05^2)`` prior ends."""
+    far above the mean-only predictive, where the notes' ``N(0, 0.05^2)`` prior ends."""
     d = data.load("sine")
     noise_ll = -0.5 * math.log(2 * math.pi * d.noise_scale**2) - 0.5
     mean_only = torch.distributions.Normal(d.y_train.mean(), d.y_train.std())
@@ -296,10 +297,10 @@ def test_n01_and_scale_mixture_priors_fit_sine_close_to_the_noise():
     assert lls["mixture"] > mean_only_ll + 1.0, (lls, mean_only_ll)
 
 
-def test_bbb_priors_benchmark_runs_and_its_committed_table_shows_the_seed_prior_collapse(
+def test_bbb_priors_benchmark_runs_and_its_committed_table_shows_the_narrow_prior_collapse(
         tmp_path):
     """``benchmarks/bbb_priors.py`` with tiny flags writes one row per prior; the committed
-    table (1500 steps) shows what the ``bbb`` docstring says: the seed's ``N(0, 0.05^2)``
+    table (1500 steps) shows what the ``bbb`` docstring says: the notes' ``N(0, 0.05^2)``
     fits the mean (RMSE near the targets' 0.71), ``N(0, 1)`` and the scale mixture fit."""
     out = tmp_path / "bbb_priors"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bbb_priors.py"), "--steps", "5",

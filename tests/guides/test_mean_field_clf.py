@@ -1,6 +1,7 @@
-"""Mean-field Gaussian VI for classification (seed 002): the closed-form KL of eq. (1)
-against torch and Monte Carlo, TraceMeanField vs Trace ELBO, the Monte Carlo predictive
-of section 2 against quadrature, the classification metrics by hand, and the fits."""
+"""Mean-field Gaussian VI for classification (the notes "ELBO diagonal Gaussian"): the
+closed-form KL of eq. (1) against torch and Monte Carlo, TraceMeanField vs Trace ELBO, the
+Monte Carlo predictive of section 2 against quadrature, the classification metrics by hand,
+and the fits."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_kl_matches_monte_carlo():
     se = per_draw.std() / math.sqrt(per_draw.numel())
     closed = diagonal_gaussian_kl(loc_q, scale_q, loc_p, scale_p)
     assert (per_draw.mean() - closed).abs() < 4 * se, (per_draw.mean(), closed, se)
-    # The seed's "- n" inside the sum would be off by n^2 / 2 - n / 2 = 66 nats here.
+    # The notes' "- n" inside the sum would be off by n^2 / 2 - n / 2 = 66 nats here.
     n = loc_q.numel()
     assert 0.5 * (n * n - n) > 100 * se
 
@@ -147,7 +148,7 @@ def gauss_hermite_sigmoid_mean(mean: np.ndarray, var: np.ndarray) -> np.ndarray:
 
 
 def test_predictive_averages_probabilities_over_samples():
-    """Seed 002, section 2, on a linear two-class model: the logit difference is Gaussian
+    """The notes' section 2, on a linear two-class model: the logit difference is Gaussian
     under q, so p(y=1 | x) = E[sigmoid(Z)] is known by quadrature. The Monte Carlo predictive
     matches it within 4 standard errors and differs from the probabilities of the mean
     weights (a point estimate)."""
@@ -268,7 +269,8 @@ def test_classification_data_sets_load():
 def test_mean_field_clf_entry():
     entry = zoo.get("mean_field_clf")
     assert entry.tasks == ("classification",) and "mean_field_clf" in zoo.names("classification")
-    assert entry.seed_notes == "002" and entry.source.startswith("Graves 2011")
+    assert entry.notes.startswith('"ELBO diagonal Gaussian"')
+    assert entry.source.startswith("Graves 2011")
     assert entry.method.elbo is pyro.infer.TraceMeanField_ELBO
     d = data.load("wine")
     fitted = entry.fit(d.x_train, d.y_train, steps=3,

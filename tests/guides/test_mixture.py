@@ -1,7 +1,8 @@
-"""Mixture-of-diagonal-Gaussians guide (seed 003): its log density against a direct sum,
-the seed's partial derivatives, unbiased ELBO estimators, K=1 as a diagonal Gaussian, both
-modes of a two-component target, the float32 pathwise overflow, targets and the entry, and
-K = 1, 2, 4 against NUTS on a small BNN posterior (predictive W2 distance and ELBO)."""
+"""Mixture-of-diagonal-Gaussians guide (after the notes on fitting an unnormalised posterior
+by a mixture of diagonal Gaussians): its log density against a direct sum, the notes'
+partial derivatives, unbiased ELBO estimators, K=1 as a diagonal Gaussian, both modes of a
+two-component target, the float32 pathwise overflow, targets and the entry, and K = 1, 2, 4
+against NUTS on a small BNN posterior (predictive W2 distance and ELBO)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def random_mixture(k: int = 3, d: int = 2, seed: int = 0):
 
 
 def test_log_prob_equals_direct_sum():
-    """log q by log-sum-exp equals log of the seed's sum_i a_i^2 prod_j N(theta_j, w, b),
+    """log q by log-sum-exp equals log of the notes' sum_i a_i^2 prod_j N(theta_j, w, b),
     normalised by sum a^2, computed naively in float64; and the mean is -b/w, not b/w."""
     a, w, b = random_mixture()
     theta = torch.randn(5, 2, dtype=torch.float64)
@@ -86,9 +87,9 @@ def test_mean_and_variance_are_the_mixtures_moments():
     assert ((variance - within).abs() > 50 * variance_se).all()
 
 
-def test_seed_partial_derivatives_match_autograd():
-    """Seed 003, section 4: d beta_i / d b_jk = -delta_ik (theta_j w_jk + b_jk) as written;
-    d beta_i / d w_jk = delta_ik {-(theta_j w_jk + b_jk) theta_j + 1/w_jk} (the seed has
+def test_notes_partial_derivatives_match_autograd():
+    """The notes' section 4: d beta_i / d b_jk = -delta_ik (theta_j w_jk + b_jk) as written;
+    d beta_i / d w_jk = delta_ik {-(theta_j w_jk + b_jk) theta_j + 1/w_jk} (the notes have
     -1/w); with normalised weights d beta_i / d a_k = 2 delta_ik / a_k - 2 a_k / sum a^2."""
     a, w, b = (t.requires_grad_() for t in random_mixture())
     theta = torch.randn(2, dtype=torch.float64)
@@ -100,8 +101,8 @@ def test_seed_partial_derivatives_match_autograd():
         delta[i] = 1.0
         torch.testing.assert_close(gb, -delta * z)
         torch.testing.assert_close(gw, delta * (-z * theta + 1 / w))
-        seed_gw = -delta * (z * theta + 1 / w)
-        assert not torch.allclose(gw, seed_gw)
+        notes_gw = -delta * (z * theta + 1 / w)
+        assert not torch.allclose(gw, notes_gw)
         torch.testing.assert_close(ga, 2 * delta.squeeze(1) / a - 2 * a / (a**2).sum())
 
 
@@ -181,7 +182,7 @@ def overlapping_state(estimator: str, baseline: bool = False) -> tuple:
 def test_gradient_estimators_agree_in_expectation():
     """score (seed, with its -1 term), score with a running-mean baseline, and pathwise
     average to the enumerated gradient within 4 combined standard errors; the baseline and
-    the enumeration reduce the variance of the seed's estimator."""
+    the enumeration reduce the variance of the notes' estimator."""
     results = {}
     for name, estimator, baseline in [("enumerate", "enumerate", False),
                                       ("score", "score", False),
@@ -336,7 +337,8 @@ def test_bad_input_is_rejected():
 def test_zoo_entry_fits_and_predicts():
     d = data.load("sine")
     entry = zoo.get("mixture")
-    assert entry.seed_notes == "003" and entry.source.startswith("Jaakkola & Jordan 1998")
+    assert entry.notes.startswith("Unsigned notes on fitting")
+    assert entry.source.startswith("Jaakkola & Jordan 1998")
     fitted = entry.fit(d.x_train, d.y_train, steps=60, lr=0.03, model_options={"hidden": (10,)},
                        guide_options={"num_components": 3, "estimator": "pathwise"})
     assert fitted.result.losses[-1] < fitted.result.losses[0]

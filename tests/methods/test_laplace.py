@@ -1,5 +1,5 @@
-"""Laplace approximation (seed 001, first half): closed forms on Bayesian linear regression,
-every curvature against a naive dense reference or finite differences, the seed's GLM
+"""Laplace approximation (Bishop 2006, section 5.7): closed forms on Bayesian linear regression,
+every curvature against a naive dense reference or finite differences, the GLM
 variance by hand, the evidence fixed point against a direct optimisation, the GLM predictive
 through Pyro's own ``Predictive`` against its closed form, the guide under Pyro's ``SVI``,
 the method, save and load, and the entries."""
@@ -567,7 +567,7 @@ def test_sample_offsets_have_the_posterior_covariance(curvature):
 
 # --------------------------------------------------------------------------- predictives
 @pytest.mark.parametrize("curvature", ["ggn", "diag", "kron", "last_layer"])
-def test_glm_variance_is_the_seeds_formula(curvature):
+def test_glm_variance_is_bishops_formula(curvature):
     """sigma^2(x) = 1/beta + g^T A^-1 g with g from autograd and A^-1 from the posterior;
     for ``ggn``, A = alpha I + beta H built by hand from the naive GGN."""
     model, layout, theta, x, y = tiny_net("regression")
@@ -716,7 +716,7 @@ def fit_method(method: Laplace, name: str, *, steps: int, split: int = 0):
 
 
 def test_pyro_route_on_sine_has_the_closed_form_test_log_likelihood():
-    """On the seed's sine curve the GLM predictive sampled through Pyro (a mixture of
+    """On the ``sine`` curve the GLM predictive sampled through Pyro (a mixture of
     ``S`` Gaussians ``N(f_lin,s, 1/beta)``) has the closed form's test log-likelihood. The
     mixture's log-mean-exp has standard error ``sd(r) / sqrt(S)`` and bias about
     ``-var(r) / (2 S)`` per point, ``r`` the per-sample likelihood over its mean."""

@@ -1,6 +1,7 @@
-"""Infinite-width limit and unit-level priors (seed 001, second half): the NNGP kernels
-against wide nets and random features, the GP posterior against a hand solve, the
-Gaussian limit (excess kurtosis ~ 1/H) and the sub-Weibull(l/2) tails of the units."""
+"""Infinite-width limit and unit-level priors (the second half of Arbel's lecture notes
+"Bayesian NN under a Laplace approximation"): the NNGP kernels against wide nets and random
+features, the GP posterior against a hand solve, the Gaussian limit (excess kurtosis ~ 1/H)
+and the sub-Weibull(l/2) tails of the units."""
 
 from __future__ import annotations
 

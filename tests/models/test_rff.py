@@ -1,6 +1,7 @@
-"""Random-Fourier-feature net with LogitNormal input scales (seed 000): the exact
-conditional of beta, the collapsed ELBO against the Trace ELBO, gradients, the
-LogitNormal's KL and mean, feature selection, and the three objectives on sine."""
+"""Random-Fourier-feature net with LogitNormal input scales (Coker's notes "LogitNormal
+model"): the exact conditional of beta, the collapsed ELBO against the Trace ELBO,
+gradients, the LogitNormal's KL and mean, feature selection, and the three objectives on
+sine."""
 
 from __future__ import annotations
 
@@ -168,7 +169,7 @@ def test_literal_algorithm_3_is_the_collapsed_elbo_plus_the_conditional_kl():
     plus E_q(s)[KL(p(beta|X,y,s) || p(beta))]: exactly per s (closed form, float64), and the
     Monte Carlo estimate of ExpectedLikelihoodELBO against it (4 standard errors). The gap
     is far beyond the Monte Carlo error: "Algorithm 3 equals the collapsed ELBO" holds for
-    the ELBO (test above), not for the seed's literal objective."""
+    the ELBO (test above), not for Coker's literal objective."""
     model, guide, x, y = problem()
     guide.condition_on(x, y)
     q, prior = guide.scale_distribution(), model.scale_prior()
@@ -217,9 +218,9 @@ def test_literal_algorithm_3_overfits_where_the_features_interpolate():
     assert relevance[:2].min() > relevance[2:].max(), relevance
 
 
-def test_algorithm1_value_is_the_seeds_formula_by_hand():
+def test_algorithm1_value_is_cokers_formula_by_hand():
     """Algorithm1ELBO's loss on a tiny fixed problem (float64, fixed parameters and seed)
-    equals minus the seed's line 11 computed here from scratch: s_i = logistic(mu + sigma e),
+    equals minus Coker's line 11 computed here from scratch: s_i = logistic(mu + sigma e),
     beta_i = m + chol(C) e' from the textbook conditional, then the average of
     log N(y; Phi(x; s_k) beta_i, sigma^2 I) over s_k = logistic(mu + sigma e_k), minus the
     KL of the underlying Normals."""
@@ -258,8 +259,8 @@ def test_algorithm1_value_is_the_seeds_formula_by_hand():
                 ).sum() for e in e_k]
     mu0, s0 = 0.25, 1.5
     kl = (torch.log(s0 / scale) + (scale**2 + (loc - mu0) ** 2) / (2 * s0**2) - 0.5).sum()
-    seed_elbo = sum(log_lik) / p - kl
-    torch.testing.assert_close(loss, -seed_elbo, rtol=1e-12, atol=1e-10)
+    literal_elbo = sum(log_lik) / p - kl
+    torch.testing.assert_close(loss, -literal_elbo, rtol=1e-12, atol=1e-10)
 
 
 def test_logit_normal_kl_and_mean_against_monte_carlo():

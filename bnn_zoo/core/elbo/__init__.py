@@ -4,9 +4,9 @@
 * :mod:`~bnn_zoo.core.elbo.mean_field`: :class:`MeanFieldELBO` (closed-form KL, lazily
   evaluated), :class:`LocalReparameterizationELBO` and :class:`FlipoutELBO` (it, under
   the local reparameterisation or the flipout handler);
-* :mod:`~bnn_zoo.core.elbo.conditional`: seed 000's :class:`CollapsedELBO`,
-  :class:`ExpectedLikelihoodELBO` (the seed's literal Algorithm 3) and :class:`Algorithm1ELBO`;
-* :mod:`~bnn_zoo.core.elbo.mixture`: seed 003's :class:`MixtureELBO`, and
+* :mod:`~bnn_zoo.core.elbo.conditional`: the objectives of Coker's notes, :class:`CollapsedELBO`,
+  :class:`ExpectedLikelihoodELBO` (the notes' literal Algorithm 3) and :class:`Algorithm1ELBO`;
+* :mod:`~bnn_zoo.core.elbo.mixture`: the mixture notes' :class:`MixtureELBO`, and
   :func:`elbo_estimate`, its value with a Monte Carlo standard error.
 """
 

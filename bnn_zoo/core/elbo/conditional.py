@@ -1,6 +1,6 @@
-"""Objectives of seed 000 for a model with an exact Gaussian full conditional of its
-output weights (e.g. :class:`~bnn_zoo.models.rff.RandomFeatureRegression` with
-:class:`~bnn_zoo.guides.logitnormal.LogitNormalGuide`): the collapsed ELBO, the seed's
+"""Objectives of Coker's notes "LogitNormal model" for a model with an exact Gaussian full
+conditional of its output weights (e.g. :class:`~bnn_zoo.models.rff.RandomFeatureRegression` with
+:class:`~bnn_zoo.guides.logitnormal.LogitNormalGuide`): the collapsed ELBO, the notes'
 literal Algorithm 3 (:class:`ExpectedLikelihoodELBO`) and Algorithm 1.
 
 The collapsed ELBO and Algorithm 1 are generic over a duck-typed pair:
@@ -13,7 +13,7 @@ The collapsed ELBO and Algorithm 1 are generic over a duck-typed pair:
   alone.
 
 See :mod:`bnn_zoo.guides.logitnormal` for the mathematics of the objectives and
-the seed's slip (it averages likelihoods where an ELBO averages log-likelihoods).
+the notes' slip (it averages likelihoods where an ELBO averages log-likelihoods).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _check_pair(model: object, guide: object) -> None:
 
 
 class CollapsedELBO(DifferentiableLossELBO):
-    """The ELBO with the output weights ``beta`` integrated out (seed 000's model, collapsed):
+    """The ELBO with the output weights ``beta`` integrated out (Coker's model, collapsed):
 
     .. math::
 
@@ -78,12 +78,12 @@ class CollapsedELBO(DifferentiableLossELBO):
 
 
 class ExpectedLikelihoodELBO(MeanFieldELBO):
-    """Seed 000's literal Algorithm 3 (with log-likelihoods): the expected log-likelihood
+    """Coker's literal Algorithm 3 (with log-likelihoods): the expected log-likelihood
     minus the KL of the scales alone,
 
     .. math::
 
-        \\mathcal{L}_{\\text{seed}}(\\phi) = \\frac{1}{P}\\sum_{p=1}^{P}
+        \\mathcal{L}_{\\text{lit}}(\\phi) = \\frac{1}{P}\\sum_{p=1}^{P}
             \\log p(y \\mid X, \\beta_p, s_p) - \\mathrm{KL}(q_\\phi(s) \\| p(s)),
         \\qquad s_p \\sim q_\\phi(s),\\ \\beta_p \\sim p(\\beta \\mid X, y, s_p),
 
@@ -109,11 +109,11 @@ class ExpectedLikelihoodELBO(MeanFieldELBO):
 
 
 class Algorithm1ELBO(ExpectedLikelihoodELBO):
-    """Seed 000's Algorithm 1 with log-likelihoods (see :mod:`bnn_zoo.guides.logitnormal`).
+    """Coker's Algorithm 1 with log-likelihoods (see :mod:`bnn_zoo.guides.logitnormal`).
 
-    Every ``inner_steps`` calls (the seed's ``n_grad``; one call per optimiser
+    Every ``inner_steps`` calls (Coker's ``n_grad``; one call per optimiser
     step) it draws ``s_i ~ q(s)`` and ``beta_i ~ p(beta | X, y, s_i)`` without
-    gradient; in between, the loss is minus the seed's line 11 (with log-likelihoods),
+    gradient; in between, the loss is minus Coker's line 11 (with log-likelihoods),
 
     .. math::
 

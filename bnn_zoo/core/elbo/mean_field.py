@@ -6,13 +6,13 @@
                  - \\sum_{\\text{latent}} s \\, \\mathrm{KL}(q(w) \\| p(w)),
 
 with the KL in closed form wherever it is known: for a Gaussian guide and a Gaussian
-prior (Blundell et al. 2015, seed 002 eq. 1) by :func:`gaussian_kl`, for other pairs
-wherever ``torch.distributions.kl_divergence`` knows them, and the single-sample
-estimate ``log p(w) - log q(w)`` at the guide's sample otherwise (e.g. the scale-mixture
-prior), which for a point-mass guide (``Delta``: MAP) is exact and is ``log p(w)`` (by
-:func:`gaussian_log_density` for a Gaussian prior) less the ``Delta``'s own
-``log_density``; ``s`` is the site's scale (minibatch ``N / B`` on the likelihood, a KL
-weight on the latents).
+prior (eq. 1 of the notes "ELBO diagonal Gaussian"; Blundell et al. 2015) by
+:func:`gaussian_kl`, for other pairs wherever ``torch.distributions.kl_divergence`` knows
+them, and the single-sample estimate ``log p(w) - log q(w)`` at the guide's sample
+otherwise (e.g. the scale-mixture prior), which for a point-mass guide (``Delta``: MAP) is
+exact and is ``log p(w)`` (by :func:`gaussian_log_density` for a Gaussian prior) less the
+``Delta``'s own ``log_density``; ``s`` is the site's scale (minibatch ``N / B`` on the
+likelihood, a KL weight on the latents).
 
 It computes the same objective as Pyro's ``TraceMeanField_ELBO``, but Pyro's
 implementation first evaluates every log density of both traces (and so the
@@ -84,11 +84,11 @@ def gaussian_kl(q_loc: Tensor, q_scale: Tensor, p_loc: Tensor, p_scale: Tensor) 
         \\mathrm{KL} = \\frac{\\sigma_q^2 + (\\mu_q - \\mu_p)^2}{2 \\sigma_p^2}
             - \\log \\sigma_q + \\log \\sigma_p - \\frac{1}{2}
 
-    (Blundell et al. 2015; seed 002 eq. 1), the value of ``torch.distributions.kl_divergence``
-    of the two ``Normal`` s up to rounding, in 7 elementwise operations over the guide's
-    shape where torch takes 10 (the prior's terms are computed once per element the prior
-    does not merely repeat: an expanded scalar prior costs one element). The result has the
-    broadcast shape of the four arguments.
+    (eq. 1 of the notes "ELBO diagonal Gaussian"; Blundell et al. 2015), the value of
+    ``torch.distributions.kl_divergence`` of the two ``Normal`` s up to rounding, in 7
+    elementwise operations over the guide's shape where torch takes 10 (the prior's terms
+    are computed once per element the prior does not merely repeat: an expanded scalar prior
+    costs one element). The result has the broadcast shape of the four arguments.
     """
     shape = torch.broadcast_shapes(q_loc.shape, q_scale.shape, p_loc.shape, p_scale.shape)
     p_loc, p_scale = _unexpanded(p_loc), _unexpanded(p_scale)

@@ -1,4 +1,5 @@
-"""The ELBO of a mixture guide with a choice of gradient estimator (seed 003).
+"""The ELBO of a mixture guide with a choice of gradient estimator (after the notes on
+fitting an unnormalised posterior by a mixture of diagonal Gaussians).
 
 Generic over a duck-typed guide over one flattened latent site (e.g.
 :class:`~bnn_zoo.guides.mixture.MixtureGuide`, an ``AutoContinuous``): it has
@@ -12,13 +13,14 @@ same density with the components' parameters detached), ``baseline`` with
 
 * ``"score"``: :math:`\\nabla \\mathrm{ELBO} \\approx \\frac1n\\sum_s \\nabla\\log
   q(\\theta^{(s)}) \\{\\ln p(\\theta^{(s)}) - \\ln q(\\theta^{(s)}) - 1 - c\\}` (the
-  seed's section 4; ``c`` a running-mean baseline or 0);
+  mixture notes' section 4; ``c`` a running-mean baseline or 0);
 * ``"pathwise"``: reparameterised given the drawn component, plus the score of the
   component for the weights, Rao-Blackwellised over ``k | theta``;
 * ``"enumerate"``: :math:`\\mathrm{ELBO} = \\sum_i \\pi_i E_{\\theta \\sim N_i}[\\ln
   p(\\theta) - \\ln q(\\theta)]`, one reparameterised draw per component and particle.
 
-See :mod:`bnn_zoo.guides.mixture` for the derivations and where we differ from the seed.
+See :mod:`bnn_zoo.guides.mixture` for the derivations and where we differ from the
+mixture notes.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class MixtureELBO(DifferentiableLossELBO):
         q = guide.mixture()
         if guide.estimator == "enumerate":
             return -(q.weights * elbo.mean(-1)).sum()
-        # ``elbo`` already carries the direct gradients (for the score estimator the seed's
+        # ``elbo`` already carries the direct gradients (for the score estimator the notes'
         # "-1" term, -grad log q) and, for pathwise, the gradients through the sample. Add
         # grad log q(theta) * (elbo - c) with theta fixed: for every parameter (score) or
         # only for the weights, the means and scales held fixed (pathwise).
@@ -118,8 +120,8 @@ class MixtureELBO(DifferentiableLossELBO):
             q = q.with_fixed_components()
         nesting = int(self.max_plate_nesting)
         log_q = _per_lead(q.log_prob(latent.detach()), nesting, 1)
-        # With the direct term, the multiplier of grad log q is the seed's elbo - 1 - c; the
-        # baseline c = mean(elbo) - 1 centres it (c = 0 is the seed's estimator).
+        # With the direct term, the multiplier of grad log q is the notes' elbo - 1 - c; the
+        # baseline c = mean(elbo) - 1 centres it (c = 0 is the notes' estimator).
         c = guide.current_baseline() - 1.0 if guide.baseline else 0.0
         score = log_q * (elbo.detach() - c)
         if guide.baseline and torch.is_grad_enabled():
