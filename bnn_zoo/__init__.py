@@ -2,13 +2,13 @@
 
 Layers, each importing only those before it:
 
-1. :mod:`bnn_zoo.core`: functional nets, data, standardisation, input checks, the
-   ELBOs, effect handlers, the SVI runner :func:`fit` and :func:`predict`;
-2. :mod:`bnn_zoo.models` and :mod:`bnn_zoo.guides`: Pyro models and guides;
-3. :mod:`bnn_zoo.methods`: inference methods that are not plain SVI;
-4. :mod:`bnn_zoo.evaluation`: metrics and noise tuning on a held-out part;
-5. :mod:`bnn_zoo.zoo`: the registry of entries;
-6. :mod:`bnn_zoo.harness`: compare, the command line, tables, figures, prior diagnostics.
+1. `bnn_zoo.core`: functional nets, data, standardisation, input checks, the
+   ELBOs, effect handlers, the SVI runner [`fit`][] and [`predict`][];
+2. `bnn_zoo.models` and `bnn_zoo.guides`: Pyro models and guides;
+3. `bnn_zoo.methods`: inference methods that are not plain SVI;
+4. `bnn_zoo.evaluation`: metrics and noise tuning on a held-out part;
+5. [`bnn_zoo.zoo`][]: the registry of entries;
+6. `bnn_zoo.harness`: compare, the command line, tables, figures, prior diagnostics.
 
 Importing the package changes no global setting of Pyro or torch.
 """

@@ -1,4 +1,4 @@
-"""``python -m bnn_zoo``: see :mod:`bnn_zoo.harness.cli`."""
+"""``python -m bnn_zoo``: see `bnn_zoo.harness.cli`."""
 
 from bnn_zoo.harness.cli import main
 

@@ -13,7 +13,7 @@ Initialisation differs from Thakur's notes on purpose: they draw ``rho`` near 0,
 i.e. a posterior scale of ``softplus(0) = 0.69``, which drowns the signal of a
 freshly initialised net in weight noise. We start narrow (``init_scale=1e-2``:
 ``rho = log(expm1(0.01)) = -4.6``) with means from
-:func:`~bnn_zoo.models.mlp.fan_in_init` (weights ``N(0, 1/d_in)``, biases ``U(-1, 1)``)
+[`fan_in_init`][bnn_zoo.models.mlp.fan_in_init] (weights ``N(0, 1/d_in)``, biases ``U(-1, 1)``)
 so the initial network is a reasonable deterministic net, and let the KL widen it.
 """
 
@@ -53,8 +53,8 @@ class BayesByBackpropGuide(PyroModule):
     Parameters
     ----------
     model : a model exposing ``sites``, the ``(name, shape)`` of its weight tensors
-        (e.g. :class:`bnn_zoo.models.BayesianMLP`), and optionally ``initial_weights()``,
-        the initial means by site name (:class:`bnn_zoo.models.BayesianModule` offers its
+        (e.g. [`bnn_zoo.models.BayesianMLP`][]), and optionally ``initial_weights()``,
+        the initial means by site name ([`bnn_zoo.models.BayesianModule`][] offers its
         net's own values); otherwise the means start at ``fan_in_init``.
     init_scale : initial posterior standard deviation of every weight.
     generator : optional CPU ``torch.Generator`` for the ``fan_in_init`` means.
@@ -64,7 +64,7 @@ class BayesByBackpropGuide(PyroModule):
     the GPU from the start.
 
     For a model of R replicas (its ``replicas`` attribute, e.g.
-    ``BayesianMLP.replicated(R)``; :mod:`bnn_zoo.core.replicas`) every parameter gets the
+    ``BayesianMLP.replicated(R)``; [`bnn_zoo.core.replicas`][]) every parameter gets the
     leading shape (R, 1), one independent Gaussian per replica (means drawn independently
     per replica), sampled in the replica plate.
     """

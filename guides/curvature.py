@@ -3,10 +3,10 @@ Recognition and Machine Learning*, 5.7 for the Laplace approximation, 5.4 for th
 Hessian and its outer-product approximation).
 
 The weights are handled as one flat vector ``theta`` of length ``P``, grouped into
-layers, by a layout (:mod:`bnn_zoo.guides.layouts`): :class:`ParameterLayout` for a
-:class:`~bnn_zoo.models.BayesianMLP` (layer by layer the row-major ``[W_l; b_l]`` of shape
-(d_in + 1, d_out)), :class:`~bnn_zoo.guides.layouts.ModuleLayout` for a
-:class:`~bnn_zoo.models.BayesianModule` around any torch module (its ``named_parameters``
+layers, by a layout ([`bnn_zoo.guides.layouts`][]): [`ParameterLayout`][] for a
+[`BayesianMLP`][bnn_zoo.models.BayesianMLP] (layer by layer the row-major ``[W_l; b_l]`` of shape
+(d_in + 1, d_out)), [`ModuleLayout`][bnn_zoo.guides.layouts.ModuleLayout] for a
+[`BayesianModule`][bnn_zoo.models.BayesianModule] around any torch module (its ``named_parameters``
 in order, torch's layout; a layer is the parameters of one submodule). The layout
 evaluates the network ``f(x, theta)``, its Jacobian ``J = df/dtheta`` and, for
 Kronecker factors, each layer's inputs and output Jacobian; everything here is written
@@ -15,7 +15,7 @@ on a module need every layer to be an ``nn.Linear``, ``nn.Conv1d`` or ``nn.Conv2
 The layout carries the network's activation.
 
 Every function here returns the curvature ``H`` of the *unit-precision* negative
-log-likelihood ``E(theta)`` of a :class:`~bnn_zoo.models.likelihood.Likelihood` object,
+log-likelihood ``E(theta)`` of a `Likelihood` object,
 so that the Laplace precision (PRML 5.7.1) is
 
 .. math:: A = \\alpha I + \\beta H;
@@ -24,7 +24,7 @@ the likelihood gives ``E``, its gradient in the outputs and the square root ``R_
 its Hessian ``Lambda_n`` in each output ``f_n = f(x_n, theta)`` (``I_K`` for a Gaussian,
 ``diag(p_n) - p_n p_n^T`` for a categorical, the Fisher of ``N(mu, sigma^2)`` for a
 heteroscedastic Gaussian, ``diag(beta)`` for a
-:class:`~bnn_zoo.models.likelihood.GaussianPrecision`).
+`GaussianPrecision`).
 
 Structures (``P`` weights; ``L`` layers of ``p_l`` weights each):
 
@@ -96,8 +96,8 @@ def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
     """``E(theta)`` (the likelihood's negative log-likelihood of the outputs) and
     ``dE/dtheta`` (P,), detached.
 
-    For the zoo's MLP (:class:`ParameterLayout`) with an activation whose backward pass
-    :data:`~bnn_zoo.core.nn.ACTIVATION_BACKWARD` knows, backpropagation written out (Bishop,
+    For the zoo's MLP ([`ParameterLayout`][]) with an activation whose backward pass
+    `ACTIVATION_BACKWARD` knows, backpropagation written out (Bishop,
     PRML 5.3, eqs. 5.53-5.56): with ``z_l = h_{l-1} W_l + b_l``, ``h_l = act(z_l)`` and
     ``delta_L = dE/df`` (the likelihood's ``output_gradient``),
 
@@ -139,8 +139,8 @@ def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
 def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: Layout):
     """``x`` and ``y`` checked (``x`` of the shape the layout's network takes) and
     the length of ``theta``; ``x`` may be a loader's
-    :class:`~bnn_zoo.core.batches.Batches` (``y`` ``None``), checked batch by batch, whose
-    sums go over one pass (:func:`~bnn_zoo.core.batches.chunks`)."""
+    [`Batches`][bnn_zoo.core.batches.Batches] (``y`` ``None``), checked batch by batch, whose
+    sums go over one pass ([`chunks`][bnn_zoo.core.batches.chunks])."""
     if not isinstance(x, Batches):
         x, y = check_data(x, y, any_shape=True)
     layout.check_input(x.first[0] if isinstance(x, Batches) else x)
@@ -275,12 +275,12 @@ def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
     ``Q_l = 1/(N L) sum_{n,l} a_{n,l} a_{n,l}^T`` of shape (D + 1, D + 1) and
     ``G_l = sum_{n,l} J_{z,n,l}^T Lambda_n J_{z,n,l}`` of shape (d_out, d_out), over the
     ``L`` locations of the layer (1 for a dense layer; see
-    :mod:`bnn_zoo.guides.layouts`; Martens & Grosse 2015, "Optimizing Neural Networks with
+    [`bnn_zoo.guides.layouts`][]; Martens & Grosse 2015, "Optimizing Neural Networks with
     Kronecker-factored Approximate Curvature"; Grosse & Martens 2016, "A Kronecker-factored
     Approximate Fisher Matrix for Convolution Layers"; Ritter, Botev & Barber 2018, "A
     Scalable Laplace Approximation for Neural Networks"). For ``L = 1`` the exact block is
     ``sum_n a_n a_n^T ⊗ G_n``. A
-    :class:`~bnn_zoo.guides.layouts.ModuleLayout` with a layer other than ``nn.Linear``,
+    [`ModuleLayout`][bnn_zoo.guides.layouts.ModuleLayout] with a layer other than ``nn.Linear``,
     ``nn.Conv1d`` or ``nn.Conv2d`` raises a ``ValueError`` naming it.
     """
     x, y = _checked(theta, x, y, layout)

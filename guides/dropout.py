@@ -11,10 +11,10 @@ input rows are switched off at random,
 ``p`` the dropout rate (the ``1 / (1 - p)`` of inverted dropout keeps the expected input of
 the next unit unchanged, so ``M / (1 - p)`` is the matrix of Gal's derivation). Dropping
 input ``j`` of a layer is zeroing row (column, in torch's layout) ``j`` of its weight, so
-:class:`MCDropoutGuide` draws the masks ``z`` at sample sites of its own (``dropout.<layer>``,
+[`MCDropoutGuide`][] draws the masks ``z`` at sample sites of its own (``dropout.<layer>``,
 auxiliary: the model has none) and gives every weight site the point mass ``W`` above; the
-model is any zoo model, unchanged (:class:`~bnn_zoo.models.BayesianMLP`, or a user's network
-as :class:`~bnn_zoo.models.BayesianModule`). ``pyro.infer.Predictive(model, guide=guide)``
+model is any zoo model, unchanged ([`BayesianMLP`][bnn_zoo.models.BayesianMLP], or a user's network
+as [`BayesianModule`][bnn_zoo.models.BayesianModule]). ``pyro.infer.Predictive(model, guide=guide)``
 then draws the masks and averages the masked networks, the MC dropout predictive
 ``p(y | x) ~ 1/S sum_s p(y | x, W_s)``.
 
@@ -27,7 +27,7 @@ which per data point and per unit noise precision ``tau`` is Gal's
 .. math:: \\lambda = \\frac{(1 - p)\\, l^2}{2 N \\tau}.
 
 Which inputs drop: those of every weight matrix except the first (the data are not
-dropped), in the order of the model's sites (:func:`dropout_masks`).
+dropped), in the order of the model's sites ([`dropout_masks`][]).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def dropout_masks(model: object) -> dict[str, tuple[str, tuple[int, ...]]]:
 
     On the zoo's MLP (weights ``layers.{l}.weight`` of shape ``(d_in, d_out)``) the inputs
     of every layer but the first, ``dim`` 0, masks ``dropout.layers.{l}``. On a user's
-    network (a model with ``net``: :class:`~bnn_zoo.models.BayesianModule`) the inputs of
+    network (a model with ``net``: [`BayesianModule`][bnn_zoo.models.BayesianModule]) the inputs of
     every ``nn.Linear`` and ``nn.Conv{1,2,3}d`` with a random weight but the first, in the
     order of ``net.named_modules()``: the weight's ``dim`` 1 in torch's ``(out, in, *kernel)``
     layout (input features, or input channels, a whole channel dropping at once), masks
@@ -92,11 +92,11 @@ class _mask_point_masses(Messenger):
 class MCDropoutGuide(PyroModule):
     """Gal's MC dropout posterior over ``model``'s weights (see the module doc): Pyro's
     ``AutoDelta`` (the point masses ``M``, started at ``init_loc_fn``) whose weights are
-    masked by Bernoulli draws at the auxiliary sites of :func:`dropout_masks`.
+    masked by Bernoulli draws at the auxiliary sites of [`dropout_masks`][].
 
     Parameters
     ----------
-    model : a zoo model with ``sites`` (the zoo's MLP, a :class:`BayesianModule`); its
+    model : a zoo model with ``sites`` (the zoo's MLP, a `BayesianModule`); its
         ``replicas`` (R fits in one pass) give masks and point masses per replica.
     dropout : the dropout rate ``p`` in [0, 1).
     init_loc_fn : where the point masses start (Pyro's ``init_to_sample`` by default).

@@ -1,9 +1,9 @@
 """A normalising-flow guide started where the other guides start: narrow, at a chosen point.
 
-Pyro's :class:`~pyro.infer.autoguide.AutoNormalizingFlow` pushes ``z ~ N(0, I)``
+Pyro's `AutoNormalizingFlow` pushes ``z ~ N(0, I)``
 through a flow ``T``; a freshly initialised MADE makes ``T(z)`` a random point of
 scale about 1, far from a sensible network, from which a BNN's flow trained by SVI may
-never leave the prior. :class:`AffineShiftedFlow` appends a learned elementwise affine map,
+never leave the prior. [`AffineShiftedFlow`][] appends a learned elementwise affine map,
 
     w = loc + exp(log_scale) * T(z),      log|det dw/dT| = sum(log_scale),
 
@@ -52,13 +52,13 @@ class ElementwiseAffine(TransformModule):
 
 
 class AffineShiftedFlow(AutoNormalizingFlow):
-    """``AutoNormalizingFlow`` with :class:`ElementwiseAffine` after the flow.
+    """``AutoNormalizingFlow`` with [`ElementwiseAffine`][] after the flow.
 
     Parameters
     ----------
     model : the Pyro model.
     init_transform_fn : ``latent_dim -> TransformModule``, the flow ``T``.
-    init_loc_fn : per-site initial values (e.g. :func:`bnn_zoo.models.mlp.init_to_fan_in`).
+    init_loc_fn : per-site initial values (e.g. [`bnn_zoo.models.mlp.init_to_fan_in`][]).
     init_scale : initial ``exp(log_scale)``.
     """
 
@@ -85,11 +85,11 @@ class AffineShiftedFlow(AutoNormalizingFlow):
         return AutoContinuous.get_posterior(self, *args, **kwargs)
 
     def _build_transform(self) -> ComposeTransformModule:
-        """``T`` then :class:`ElementwiseAffine`, on the device and in the dtype of the
+        """``T`` then [`ElementwiseAffine`][], on the device and in the dtype of the
         initial values (those of the model, hence of the data): the flow factory builds its
         layers with torch's defaults. PyroParams throughout (the flow's own included), so
         Pyro's SVI trains it in either ``module_local_params`` mode (see
-        :mod:`bnn_zoo.guides.params`)."""
+        [`bnn_zoo.guides.params`][])."""
         loc = self._init_loc()
         flow = self._flow_fn(self.latent_dim).to(device=loc.device, dtype=loc.dtype)
         return to_pyro_params_(ComposeTransformModule([flow, ElementwiseAffine(loc,

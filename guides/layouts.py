@@ -5,13 +5,13 @@ A layout knows where each weight tensor sits in ``theta`` (P,), how the weights 
 into layers (for a prior precision per layer, the last layer, Kronecker factors), and
 evaluates the network (with its own activation) and its Jacobians at a ``theta``. Two
 layouts share that interface,
-so the curvatures (:mod:`bnn_zoo.guides.curvature`), the precision blocks, the posterior,
+so the curvatures (`bnn_zoo.guides.curvature`), the precision blocks, the posterior,
 its guide and its predictive models work unchanged on both:
 
-* :class:`ParameterLayout`: a :class:`~bnn_zoo.models.BayesianMLP`, weights in the zoo's
+* [`ParameterLayout`][]: a [`BayesianMLP`][bnn_zoo.models.BayesianMLP], weights in the zoo's
   layout ``(d_in, d_out)``; Jacobians by one backward pass per output through the
   layers' pre-activations.
-* :class:`ModuleLayout`: a :class:`~bnn_zoo.models.BayesianModule` around any
+* [`ModuleLayout`][]: a [`BayesianModule`][bnn_zoo.models.BayesianModule] around any
   ``torch.nn.Module``, weights in torch's layout ``(d_out, d_in, *kernel)``, the network
   evaluated by ``torch.func.functional_call`` in eval mode (batch norm an affine map per
   channel with the model's running statistics; deterministic parameters at the model's
@@ -26,7 +26,7 @@ Grosse & Martens 2016). A layer maps inputs ``a_{n,l}`` (``D`` numbers, with a t
 for a dense layer on ``(N, D)`` inputs, the ``L = H' W'`` output pixels of a
 convolution (its ``L'`` output positions for a ``Conv1d``), whose ``a_{n,l}`` are the
 input patches (``F.unfold``) in the order of the weight's ``(C_in, *kernel)``.
-:meth:`layer_factors` returns the ``a_{n,l}`` and the output Jacobians
+`layer_factors` returns the ``a_{n,l}`` and the output Jacobians
 ``J_{n,k,l} = d f_{n,k} / d z_{n,l}``; the curvature module forms
 
 .. math::
@@ -57,7 +57,7 @@ from bnn_zoo.models.module_options import net_mode
 
 __all__ = ["KRON_LAYERS", "Layout", "ModuleLayout", "ParameterLayout", "layout_of"]
 
-#: The layer types whose GGN block :class:`ModuleLayout` can Kronecker-factor.
+#: The layer types whose GGN block [`ModuleLayout`][] can Kronecker-factor.
 KRON_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
 _CONV = (nn.Conv1d, nn.Conv2d)
@@ -93,11 +93,11 @@ class _FlatWeights:
                                        torch.tensor(sizes, device=like.device))
 
     def flatten(self, tensors: dict[str, Tensor]) -> Tensor:
-        """:func:`flatten_sites` of this layout's sites."""
+        """[`flatten_sites`][] of this layout's sites."""
         return flatten_sites(self.sites, tensors)
 
     def unflatten(self, theta: Tensor) -> dict[str, Tensor]:
-        """:func:`unflatten_sites` of this layout's sites."""
+        """[`unflatten_sites`][] of this layout's sites."""
         return unflatten_sites(self.sites, theta)
 
     def offsets(self) -> dict[str, int]:
@@ -114,7 +114,7 @@ class ParameterLayout(_FlatWeights):
     """Where each weight tensor of an MLP sits in the flat vector ``theta``.
 
     ``sites`` is the model's ``(name, shape)`` list in forward order, alternating
-    weight ``(d_in, d_out)`` and bias ``(d_out,)`` as :attr:`BayesianMLP.sites` gives it.
+    weight ``(d_in, d_out)`` and bias ``(d_out,)`` as `BayesianMLP.sites` gives it.
     Layer ``l``'s slice of ``theta`` is the row-major flattening of ``[W_l; b_l]``
     (d_in + 1, d_out), so with ``a = [h_{l-1}, 1]`` the pre-activation is
     ``z_l = a^T [W_l; b_l]`` and the Jacobian of the output in the layer's weights is the
@@ -159,7 +159,7 @@ class ParameterLayout(_FlatWeights):
         return [(index, True) for index in self.layer_slices]
 
     def network(self, theta: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """The ``(W, b)`` list of :func:`bnn_zoo.core.nn.mlp_forward` for ``theta`` (*S, P)."""
+        """The ``(W, b)`` list of `bnn_zoo.core.nn.mlp_forward` for ``theta`` (*S, P)."""
         values = list(self.unflatten(theta).values())
         return list(zip(values[::2], values[1::2]))
 
@@ -198,7 +198,7 @@ class ParameterLayout(_FlatWeights):
                  whiten: Whitening | None = None) -> tuple[Tensor, Tensor]:
         """Output ``f`` (N, K) and ``df/dtheta`` (N, K, P) (only ``layers``' columns, in
         order, if given; ``R(f) df/dtheta`` with ``whiten=R``, R (N, K', K)): the outer
-        products ``a_l ⊗ R J_l`` of :meth:`layer_factors`, whitened before the product."""
+        products ``a_l ⊗ R J_l`` of [`layer_factors`][], whitened before the product."""
         f, parts = self.layer_factors(theta, x)
         r = None if whiten is None else whiten(f)
         keep = range(self.num_layers) if layers is None else layers
@@ -239,7 +239,8 @@ class ModuleLayout(_FlatWeights):
 
     @classmethod
     def from_model(cls, model) -> ModuleLayout:
-        """The layout of a :class:`~bnn_zoo.models.BayesianModule` (its ``net`` and ``sites``)."""
+        """The layout of a [`BayesianModule`][bnn_zoo.models.BayesianModule] (its ``net`` and
+        ``sites``)."""
         sites = tuple((name, tuple(shape)) for name, shape in model.sites)
         hidden = getattr(model, "deterministic", frozenset())
         found = tuple((name, tuple(p.shape)) for name, p in model.net.named_parameters()
@@ -316,7 +317,7 @@ class ModuleLayout(_FlatWeights):
         return f, g if whiten is None else whiten(f) @ g
 
     def kron_layers(self) -> list[nn.Module]:
-        """The submodule of every layer, after checking that each is a :data:`KRON_LAYERS`
+        """The submodule of every layer, after checking that each is a `KRON_LAYERS`
         holding exactly its own weight (and bias)."""
         modules = []
         for prefix in self.layer_names:
@@ -421,9 +422,9 @@ Layout = ParameterLayout | ModuleLayout
 
 
 def layout_of(model) -> Layout:
-    """The layout of ``model``: a :class:`ModuleLayout` for a model around a torch module
-    (a ``net`` attribute, as :class:`~bnn_zoo.models.BayesianModule` has), else the MLP's
-    :class:`ParameterLayout`."""
+    """The layout of ``model``: a [`ModuleLayout`][] for a model around a torch module
+    (a ``net`` attribute, as [`BayesianModule`][bnn_zoo.models.BayesianModule] has), else the MLP's
+    [`ParameterLayout`][]."""
     if isinstance(getattr(model, "net", None), nn.Module):
         return ModuleLayout.from_model(model)
     return ParameterLayout.from_model(model)

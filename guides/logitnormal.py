@@ -1,7 +1,7 @@
 """LogitNormal guide with the exact full conditional of the output weights (Coker's
 notes "LogitNormal model").
 
-For :class:`~bnn_zoo.models.rff.RandomFeatureRegression` the guide is
+For [`RandomFeatureRegression`][bnn_zoo.models.rff.RandomFeatureRegression] the guide is
 
 .. math::
 
@@ -9,8 +9,8 @@ For :class:`~bnn_zoo.models.rff.RandomFeatureRegression` the guide is
                         \\; p(\\beta \\mid X, y, s),
 
 the second factor the exact Gaussian full conditional (Bayesian linear regression
-on the features; :func:`~bnn_zoo.models.rff.feature_posterior`). Four training
-objectives (``objective=`` of :class:`~bnn_zoo.methods.logitnormal.LogitNormalSVI`):
+on the features; [`feature_posterior`][bnn_zoo.models.rff.feature_posterior]). Four training
+objectives (``objective=`` of [`LogitNormalSVI`][bnn_zoo.methods.logitnormal.LogitNormalSVI]):
 
 * ``"alg3"``, **Algorithm 3 as an ELBO** (default; Coker's "version 2.0"): the Trace
   ELBO of this guide, ``n_est`` vectorised particles ``s_k ~ q(s)``, a fresh
@@ -21,24 +21,24 @@ objectives (``objective=`` of :class:`~bnn_zoo.methods.logitnormal.LogitNormalSV
       \\mathcal{L}_3(\\phi) = E_{q(s)\\,p(\\beta | X, y, s)}\\big[\\log p(y | X, \\beta, s)
           + \\log p(\\beta) - \\log q(\\beta | s)\\big] - \\mathrm{KL}(q_\\phi(s) \\| p(s)).
 
-  Train with :class:`~bnn_zoo.core.elbo.MeanFieldELBO`.
+  Train with [`MeanFieldELBO`][bnn_zoo.core.elbo.MeanFieldELBO].
 * ``"alg3_literal"``, **Algorithm 3 as Coker writes it** (line 9: the likelihood term
-  minus ``KL(q(s))`` alone; :class:`~bnn_zoo.core.elbo.ExpectedLikelihoodELBO`):
+  minus ``KL(q(s))`` alone; [`ExpectedLikelihoodELBO`][bnn_zoo.core.elbo.ExpectedLikelihoodELBO]):
 
   .. math::
 
       \\mathcal{L}_{3,\\text{lit}}(\\phi) = E_{q(s)\\,p(\\beta | X, y, s)}
           \\big[\\log p(y | X, \\beta, s)\\big] - \\mathrm{KL}(q_\\phi(s) \\| p(s)).
 
-* ``"alg1"``, **Algorithm 1** (:class:`~bnn_zoo.core.elbo.Algorithm1ELBO`):
+* ``"alg1"``, **Algorithm 1** ([`Algorithm1ELBO`][bnn_zoo.core.elbo.Algorithm1ELBO]):
   ``beta_i ~ p(beta | X, y, s_i)`` with ``s_i ~ q(s)`` drawn once per outer iteration
   and held (no gradient) for ``inner_steps`` (Coker's ``n_grad``) optimiser steps on
   Coker's line 11, ``E_q(s)[log p(y | X, beta_i, s)] - KL(q(s) || p(s))``.
-* ``"collapsed"`` (:class:`~bnn_zoo.core.elbo.CollapsedELBO`): ``beta`` integrated out,
+* ``"collapsed"`` ([`CollapsedELBO`][bnn_zoo.core.elbo.CollapsedELBO]): ``beta`` integrated out,
   ``E_q(s)[log N(y; 0, sigma_beta^2 Phi Phi^T + sigma^2 I)] - KL(q(s) || p(s))``,
   by the K x K Woodbury form.
 
-Algorithm 2 (the predictive) is what :func:`bnn_zoo.predict` does with this
+Algorithm 2 (the predictive) is what [`bnn_zoo.predict`][] does with this
 guide: ``s ~ q(s)``, ``beta ~ p(beta | X_train, y_train, s)``, ``f* = Phi(x*; s) beta``.
 
 Deviation from the notes: Coker's Algorithms 1 and 3 estimate the likelihood
@@ -102,7 +102,8 @@ class LogitNormalGuide(PyroModule):
 
     Parameters
     ----------
-    model : the :class:`~bnn_zoo.models.rff.RandomFeatureRegression` it belongs to
+    model : the [`RandomFeatureRegression`][bnn_zoo.models.rff.RandomFeatureRegression] it belongs
+    to
         (referenced, not registered: its parameters stay the model's).
     init_loc : initial ``loc`` of every ``z_d = logit(s_d)``; the default -2
         (``s_d = 0.12``) starts with smooth features and lets the relevant inputs

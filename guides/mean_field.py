@@ -4,8 +4,8 @@ diagonal Gaussian").
 The guide is a diagonal Gaussian over every weight tensor of the model,
 ``q(w) = prod_i N(w_i; mu_i, sigma_i^2)``, with ``sigma = softplus(rho)``: the
 same family and parameterisation as Bayes by Backprop, so
-:class:`MeanFieldGuide` subclasses
-:class:`~bnn_zoo.guides.bbb.BayesByBackpropGuide` rather than repeating it.
+[`MeanFieldGuide`][] subclasses
+[`BayesByBackpropGuide`][bnn_zoo.guides.bbb.BayesByBackpropGuide] rather than repeating it.
 The notes train it on the ELBO
 
 .. math::
@@ -14,11 +14,11 @@ The notes train it on the ELBO
                    - \\mathrm{KL}(q(w) \\| p(w)),
 
 with a Gaussian prior ``p(w) = N(0, s^2 I)`` so that the KL is the closed form of
-eq. (1) (:func:`diagonal_gaussian_kl`); in Pyro that is ``TraceMeanField_ELBO``,
+eq. (1) ([`diagonal_gaussian_kl`][]); in Pyro that is ``TraceMeanField_ELBO``,
 which replaces the Monte Carlo ``log q(w) - log p(w)`` of ``Trace_ELBO`` by the
 analytic KL of each site. The predictive is the notes' section 2, the Monte
 Carlo average of class probabilities over ``w_s ~ q``
-(:func:`bnn_zoo.predict`, :class:`~bnn_zoo.core.predictive.CategoricalPredictive`).
+([`bnn_zoo.predict`][], [`CategoricalPredictive`][bnn_zoo.core.predictive.CategoricalPredictive]).
 
 Where we differ from the notes' slips:
 
@@ -103,14 +103,14 @@ class MeanFieldGuide(BayesByBackpropGuide):
 
     The parameters, their initialisation (means ``N(0, 1/d_in)``, scales
     ``init_scale``) and the sampling are those of
-    :class:`~bnn_zoo.guides.bbb.BayesByBackpropGuide`; this class adds the
+    [`BayesByBackpropGuide`][bnn_zoo.guides.bbb.BayesByBackpropGuide]; this class adds the
     closed-form KL to the model's Gaussian prior. Train it with
     ``pyro.infer.TraceMeanField_ELBO``.
 
     Parameters
     ----------
     model : a model exposing ``sites`` (``(name, shape)`` of each weight tensor)
-        and ``prior`` (e.g. :class:`bnn_zoo.models.BayesianMLP`).
+        and ``prior`` (e.g. [`bnn_zoo.models.BayesianMLP`][]).
     init_scale : initial posterior standard deviation of every weight.
     generator : optional ``torch.Generator`` for the initial means.
     """
@@ -124,7 +124,7 @@ class MeanFieldGuide(BayesByBackpropGuide):
         self.prior = model.prior
 
     def kl_divergence(self) -> Tensor:
-        """``KL(q || p)`` summed over every weight, by eq. (1) (:func:`diagonal_gaussian_kl`).
+        """``KL(q || p)`` summed over every weight, by eq. (1) ([`diagonal_gaussian_kl`][]).
 
         Raises ``TypeError`` if the model's prior is not Gaussian (a scale
         mixture has no closed-form KL).

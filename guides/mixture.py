@@ -3,7 +3,7 @@ r"""Mixture of diagonal Gaussians for unnormalised posteriors.
 The guide is the fitting function of the notes on fitting an unnormalised posterior by a
 mixture of diagonal Gaussians (the mixture notes) over the flattened, unconstrained latent
 vector :math:`\theta \in \mathbb{R}^D` of any Pyro model (built on Pyro's
-:class:`~pyro.infer.autoguide.AutoContinuous`):
+`AutoContinuous`):
 
 .. math::
 
@@ -40,7 +40,7 @@ Where this differs from the mixture notes, on purpose:
   2\delta_{ik}/a_k - 2 a_k / \sum_l a_l^2`.
 
 Gradient estimators of the ELBO (``estimator=``), all unbiased, computed by
-:class:`~bnn_zoo.core.elbo.MixtureELBO`:
+[`MixtureELBO`][bnn_zoo.core.elbo.MixtureELBO]:
 
 * ``"score"``: the notes' section 4,
   :math:`\nabla \mathrm{ELBO} \approx \frac1n\sum_s \nabla\log q(\theta^{(s)})
@@ -65,7 +65,7 @@ closer to NUTS's (the W2 distance of the moment-matched predictives). A mixture 
 where the target's modes differ in function space (the toy targets); a BNN's extra modes
 are mostly weight-space symmetries with the same predictive.
 
-Why not Pyro's :class:`~pyro.distributions.MixtureOfDiagNormals`, whose
+Why not Pyro's `MixtureOfDiagNormals`, whose
 ``rsample`` has implicit pathwise gradients for all parameters (Jankowiak &
 Karaletsos 2018)? Two defects in pyro 1.9 (both shown in ``tests/guides/test_mixture.py``):
 (1) its backward evaluates :math:`q(\theta)` and products of
@@ -129,7 +129,7 @@ class DiagonalNormalMixture(TorchDistribution):
     r"""The mixture :math:`q(\theta; a, w, b)` over :math:`\mathbb{R}^D` (event shape (D,)).
 
     ``log_prob`` is :math:`\operatorname{logsumexp}_i \beta_i` (see
-    :func:`component_log_densities`). ``reparameterized=True`` gives an ``rsample``
+    [`component_log_densities`][]). ``reparameterized=True`` gives an ``rsample``
     that is pathwise in the means and scales given the drawn component; otherwise
     samples carry no gradient and ELBO gradients go through ``log_prob`` (the score
     function).
@@ -210,7 +210,7 @@ class DiagonalNormalMixture(TorchDistribution):
 class ComponentDraws(TorchDistribution):
     r"""Draws :math:`\theta_i \sim N_i` for every component ``i`` at once, scored by the
     whole mixture: ``log_prob`` is the mixture's :math:`\log q(\theta_i)`, not
-    :math:`\log N_i(\theta_i)`. Used by :class:`~bnn_zoo.core.elbo.MixtureELBO` to enumerate
+    :math:`\log N_i(\theta_i)`. Used by [`MixtureELBO`][bnn_zoo.core.elbo.MixtureELBO] to enumerate
     the component."""
 
     support = constraints.real_vector
@@ -238,8 +238,8 @@ class MixtureGuide(AutoContinuous):
     Parameters
     ----------
     model : any Pyro model with continuous latent sites (e.g. a
-        :class:`~bnn_zoo.models.targets.UnnormalisedModel` or a
-        :class:`~bnn_zoo.models.BayesianMLP`).
+        [`UnnormalisedModel`][bnn_zoo.models.targets.UnnormalisedModel] or a
+        [`BayesianMLP`][bnn_zoo.models.BayesianMLP]).
     num_components : ``K``.
     estimator : ``"score"``, ``"pathwise"`` or ``"enumerate"`` (see the module).
     baseline : ``score`` and ``pathwise``: subtract a running mean of earlier ELBOs in the
@@ -252,7 +252,7 @@ class MixtureGuide(AutoContinuous):
 
     The parameters are the notes' ``a`` (K,), ``w`` (K, D) and ``b`` (K, D); note
     the (component, coordinate) layout, the transpose of the notes' :math:`w_{ji}`.
-    Train with :class:`~bnn_zoo.core.elbo.MixtureELBO`.
+    Train with [`MixtureELBO`][bnn_zoo.core.elbo.MixtureELBO].
     """
 
     def __init__(self, model: Callable, num_components: int = 2, *,

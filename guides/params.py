@@ -57,7 +57,7 @@ class LowRankMultivariateNormal(AutoLowRankMultivariateNormal):
 
 class _ScaledUnitLowerAffine(dist.transforms.Transform):
     """``w = loc + scale * (L_0 z)`` for a unit lower-triangular ``L_0``: the affine map of
-    :class:`MultivariateNormal`, whose factor is ``L = diag(scale) L_0``, without forming
+    [`MultivariateNormal`][], whose factor is ``L = diag(scale) L_0``, without forming
     ``L`` (one matrix pass fewer each way than ``LowerCholeskyAffine(loc, L)``), and with
     ``log |det dw/dz| = sum_i log scale_i`` (the diagonal of ``L_0`` is ones)."""
 
@@ -97,10 +97,10 @@ class MultivariateNormal(AutoMultivariateNormal):
       through the round-off;
     * the ``P x P`` factor costs as few passes over memory as it can, which is the step's
       whole cost for large ``P``: ``L`` is never formed, and the unit lower-triangular
-      constraint is one ``torch.where`` (:attr:`scale_tril`).
+      constraint is one ``torch.where`` ([`scale_tril`][]).
     """
 
-    #: The factor is stored unconstrained; :attr:`scale_tril` applies the constraint.
+    #: The factor is stored unconstrained; [`scale_tril`][] applies the constraint.
     scale_tril_constraint = constraints.independent(constraints.real, 2)
 
     def _setup_prototype(self, *args, **kwargs) -> None:

@@ -11,7 +11,7 @@ flattened into one vector ``theta`` (the model's ``sites`` in order, each tensor
 
 with ``theta_SWA`` the mean of the iterates, ``Sigma_diag`` their diagonal variance and
 ``D`` (P, K) the deviations of the last ``K`` iterates (Sec. 3, Algorithm 1; the moments
-are gathered by :class:`bnn_zoo.methods.swag.SWAGMoments`). :class:`SWAGGuide` draws
+are gathered by [`bnn_zoo.methods.swag.SWAGMoments`][]). [`SWAGGuide`][] draws
 ``theta`` as the paper does,
 
 .. math::

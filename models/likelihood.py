@@ -1,7 +1,7 @@
 """The data plate and the likelihood shared by the zoo's network models.
 
 Every network model ends the same way: the inputs go into ``pyro.plate("data", N)``
-(subsampled when :class:`~bnn_zoo.core.handlers.subsample_data` sets its indices, so the
+(subsampled when [`subsample_data`][bnn_zoo.core.handlers.subsample_data] sets its indices, so the
 likelihood is rescaled by ``N / B``), the network output is recorded as
 ``pyro.deterministic("f")`` and the targets are observed at ``"obs"``:
 
@@ -14,13 +14,13 @@ likelihood is rescaled by ``N / B``), the network output is recorded as
   output of Lakshminarayanan et al. 2017, Sec. 2.2, with their variance floor on the scale);
 * classification: ``y_n ~ Categorical(softmax(f(x_n)))``.
 
-The Laplace approximation (:mod:`bnn_zoo.guides.curvature`,
-:mod:`bnn_zoo.guides.laplace`) reads each of these as a :class:`Likelihood` object,
-:class:`Gaussian`, :class:`GaussianOutputs`, :class:`Heteroscedastic` or
-:class:`Categorical`: its unit-precision negative log-likelihood ``E`` of the outputs,
+The Laplace approximation (`bnn_zoo.guides.curvature`,
+[`bnn_zoo.guides.laplace`][]) reads each of these as a `Likelihood` object,
+`Gaussian`, `GaussianOutputs`, `Heteroscedastic` or
+`Categorical`: its unit-precision negative log-likelihood ``E`` of the outputs,
 the Hessian of ``E`` in the outputs (through a square root, for the GGN), the GLM
 predictive, the evidence's data terms and the noise precision's update, so that the
-curvature and evidence code holds one object and never a name. :func:`laplace_likelihood`
+curvature and evidence code holds one object and never a name. `laplace_likelihood`
 turns a saved name into its object.
 """
 
@@ -79,11 +79,11 @@ def observe(x: Tensor, y: Tensor | None, network: Callable[[Tensor], Tensor], *,
     ``network(x)`` returns the outputs (*S, N, K); ``noise_scale()`` gives ``sigma`` for
     regression (a number, or (D,) for D outputs, when ``y`` is (N, D)); with
     ``heteroscedastic=True`` instead, ``network`` returns (*S, N, 2), the
-    mean and the raw scale of each point (see :func:`heteroscedastic_scale`).
+    mean and the raw scale of each point (see `heteroscedastic_scale`).
     Returns the outputs ``f`` (the mean only, (*S, N, 1), when heteroscedastic).
     ``data_dim`` is the dimension of ``x`` and ``y`` that runs over the data points: 1 for
     replicas, ``x`` of shape (R, N, D) and ``y``
-    (R, N) (see :mod:`bnn_zoo.core.replicas`).
+    (R, N) (see [`bnn_zoo.core.replicas`][]).
     """
     with pyro.plate("data", x.shape[data_dim], device=x.device) as idx:
         if idx.shape[0] != x.shape[data_dim]:
@@ -112,10 +112,10 @@ class Likelihood:
     noise precision ``beta``'s update and the GLM predictive.
 
     This base is a likelihood whose noise is fixed (``beta = 1``: a classifier's, or the
-    network's own); :class:`Gaussian` tunes ``beta``.
+    network's own); `Gaussian` tunes ``beta``.
     """
 
-    #: The name a saved posterior keeps (:data:`LIKELIHOODS`).
+    #: The name a saved posterior keeps (`LIKELIHOODS`).
     name: ClassVar[str]
     #: Whether ``beta`` is a hyperparameter, tuned with ``alpha`` by the evidence.
     tunes_noise: ClassVar[bool] = False
@@ -176,7 +176,7 @@ class Likelihood:
 
     def observe(self, x: Tensor, y: Tensor | None, network: Callable[[Tensor], Tensor],
                 beta: Tensor) -> Tensor:
-        """:func:`observe` of this likelihood with noise precision ``beta``."""
+        """`observe` of this likelihood with noise precision ``beta``."""
         raise NotImplementedError
 
 
@@ -234,7 +234,7 @@ class Gaussian(Likelihood):
 class GaussianOutputs(Gaussian):
     """A Gaussian on ``outputs`` (D) outputs with a noise precision per output, ``beta``
     (D,): ``E_d = 1/2 sum_n (f_nd - y_nd)^2`` per output, the curvature held per output
-    (:mod:`~bnn_zoo.guides.laplace.output_blocks`)."""
+    (`output_blocks`)."""
 
     outputs: int
     per_output = True
@@ -256,7 +256,7 @@ class GaussianOutputs(Gaussian):
         return (points - post.output_effective_parameters()) / (2 * post.energy)
 
     def fold_noise(self, beta: Tensor) -> tuple[Likelihood, Tensor]:
-        """:class:`GaussianPrecision` of ``beta`` and the factor 1."""
+        """`GaussianPrecision` of ``beta`` and the factor 1."""
         return GaussianPrecision(beta), beta.new_ones(())
 
 
@@ -281,7 +281,7 @@ class GaussianPrecision(Gaussian):
 
 class Heteroscedastic(Likelihood):
     """``y_n ~ N(mu_n, sigma_n^2)`` from the outputs ``f_n = (mu_n, s_n)`` with ``sigma =
-    softplus(s) + MIN_SCALE`` (:func:`heteroscedastic_scale`): ``E = sum_n (y_n - mu_n)^2 /
+    softplus(s) + MIN_SCALE`` (`heteroscedastic_scale`): ``E = sum_n (y_n - mu_n)^2 /
     (2 sigma_n^2) + log sigma_n`` (the model's negative log-likelihood less ``N/2 log 2
     pi``; the noise is the network's, ``beta = 1``). ``Lambda_n`` is the Fisher information
     of ``N(mu, sigma^2)`` in ``(mu, s)``, ``diag(1 / sigma^2, 2 sigma'(s)^2 / sigma^2)``
@@ -373,8 +373,8 @@ class Categorical(Likelihood):
 
 
 def laplace_likelihood(name: str, noise_shape: tuple[int, ...] = ()) -> Likelihood:
-    """The likelihood ``name`` (one of :data:`LIKELIHOODS`) with a noise precision of
-    ``noise_shape``: a Gaussian with ``beta`` (D,) is :class:`GaussianOutputs`."""
+    """The likelihood ``name`` (one of `LIKELIHOODS`) with a noise precision of
+    ``noise_shape``: a Gaussian with ``beta`` (D,) is `GaussianOutputs`."""
     check_choice("likelihood", name, LIKELIHOODS)
     if noise_shape:
         return GaussianOutputs(noise_shape[0])

@@ -11,12 +11,12 @@ deterministic site ``f``, and the likelihood at site ``obs`` inside
   and ``y_nd ~ N(f_d(x_n), sigma_d^2)``, one ``sigma_d`` per output; with
   ``noise="heteroscedastic"`` the network has a second output and ``sigma(x_n) =
   softplus(s(x_n)) + 10^-3`` (Lakshminarayanan et al. 2017;
-  :mod:`bnn_zoo.models.likelihood`);
+  `bnn_zoo.models.likelihood`);
 * classification: ``y_n ~ Categorical(softmax(f(x_n)))``.
 
 Minibatches come from the data plate: ``bnn_zoo.fit`` sets the plate's
 subsample indices, so the likelihood is rescaled by ``N / B`` and the ELBO stays
-unbiased (see :class:`bnn_zoo.core.handlers.subsample_data`).
+unbiased (see [`bnn_zoo.core.handlers.subsample_data`][]).
 """
 
 from __future__ import annotations
@@ -68,17 +68,17 @@ class BayesianMLP(ObservationNoise, PyroModule):
     activation : hidden activation (``relu`` default; ``sigmoid`` for the 1-3-1 net of
         ``benchmarks/bbb_priors.py``).
     task : ``"regression"`` or ``"classification"``.
-    prior : :class:`GaussianPrior` (default ``N(0, 1)``) or :class:`ScaleMixturePrior`.
+    prior : [`GaussianPrior`][] (default ``N(0, 1)``) or [`ScaleMixturePrior`][].
     noise_scale : regression only; a float fixes ``sigma``, ``None`` learns it
         (initialised at ``init_noise_scale``); for D outputs, one ``sigma_d`` per output,
         each fixed to (or starting at) that number.
     noise : ``"homoscedastic"`` (default: one ``sigma``) or ``"heteroscedastic"``
         (regression with one output only: a second output gives each point its own
         ``sigma(x)``; then ``noise_scale`` must be ``None`` and the model has no
-        :meth:`observation_scale`).
+        [`observation_scale`][]).
 
-    :meth:`replicated` gives the same model for R independent fits in one pass
-    (:mod:`bnn_zoo.core.replicas`).
+    [`replicated`][] gives the same model for R independent fits in one pass
+    ([`bnn_zoo.core.replicas`][]).
     """
 
     def __init__(self, in_dim: int, out_dim: int = 1, hidden: Sequence[int] = (50,), *,
@@ -112,7 +112,7 @@ class BayesianMLP(ObservationNoise, PyroModule):
                             out_dim if task == "regression" else 1)
         else:
             self.learn_noise = False
-        #: ``None`` for a single fit; R for a model of R replicas (see :meth:`replicated`).
+        #: ``None`` for a single fit; R for a model of R replicas (see [`replicated`][]).
         self.replicas: int | None = None
 
     def replicated(self, replicas: int) -> BayesianMLP:
@@ -120,8 +120,8 @@ class BayesianMLP(ObservationNoise, PyroModule):
 
         The copy takes inputs ``x`` (R, N, D) and targets ``y`` (R, N) and samples every
         site inside ``pyro.plate("replicas", R, dim=-2)``
-        (:func:`~bnn_zoo.core.replicas.replica_plate`), so the weights of replica ``r`` have
-        the leading index ``r`` and see only ``x[r]``, ``y[r]``; a learned noise scale
+        ([`replica_plate`][bnn_zoo.core.replicas.replica_plate]), so the weights of replica ``r``
+        have the leading index ``r`` and see only ``x[r]``, ``y[r]``; a learned noise scale
         becomes one per replica, shape (R, 1) (D outputs: (R, 1, D)), starting at this
         model's value.
         """
@@ -163,9 +163,9 @@ class BayesianMLP(ObservationNoise, PyroModule):
     def network(self, x: Tensor, params: list[tuple[Tensor, Tensor]]) -> Tensor:
         """The network output ``f(x)`` (*S, N, out_dim) under the weight samples ``params``.
 
-        Its layers are :func:`bnn_zoo.core.nn.affine`, so an objective may evaluate them
+        Its layers are `bnn_zoo.core.nn.affine`, so an objective may evaluate them
         differently through an effect handler (local reparameterisation:
-        :class:`bnn_zoo.core.handlers.local_reparameterization`); the model does not know.
+        [`bnn_zoo.core.handlers.local_reparameterization`][]); the model does not know.
         """
         return mlp_forward(x, params, self.act)
 
@@ -197,7 +197,7 @@ def fan_in_init(shape: tuple[int, ...], *, dtype: torch.dtype | None = None,
 
 
 def init_to_fan_in(site: dict) -> Tensor:
-    """``init_loc_fn`` for autoguides: :func:`fan_in_init` for every weight site.
+    """``init_loc_fn`` for autoguides: [`fan_in_init`][] for every weight site.
 
     Pyro's default ``init_to_feasible`` starts every weight at 0, where a ReLU
     network has no gradient to break the symmetry between units. A site with batch

@@ -1,6 +1,6 @@
 """Bring your own network: a Pyro model from any ``torch.nn.Module``.
 
-:class:`BayesianModule` puts a prior on every parameter tensor of ``net`` (one sample site
+[`BayesianModule`][] puts a prior on every parameter tensor of ``net`` (one sample site
 per tensor, named as ``net.named_parameters()`` names it, e.g. ``0.weight``) and evaluates
 the network with the sampled tensors in place of its own:
 
@@ -9,7 +9,7 @@ the network with the sampled tensors in place of its own:
     \\theta_j \\sim p(\\theta_j) \\;\\text{for each parameter tensor}\\;j,\\qquad
     f = \\mathrm{net}(x; \\theta),\\qquad y_n \\sim p(y_n \\mid f(x_n))
 
-with the likelihood of :func:`bnn_zoo.models.likelihood.observe` (Gaussian for regression,
+with the likelihood of `bnn_zoo.models.likelihood.observe` (Gaussian for regression,
 categorical for classification), as TyXe's ``PytorchBNN`` does for any module. A whole batch
 of weight samples (vectorised particles, a parallel ``Predictive``) runs in one pass: the
 net with the sampled tensors swapped in for its parameters (as ``torch.func.functional_call``
@@ -17,16 +17,17 @@ does), under ``torch.func.vmap`` over the sample dimension. The loss can be trac
 (``bnn_zoo.fit(jit=True)``).
 
 Local reparameterisation and flipout apply to its ``nn.Linear`` and ``nn.Conv{1,2,3}d``
-layers as effect handlers (:mod:`bnn_zoo.core.handlers`, installed by
-:class:`~bnn_zoo.core.elbo.LocalReparameterizationELBO` and
-:class:`~bnn_zoo.core.elbo.FlipoutELBO`): the net's code knows nothing of them.
+layers as effect handlers ([`bnn_zoo.core.handlers`][], installed by
+[`LocalReparameterizationELBO`][bnn_zoo.core.elbo.LocalReparameterizationELBO] and
+[`FlipoutELBO`][bnn_zoo.core.elbo.FlipoutELBO]): the net's code knows nothing of them.
 
 The net itself is held outside the module tree (in a tuple, as Pyro's autoguides hold
 their model), so its parameters are not parameters of the Pyro model: they are only the
-shapes, the names and, through :meth:`BayesianModule.init_to_net`, optional initial values
-for a guide.
+shapes, the names and, through
+[`BayesianModule.init_to_net`][bnn_zoo.models.module.BayesianModule.init_to_net], optional initial
+values for a guide.
 
-Networks as people write them (:mod:`bnn_zoo.models.module_options`): parameters picked
+Networks as people write them ([`bnn_zoo.models.module_options`][]): parameters picked
 by name or type stay deterministic (point estimates learned with the guide; by default
 those of batch-norm layers), priors may differ per parameter, and buffers (batch-norm
 running statistics) are the model's state. The net runs in **train mode during a training
@@ -159,24 +160,24 @@ class BayesianModule(ObservationNoise, PyroModule):
         for regression, ``K >= 2`` class logits for classification. It must have at least
         one random parameter, every random one requiring grad. It is not copied and never
         changed; its parameter values are never used by the model (see
-        :meth:`init_to_net`), its buffers (running statistics) are copied into the model.
+        [`init_to_net`][]), its buffers (running statistics) are copied into the model.
     task : ``"regression"`` or ``"classification"``.
-    prior : :class:`GaussianPrior` (default ``N(0, 1)``; with ``fan_in=True`` the scale of a
+    prior : [`GaussianPrior`][] (default ``N(0, 1)``; with ``fan_in=True`` the scale of a
         weight is divided by the square root of its fan-in in torch's layout, see
-        :class:`TorchFanInPrior`) or :class:`ScaleMixturePrior`; or a prior per parameter:
+        [`TorchFanInPrior`][]) or `ScaleMixturePrior`; or a prior per parameter:
         a mapping from parameter names, module names or module types to priors, or a
-        function ``(name, tensor) -> prior`` (:func:`~bnn_zoo.models.module_options.
-        site_priors`).
+        function ``(name, tensor) -> prior``
+        ([`site_priors`][bnn_zoo.models.module_options.site_priors]).
     deterministic : parameter names, module names or module types whose parameters are
         point estimates (``PyroParam``s learned with the guide; fixed where the parameter
         has ``requires_grad=False``), not random. ``None`` (default): the parameters of
         batch-norm layers; ``()``: none, every parameter random.
     noise_scale : regression only; a float fixes ``sigma``, ``None`` learns it (initialised
-        at ``init_noise_scale``), as in :class:`~bnn_zoo.models.BayesianMLP`.
+        at ``init_noise_scale``), as in [`BayesianMLP`][bnn_zoo.models.BayesianMLP].
 
     The model lives on the device and in the dtype of ``net``'s parameters. It exposes
-    ``sites`` and ``prior`` as :class:`~bnn_zoo.models.BayesianMLP` does (``prior`` is a
-    :class:`~bnn_zoo.models.priors.SitePriors` where the sites' priors differ), so the
+    ``sites`` and ``prior`` as [`BayesianMLP`][bnn_zoo.models.BayesianMLP] does (``prior`` is a
+    [`SitePriors`][bnn_zoo.models.priors.SitePriors] where the sites' priors differ), so the
     zoo's site-wise guides (Bayes by Backprop, mean field) and Pyro's autoguides apply
     unchanged.
     """
@@ -264,7 +265,7 @@ class BayesianModule(ObservationNoise, PyroModule):
 
     def _noisy_layers(self, params: Mapping[str, Tensor]):
         """The tensors each layer runs with, the handlers' inputs and the layers that add a
-        noise term (see :meth:`network`)."""
+        noise term (see [`network`][])."""
         tensors, inputs, noisy = dict(params), {}, []
         for layer, held in self._owners:
             names = [(local, name) for slot, local, name in held
@@ -291,8 +292,8 @@ class BayesianModule(ObservationNoise, PyroModule):
         updates a copy of the running statistics and the model keeps their mean.
 
         Each submodule owning sampled tensors is offered to the effectful
-        :func:`~bnn_zoo.core.nn.noisy_layer`: an effect handler (local reparameterisation,
-        flipout: :mod:`bnn_zoo.core.handlers`) may answer that the layer runs with other
+        `noisy_layer`: an effect handler (local reparameterisation,
+        flipout: [`bnn_zoo.core.handlers`][]) may answer that the layer runs with other
         tensors (the guide's mean) plus a noise term, which a forward hook adds to the
         layer's output for as long as this call runs; the net's code knows nothing of it.
         """

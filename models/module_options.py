@@ -1,4 +1,4 @@
-"""What :class:`~bnn_zoo.models.BayesianModule` makes of a network's tensors: which
+"""What [`BayesianModule`][bnn_zoo.models.BayesianModule] makes of a network's tensors: which
 parameters are random and under which prior, which are point estimates, and the state
 (batch-norm running statistics) that the forward pass updates.
 
@@ -9,7 +9,7 @@ parameters are random and under which prior, which are point estimates, and the 
 * **Deterministic parameters** (TyXe's ``hide``): point estimates, ``PyroParam``s of the
   model learned with the guide by SVI (a parameter with ``requires_grad=False`` stays a
   constant at its value). By default the parameters of batch-norm layers
-  (:data:`DEFAULT_DETERMINISTIC`) are point estimates and every other parameter is random.
+  (`DEFAULT_DETERMINISTIC`) are point estimates and every other parameter is random.
 * **Priors per parameter** (TyXe's layer-wise priors): one prior for all, a mapping from
   selectors to priors (the most specific selector wins: a parameter's own name, then the
   deepest module name, then a type; unmatched parameters take ``N(0, 1)``), or a function
@@ -76,7 +76,7 @@ def _check_selectors(option: str, selectors: Iterable[object], net: nn.Module) -
 def select_deterministic(net: nn.Module, deterministic: Iterable[Selector] | None
                          ) -> set[str]:
     """The names of the parameters of ``net`` that ``deterministic`` picks (``None``: those
-    of :data:`DEFAULT_DETERMINISTIC`; ``()``: none)."""
+    of `DEFAULT_DETERMINISTIC`; ``()``: none)."""
     if deterministic is None:
         selectors: tuple = DEFAULT_DETERMINISTIC
     elif isinstance(deterministic, (str, type)):
@@ -125,7 +125,7 @@ def site_priors(prior: object, net: nn.Module, names: Iterable[str]) -> dict[str
 
 
 def _key(name: str) -> str:
-    """A net's tensor name as an attribute of :class:`NetState` (no dots allowed there)."""
+    """A net's tensor name as an attribute of [`NetState`][] (no dots allowed there)."""
     return name.replace(".", "/")
 
 

@@ -4,10 +4,10 @@ Neural Networks as Gaussian Processes").
 
 .. math:: y \sim N(0, K(X, X) + \sigma^2 I),
 
-with :math:`K` the NNGP kernel of :mod:`bnn_zoo.models.nngp_kernel`. The function values
+with :math:`K` the NNGP kernel of [`bnn_zoo.models.nngp_kernel`][]. The function values
 are integrated out; the log density of ``y`` is the log evidence, whose gradient in the
 hyperparameters is the closed form of Rasmussen & Williams (2006, eq. 5.9)
-(:class:`GaussianEvidence`), and the posterior predictive is the GP's in closed form.
+([`GaussianEvidence`][]), and the posterior predictive is the GP's in closed form.
 """
 
 from __future__ import annotations
@@ -28,15 +28,16 @@ from bnn_zoo.models.noise import ObservationNoise
 __all__ = ["JITTER_GROWTH", "JITTER_TRIES", "GaussianEvidence", "NNGPRegression",
            "NotPositiveDefinite"]
 
-#: Cholesky attempts of :meth:`NNGPRegression.factorise`, each with the relative jitter
-#: of the one before times ``JITTER_GROWTH``.
+#: Cholesky attempts of [`NNGPRegression.factorise`][bnn_zoo.models.nngp.NNGPRegression.factorise],
+# each with the relative jitter of the one before times ``JITTER_GROWTH``.
 JITTER_TRIES = 5
 JITTER_GROWTH = 10.0
 
 
 class NotPositiveDefinite(ValueError):
     r""":math:`K + \sigma^2 I` could not be factorised, even with the largest jitter of
-    :meth:`NNGPRegression.factorise` (or the kernel matrix is not finite)."""
+    [`NNGPRegression.factorise`][bnn_zoo.models.nngp.NNGPRegression.factorise] (or the kernel matrix
+    is not finite)."""
 
 
 class _GaussianLogDensity(torch.autograd.Function):
@@ -76,8 +77,8 @@ class _GaussianLogDensity(torch.autograd.Function):
 class GaussianEvidence(dist.MultivariateNormal):
     """``N(0, A)``, the marginal likelihood of a GP, given ``A`` and its Cholesky factor.
 
-    A :class:`~pyro.distributions.MultivariateNormal` (it samples with the factor) whose
-    ``log_prob`` is differentiated in ``A`` by :class:`_GaussianLogDensity`: the
+    A `MultivariateNormal` (it samples with the factor) whose
+    ``log_prob`` is differentiated in ``A`` by `_GaussianLogDensity`: the
     gradient of type-II maximum likelihood at about a third of the cost of autograd
     through the Cholesky factorisation.
     """
@@ -118,15 +119,15 @@ class NNGPRegression(ObservationNoise, PyroModule):
 
     The Cholesky factorisation adds a jitter :math:`\epsilon \bar k` to the noise
     variance, :math:`\bar k` the mean prior variance: :math:`\epsilon` = ``jitter``
-    first, then up to :data:`JITTER_TRIES` - 1 times more, each ``JITTER_GROWTH``
+    first, then up to `JITTER_TRIES` - 1 times more, each ``JITTER_GROWTH``
     times larger, where the factorisation fails (duplicate inputs with a small
-    noise, say). The largest :math:`\epsilon` used so far is :attr:`largest_jitter`;
+    noise, say). The largest :math:`\epsilon` used so far is `largest_jitter`;
     the jitter is part of the noise of the posterior predictive too, so the two agree.
 
     Parameters
     ----------
     in_dim : number of input features.
-    activation, depth, num_features, **kernel_options : passed to :class:`NNGPKernel`.
+    activation, depth, num_features, **kernel_options : passed to [`NNGPKernel`][].
     noise_scale : fixed noise standard deviation :math:`\sigma`; ``None`` learns it,
         starting at ``init_noise_scale``.
     jitter : the first relative jitter :math:`\epsilon`.
@@ -154,7 +155,7 @@ class NNGPRegression(ObservationNoise, PyroModule):
         r"""The Cholesky factor ``L`` of :math:`K(x, x) + s^2 I` and the noise variance
         :math:`s^2 = \sigma^2 + \epsilon \bar k` it was factorised with (class doc).
 
-        Raises :class:`NotPositiveDefinite`, naming the hyperparameters, where ``K`` is
+        Raises [`NotPositiveDefinite`][], naming the hyperparameters, where ``K`` is
         not finite or every jitter fails.
         """
         _, chol, noise_variance = self.covariance_factor(x)
@@ -162,7 +163,7 @@ class NNGPRegression(ObservationNoise, PyroModule):
 
     def covariance_factor(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         r"""The covariance :math:`A = K(x, x) + s^2 I` of ``y``, its Cholesky factor and
-        :math:`s^2` (:meth:`factorise`)."""
+        :math:`s^2` ([`factorise`][])."""
         k = self.kernel(x)
         mean_variance = k.diagonal().mean().detach()
         eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
@@ -209,8 +210,8 @@ class NNGPRegression(ObservationNoise, PyroModule):
             v^2 = \mathrm{diag}(K_{**}) - \mathrm{diag}(K_*^T (K + s^2 I)^{-1} K_*)
             + s^2
 
-        with :math:`s^2` the noise variance of :meth:`factorise` (:math:`\sigma^2` plus
-        the jitter), returned as a one-component :class:`GaussianMixturePredictive`
+        with :math:`s^2` the noise variance of [`factorise`][] (:math:`\sigma^2` plus
+        the jitter), returned as a one-component [`GaussianMixturePredictive`][]
         (``loc`` and ``scale`` of shape (1, M)), so the zoo's metrics apply unchanged.
         """
         check_tensor("x", x, ndim=2, floating=True)

@@ -24,8 +24,8 @@ the NNGP kernel
 
 The covariance of :math:`f` equals :math:`K` at every width ``H``; only the
 higher cumulants (e.g. the excess kurtosis, which falls as ``1/H``) vanish in
-the limit. With :class:`~bnn_zoo.models.GaussianPrior` ``(scale=1, fan_in=True)``
-the zoo's :class:`~bnn_zoo.models.BayesianMLP` with one hidden layer has exactly
+the limit. With [`GaussianPrior`][bnn_zoo.models.GaussianPrior] ``(scale=1, fan_in=True)``
+the zoo's [`BayesianMLP`][bnn_zoo.models.BayesianMLP] with one hidden layer has exactly
 this prior with every variance equal to 1.
 
 Closed forms of :math:`E[\phi(u)\phi(u')]` (with :math:`k_{11}, k_{12}, k_{22}`
@@ -38,16 +38,17 @@ the entries of the covariance above):
   :math:`\frac{2}{\pi}\arcsin\frac{2k_{12}}{\sqrt{(1 + 2k_{11})(1 + 2k_{22})}}`;
 * ``identity``: :math:`k_{12}` (Bayesian linear regression).
 
-Any other activation of :data:`bnn_zoo.core.nn.ACTIVATIONS` uses a Monte Carlo
+Any other activation of `bnn_zoo.core.nn.ACTIVATIONS` uses a Monte Carlo
 kernel: the covariance of a random-feature network of ``num_features`` units per
 hidden layer drawn once from the prior with a fixed seed (positive semi-definite by
 construction, and differentiable in the hyperparameters). For ``depth > 1`` its
 error is that of one finite net of width ``num_features``: a fluctuation of order
 :math:`1/\sqrt{S}` and a bias of order :math:`1/S`.
 
-The kernel variances are bounded to :data:`VARIANCE_BOUNDS`: outside them, on
+The kernel variances are bounded to `VARIANCE_BOUNDS`: outside them, on
 standardised data, the fit has diverged, and the bounds keep :math:`K` finite and its
-diagonal (hence the relative jitter of :class:`~bnn_zoo.models.nngp.NNGPRegression`) positive.
+diagonal (hence the relative jitter of [`NNGPRegression`][bnn_zoo.models.nngp.NNGPRegression])
+positive.
 
 **Deeper networks** (``depth`` = ``L`` hidden layers, each with the same
 :math:`\sigma_w^2, \sigma_b^2`, hidden-to-hidden weights of variance
@@ -127,7 +128,7 @@ CLOSED_FORMS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
 def expected_product(name: str, k11: Tensor, k12: Tensor, k22: Tensor) -> Tensor:
     r""":math:`E[\phi(u)\phi(u')]` for the bivariate Gaussian with covariance
     ``[[k11, k12], [k12, k22]]`` (broadcast elementwise), in closed form for the
-    activations of :data:`CLOSED_FORMS`."""
+    activations of `CLOSED_FORMS`."""
     return CLOSED_FORMS[check_choice("activation", name, sorted(CLOSED_FORMS))](k11, k12, k22)
 
 
@@ -135,14 +136,14 @@ class NNGPKernel(gp.kernels.Kernel):
     r"""The NNGP kernel :math:`K(x, x')` of a network with ``depth`` hidden layers (see the
     module: the one-layer kernel and the layer recursion).
 
-    A :class:`pyro.contrib.gp.kernels.Kernel`, so it also plugs into Pyro's GP
-    models. Its hyperparameters are ``PyroParam`` s in :data:`VARIANCE_BOUNDS`; like
+    A `pyro.contrib.gp.kernels.Kernel`, so it also plugs into Pyro's GP
+    models. Its hyperparameters are ``PyroParam`` s in `VARIANCE_BOUNDS`; like
     any Pyro ``Parameterized`` they can be given priors with ``PyroSample``.
 
     Parameters
     ----------
     input_dim : number of input features ``D``.
-    activation : a name of :data:`bnn_zoo.core.nn.ACTIVATIONS`; closed form for
+    activation : a name of `bnn_zoo.core.nn.ACTIVATIONS`; closed form for
         ``relu``, ``erf`` and ``identity``, Monte Carlo otherwise.
     depth : number of hidden layers ``L`` (default 1, Neal's network).
     weight_variance, bias_variance : :math:`\sigma_w^2` (input weights have

@@ -15,7 +15,7 @@ __all__ = ["ObservationNoise"]
 class ObservationNoise:
     """Mixin for a ``PyroModule`` with a likelihood ``N(f, sigma^2)``.
 
-    :meth:`init_noise` fixes ``sigma`` (a buffer, so it follows ``.to(device)``) or,
+    `init_noise` fixes ``sigma`` (a buffer, so it follows ``.to(device)``) or,
     with ``noise_scale=None``, makes it a positive ``PyroParam`` learned as a point
     estimate (type-II maximum likelihood) from ``init_noise_scale``. With ``outputs`` D > 1
     (multi-output regression, ``y_nd ~ N(f_d(x_n), sigma_d^2)`` independently) ``sigma`` is

@@ -54,12 +54,12 @@ class GaussianPrior:
 
 
 class TorchFanInPrior(GaussianPrior):
-    """:class:`GaussianPrior` with ``fan_in=True`` for tensors in torch's layout.
+    """[`GaussianPrior`][] with ``fan_in=True`` for tensors in torch's layout.
 
     A torch weight is ``(d_out, d_in, *kernel)`` (``Linear``, ``Conv1d/2d/3d``), so its
     fan-in is ``prod(shape[1:])`` (``d_in`` times the kernel size), and the prior scale is
     ``scale / sqrt(fan_in)`` (Neal 1996); tensors of one dimension (biases) keep ``scale``.
-    :class:`~bnn_zoo.models.BayesianModule` uses it in place of
+    [`BayesianModule`][bnn_zoo.models.BayesianModule] uses it in place of
     ``GaussianPrior(fan_in=True)``, whose ``scale_for`` reads the zoo's own ``(d_in, d_out)``
     layout.
     """
@@ -148,10 +148,10 @@ class ScaleMixturePrior:
 class SitePriors:
     """A prior per weight tensor, by sample-site name: the ``prior`` of a model whose
     tensors have different priors (layer-wise priors,
-    :class:`~bnn_zoo.models.BayesianModule` with a mapping or a function of the name).
+    [`BayesianModule`][bnn_zoo.models.BayesianModule] with a mapping or a function of the name).
 
     ``priors`` is the ``(site name, prior)`` of every site, in the model's order. Its
-    :meth:`distribution` needs the site's name: :func:`prior_of_site` gives the prior of one.
+    `distribution` needs the site's name: [`prior_of_site`][] gives the prior of one.
     """
 
     priors: tuple[tuple[str, GaussianPrior | ScaleMixturePrior], ...]
@@ -171,5 +171,5 @@ class SitePriors:
 
 def prior_of_site(prior: object, name: str) -> object:
     """The prior of the site ``name`` under a model's ``prior``: ``prior`` itself for one
-    prior shared by every site, the site's own for :class:`SitePriors`."""
+    prior shared by every site, the site's own for [`SitePriors`][]."""
     return prior.for_site(name) if isinstance(prior, SitePriors) else prior

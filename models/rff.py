@@ -26,7 +26,7 @@ Sample sites: ``"s"`` (D,), ``"beta"`` (K,), deterministic ``"f"``, likelihood
 ``"obs"`` inside ``pyro.plate("data", N)``.
 
 Given ``s`` the model is a Bayesian linear regression on the features, so
-:func:`feature_posterior` gives the exact full conditional ``p(beta | X, y, s)``
+[`feature_posterior`][] gives the exact full conditional ``p(beta | X, y, s)``
 and the evidence ``log p(y | X, s)`` with one Cholesky factor of a K x K matrix.
 """
 
@@ -58,7 +58,7 @@ class LogitNormal(dist.TransformedDistribution):
 
     Its KL divergence is that of the underlying Normals (the sigmoid is a
     bijection, and KL is invariant under a bijection), registered with
-    ``torch.distributions.kl_divergence``. :meth:`mean` has no closed form and is
+    ``torch.distributions.kl_divergence``. [`mean`][] has no closed form and is
     computed by Gauss-Hermite quadrature; quantiles are ``sigmoid`` of the Normal's.
     """
 
@@ -130,7 +130,7 @@ class _Gram(torch.autograd.Function):
 
 def gram(phi: Tensor) -> Tensor:
     """``phi.mT @ phi`` (..., K, K) of features ``phi`` (..., N, K), differentiated with one
-    (N, K) x (K, K) product instead of two (:class:`_Gram`): the N K^2 products dominate a
+    (N, K) x (K, K) product instead of two (`_Gram`): the N K^2 products dominate a
     step of the random-feature pair."""
     return _Gram.apply(phi)
 
@@ -150,14 +150,14 @@ class FeaturePosterior(NamedTuple):
         return dist.MultivariateNormal(self.loc, scale_tril=self.scale_tril)
 
 
-#: Relative jitters (times the mean diagonal of the precision) that :func:`feature_posterior`
+#: Relative jitters (times the mean diagonal of the precision) that [`feature_posterior`][]
 #: tries in turn where the precision's Cholesky factorisation fails in floating point.
 JITTERS = (1e-6, 1e-5, 1e-4, 1e-3)
 
 
 def _jittered_cholesky(matrix: Tensor) -> Tensor:
     """The Cholesky factor of ``matrix + j mean(diag) I`` for the first ``j`` of
-    :data:`JITTERS` that works (a ``RuntimeWarning`` names it), else ``ValueError``."""
+    `JITTERS` that works (a ``RuntimeWarning`` names it), else ``ValueError``."""
     mean_diagonal = matrix.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None]
     eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
     for relative in JITTERS:
@@ -193,7 +193,7 @@ def feature_posterior(phi: Tensor, y: Tensor, noise_scale: Tensor | float,
     ``A``'s eigenvalues are at least ``1 / sigma_beta^2``, so it is positive definite
     and no jitter is added; only if the factorisation still fails in floating point
     (float32 with ``cond(A)`` beyond ~1e7, as where the learned noise is tiny) is
-    ``j mean(diag A)`` added to the diagonal, ``j`` the first of :data:`JITTERS` that
+    ``j mean(diag A)`` added to the diagonal, ``j`` the first of `JITTERS` that
     works, with a ``RuntimeWarning``; where none does, ``ValueError``.
 
     Parameters

@@ -2,7 +2,7 @@ r"""Unnormalised log densities as Pyro models.
 
 The mixture notes (on fitting an unnormalised posterior by a mixture of diagonal
 Gaussians) fit an unnormalised posterior :math:`p_D(\theta) = L(D, \theta) p(\theta)`
-known only up to its normaliser :math:`Z`. :class:`UnnormalisedModel` turns any
+known only up to its normaliser :math:`Z`. [`UnnormalisedModel`][] turns any
 log density ``log_density(theta)`` (vectorised over leading dims) into a Pyro
 model with one latent site ``theta`` under a flat prior and a
 ``pyro.factor("log_density", ...)``, so any guide and ELBO apply::
@@ -13,8 +13,8 @@ The flat prior is a masked ``N(0, I)``: it contributes nothing to the joint and
 is there so that Pyro's initialisation can draw a starting point.
 
 Targets with a known normaliser (so that :math:`\mathrm{KL}(q \| p / Z) =
-\log Z - \mathrm{ELBO}` can be reported): :func:`two_component`, :func:`banana`,
-:func:`ring`. Without one: :func:`bnn_posterior`, the weight posterior of a
+\log Z - \mathrm{ELBO}` can be reported): [`two_component`][], [`banana`][],
+[`ring`][]. Without one: [`bnn_posterior`][], the weight posterior of a
 small regression MLP, multimodal through its weight-space symmetries.
 """
 
@@ -48,7 +48,7 @@ class UnnormalisedModel(PyroModule):
     site : name of the latent site.
 
     ``x`` and ``y`` are accepted (and ignored) so the model has the zoo's signature;
-    a data-dependent density closes over its data (see :func:`bnn_posterior`).
+    a data-dependent density closes over its data (see [`bnn_posterior`][]).
     The dtype and device of ``theta`` follow the model's buffers (``.double()``, ``.to()``).
     """
 
@@ -164,7 +164,7 @@ def bnn_posterior(x: Tensor, y: Tensor, hidden: Sequence[int] = (10,), *,
                   activation: str = "tanh", noise_scale: float = 0.1,
                   prior_scale: float = 1.0) -> UnnormalisedModel:
     """The weight posterior of an MLP regression on ``(x, y)`` as an unnormalised target
-    (``log Z`` unknown). See :class:`MLPLogPosterior`."""
+    (``log Z`` unknown). See [`MLPLogPosterior`][]."""
     log_post = MLPLogPosterior(x, y, hidden, activation=activation, noise_scale=noise_scale,
                                prior_scale=prior_scale)
     return UnnormalisedModel(log_post, log_post.dim).to(dtype=x.dtype, device=x.device)

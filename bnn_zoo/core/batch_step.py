@@ -1,14 +1,14 @@
-"""One SVI step per batch of a loader (:class:`LoaderStep`): the minibatches of a data
-set that does not fit in memory, drawn from a :class:`~bnn_zoo.core.batches.Batches`
+"""One SVI step per batch of a loader ([`LoaderStep`][]): the minibatches of a data
+set that does not fit in memory, drawn from a [`Batches`][bnn_zoo.core.batches.Batches]
 instead of indexed in tensors.
 
 A batch of ``b`` points of a data set of ``N`` enters the model whole (its data plate
-has size ``b``), and :class:`~bnn_zoo.core.handlers.subsample_data` scales every site in
+has size ``b``), and [`subsample_data`][bnn_zoo.core.handlers.subsample_data] scales every site in
 the plate by ``N / b``, as it scales a shard in data-parallel training: the likelihood of
 the batch times ``N / b``, the same unbiased estimate of the full-data ELBO as a minibatch
 of in-memory tensors (Hoffman et al. 2013, "Stochastic Variational Inference"). The epoch
 is one pass over the loader, in the loader's order; its ``i``-th batch takes the KL weight
-``pi_i`` of :func:`~bnn_zoo.core.step.kl_weights`.
+``pi_i`` of [`kl_weights`][bnn_zoo.core.step.kl_weights].
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = ["LoaderStep"]
 
 
 class LoaderStep(SVIStep):
-    """:class:`~bnn_zoo.core.step.SVIStep` on the batches of ``batches``, one per step
+    """[`SVIStep`][bnn_zoo.core.step.SVIStep] on the batches of ``batches``, one per step
     (module doc). The loader sets the minibatches: ``batch_size`` is not an option, and
     training is on one process. A checkpoint resumes at the start of a fresh pass over the
     loader, whose order the step does not hold."""
@@ -71,7 +71,7 @@ class LoaderStep(SVIStep):
         """The batch's indices and the weights of its padding (``None`` for a full batch):
         a batch of ``b`` points shorter than the first batch's ``B`` (a pass's last) enters
         as ``B`` rows, its own points repeated, with weights ``B / b`` on its ``b`` points
-        and 0 on the repeats, as :meth:`SVIStep.padded <bnn_zoo.core.step.SVIStep.padded>`
+        and 0 on the repeats, as [`SVIStep.padded`][bnn_zoo.core.step.SVIStep.padded]
         pads a short minibatch of tensors: the same loss, and one trace for every batch. A
         batch longer than ``B`` is traced on its own."""
         return idx, self._weights

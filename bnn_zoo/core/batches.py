@@ -2,16 +2,16 @@
 re-iterable of ``(x, y)`` batches) in place of the tensors ``x``, ``y``, for data that does
 not fit in memory.
 
-:func:`as_batches` checks a loader and wraps it in :class:`Batches`, which knows the size
+[`as_batches`][] checks a loader and wraps it in [`Batches`][], which knows the size
 ``N`` of the data set (``num_data``, or ``len(loader.dataset)``) and yields each batch
-checked, through the per-batch transforms added by :meth:`Batches.map` (the
-standardisation of a zoo entry's fit). What takes a loader reads it in one of two ways:
+checked, through the per-batch transforms added by [`Batches.map`][bnn_zoo.core.batches.Batches.map]
+(the standardisation of a zoo entry's fit). What takes a loader reads it in one of two ways:
 
-* SVI (:class:`~bnn_zoo.core.batch_step.LoaderStep`) draws one batch per step and scales
+* SVI ([`LoaderStep`][bnn_zoo.core.batch_step.LoaderStep]) draws one batch per step and scales
   its likelihood by ``N / B`` through the data plate, as a minibatch of in-memory tensors;
 * sums over the data (the Laplace curvature and energies, the streaming standardisation
-  statistics :class:`Moments`, the metrics of a test set) go through every batch once:
-  :func:`chunks` yields the same chunks of points from tensors or from a loader.
+  statistics [`Moments`][], the metrics of a test set) go through every batch once:
+  [`chunks`][] yields the same chunks of points from tensors or from a loader.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ def is_loader(value: object, y: object = None) -> bool:
 def _unpack(item: object, index: int, targets: bool, check: bool = True
             ) -> tuple[Tensor, Tensor | None]:
     """Batch ``index`` of a loader, ``(x, y)`` (or ``x`` alone, or ``[x]``, where
-    ``targets`` is false), checked by :func:`~bnn_zoo.core.checks.check_data` unless
+    ``targets`` is false), checked by `check_data` unless
     ``check`` is false (the batches of a ``TensorDataset`` checked whole, see
-    :func:`as_batches`)."""
+    [`as_batches`][])."""
     if isinstance(item, (tuple, list)) and len(item) == 2:
         x, y = item
     elif not targets and isinstance(item, (tuple, list)) and len(item) == 1:
@@ -72,7 +72,7 @@ def _unpack(item: object, index: int, targets: bool, check: bool = True
 
 class Batches:
     """A checked loader: re-iterable, yielding ``(x, y)`` batches of a data set of
-    ``num_data`` points through the transforms of :meth:`map`.
+    ``num_data`` points through the transforms of [`map`][].
 
     ``raw_first`` is the first batch as it comes (drawn once when the loader is checked),
     ``first`` the same through the transforms: what a fit reads shapes, dtype and device
@@ -130,7 +130,7 @@ def tensor_batches(loader: Iterable) -> Iterator[list[Tensor]] | None:
 
 def as_batches(loader: object, num_data: int | None = None, *, name: str = "x",
                targets: bool = True, sized: bool = True) -> Batches:
-    """``loader`` checked as :class:`Batches` (a :class:`Batches` is returned as it is).
+    """``loader`` checked as [`Batches`][] (a [`Batches`][] is returned as it is).
 
     It must be re-iterable (every ``iter(loader)`` a fresh pass: a ``DataLoader``, a list
     of batches; not a generator, which is used up after one pass) and yield ``(x, y)``
@@ -138,7 +138,7 @@ def as_batches(loader: object, num_data: int | None = None, *, name: str = "x",
     data set, defaults to ``len(loader.dataset)`` (left ``None`` where it is unknown and
     not ``sized``: predictions and metrics need no ``N``). Errors name ``name`` (the
     argument the loader was passed as) or ``num_data``. Every batch is checked as it is
-    drawn, but those of a ``TensorDataset`` read by :func:`tensor_batches`, whose tensors
+    drawn, but those of a ``TensorDataset`` read by [`tensor_batches`][], whose tensors
     are checked whole here."""
     if isinstance(loader, Batches):
         return loader
@@ -165,7 +165,7 @@ def as_batches(loader: object, num_data: int | None = None, *, name: str = "x",
 
 
 def first_inputs(x: Tensor | Batches) -> Tensor:
-    """``x``, or the inputs of the first batch of :class:`Batches` ``x``: what a model or
+    """``x``, or the inputs of the first batch of [`Batches`][] ``x``: what a model or
     guide reads its device, dtype and input shape from."""
     return x.first[0] if isinstance(x, Batches) else x
 
@@ -173,7 +173,7 @@ def first_inputs(x: Tensor | Batches) -> Tensor:
 def chunks(x: Tensor | Batches, y: Tensor | None, size: int
            ) -> Iterator[tuple[Tensor, Tensor | None]]:
     """The data in chunks of at most ``size`` points: the tensors ``x``, ``y`` split, or
-    each batch of :class:`Batches` ``x`` split (``y`` is then ``None``), so a sum over the
+    each batch of [`Batches`][] ``x`` split (``y`` is then ``None``), so a sum over the
     data is the same sum over the same chunks whichever way the data came."""
     for xb, yb in (x if isinstance(x, Batches) else [(x, y)]):
         yield from zip(xb.split(size), [None] * math.ceil(xb.shape[0] / size)
@@ -183,7 +183,7 @@ def chunks(x: Tensor | Batches, y: Tensor | None, size: int
 def summed(fn: Callable[[Tensor, Tensor], tuple[Tensor, ...]], x: Tensor | Batches,
            y: Tensor | None) -> tuple[Tensor, ...]:
     """``fn(x, y)``, a tuple of sums over the data points; for a loader's
-    :class:`~bnn_zoo.core.batches.Batches` ``x`` (``y`` ``None``) the sum of ``fn`` over its
+    [`Batches`][bnn_zoo.core.batches.Batches] ``x`` (``y`` ``None``) the sum of ``fn`` over its
     batches, one pass."""
     if not isinstance(x, Batches):
         return fn(x, y)

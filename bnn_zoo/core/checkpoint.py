@@ -1,12 +1,12 @@
 """The checkpoint file of a fit: its format, its writing, and resuming a run from it.
 
-A checkpoint is a dict of tensors and plain data (``format`` :data:`CHECKPOINT_FORMAT`,
-the run's description :meth:`~bnn_zoo.core.step.SVIStep.run_description`, the step's
-:meth:`~bnn_zoo.core.step.SVIStep.state_dict` and the loss history), written atomically
+A checkpoint is a dict of tensors and plain data (``format`` `CHECKPOINT_FORMAT`,
+the run's description [`run_description`][bnn_zoo.core.step.SVIStep.run_description], the step's
+`state_dict` and the loss history), written atomically
 and read with ``torch.load(weights_only=True)``, so loading it runs no pickled code. A run
 resumes from a checkpoint only if the checkpoint describes the same run: the same model
 and guide tensors and shapes, data size, minibatching, ELBO and KL weighting. A different
-learning rate is applied to the resumed optimiser with a :class:`CheckpointWarning`.
+learning rate is applied to the resumed optimiser with a `CheckpointWarning`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from bnn_zoo.core.step import SVIStep
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointWarning", "checkpoint_path", "resume",
            "save_checkpoint"]
 
-#: The ``format`` field of a checkpoint of :func:`bnn_zoo.core.training.fit`.
+#: The ``format`` field of a checkpoint of [`bnn_zoo.core.training.fit`][].
 CHECKPOINT_FORMAT = "bnn_zoo.checkpoint/1"
 
 

@@ -81,10 +81,10 @@ def check_data(x: object, y: object | None = None, *, any_shape: bool = False,
 
     ``any_shape=True`` accepts inputs of any shape (N, ...) (images (N, C, H, W), series
     (N, C, L)), for a model that checks the shape of its own inputs (a user's network:
-    :class:`~bnn_zoo.models.BayesianModule`). ``values=False`` accepts tensors without
-    values (the ``meta`` device, see :func:`check_values`), for the internals that run on
+    [`BayesianModule`][bnn_zoo.models.BayesianModule]). ``values=False`` accepts tensors without
+    values (the ``meta`` device, see `check_values`), for the internals that run on
     them. Returns them as tensors: numpy arrays are converted and tensors that require
-    gradients detached (see :func:`as_data_tensor`); nothing else is coerced.
+    gradients detached (see `as_data_tensor`); nothing else is coerced.
     """
     x = check_tensor("x", as_data_tensor("x", x), ndim=None if any_shape else 2, floating=True)
     if any_shape and x.dim() == 0:

@@ -22,7 +22,7 @@
   inputs). The rows sorted by ``x_d`` (ascending, stable: tied rows keep their order in
   ``data.txt``) at sorted positions ``floor(n/3) <= i < floor(2n/3)`` are the test set,
   the outer two thirds the training set, each in the row order of ``data.txt``
-  (:func:`gap_rows`). A run of tied values of ``x_d`` can straddle a boundary, so on an
+  ([`gap_rows`][]). A run of tied values of ``x_d`` can straddle a boundary, so on an
   input with few distinct values (energy's orientation, naval's two constant columns)
   the test inputs' ``x_d`` also occur in training and the split holds out no interval.
 
@@ -107,13 +107,13 @@ LIST_COMMAND = "python -m bnn_zoo datasets"
 
 
 def names() -> list[str]:
-    """Every name :func:`load` accepts."""
+    """Every name [`load`][] accepts."""
     return [*BUNDLED, *(f"{UCI_PREFIX}{n}" for n in UCI_SETS),
             *(f"{UCI_GAP_PREFIX}{n}" for n in UCI_SETS)]
 
 
 def catalogue() -> list[tuple[str, str, str]]:
-    """``(name, task, description)`` of every name :func:`load` accepts."""
+    """``(name, task, description)`` of every name [`load`][] accepts."""
     uci = [(f"{UCI_PREFIX}{n}", "regression", "UCI, the 20 standard splits of "
             "Hernandez-Lobato & Adams (2015)" + (" (5 for protein)" if n.startswith("protein")
                                                  else "")) for n in UCI_SETS]
@@ -123,7 +123,7 @@ def catalogue() -> list[tuple[str, str, str]]:
 
 
 def check_name(name: str) -> str:
-    """``name`` if :func:`load` accepts it, else a ``ValueError`` naming it, the families of
+    """``name`` if [`load`][] accepts it, else a ``ValueError`` naming it, the families of
     names, the closest name and the command that lists them all."""
     if name in names():
         return name
@@ -241,7 +241,7 @@ DOWNLOAD_TIMEOUT = 60.0
 
 
 def _download(url: str, path: Path) -> None:
-    """Fetch ``url`` into ``path`` atomically (:func:`~bnn_zoo.core.files.atomic_path`); on
+    """Fetch ``url`` into ``path`` atomically (`atomic_path`); on
     failure nothing is left behind (not even a new, empty cache folder)."""
     created = not path.parent.exists()
     try:
@@ -376,7 +376,7 @@ def num_splits(name: str) -> int:
 
 
 def load(name: str, split: int = 0, *, dtype: torch.dtype = torch.float32) -> Dataset:
-    """Load split ``split`` of data set ``name`` (see :func:`names`); for a gap split
+    """Load split ``split`` of data set ``name`` (see [`names`][]); for a gap split
     ``uci_gap/<name>``, ``split`` is the input dimension whose middle third is held out."""
     if not isinstance(name, str):
         raise TypeError(f"Expected name to be a string, but got {name!r}.")

@@ -17,7 +17,7 @@ of ``B`` rows::
 
 The parameters are broadcast from rank 0 when training starts, and every process
 applies the same averaged gradient with the same Adam, so the replicas stay equal.
-With the same ``seed`` on every process (what :func:`bnn_zoo.fit` does) the
+With the same ``seed`` on every process (what [`bnn_zoo.fit`][] does) the
 processes also draw the same weight noise, which makes the equality above exact.
 Rank 0 alone shows progress and writes checkpoints.
 
@@ -101,7 +101,7 @@ def init_process_group(backend: str | None = None) -> bool:
 
 
 def free_port() -> int:
-    """A free TCP port on the loopback interface, for :func:`init_loopback_group`."""
+    """A free TCP port on the loopback interface, for `init_loopback_group`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -158,7 +158,7 @@ def global_max(value: int, device: torch.device) -> int:
 
 
 def fit_standardizer(t: Tensor) -> Standardizer:
-    """:meth:`Standardizer.fit` on the rows of ``t`` of every process together
+    """`Standardizer.fit` on the rows of ``t`` of every process together
     (mean and population standard deviation over all ``N`` rows, in two passes)."""
     n = global_size(t.shape[0], t.device)
     mean = _all_reduce(t.sum(0)) / n

@@ -2,11 +2,11 @@
 saved fits) and a safe ``torch.load``.
 
 A write goes to a unique temporary file beside the destination (``tempfile.mkstemp``),
-which :func:`os.replace` renames onto it, so a reader, a concurrent writer or a rerun after
+which `os.replace` renames onto it, so a reader, a concurrent writer or a rerun after
 a crash sees the old file or the whole new one, never a half-written one; on an error the
 temporary file is removed, and the error (an ``OSError``) names the destination and its
 cause. A results file that cannot be read or parsed is a ``ValueError`` naming it
-(:func:`read_json`). Only a regular file or a new path is written: never a folder, device, FIFO or
+(`read_json`). Only a regular file or a new path is written: never a folder, device, FIFO or
 socket that stands at the path. A read uses ``torch.load(weights_only=True)``, which refuses to
 run the code a pickled object would, and turns every failure into a ``ValueError`` naming
 the file.
@@ -74,7 +74,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     temporary file replaces ``path`` (keeping the permissions of the file it replaces),
     otherwise, also on ``KeyboardInterrupt``, it is removed and ``path`` is untouched.
 
-    ``path`` must be a regular file or a new path (see :func:`write_target`); an
+    ``path`` must be a regular file or a new path (see `write_target`); an
     ``OSError`` on the way (a full disk, a file-size limit, a folder that cannot be
     written) is raised again as the same type naming ``path`` and its cause."""
     path = write_target(path)
@@ -108,7 +108,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 
 class _Writer:
-    """A binary file whose :meth:`write` keeps the ``OSError`` it raises: ``torch.save``
+    """A binary file whose `write` keeps the ``OSError`` it raises: ``torch.save``
     turns a failed write into its own ``RuntimeError`` (``unexpected pos ...``), which
     says neither the file nor the cause."""
 
@@ -128,7 +128,7 @@ class _Writer:
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj, path)`` atomically (see :func:`atomic_path`); ``path``'s folder
+    """``torch.save(obj, path)`` atomically (see `atomic_path`); ``path``'s folder
     must exist. A write that fails (a full disk, a file-size limit) raises the
     ``OSError`` of the file system, naming ``path``; the file there before is kept."""
     if not isinstance(path, (str, os.PathLike)):

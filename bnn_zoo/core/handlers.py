@@ -1,23 +1,23 @@
 """Pyro effect handlers of the zoo: minibatches, KL weights and local reparameterisation.
 
-Each is a :class:`~pyro.poutine.messenger.Messenger` that an objective or the SVI
+Each is a `Messenger` that an objective or the SVI
 runner installs around a model (and guide) run; models and guides know nothing of
 them.
 
-* :class:`subsample_data` sets the subsample indices of ``pyro.plate("data", N)``,
+* [`subsample_data`][] sets the subsample indices of ``pyro.plate("data", N)``,
   so Pyro rescales the likelihood by ``N / B`` and a minibatch ELBO is an unbiased
   estimate of the full-batch ELBO.
-* :class:`weight_points` weights the log density of each point of a minibatch (a padded
+* [`weight_points`][] weights the log density of each point of a minibatch (a padded
   short minibatch keeps one shape).
-* :class:`scale_global_sites` multiplies the log density of every site outside the
+* [`scale_global_sites`][] multiplies the log density of every site outside the
   data plate (the KL weighting of Blundell et al. 2015, section 3.4).
-* :class:`local_reparameterization` evaluates every affine layer
-  (:func:`bnn_zoo.core.nn.affine`) and every ``nn.Linear`` / ``nn.Conv{1,2,3}d`` of a
-  :class:`~bnn_zoo.models.BayesianModule` whose weight and bias were drawn from Gaussian
+* [`local_reparameterization`][] evaluates every affine layer
+  (`bnn_zoo.core.nn.affine`) and every ``nn.Linear`` / ``nn.Conv{1,2,3}d`` of a
+  [`BayesianModule`][bnn_zoo.models.BayesianModule] whose weight and bias were drawn from Gaussian
   guide sites by sampling the pre-activations from their Gaussian (Kingma, Salimans
   & Welling 2015), the idea of TyXe's local reparameterisation messenger;
-  :class:`flipout` evaluates the same layers by flipout (Wen et al. 2018).
-* :class:`check_observed_shapes` refuses an observed value whose shape differs from
+  [`flipout`][] evaluates the same layers by flipout (Wen et al. 2018).
+* [`check_observed_shapes`][] refuses an observed value whose shape differs from
   its distribution's, which Pyro would broadcast silently (``y`` of shape (N, 1)
   against a likelihood of shape (N,) gives an N x N log-likelihood).
 """
@@ -56,7 +56,7 @@ class subsample_data(Messenger):
     Applied to model and guide alike, so both see the same minibatch. ``scale``
     multiplies the log density of every site inside the plate: in data-parallel
     training the plate holds this process's shard of ``n`` rows while the ELBO is
-    that of all ``N`` rows, so ``scale = N / n`` (see :mod:`bnn_zoo.core.distributed`).
+    that of all ``N`` rows, so ``scale = N / n`` (see `bnn_zoo.core.distributed`).
     """
 
     def __init__(self, indices: Tensor, name: str = "data", scale: float = 1.0) -> None:
@@ -78,11 +78,11 @@ class weight_points(Messenger):
     by default) by a weight per member: ``weights`` (one per index of the plate), laid
     along the plate's dimension.
 
-    :class:`~bnn_zoo.core.step.SVIStep` pads an epoch's short last minibatch to the
+    [`SVIStep`][bnn_zoo.core.step.SVIStep] pads an epoch's short last minibatch to the
     batch size with weight-zero points and weights ``B / b`` on its ``b`` real ones, so
     every minibatch has one shape (one traced loss, not two) and the same value; replicas
     read their losses through weights on the replica plate
-    (:func:`~bnn_zoo.core.replicas.weight_replicas`).
+    ([`weight_replicas`][bnn_zoo.core.replicas.weight_replicas]).
     """
 
     def __init__(self, weights: Tensor, plate: str = "data") -> None:
@@ -132,11 +132,11 @@ class _GaussianLayers(Messenger):
     alone, for a torch layer without bias) are such draws, or views of them (a singleton
     plate dim squeezed), is evaluated by the subclass's estimator:
 
-    * an affine layer ``h @ W + b`` of the zoo's MLPs (:func:`bnn_zoo.core.nn.affine`), by
-      :meth:`_affine`;
+    * an affine layer ``h @ W + b`` of the zoo's MLPs (`bnn_zoo.core.nn.affine`), by
+      `_affine`;
     * an ``nn.Linear`` or ``nn.Conv{1,2,3}d`` of a wrapped torch module
-      (:func:`bnn_zoo.core.nn.noisy_layer`, sent by :class:`~bnn_zoo.models.BayesianModule`),
-      by :meth:`_noisy_layer`.
+      (`bnn_zoo.core.nn.noisy_layer`, sent by [`BayesianModule`][bnn_zoo.models.BayesianModule]),
+      by `_noisy_layer`.
 
     Every other layer is computed as usual with the sampled weights; the weight draws still
     enter the model's trace, so the KL terms are those of the plain objective.
@@ -231,7 +231,7 @@ class local_reparameterization(_GaussianLayers):
 
     ``moments`` maps a sample site name to the ``(loc, scale)`` of its Gaussian guide
     distribution (broadcastable to the site's value). A layer whose weight ``W ~ N(M, S^2)``
-    and bias ``b ~ N(m, s^2)`` were drawn at such sites (see :class:`_GaussianLayers` for
+    and bias ``b ~ N(m, s^2)`` were drawn at such sites (see `_GaussianLayers` for
     which layers) ignores the draws and samples its outputs from their Gaussian given the
     layer input ``h``:
 
@@ -242,13 +242,13 @@ class local_reparameterization(_GaussianLayers):
         \\qquad \\epsilon \\sim N(0, I),
 
     a fresh ``epsilon`` per data point and output unit
-    (:func:`~bnn_zoo.core.nn.local_reparameterized_affine` for an affine layer ``h W + b``,
-    :func:`~bnn_zoo.core.nn.local_reparameterization_noise` for an ``nn.Linear`` or a
+    (`local_reparameterized_affine` for an affine layer ``h W + b``,
+    `local_reparameterization_noise` for an ``nn.Linear`` or a
     convolution, with the layer's stride, padding, dilation and groups). For a fully
     connected layer each point's expected log-likelihood is unchanged and the gradient
     estimates have lower variance; the units of a convolution share weights across
     positions and get independent noise here, the usual approximation (each unit's
-    marginal is exact; :class:`flipout` is unbiased for them). The weight draws still
+    marginal is exact; [`flipout`][] is unbiased for them). The weight draws still
     enter the model's trace, so the KL terms are those of the plain objective.
     """
 
@@ -267,7 +267,7 @@ class flipout(_GaussianLayers):
     ``moments`` maps a sample site name to the ``(loc, scale)`` of its Gaussian guide
     distribution (broadcastable to the site's value; only ``loc`` is used). A layer whose
     weight ``W = M + dW`` and bias ``b = m + db`` were drawn at such sites (see
-    :class:`_GaussianLayers` for which layers) is evaluated as
+    `_GaussianLayers` for which layers) is evaluated as
 
     .. math::
 
@@ -275,8 +275,8 @@ class flipout(_GaussianLayers):
             + \\mathrm{layer}(h \\odot s_{in}; dW, db) \\odot s_{out},
 
     with random signs ``s_in``, ``s_out`` per data point and input or output unit (channel,
-    for a convolution; :func:`~bnn_zoo.core.nn.flipout_affine`,
-    :func:`~bnn_zoo.core.nn.flipout_noise`). Each point sees the weights
+    for a convolution; `flipout_affine`,
+    `flipout_noise`). Each point sees the weights
     ``M + dW * (s_out s_in^T)``, distributed as ``W`` for a diagonal Gaussian guide, so the
     objective and its expected gradient are those of weight sampling, and the weight noise
     of different points in a minibatch is decorrelated, which lowers the gradient variance.

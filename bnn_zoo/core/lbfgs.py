@@ -223,7 +223,7 @@ def strong_wolfe(fun: ObjectiveAndGradient, x: Tensor, d: Tensor, f0: float, g0:
 
 @dataclass
 class LBFGSResult:
-    """Where :func:`minimize_lbfgs` ended: the point, its objective, the iterations and
+    """Where `minimize_lbfgs` ended: the point, its objective, the iterations and
     evaluations it took, and why it stopped (``"gradient"``, ``"change"``, ``"max_iter"``,
     ``"max_evals"`` or ``"no_descent"``)."""
 

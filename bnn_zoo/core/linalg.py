@@ -7,12 +7,12 @@ column. LAPACK's divide-and-conquer eigensolver (``syevd``, behind
 without an error. The functions here retry where a decomposition fails, in float64 and
 then with an escalating diagonal shift ``j I``, and say what they used:
 
-* :func:`symmetric_eigh`: ``A = V diag(lambda) V^T``. A shift changes no eigenvector
+* `symmetric_eigh`: ``A = V diag(lambda) V^T``. A shift changes no eigenvector
   and moves every eigenvalue by ``j``, which is subtracted back, so its only cost is the
-  rounding of ``j``, at most :data:`JITTER_MAX` times the mean ``|A_ii|``.
-* :func:`cholesky_with_jitter`: ``A + j I = L L^T`` for the smallest ``j`` of the same
+  rounding of ``j``, at most `JITTER_MAX` times the mean ``|A_ii|``.
+* `cholesky_with_jitter`: ``A + j I = L L^T`` for the smallest ``j`` of the same
   ladder (here the jitter stays in the factor).
-* :func:`thin_svd`: ``B = Q diag(s) R^T``, retried in float64.
+* `thin_svd`: ``B = Q diag(s) R^T``, retried in float64.
 
 A matrix with a non-finite entry is no curvature: it raises a ``ValueError`` naming it.
 """

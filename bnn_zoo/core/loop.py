@@ -3,9 +3,9 @@ read-backs and checkpoints.
 
 Reading a loss back to the host makes a GPU step wait for the device. With
 ``check_every == 1`` every step's loss is read back and checked before the step is applied
-(:meth:`SVIStep.__call__ <bnn_zoo.core.step.SVIStep.__call__>`); otherwise the losses stay
-on the device (:meth:`~bnn_zoo.core.step.SVIStep.advance`) and are read back, and the NaN
-guard checked (:meth:`~bnn_zoo.core.step.SVIStep.check`), every ``check_every`` steps,
+(`SVIStep.__call__`); otherwise the losses stay
+on the device ([`advance`][bnn_zoo.core.step.SVIStep.advance]) and are read back, and the NaN
+guard checked ([`check`][bnn_zoo.core.step.SVIStep.check]), every ``check_every`` steps,
 before a checkpoint and at the end.
 """
 
@@ -32,12 +32,12 @@ def run_steps(step: SVIStep, steps: int, losses: list, *, progress: bool | None,
               path: Path | None = None, checkpoint_every: int = 1000, check_every: int = 1,
               desc: str = "SVI", lr_schedule: str = "constant") -> float:
     """Run ``step`` until it has done ``steps`` steps, appending each step's loss to
-    ``losses`` (a float, or what the step's :meth:`~bnn_zoo.core.step.SVIStep.check` reads
+    ``losses`` (a float, or what the step's [`check`][bnn_zoo.core.step.SVIStep.check] reads
     back), read back and checked every ``check_every`` steps (module doc); return the wall
     time. ``progress``: a tqdm bar named ``desc`` (``None``: only when stderr is a terminal;
     rank 0 only). Writes the checkpoint ``path`` every ``checkpoint_every`` steps and at
     the end (rank 0 only). ``lr_schedule``: the learning rate of each step, as a fraction
-    of ``step.lr`` (:mod:`bnn_zoo.core.lr_schedule`)."""
+    of ``step.lr`` ([`bnn_zoo.core.lr_schedule`][])."""
     check_choice("lr_schedule", lr_schedule, LR_SCHEDULES)
     show = (sys.stderr.isatty() if progress is None else progress) and is_main_process()
     if not is_main_process():

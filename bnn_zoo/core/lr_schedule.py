@@ -1,7 +1,7 @@
 """Learning-rate schedules of the SVI runner.
 
 A schedule gives the learning rate of step ``t`` of a run of ``T`` steps as a fraction of
-the run's ``lr``; the loop (:func:`bnn_zoo.core.loop.run_steps`) sets it on the optimiser
+the run's ``lr``; the loop (`bnn_zoo.core.loop.run_steps`) sets it on the optimiser
 before each step. It is a function of the step count and the run's length alone, so a run
 resumed from a checkpoint (to the same number of steps) goes on with exactly the rates of an
 uninterrupted one.
@@ -24,7 +24,7 @@ from bnn_zoo.core.checks import check_choice
 
 __all__ = ["LR_SCHEDULES", "lr_factor", "set_lr"]
 
-#: The schedules :func:`lr_factor` knows.
+#: The schedules [`lr_factor`][] knows.
 LR_SCHEDULES = ("constant", "cosine")
 
 

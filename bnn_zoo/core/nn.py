@@ -10,8 +10,8 @@ pass evaluates many posterior samples at once::
     f   = h_{L-1} @ W_L + b_L               # (*S, N, d_L), no activation
 
 Two effectful operations let a handler change how a layer is evaluated without the model
-knowing: :func:`affine` (the zoo's own MLP layers) and :func:`noisy_layer` (a layer of a
-``torch.nn.Module`` wrapped by :class:`~bnn_zoo.models.BayesianModule`). The estimators
+knowing: `affine` (the zoo's own MLP layers) and `noisy_layer` (a layer of a
+``torch.nn.Module`` wrapped by [`BayesianModule`][bnn_zoo.models.BayesianModule]). The estimators
 that answer them live here: local reparameterisation (Kingma, Salimans & Welling 2015)
 and flipout (Wen et al. 2018).
 """
@@ -40,11 +40,11 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 _TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)  # erf'(z) = 2 / sqrt(pi) exp(-z^2)
 
-#: The backward pass of each activation of :data:`ACTIVATIONS`: ``(g, z, h) -> g * act'(z)``
+#: The backward pass of each activation of `ACTIVATIONS`: ``(g, z, h) -> g * act'(z)``
 #: for the upstream gradient ``g`` and ``h = act(z)``, by the kernels torch's autograd runs
 #: (``threshold_backward`` and the like: one pass and one new tensor, which on a large
 #: minibatch costs more than the arithmetic), for gradients written out by hand
-#: (:func:`bnn_zoo.guides.curvature.energy_and_gradient`).
+#: (`bnn_zoo.guides.curvature.energy_and_gradient`).
 ACTIVATION_BACKWARD: dict[Callable[[Tensor], Tensor],
                           Callable[[Tensor, Tensor, Tensor], Tensor]] = {
     ACTIVATIONS["relu"]: lambda g, z, h: torch.ops.aten.threshold_backward(g, h, 0),
@@ -104,9 +104,10 @@ def affine(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """``h @ W + b`` for weights with any leading sample dims.
 
     An effectful operation (message type ``"affine"``): an effect handler may compute
-    it differently, e.g. :class:`~bnn_zoo.core.handlers.local_reparameterization`
-    samples the pre-activations from the guide's Gaussian moments of ``W`` and ``b``.
-    Without a handler it is the plain affine map.
+    it differently, e.g.
+    [`local_reparameterization`][bnn_zoo.core.handlers.local_reparameterization] samples the
+    pre-activations from the guide's Gaussian moments of ``W`` and ``b``. Without a handler it is
+    the plain affine map.
     """
     return _affine(h, weight, bias)
 
@@ -157,7 +158,7 @@ def flipout_affine(h: Tensor, weight: tuple[Tensor, Tensor], bias: tuple[Tensor,
     return mean + perturbation * rademacher_like(perturbation)
 
 
-#: Torch layers whose sampled tensors a handler may replace (see :func:`noisy_layer`).
+#: Torch layers whose sampled tensors a handler may replace (see `noisy_layer`).
 NOISY_LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
@@ -210,9 +211,9 @@ def local_reparameterization_noise(layer: nn.Module, x: Tensor,
 
 def flipout_noise(layer: nn.Module, x: Tensor, delta: Mapping[str, Tensor]) -> Tensor:
     """The perturbation ``layer(x * s_in; dW, db) * s_out`` that flipout adds to
-    ``layer(x; M, m)`` (see :func:`flipout_affine`), ``delta`` holding the weight sample's
+    ``layer(x; M, m)`` (see `flipout_affine`), ``delta`` holding the weight sample's
     deviation from the mean, ``dW = W - M`` (``"weight"``) and ``db = b - m`` (``"bias"``,
-    absent for a layer without bias). The signs (:func:`channel_signs`) are drawn per
+    absent for a layer without bias). The signs (`channel_signs`) are drawn per
     example and channel, so each example sees the weights ``M + dW * (s_out s_in^T)``,
     a sample of ``W`` when ``dW`` is symmetric elementwise."""
     out = layer_forward(layer, x * channel_signs(layer, x), delta["weight"], delta.get("bias"))
@@ -221,7 +222,7 @@ def flipout_noise(layer: nn.Module, x: Tensor, delta: Mapping[str, Tensor]) -> T
 
 @dataclass(frozen=True)
 class NoisyLayer:
-    """How a handler evaluates one layer of a wrapped torch module (see :func:`noisy_layer`):
+    """How a handler evaluates one layer of a wrapped torch module (see `noisy_layer`):
     the layer runs with the tensors ``mean`` (by the layer's parameter name, ``"weight"``
     and ``"bias"``) in place of its sampled ones, and ``noise(layer, x, inputs)`` is added to
     its output, ``x`` being the layer's input. Each tensor of ``mean`` and ``inputs`` has
@@ -241,8 +242,8 @@ def noisy_layer(layer: nn.Module, params: Mapping[str, Tensor]) -> NoisyLayer | 
 
     An effectful operation (message type ``"noisy_layer"``): without a handler the answer
     is ``None``, and the layer runs with the sampled tensors; a handler such as
-    :class:`~bnn_zoo.core.handlers.local_reparameterization` or
-    :class:`~bnn_zoo.core.handlers.flipout` answers a :class:`NoisyLayer`.
+    [`local_reparameterization`][bnn_zoo.core.handlers.local_reparameterization] or
+    [`flipout`][bnn_zoo.core.handlers.flipout] answers a `NoisyLayer`.
     """
     return None
 
@@ -259,9 +260,10 @@ def mlp_forward(x: Tensor, params: Sequence[tuple[Tensor, Tensor]],
 
     Returns
     -------
-    (*S, N, d_L) network outputs. Each layer is the effectful :func:`affine`, so an
-    effect handler such as :class:`~bnn_zoo.core.handlers.local_reparameterization`
-    can change how it is evaluated.
+    (*S, N, d_L) network outputs. Each layer is the effectful `affine`, so an
+    effect handler such as
+    [`local_reparameterization`][bnn_zoo.core.handlers.local_reparameterization] can change how it
+    is evaluated.
     """
     h = x
     last = len(params) - 1

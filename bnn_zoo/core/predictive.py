@@ -1,15 +1,15 @@
 """Posterior predictive distributions, vectorised over posterior samples.
 
-:func:`predict` draws ``S`` samples from the guide in one vectorised pass
+[`predict`][] draws ``S`` samples from the guide in one vectorised pass
 (a plate over samples, outside the model's plates), replays the model on them
 and reads the likelihood at the site ``obs``. The result is an equally weighted
 mixture over the samples:
 
 * regression, a Gaussian mixture ``p(y|x) = 1/S sum_s N(y; mu_s(x), sigma_s(x)^2)``
-  (:class:`GaussianMixturePredictive`; with D outputs each component is the product of
+  ([`GaussianMixturePredictive`][]; with D outputs each component is the product of
   D independent Gaussians, ``prod_d N(y_d; mu_sd(x), sigma_sd(x)^2)``);
 * classification, the Monte Carlo average of class probabilities
-  ``p(y|x) = 1/S sum_s softmax(f_s(x))`` (:class:`CategoricalPredictive`) -- the
+  ``p(y|x) = 1/S sum_s softmax(f_s(x))`` ([`CategoricalPredictive`][]) -- the
   average of the probabilities, not the probabilities of the average weights.
 """
 
@@ -38,7 +38,7 @@ class GaussianMixturePredictive:
     """Equal-weight mixture of Gaussians: ``loc`` and ``scale`` of shape (S, N), or (S, N, D)
     for D outputs (component ``s`` the product of D independent Gaussians). ``mean``,
     ``variance``, ``cdf``, ``quantile`` and ``interval`` are per output, (N,) or (N, D);
-    :meth:`log_prob` is the joint density of a point's D outputs, (N,)."""
+    [`log_prob`][] is the joint density of a point's D outputs, (N,)."""
 
     loc: Tensor
     scale: Tensor
@@ -107,7 +107,7 @@ class GaussianMixturePredictive:
 class CategoricalPredictive:
     """Per-sample class probabilities ``probs`` of shape (S, N, C) and, where the
     likelihood has them, their logarithms ``log_probs`` (normalised logits, the same
-    shape). With them :meth:`log_prob` works in log space, so it stays finite where every
+    shape). With them [`log_prob`][] works in log space, so it stays finite where every
     sample gives the observed class a probability below the dtype's smallest (a confident
     error: the log of the averaged float32 probabilities is then ``-inf``)."""
 
@@ -196,8 +196,9 @@ def concatenate(preds: Sequence[Predictive]) -> Predictive:
 def predict_batches(predict_inputs: Callable[[Tensor], Predictive], loader: object
                     ) -> Predictive:
     """``predict_inputs`` of the inputs of each batch of ``loader`` (a ``DataLoader``, any
-    re-iterable of ``x`` or ``(x, y)`` batches; see :func:`~bnn_zoo.core.batches.as_batches`),
-    joined by :func:`concatenate`: the network's memory is that of one batch, the
+    re-iterable of ``x`` or ``(x, y)`` batches; see
+    [`as_batches`][bnn_zoo.core.batches.as_batches]), joined by [`concatenate`][]: the network's
+    memory is that of one batch, the
     predictive's that of all the points."""
     return concatenate([predict_inputs(x) for x, _ in as_batches(loader, targets=False,
                                                                   sized=False)])
@@ -213,7 +214,7 @@ def predict(model: Callable, guide: Callable, x: Tensor | Iterable, *, num_sampl
     a tensor or a numpy array; inputs of another floating dtype than the parameters of
     ``model``/``guide`` (float64 inputs of a float32 fit) are cast to the parameters'
     dtype, as numpy and scikit-learn users expect. Or a loader of inputs (batches ``x``
-    or ``(x, y)``): one pass per batch, the predictives joined (:func:`predict_batches`).
+    or ``(x, y)``): one pass per batch, the predictives joined ([`predict_batches`][]).
     """
     if is_loader(x):
         return predict_batches(partial(predict, model, guide, num_samples=num_samples,
@@ -226,8 +227,8 @@ def predict(model: Callable, guide: Callable, x: Tensor | Iterable, *, num_sampl
 @torch.no_grad()
 def sample_predictive(model: Callable, guide: Callable, x: Tensor, *, num_samples: int,
                       max_plate_nesting: int) -> Predictive:
-    """:func:`predict` for checked inputs ``x`` of any layout the model takes (replicas:
-    (R, N, D), see :func:`bnn_zoo.core.replicas.predict_replicas`); the samples run along
+    """[`predict`][] for checked inputs ``x`` of any layout the model takes (replicas:
+    (R, N, D), see [`bnn_zoo.core.replicas.predict_replicas`][]); the samples run along
     a plate left of the model's ``max_plate_nesting`` plates."""
     check_module_device("model", model, x.device)
     check_module_device("guide", guide, x.device)
@@ -236,7 +237,7 @@ def sample_predictive(model: Callable, guide: Callable, x: Tensor, *, num_sample
     if dtype is not None:
         x = x.to(dtype)
     # A private parameter store: the modules' own parameters, whatever the caller's store
-    # holds (as :class:`bnn_zoo.core.step.SVIStep` trains them).
+    # holds (as [`bnn_zoo.core.step.SVIStep`][] trains them).
     with pyro.get_param_store().scope(), pyro.plate(
             "_predictive_samples", num_samples, dim=-max_plate_nesting - 1, device=x.device):
         guide_trace = poutine.trace(guide).get_trace(x, None)

@@ -6,7 +6,7 @@ run one after the other pay that overhead R times. Run as replicas they pay it o
 * the data are stacked, ``x`` of shape (R, N, D) and ``y`` of shape (R, N) (R training
   sets of equal size, or one set repeated with R seeds);
 * the model puts everything it samples in an outer ``pyro.plate("replicas", R, dim=-2)``
-  (:func:`replica_plate`; the data plate stays at ``dim=-1``), so every weight gets a
+  ([`replica_plate`][]; the data plate stays at ``dim=-1``), so every weight gets a
   leading replica dimension, exactly as it gets the leading dimension of vectorised
   particles, which go further left;
 * the guide holds its parameters per replica, with a leading dimension R (Pyro's
@@ -21,7 +21,7 @@ So replica ``r`` follows the same trajectory as a separate fit with the same ini
 values, minibatch indices and noise, up to round-off. Every replica takes the same
 minibatch indices (each from its own data). Per-replica losses come out of the same
 backward pass: every site in the replica plate has its log density multiplied by a weight
-``u_r = 1`` (:func:`weight_replicas`), so ``d loss / d u_r`` is replica ``r``'s loss.
+``u_r = 1`` ([`weight_replicas`][]), so ``d loss / d u_r`` is replica ``r``'s loss.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def check_replica_data(x: object, y: object) -> tuple[Tensor, Tensor]:
 
 def weight_replicas(weights: Tensor) -> weight_points:
     """Multiply the log density of every sample site in the replica plate by ``weights``
-    (shape (R, 1), one per replica): :class:`~bnn_zoo.core.handlers.weight_points` on the
+    (shape (R, 1), one per replica): [`weight_points`][bnn_zoo.core.handlers.weight_points] on the
     replica plate.
 
     With weights of one that require gradients, the loss is unchanged and the gradient of
@@ -107,14 +107,14 @@ class ReplicaSVIStep(SVIStep):
     guide must have a leading dimension R (a parameter shared by the replicas would couple
     the fits: a ``ValueError`` naming it).
 
-    A call (:meth:`advance`) returns the R losses of the step as a tensor on the device,
+    A call ([`advance`][]) returns the R losses of the step as a tensor on the device,
     without reading anything back to the host; it records whether every replica's loss and
     gradient norm stayed finite, and sets the gradient of a replica where they did not to
     zero (so its parameters stay finite, and Pyro's validation quiet, until the check).
-    :meth:`~bnn_zoo.core.step.SVIStep.check` reads that back (every few steps and at the
-    end, in :func:`fit_replicas`): if some replica diverged, the parameters of all of them
+    [`check`][bnn_zoo.core.step.SVIStep.check] reads that back (every few steps and at the
+    end, in [`fit_replicas`][]): if some replica diverged, the parameters of all of them
     are restored to those of the last check and
-    :class:`~bnn_zoo.core.step.TrainingDiverged` names the replicas.
+    [`TrainingDiverged`][bnn_zoo.core.step.TrainingDiverged] names the replicas.
     """
 
     data_dim = 1  # x (R, N, D), y (R, N)
@@ -148,7 +148,7 @@ class ReplicaSVIStep(SVIStep):
         return (self.replica_weights,)
 
     def advance(self) -> Tensor:
-        """:meth:`SVIStep.advance <bnn_zoo.core.step.SVIStep.advance>` for R replicas:
+        """[`SVIStep.advance`][bnn_zoo.core.step.SVIStep.advance] for R replicas:
         returns the (R,) losses of the step (each replica's own, read from the replica
         weights' gradient) and keeps finiteness, and zeroes the gradients, per replica."""
         self.replica_weights.grad = None
@@ -165,7 +165,7 @@ class ReplicaSVIStep(SVIStep):
         return losses
 
     def __call__(self) -> list[float]:
-        """A step, then :meth:`~bnn_zoo.core.step.SVIStep.check`: the R losses, read back."""
+        """A step, then [`check`][bnn_zoo.core.step.SVIStep.check]: the R losses, read back."""
         losses = self.advance()
         self.check()
         return losses.tolist()
@@ -185,19 +185,19 @@ def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, step
                  progress: bool | None = None, max_plate_nesting: int = 1, jit: bool = False,
                  validate: bool | None = None,
                  check_every: int = REPLICA_CHECK_EVERY) -> list[FitResult]:
-    """R independent SVI fits in one vectorised pass: :func:`bnn_zoo.core.training.fit`
+    """R independent SVI fits in one vectorised pass: [`bnn_zoo.core.training.fit`][]
     for a replica-batched model and guide (see the module doc).
 
     ``x`` (R, N, D), ``y`` (R, N): replica ``r`` trains on ``x[r]``, ``y[r]``. The model
-    must put its sites in :func:`replica_plate` ``(R)`` and broadcast over the leading
-    replica dimension of its weights and data (:class:`bnn_zoo.models.BayesianMLP` does so
+    must put its sites in [`replica_plate`][] ``(R)`` and broadcast over the leading
+    replica dimension of its weights and data ([`bnn_zoo.models.BayesianMLP`][] does so
     after ``.replicated(R)``); the guide must hold its parameters per replica. Every replica
     takes the same minibatch indices, drawn from ``seed``. Losses stay on the device and
     are read back, and the NaN guard checked, every ``check_every`` steps and at the end
-    (see :meth:`~bnn_zoo.core.step.SVIStep.check`; 1: every step). The other arguments are
+    (see [`check`][bnn_zoo.core.step.SVIStep.check]; 1: every step). The other arguments are
     those of ``fit``.
 
-    Returns one :class:`FitResult` per replica: its loss history, and as ``seconds`` the
+    Returns one [`FitResult`][] per replica: its loss history, and as ``seconds`` the
     batch's wall time shared equally by the R fits (so sums over fits are wall times).
     """
     check_positive_int("steps", steps)
@@ -228,9 +228,9 @@ def fit_single_pairs(models: Sequence[nn.Module], guides: Sequence[nn.Module],
     """Train R single-fit pairs ``(models[r], guides[r])`` as the replicas of one pass and
     write the trained values back into them: the batched model is
     ``models[0].replicated(R)``, its guide ``build_guide(batched_model)`` (with its
-    parameters created), both take the singles' values (:func:`stack_replicas`), train by
-    :func:`fit_replicas` on ``x`` (R, N, D), ``y`` (R, N) with ``options``, and give the
-    results back (:func:`split_replicas`). Returns the R :class:`FitResult`."""
+    parameters created), both take the singles' values ([`stack_replicas`][]), train by
+    [`fit_replicas`][] on ``x`` (R, N, D), ``y`` (R, N) with ``options``, and give the
+    results back ([`split_replicas`][]). Returns the R [`FitResult`][]."""
     model = models[0].replicated(len(models))
     guide = build_guide(model)
     stack_replicas(model, models)
@@ -245,7 +245,7 @@ def predict_replicas(model: Callable, guide: Callable, x: Tensor, *, num_samples
                      max_plate_nesting: int = 1) -> list[Predictive]:
     """The posterior predictive of every replica of a replica-batched pair at inputs ``x``
     (R, N, D), replica ``r`` at ``x[r]``: R predictives, each as
-    :func:`bnn_zoo.core.predictive.predict` gives it for one fit, all drawn in one pass.
+    [`bnn_zoo.core.predictive.predict`][] gives it for one fit, all drawn in one pass.
     ``max_plate_nesting`` counts the model's plates without the replica plate."""
     x = check_tensor("x", as_data_tensor("x", x), ndim=3, floating=True)
     check_positive_int("max_plate_nesting", max_plate_nesting)
@@ -283,7 +283,7 @@ def stack_replicas(batched: nn.Module, singles: Sequence[nn.Module]) -> None:
 
 
 def split_replicas(batched: nn.Module, singles: Sequence[nn.Module]) -> None:
-    """The inverse of :func:`stack_replicas`: load replica ``r`` of ``batched`` into
+    """The inverse of [`stack_replicas`][]: load replica ``r`` of ``batched`` into
     ``singles[r]``."""
     states = [m.state_dict() for m in singles]
     for r, single in enumerate(singles):

@@ -2,7 +2,7 @@
 KL weighting, a NaN guard, and the step's state as plain data.
 
 Minibatching goes through the model's ``pyro.plate("data", N)``: the effect handler
-:class:`~bnn_zoo.core.handlers.subsample_data` sets the plate's subsample indices, so
+[`subsample_data`][bnn_zoo.core.handlers.subsample_data] sets the plate's subsample indices, so
 Pyro rescales the likelihood by ``N / B`` and the minibatch ELBO is an unbiased
 estimate of the full-batch ELBO. Each epoch visits every point once (a fresh
 permutation split into ``M = ceil(N / B)`` minibatches).
@@ -11,8 +11,8 @@ The KL part of the objective can be reweighted per minibatch as in Blundell et
 al. (2015, section 3.4): the loss of minibatch ``i`` is
 ``pi_i KL(q || p) - E_q[log p(D_i | w)]`` with ``sum_i pi_i = 1``. Relative to the
 standard ``N / B`` scaling (uniform ``pi_i = 1/M``) that multiplies the KL by
-``M pi_i``; the handler :class:`~bnn_zoo.core.handlers.scale_global_sites` applies that
-factor to every site outside the data plate.
+``M pi_i``; the handler [`scale_global_sites`][bnn_zoo.core.handlers.scale_global_sites] applies
+that factor to every site outside the data plate.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from bnn_zoo.core.handlers import (
 
 __all__ = ["FUSED_ADAM_DEVICES", "KL_WEIGHTINGS", "SVIStep", "TrainingDiverged", "kl_weights"]
 
-#: The per-minibatch KL weightings of :func:`kl_weights`.
+#: The per-minibatch KL weightings of [`kl_weights`][].
 KL_WEIGHTINGS = ("uniform", "graves")
 
 
@@ -103,7 +103,7 @@ def _grad_norm(params: list[Tensor]) -> Tensor:
     """The 2-norm of the gradients of ``params`` (those that have one) taken together, as
     ``torch.nn.utils.get_total_norm`` computes it (the norm of the per-tensor norms, the same
     ops and values) without its grouping by device and dtype on every call: the tensors of
-    an :class:`SVIStep` share one device and dtype, and the grouping costs as much as the
+    an [`SVIStep`][] share one device and dtype, and the grouping costs as much as the
     norm itself on small networks."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
@@ -125,7 +125,7 @@ def _fusable(params: list[Tensor]) -> bool | None:
 
 class SVIStep:
     """One optimiser step of SVI on ``model``/``guide``, as
-    :func:`bnn_zoo.core.training.fit` runs it.
+    [`bnn_zoo.core.training.fit`][] runs it.
 
     Calling the object takes the next minibatch of the epoch, computes the
     negative ELBO, checks it and the gradient norm are finite, and steps one
@@ -134,7 +134,7 @@ class SVIStep:
 
     With ``distributed=True``, ``x`` and ``y`` are this process's shard: the data
     plate is rescaled to the global size, and the gradients (and the returned loss)
-    are averaged over the processes before the step (see :mod:`bnn_zoo.core.distributed`).
+    are averaged over the processes before the step (see `bnn_zoo.core.distributed`).
     """
 
     #: The dimension of ``x`` and ``y`` that indexes the data points (minibatches).
@@ -203,11 +203,11 @@ class SVIStep:
         self._compiled: dict[tuple[int, float], Callable[..., Tensor]] = {}
 
     def check_data(self, x: object, y: object) -> tuple[Tensor, Tensor]:
-        """The checked training data (:func:`~bnn_zoo.core.checks.check_data`); a subclass
-        for other layouts (replicas: :class:`bnn_zoo.core.replicas.ReplicaSVIStep`) replaces
-        it, with :meth:`handlers` and :meth:`trace_inputs`. ``x`` may have any shape (N, ...):
+        """The checked training data (`check_data`); a subclass
+        for other layouts (replicas: [`bnn_zoo.core.replicas.ReplicaSVIStep`][]) replaces
+        it, with [`handlers`][] and [`trace_inputs`][]. ``x`` may have any shape (N, ...):
         the model checks its own inputs. The step runs on any device, ``meta`` included (its
-        tests' stand-in for a GPU); :func:`~bnn_zoo.core.training.fit` refuses data without
+        tests' stand-in for a GPU); [`fit`][bnn_zoo.core.training.fit] refuses data without
         values before it builds one."""
         return check_data(x, y, any_shape=True, values=False)
 
@@ -216,14 +216,14 @@ class SVIStep:
         return []
 
     def trace_inputs(self) -> tuple[Tensor, ...]:
-        """Tensors besides the parameters and data that :meth:`compiled_loss` takes as
+        """Tensors besides the parameters and data that [`compiled_loss`][] takes as
         inputs of its trace: the modules' buffers, state that a step may update in place
         (batch-norm running statistics) and that a trace must not bake in as constants."""
         return tuple(buffer for module in self.modules for buffer in module.buffers())
 
     def loss(self, i: int, idx: Tensor, weights: Tensor | None = None) -> Tensor:
         """Negative ELBO of minibatch ``i`` of the epoch with indices ``idx``; ``weights``
-        (one per index) multiply the log densities in the data plate (see :meth:`padded`)."""
+        (one per index) multiply the log densities in the data plate (see [`padded`][])."""
         with contextlib.ExitStack() as stack:
             if self.batch < self.n or self.n_global != self.n:
                 stack.enter_context(subsample_data(idx, scale=self.n_global / self.n))
@@ -236,13 +236,13 @@ class SVIStep:
             return self.loss_fn.differentiable_loss(self.model, self.guide, self.x, self.y)
 
     def compiled_loss(self, i: int, idx: Tensor, weights: Tensor | None = None) -> Tensor:
-        """:meth:`loss` traced once per (batch size, KL weight) by ``torch.jit.trace``.
+        """[`loss`][] traced once per (batch size, KL weight) by ``torch.jit.trace``.
 
         The trace records only the tensor operations of the model and guide, so
         Pyro's per-site bookkeeping runs once instead of every step; fresh noise is
         still drawn on every call (the random ops are part of the graph). The
         parameters, data, indices and point weights (ones for a full minibatch: one trace
-        serves the padded short one too, see :meth:`padded`) are inputs of the trace, so
+        serves the padded short one too, see [`padded`][]) are inputs of the trace, so
         it follows the optimiser's in-place updates.
         """
         weights = self._ones[:idx.shape[0]] if weights is None else weights
@@ -279,7 +279,7 @@ class SVIStep:
         points would do), and per-point weights ``B / b`` on the ``b`` and 0 on the rest:
         the plate's scale ``N / B`` times the weights is ``N / b`` on the real points, so
         the loss is the short minibatch's, while every minibatch has one shape (so
-        :meth:`compiled_loss` traces once instead of twice). Full minibatches keep
+        [`compiled_loss`][] traces once instead of twice). Full minibatches keep
         ``None``."""
         b = idx.shape[0]
         if b == self.batch:
@@ -299,7 +299,7 @@ class SVIStep:
 
     def backward(self) -> Tensor:
         """Zero the gradients, evaluate the loss of the next minibatch (padded to the batch
-        size, :meth:`padded`) and backpropagate; return the loss."""
+        size, [`padded`][]) and backpropagate; return the loss."""
         self.optimizer.zero_grad(set_to_none=True)
         i, idx = self.next_batch()
         with pyro.get_param_store().scope(self.param_state):
@@ -338,11 +338,11 @@ class SVIStep:
         return not self._found_inf.item()
 
     def advance(self) -> Tensor:
-        """One step like :meth:`__call__`, without reading anything back to the host, so a
+        """One step like `__call__`, without reading anything back to the host, so a
         GPU step never waits for it: returns the loss as a 0-dim tensor on the device and
         records whether the loss and the gradient norm stayed finite; a step where they did
         not has its gradients zeroed (so the parameters stay finite) and is reported by the
-        next :meth:`check`."""
+        next [`check`][]."""
         loss = self.backward()
         if self.average is not None:
             loss = self.average(loss)
@@ -357,8 +357,8 @@ class SVIStep:
 
     def check(self) -> None:
         """Read back whether every step since the last check was finite (see
-        :meth:`advance`): if so, remember the parameters as the last good ones; if not,
-        restore the parameters of the last check and raise :class:`TrainingDiverged`."""
+        [`advance`][]): if so, remember the parameters as the last good ones; if not,
+        restore the parameters of the last check and raise [`TrainingDiverged`][]."""
         finite = self.finite.reshape(-1).tolist()
         if all(finite):
             self.remember_parameters()
@@ -378,7 +378,7 @@ class SVIStep:
         torch._foreach_copy_(self._param_data, self.last_good)
 
     def divergence_message(self, bad: list[int]) -> str:
-        """The message of :meth:`check` when the entries ``bad`` of ``finite`` are false."""
+        """The message of [`check`][] when the entries ``bad`` of ``finite`` are false."""
         return (f"The loss or a gradient became NaN/inf between steps {self.checked_step} and "
                 f"{self.step_count}; the parameters are restored to step {self.checked_step}, "
                 "the last check with a finite loss. Try a smaller lr or a narrower initial "

@@ -1,8 +1,8 @@
-"""SVI for any model/guide pair: :func:`fit` builds the step
-(:class:`~bnn_zoo.core.step.SVIStep`: minibatches, vectorised particles, KL weighting, the
-NaN guard), resumes it from a checkpoint (:mod:`bnn_zoo.core.checkpoint`) and runs it
-(:func:`bnn_zoo.core.loop.run_steps`: progress, read-backs, checkpoints), seeded and with
-Pyro's validation as asked; it returns a :class:`FitResult`.
+"""SVI for any model/guide pair: [`fit`][] builds the step
+([`SVIStep`][bnn_zoo.core.step.SVIStep]: minibatches, vectorised particles, KL weighting, the
+NaN guard), resumes it from a checkpoint (`bnn_zoo.core.checkpoint`) and runs it
+(`bnn_zoo.core.loop.run_steps`: progress, read-backs, checkpoints), seeded and with
+Pyro's validation as asked; it returns a [`FitResult`][].
 """
 
 from __future__ import annotations
@@ -70,12 +70,12 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
     model, guide : Pyro model and guide, called as ``model(x, y)``; the model must
         put its data in ``pyro.plate("data", N)``.
     x, y : inputs (N, D) (or (N, ...) for a model that takes them, such as a
-        :class:`~bnn_zoo.models.BayesianModule`) and (N,) targets, on the device the fit
+        [`BayesianModule`][bnn_zoo.models.BayesianModule]) and (N,) targets, on the device the fit
         should run on (one that holds data: ``meta`` tensors are refused). Or ``x`` a
         loader and ``y`` ``None``: a ``torch.utils.data.DataLoader`` (or any re-iterable
         of ``(x, y)`` batches) of a data set of ``num_data`` points (default
         ``len(loader.dataset)``), one batch per step (see
-        :class:`~bnn_zoo.core.batch_step.LoaderStep`: each batch's likelihood scaled by
+        [`LoaderStep`][bnn_zoo.core.batch_step.LoaderStep]: each batch's likelihood scaled by
         ``N / B``, an epoch one pass in the loader's order), used on the device its
         batches come on; the loader sets the batches, so ``batch_size`` stays ``None``,
         and ``distributed`` ``False``.
@@ -84,12 +84,12 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
         of the model and the guide.
     lr_schedule : the learning rate of each step as a fraction of ``lr``: ``"constant"``
         or ``"cosine"`` (annealed to nearly 0 at the last step; see
-        :mod:`bnn_zoo.core.lr_schedule`).
+        [`bnn_zoo.core.lr_schedule`][]).
     batch_size : minibatch size ``B`` (``None``: the full data every step).
     num_particles : ELBO particles, vectorised (``vectorize_particles=True``).
     elbo : the ELBO class, e.g. ``Trace_ELBO`` or ``TraceMeanField_ELBO``.
     kl_weighting : ``"uniform"`` or ``"graves"`` (see
-        :func:`~bnn_zoo.core.step.kl_weights`).
+        [`kl_weights`][bnn_zoo.core.step.kl_weights]).
     seed : seeds Pyro, torch and the minibatch order.
     progress : show a tqdm bar (default: only when stderr is a terminal).
     checkpoint : file holding the parameters, optimiser and data-order state as tensors
@@ -101,10 +101,10 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
         number of batches, ELBO class and KL weighting (a ``ValueError`` naming the file and
         what differs otherwise, as for a truncated or corrupt file). A different ``lr`` is
         applied to the resumed optimiser with a
-        :class:`~bnn_zoo.core.checkpoint.CheckpointWarning`.
+        `CheckpointWarning`.
     max_plate_nesting : plates nested in the model (1: the data plate).
     jit : trace the loss once with ``torch.jit.trace`` (see
-        :meth:`~bnn_zoo.core.step.SVIStep.compiled_loss`); for models without
+        [`compiled_loss`][bnn_zoo.core.step.SVIStep.compiled_loss]); for models without
         data-dependent Python control flow. On small nets this removes most of Pyro's
         per-step overhead.
     validate : run Pyro's and torch's argument validation while training (it checks
@@ -112,7 +112,7 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
         only when the environment variable ``BNN_ZOO_VALIDATE`` is ``1``, as the test
         suite sets it.
     distributed : data-parallel training in an initialised ``torch.distributed``
-        process group (see :mod:`bnn_zoo.core.distributed`): ``x``, ``y`` are this
+        process group (see `bnn_zoo.core.distributed`): ``x``, ``y`` are this
         process's shard, ``batch_size`` is per process, the ELBO is that of the
         union of the shards, gradients are averaged over the processes before each
         step, and only rank 0 shows progress and writes ``checkpoint`` (which every
@@ -123,8 +123,8 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
         stay on the device (a GPU step never waits for the host) and are read back, and
         the NaN guard checked, every ``k`` steps, before a checkpoint and at the end; a
         non-finite step's gradients are zeroed, and the parameters are restored to those
-        of the last check (see :meth:`~bnn_zoo.core.step.SVIStep.advance`,
-        :meth:`~bnn_zoo.core.step.SVIStep.check`).
+        of the last check (see [`advance`][bnn_zoo.core.step.SVIStep.advance],
+        [`check`][bnn_zoo.core.step.SVIStep.check]).
 
     Raises
     ------
@@ -163,7 +163,7 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
 
 def loader_batches(x: object, y: object, num_data: int | None, *, batch_size: int | None,
                    distributed: bool) -> Batches | None:
-    """``x`` checked as a loader (:func:`~bnn_zoo.core.batches.as_batches`) where it is one,
+    """``x`` checked as a loader ([`as_batches`][bnn_zoo.core.batches.as_batches]) where it is one,
     with what a loader fit refuses (``y``, ``batch_size``, ``distributed``) named; ``None``
     for tensors, which take no ``num_data``."""
     if not is_loader(x, y):

@@ -1,6 +1,7 @@
 """Predictive metrics in the units of the data.
 
-Regression (from a :class:`~bnn_zoo.core.predictive.GaussianMixturePredictive`):
+Regression (from a
+[`GaussianMixturePredictive`][bnn_zoo.core.predictive.GaussianMixturePredictive]):
 
 * ``rmse`` of the predictive mean;
 * ``ll``: mean test log-likelihood per point, ``1/N sum_n log 1/S sum_s N(y_n; mu_sn, sigma_sn^2)``;
@@ -11,7 +12,7 @@ With D outputs (targets (N, D)) a point's log-likelihood is the joint one of its
 averaged over points; ``rmse`` is over all N D numbers, ``sqrt(1/(N D) sum_{n,d} (y_nd -
 mean_nd)^2``, and the coverages are per output interval, over all N D numbers.
 
-Classification (from a :class:`~bnn_zoo.core.predictive.CategoricalPredictive`):
+Classification (from a [`CategoricalPredictive`][bnn_zoo.core.predictive.CategoricalPredictive]):
 
 * ``accuracy`` of the arg-max of the averaged probabilities; ``nll`` per point,
   ``-1/N sum_n log 1/S sum_s p_s(y_n)``, in log space (log-sum-exp over the samples'
@@ -21,19 +22,19 @@ Classification (from a :class:`~bnn_zoo.core.predictive.CategoricalPredictive`):
 * ``ece``: expected calibration error with 15 equal-width confidence bins
   (Guo et al. 2017), ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|``;
 * ``entropy``: mean predictive entropy in nats, ``H[p_mean]`` with ``p_mean = 1/S sum_s
-  p_s``, split (:func:`entropy_parts`) into ``aleatoric``, the mean entropy of the samples
+  p_s``, split ([`entropy_parts`][]) into ``aleatoric``, the mean entropy of the samples
   ``1/S sum_s H[p_s]``, and ``mi``, the mutual information between the label and the
   weights, ``H[p_mean] - 1/S sum_s H[p_s] >= 0`` (the epistemic part; Houlsby et al. 2011,
   "Bayesian Active Learning for Classification and Preference Learning"; Depeweg et al.
   2018, "Decomposition of Uncertainty in Bayesian Deep Learning"), each a mean over points;
-* :func:`auroc`: how well a score (the predictive entropy) tells two sets of points apart,
-  e.g. test points from a shifted set (:func:`shifted_inputs`).
+* [`auroc`][]: how well a score (the predictive entropy) tells two sets of points apart,
+  e.g. test points from a shifted set ([`shifted_inputs`][]).
 
 Targets are checked first: regression targets must have the predictive's shape (N,) or (N, D)
 (integer targets are cast to its dtype); classification labels must be integers in
 ``0..C-1`` for the predictive's ``C`` classes (float labels only when exactly integral,
 then cast). A metric that comes out NaN or infinite (a log-likelihood of a target the
-predictive gives zero density) is returned with a :class:`NonFiniteMetricWarning`
+predictive gives zero density) is returned with a [`NonFiniteMetricWarning`][]
 naming it, never silently.
 """
 
@@ -207,7 +208,7 @@ def shifted_inputs(x: Tensor, scale: Tensor, *, intensity: float = 1.0,
     every device gets the same points), ``scale`` (D,) the training inputs' standard
     deviations: the Gaussian-noise corruption of Ovadia et al. (2019) at one severity. The
     predictive entropy of a posterior that knows where its data lie should be higher there
-    (:func:`auroc` of the entropies: test points negative, shifted positive)."""
+    ([`auroc`][] of the entropies: test points negative, shifted positive)."""
     check_tensor("x", x, ndim=2, floating=True)
     check_tensor("scale", scale, ndim=1, floating=True)
     if scale.shape[0] != x.shape[1]:
@@ -220,7 +221,7 @@ def shifted_inputs(x: Tensor, scale: Tensor, *, intensity: float = 1.0,
 
 
 def metrics(pred: GaussianMixturePredictive | CategoricalPredictive, y: Tensor) -> dict[str, float]:
-    """The metrics of the predictive's task, with a :class:`NonFiniteMetricWarning` for
+    """The metrics of the predictive's task, with a [`NonFiniteMetricWarning`][] for
     each that is NaN or infinite."""
     if isinstance(pred, GaussianMixturePredictive):
         out = regression_metrics(pred, y)
@@ -239,13 +240,13 @@ def metrics(pred: GaussianMixturePredictive | CategoricalPredictive, y: Tensor) 
 
 def evaluate_batches(predict_inputs: Callable[[Tensor], Predictive],
                      loader: object) -> dict[str, float]:
-    """The :func:`metrics` of ``predict_inputs`` on every ``(x, y)`` batch of ``loader``
-    (see :func:`~bnn_zoo.core.batches.as_batches`), accumulated over the batches, so memory
+    """The [`metrics`][] of ``predict_inputs`` on every ``(x, y)`` batch of ``loader``
+    (see [`as_batches`][bnn_zoo.core.batches.as_batches]), accumulated over the batches, so memory
     stays that of one batch. Every metric is a mean over the points,
     ``1/N sum_b n_b m_b`` for batches of ``n_b`` points with means ``m_b`` (the RMSE through
     its mean square), except the calibration error, whose bins are summed over the
     batches: ``sum_k |A_k - C_k| / N``, ``A_k`` and ``C_k`` the summed correctness and
-    confidence of the points in bin ``k`` (:func:`reliability_bins`)."""
+    confidence of the points in bin ``k`` ([`reliability_bins`][])."""
     sums: dict[str, float] = {}
     bins = torch.zeros(())
     count = 0
@@ -269,9 +270,9 @@ def evaluate_batches(predict_inputs: Callable[[Tensor], Predictive],
 def evaluate(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None = None,
              *, num_samples: int = 200) -> dict[str, float]:
     """Metrics of the posterior predictive of ``model`` under ``guide`` at ``(x, y)``
-    (see :func:`bnn_zoo.predict` and :func:`metrics`); ``x`` and ``y`` may be numpy
+    (see [`bnn_zoo.predict`][] and [`metrics`][]); ``x`` and ``y`` may be numpy
     arrays. Or ``x`` a loader of ``(x, y)`` batches (``y`` ``None``): the metrics
-    accumulated batch by batch (:func:`evaluate_batches`)."""
+    accumulated batch by batch ([`evaluate_batches`][])."""
     check_positive_int("num_samples", num_samples)
     if is_loader(x, y):
         if y is not None:

@@ -6,15 +6,15 @@ closely than new ones, and the noise scale learned jointly with it by maximum
 likelihood then shrinks below the test error: the predictive is over-confident and
 its test log-likelihood poor. The UCI protocol (Hernandez-Lobato & Adams 2015;
 Gal & Ghahramani 2016) allows the noise to be tuned on held-out training data
-instead. :func:`~bnn_zoo.core.data.holdout` keeps a random ``fraction`` of the training
-points aside; after fitting on the rest, :func:`validated_noise_scale` picks the noise scale
+instead. [`holdout`][bnn_zoo.core.data.holdout] keeps a random ``fraction`` of the training
+points aside; after fitting on the rest, [`validated_noise_scale`][] picks the noise scale
 
     sigma* = argmax_sigma  1/V sum_v log 1/S sum_s N(y_v; mu_s(x_v), sigma^2)
 
 of the predictive mixture's means ``mu_s`` on the ``V`` validation points, by a
-search over ``log sigma``, and :func:`with_noise_scale` puts it in place of the
-learned one. :func:`tune_noise` does both for a fitted posterior and returns a
-:class:`NoiseTunedPosterior`, whose model has the tuned noise too, so that
+search over ``log sigma``, and [`with_noise_scale`][] puts it in place of the
+learned one. [`tune_noise`][] does both for a fitted posterior and returns a
+[`NoiseTunedPosterior`][], whose model has the tuned noise too, so that
 ``pyro.infer.Predictive(model, guide=guide)`` samples the same predictive.
 """
 
@@ -120,7 +120,7 @@ class ObservationScale(nn.Module):
 @dataclass
 class NoiseTunedPosterior:
     """``inner`` with every predictive component's noise scale set to ``noise_scale``
-    (standardised units), in :meth:`predict` and in the Pyro model alike."""
+    (standardised units), in `predict` and in the Pyro model alike."""
 
     inner: Posterior
     noise_scale: float

@@ -8,15 +8,15 @@
 * ``compare``: fit several entries on a data set and print a Markdown table of the
   metrics with time (mean ± standard error over splits), writing CSV/JSON and
   figures (predictive bands for 1-D data) under ``--out``; with no flags it runs
-  :data:`QUICK_ENTRIES` on ``sine``, with ``--entries all`` every entry of the task
-  (see :mod:`bnn_zoo.harness.compare`); ``--net cnn`` (with ``--data digits`` or
-  ``mnist1d``) fits a small CNN in place of each entry's MLP, by default with :data:`NET_ENTRIES`;
+  `QUICK_ENTRIES` on ``sine``, with ``--entries all`` every entry of the task
+  (see `bnn_zoo.harness.compare`); ``--net cnn`` (with ``--data digits`` or
+  ``mnist1d``) fits a small CNN in place of each entry's MLP, by default with `NET_ENTRIES`;
 * ``priors``: prior diagnostics, the Gaussian limit and the unit tails (see
-  :mod:`bnn_zoo.harness.prior_command`);
+  `bnn_zoo.harness.prior_command`);
 * ``stale PATH...``: the cells of results folders or files whose runs other code than the
-  checkout's made (see :mod:`bnn_zoo.harness.stale`); exit code 1 when there are any.
+  checkout's made (see `bnn_zoo.harness.stale`); exit code 1 when there are any.
 
-Every command takes the shared flags of :mod:`bnn_zoo.harness.flags` that apply to it;
+Every command takes the shared flags of `bnn_zoo.harness.flags` that apply to it;
 every value and every output path is checked before any work starts. Exit codes:
 
 * 0: everything asked for ran;
@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_command(prog: str, command: Callable[[], object], debug: bool = False) -> int:
     """Run ``command`` and return its exit code: what it returns where that is an int, else
-    0; for a user's error (:data:`USER_ERRORS`: a bad value, a path that cannot be written,
+    0; for a user's error (`USER_ERRORS`: a bad value, a path that cannot be written,
     a results file that cannot be read) one line ``<prog>: error: ...`` on standard error
     (with ``debug``, the traceback first) and 2; when interrupted (Ctrl-C), 130."""
     try:

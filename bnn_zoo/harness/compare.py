@@ -1,20 +1,20 @@
 """Compare zoo entries on data sets: every chosen entry on every chosen split.
 
-:func:`run_comparison` fits every entry on every split through the zoo's contract and
-returns one record per (entry, data set, split) (:mod:`bnn_zoo.harness.runs`, which
-caches them under ``<out>/runs``); :func:`run_from_args` runs what the comparison flags
-(:func:`bnn_zoo.harness.flags.add_comparison_flags`) ask for and writes the summary
+`run_comparison` fits every entry on every split through the zoo's contract and
+returns one record per (entry, data set, split) (`bnn_zoo.harness.runs`, which
+caches them under ``<out>/runs``); `run_from_args` runs what the comparison flags
+(`bnn_zoo.harness.flags.add_comparison_flags`) ask for and writes the summary
 (mean ± standard error over splits, distances to a reference predictive:
-:mod:`bnn_zoo.harness.summary`) as ``compare.md``, ``.csv`` and ``.json``
-(:mod:`bnn_zoo.harness.tables`) with the figures (:mod:`bnn_zoo.harness.figures`), and,
-when the reference ran, ``reference.md``/... split by split (:func:`write_reference`).
+`bnn_zoo.harness.summary`) as ``compare.md``, ``.csv`` and ``.json``
+(`bnn_zoo.harness.tables`) with the figures (`bnn_zoo.harness.figures`), and,
+when the reference ran, ``reference.md``/... split by split (`write_reference`).
 On the UCI sets every comparison follows the UCI protocol of ``benchmarks/uci.py``
-(:func:`data_overrides`): its model per data set, and the noise tuned on held-out training
-data where asked (:func:`protocol_overrides`).
-With a network (``--net cnn``: :data:`bnn_zoo.zoo.NETWORK_CHOICES`, a CNN for each data set)
+(`data_overrides`): its model per data set, and the noise tuned on held-out training
+data where asked (`protocol_overrides`).
+With a network (``--net cnn``: `bnn_zoo.zoo.NETWORK_CHOICES`, a CNN for each data set)
 every entry that takes one fits it in place of its own model (``entry.fit(..., net=...)``),
 e.g. the guides on a CNN.
-The fits run as batches, one per (entry, data set) (:mod:`bnn_zoo.harness.sweep`): in this
+The fits run as batches, one per (entry, data set) (`bnn_zoo.harness.sweep`): in this
 process, or on a local or running Dask cluster (``jobs``, ``scheduler``; ``--jobs``,
 ``--scheduler``), with the same records.
 ``python -m bnn_zoo compare``, ``benchmarks/compare_guides.py``,
@@ -46,7 +46,7 @@ __all__ = ["REPLICAS", "TABLE_COLUMNS", "UCI_MODEL_OPTIONS", "UCI_VALIDATION", "
            "records_from_args", "run_comparison", "run_from_args", "split_indices",
            "write_comparison", "write_reference"]
 
-#: ``replicas`` of :func:`run_comparison`: fit the splits of a data set together as replicas
+#: ``replicas`` of `run_comparison`: fit the splits of a data set together as replicas
 #: where the entry can (``auto``), demand it (``on``), or fit one by one (``off``).
 REPLICAS = ("auto", "on", "off")
 
@@ -76,10 +76,10 @@ def protocol_overrides(overrides: dict, validation: float) -> Callable[[str], di
 
 def data_overrides(name: str, overrides: dict, validation: float | None = None
                    ) -> Callable[[str], dict]:
-    """The overrides of every entry on data set ``name`` (:func:`protocol_overrides`): on a
+    """The overrides of every entry on data set ``name`` (`protocol_overrides`): on a
     UCI set (``uci/...``, or its gap splits ``uci_gap/...``) the UCI protocol's, its model
-    options (:data:`UCI_MODEL_OPTIONS`, those the entry's model takes) and ``validation``
-    (``None``: :data:`UCI_VALIDATION`); on another set ``overrides`` and ``validation``
+    options (`UCI_MODEL_OPTIONS`, those the entry's model takes) and ``validation``
+    (``None``: `UCI_VALIDATION`); on another set ``overrides`` and ``validation``
     (``None``: 0, the noise learned with the weights)."""
     uci = data_module.uci_set(name)
     if uci is None:
@@ -154,8 +154,8 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
 
     Parameters
     ----------
-    data : data set names (see :func:`bnn_zoo.core.data.names`).
-    entries : zoo entries; ``None``: :func:`default_entries` of each data set's task.
+    data : data set names (see [`bnn_zoo.core.data.names`][]).
+    entries : zoo entries; ``None``: `default_entries` of each data set's task.
     splits : a count ``K`` (splits ``0..K-1``, capped at the data set's number of
         splits) or explicit split indices; split ``k`` is fitted with seed ``seed + k``.
     out : results folder; finished runs are cached in ``out/runs`` and reused.
@@ -167,15 +167,15 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         its ``overrides`` (e.g. ``functools.partial(data_overrides, overrides={},
         validation=None)``, the UCI protocol of ``benchmarks/uci.py``).
     reference : an entry (e.g. ``"nuts"``) also run on every split, so that
-        :func:`~bnn_zoo.harness.summary.summarise` can measure the distance of every
+        `summarise` can measure the distance of every
         predictive to it.
     net : a network every entry fits in place of its own model (``entry.fit(...,
         net=net)``; ``None``: the entries' own models); entries that take none are skipped,
-        and by default only those that do run. A :class:`~bnn_zoo.zoo.NamedNetwork` (from
-        :data:`bnn_zoo.zoo.NETWORKS`) keys the cache by its name; another factory by its
+        and by default only those that do run. A [`NamedNetwork`][bnn_zoo.zoo.NamedNetwork] (from
+        `bnn_zoo.zoo.NETWORKS`) keys the cache by its name; another factory by its
         ``repr``. A mapping from data set names to networks (a value of
-        :data:`bnn_zoo.zoo.NETWORK_CHOICES`) gives each data set its own.
-    replicas : ``"auto"``: an entry that batches its fits (:func:`bnn_zoo.zoo.batches_replicas`)
+        `bnn_zoo.zoo.NETWORK_CHOICES`) gives each data set its own.
+    replicas : ``"auto"``: an entry that batches its fits ([`bnn_zoo.zoo.batches_replicas`][])
         fits the splits of a data set with equal training sizes as one group of replicas in
         one pass (``entry.fit_many``, even for one split), the others (and every fit of a
         ``net``) one by one; ``"on"``: the same, and a ``ValueError`` for an entry that
@@ -183,12 +183,12 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         their minibatch order and noise jointly, so a split's result depends on the group
         it was fitted in (in distribution it does not): the group, the split indices asked
         for, is part of each run's cache key, and a group with a run missing is fitted
-        again whole (:func:`~bnn_zoo.harness.runs.cached_runs`). On the CPU with a fixed
+        again whole (`cached_runs`). On the CPU with a fixed
         thread count the same call reproduces every split's metrics.
     cached_only : fit nothing: a run missing from the cache is recorded as skipped, with
         that reason (to rewrite the tables of finished runs while others are missing).
     jobs, scheduler : where the (entry, data set) batches run
-        (:func:`bnn_zoo.harness.sweep.run_batches`): in this process (``jobs=1``), on a
+        (`bnn_zoo.harness.sweep.run_batches`): in this process (``jobs=1``), on a
         local Dask cluster of ``jobs`` single-threaded processes, or on the running Dask
         cluster at the address ``scheduler``; the records are the same. With
         ``cached_only``, in this process.
@@ -221,7 +221,7 @@ def _batches(name: str, indices: Sequence[int], entries: Sequence[str] | None, *
              replicas: str, overrides: dict | Callable[[str], dict] | None,
              common: dict) -> list[Batch]:
     """The batches of data set ``name`` (one per entry: its splits ``indices``), with the
-    arguments of :func:`run_comparison`; ``common``: the fields every batch shares."""
+    arguments of `run_comparison`; ``common``: the fields every batch shares."""
     datasets = [data_module.load(name, split) for split in indices]
     chosen = (list(entries) if entries is not None
               else default_entries(datasets[0].task, net=net is not None))
@@ -276,13 +276,13 @@ def write_comparison(records: list[dict], out: str | Path, *, name: str = "compa
                      preamble: str = "") -> tuple[list[dict], str]:
     """Summarise ``records`` and write ``<name>.md``, ``.csv`` and ``.json`` under ``out``
     (one Markdown table per data set, or with ``section=None`` one table with a ``data``
-    column; ``columns`` default to :data:`TABLE_COLUMNS` of the data's task; ``preamble``
+    column; ``columns`` default to `TABLE_COLUMNS` of the data's task; ``preamble``
     above the Markdown tables); return the summary rows and the Markdown. The JSON keeps
     every run under ``"runs"`` (keys, status, metrics, diagnostics, reason, the settings of
     its cache key, its provenance and, for classification, its reliability bins), from which
-    :func:`~bnn_zoo.harness.runs.restore_cache` rebuilds the cache of a fresh checkout, and
+    `restore_cache` rebuilds the cache of a fresh checkout, and
     under ``"provenance"`` the code versions and commits of the finished runs
-    (:func:`~bnn_zoo.harness.provenance.versions`), which a line under the Markdown names;
+    (`versions`), which a line under the Markdown names;
     each summary row has the ``code`` and ``commit`` of its runs."""
     summary = summarise(records, reference=reference)
     tasks = dict.fromkeys(row["task"] for row in summary)
@@ -301,7 +301,7 @@ def write_comparison(records: list[dict], out: str | Path, *, name: str = "compa
 def write_reference(records: list[dict], out: str | Path, reference: str) -> str | None:
     """Write ``reference.md``, ``.csv`` and ``.json`` under ``out``: per data set, every
     entry's distances to ``reference`` and the reference's convergence diagnostics split by
-    split and over all splits (:func:`~bnn_zoo.harness.summary.reference_rows`); return the
+    split and over all splits (`reference_rows`); return the
     Markdown, or ``None`` (nothing written) when the reference has no finished run."""
     finished = {r["task"] for r in records if r["entry"] == reference and r["status"] == "ok"}
     if not finished:
@@ -325,9 +325,9 @@ def write_reference(records: list[dict], out: str | Path, reference: str) -> str
 
 def records_from_args(args: argparse.Namespace, *, validation: float | None = 0.0,
                       net: Mapping[str, zoo.Network] | None = None) -> list[dict]:
-    """The records of :func:`run_comparison` as the parsed comparison flags
-    (:func:`~bnn_zoo.harness.flags.add_comparison_flags`) ask for it, each data set with its
-    :func:`data_overrides` (``validation`` as there), the networks ``net`` in place of the
+    """The records of `run_comparison` as the parsed comparison flags
+    (`add_comparison_flags`) ask for it, each data set with its
+    `data_overrides` (``validation`` as there), the networks ``net`` in place of the
     entries' models, and ``--cached-only`` where the command has it."""
     return run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
                           out=args.out, device=args.device,
@@ -343,10 +343,10 @@ def records_from_args(args: argparse.Namespace, *, validation: float | None = 0.
 def run_from_args(args: argparse.Namespace, *, validation: float | None = 0.0) -> list[dict]:
     """Run the comparison that the parsed comparison flags ask for, print the table and
     write the files and figures under ``args.out``. Each data set runs with its
-    :func:`data_overrides` (``validation``: the share of each training split on which
+    `data_overrides` (``validation``: the share of each training split on which
     entries with a tunable noise tune it; ``None``: the UCI protocol's on UCI sets, none
     elsewhere); the batches run where ``--jobs`` and ``--scheduler`` say
-    (:func:`records_from_args`)."""
+    (`records_from_args`)."""
     check_writable("--out", args.out, files=output_files(args.data), folders=["runs"])
     net = flags.network(args)
     records = records_from_args(args, validation=validation, net=net)

@@ -1,11 +1,11 @@
 """Figures, drawn with matplotlib's object API (no pyplot state, any backend), saved
-atomically by :func:`save_figure`.
+atomically by `save_figure`.
 
-* :func:`reliability_diagram`: accuracy against confidence of the top-class
+* `reliability_diagram`: accuracy against confidence of the top-class
   prediction in equal-width bins (Guo et al. 2017, Fig. 1), with the gap to the
   diagonal and the expected calibration error in the title;
-* :func:`write_figures`: from the run records of a comparison
-  (:mod:`bnn_zoo.harness.runs`), the predictive bands of every entry side by side
+* `write_figures`: from the run records of a comparison
+  (`bnn_zoo.harness.runs`), the predictive bands of every entry side by side
   (1-D regression), reliability curves (classification) and ELBO curves.
 """
 
@@ -29,12 +29,12 @@ __all__ = ["FIGURE_KINDS", "draw_reliability", "figure_path", "predictive_bands"
 
 #: Probability mass of the predictive bands (from the records' ``band``).
 BAND_MASS = 0.95
-#: The figures :func:`write_figures` may draw per data set.
+#: The figures `write_figures` may draw per data set.
 FIGURE_KINDS = ("bands", "reliability", "elbo")
 
 
 def figure_path(out: str | Path, kind: str, data: str) -> Path:
-    """Where :func:`write_figures` saves figure ``kind`` (of :data:`FIGURE_KINDS`) of the
+    """Where `write_figures` saves figure ``kind`` (of `FIGURE_KINDS`) of the
     data set ``data``: ``<out>/<kind>_<data>.png``."""
     return Path(out) / f"{kind}_{data.replace('/', '_')}.png"
 
@@ -48,7 +48,8 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 110) -> Path:
 
 def draw_reliability(bins: dict, ece: float, ax: Axes, title: str | None = None) -> None:
     """Draw reliability bars on ``ax`` from ``bins`` (``edges``, ``count``, ``confidence``,
-    ``accuracy`` per bin, as :func:`~bnn_zoo.evaluation.metrics.reliability_bins` gives, as
+    ``accuracy`` per bin, as [`reliability_bins`][bnn_zoo.evaluation.metrics.reliability_bins]
+    gives, as
     tensors or lists) and the expected calibration error ``ece``."""
     bins = {k: np.asarray(v.detach().cpu() if isinstance(v, Tensor) else v, dtype=float)
             for k, v in bins.items()}
@@ -76,7 +77,7 @@ def reliability_diagram(probs: Tensor, y: Tensor, *, num_bins: int = 15, ax: Axe
     Bar ``b`` shows the accuracy of the points whose top-class confidence falls in
     ``((b-1)/B, b/B]``, a hatched bar the gap to that bin's mean confidence, and
     the dashed diagonal perfect calibration. The title gives the ECE,
-    ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|`` (:mod:`bnn_zoo.evaluation.metrics`).
+    ``sum_b |B_b|/N |acc(B_b) - conf(B_b)|`` ([`bnn_zoo.evaluation.metrics`][]).
 
     Parameters
     ----------

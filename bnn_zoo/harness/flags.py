@@ -1,22 +1,22 @@
 """Command-line flags shared by ``python -m bnn_zoo`` and every script in ``benchmarks/``.
 
-:func:`add_shared_flags` adds ``--out``, ``--threads``, ``--device``, ``--seed``,
-``--splits`` and ``--retain-freed-memory``; :func:`parse` parses and applies them, and is
+`add_shared_flags` adds ``--out``, ``--threads``, ``--device``, ``--seed``,
+``--splits`` and ``--retain-freed-memory``; `parse` parses and applies them, and is
 the one place that sets torch's CPU thread count and glibc's policy for freed memory
-(:func:`~bnn_zoo.harness.memory.retain_freed_memory`: settings of the whole process, which
+(`retain_freed_memory`: settings of the whole process, which
 a command line's process may choose and importing the package never changes).
-:func:`add_data_flag`, :func:`add_entries_flag`, :func:`add_fit_flags`,
-:func:`add_engine_flags` and :func:`add_comparison_flags` add the flags of scripts that fit
+`add_data_flag`, `add_entries_flag`, `add_fit_flags`,
+`add_engine_flags` and `add_comparison_flags` add the flags of scripts that fit
 zoo entries on data sets;
-:func:`budget_overrides` turns ``--steps`` into the keyword arguments of ``entry.fit``;
-:func:`add_net_flag` adds ``--net`` and :func:`network` gives the networks it names, one
+`budget_overrides` turns ``--steps`` into the keyword arguments of ``entry.fit``;
+`add_net_flag` adds ``--net`` and `network` gives the networks it names, one
 per data set.
 
 Every value is checked while parsing, before any work starts: numbers by the argparse
-types :func:`int_at_least`, :func:`positive_int`, :func:`random_seed` and
-:func:`positive_float`, ``--device`` by :func:`torch_device` (a device this machine has),
-data sets and zoo entries by name (:func:`dataset_name`, :func:`entry_name`), and
-``--out`` by :func:`~bnn_zoo.harness.outputs.check_writable`. A bad value is answered
+types `int_at_least`, `positive_int`, `random_seed` and
+`positive_float`, ``--device`` by `torch_device` (a device this machine has),
+data sets and zoo entries by name (`dataset_name`, `entry_name`), and
+``--out`` by `check_writable`. A bad value is answered
 as argparse answers one: the usage, a line naming the flag, exit code 2.
 """
 
@@ -99,7 +99,7 @@ def torch_device(text: str) -> torch.device:
 
 
 def dataset_name(text: str) -> str:
-    """An argparse type: a name :func:`bnn_zoo.core.data.load` accepts; a bare UCI name
+    """An argparse type: a name [`bnn_zoo.core.data.load`][] accepts; a bare UCI name
     (``yacht``) becomes ``uci/yacht``."""
     name = f"uci/{text}" if text in data_module.UCI_SETS else text
     try:
@@ -210,7 +210,7 @@ def apply(args: argparse.Namespace) -> argparse.Namespace:
 
 def add_data_flag(parser: argparse.ArgumentParser, default: Sequence[str],
                   choices: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """``--data`` (also ``--datasets``): the data sets to run on (see :func:`dataset_name`)."""
+    """``--data`` (also ``--datasets``): the data sets to run on (see `dataset_name`)."""
     parser.add_argument("--data", "--datasets", nargs="+", default=list(default), dest="data",
                         type=dataset_name, choices=choices,
                         help=f"data sets (default: {' '.join(default)}; "
@@ -249,9 +249,9 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
                          reference: str | None = None, entries: Sequence[str] | None = None,
                          threads: int | None = None) -> argparse.ArgumentParser:
     """The flags of a comparison (``python -m bnn_zoo compare`` and the scripts built on
-    :func:`bnn_zoo.harness.compare.run_comparison`): the shared flags, ``--data``,
+    `bnn_zoo.harness.compare.run_comparison`): the shared flags, ``--data``,
     ``--entries``, ``--steps``, ``--num-samples``, ``--reference``, ``--replicas``, and
-    ``--jobs`` or ``--scheduler`` (:func:`add_engine_flags`)."""
+    ``--jobs`` or ``--scheduler`` (`add_engine_flags`)."""
     add_data_flag(parser, data)
     add_entries_flag(parser, entries)
     add_fit_flags(parser)
@@ -270,7 +270,7 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
 def add_engine_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``--jobs J`` (a local Dask cluster of ``J`` single-threaded worker processes; 1: this
     process) or ``--scheduler ADDRESS`` (a running Dask cluster): where the (entry, data
-    set) batches of a comparison run (:func:`bnn_zoo.harness.sweep.run_batches`)."""
+    set) batches of a comparison run (`bnn_zoo.harness.sweep.run_batches`)."""
     engine = parser.add_mutually_exclusive_group()
     engine.add_argument("--jobs", type=positive_int, default=1,
                         help="worker processes of a local Dask cluster, each fitting whole "
@@ -294,7 +294,7 @@ def add_cached_only_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 def add_net_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``--net``: ``mlp`` (each entry's own model) or a name of
-    :data:`bnn_zoo.zoo.NETWORK_CHOICES`: the bundled network for each data set, that every
+    `bnn_zoo.zoo.NETWORK_CHOICES`: the bundled network for each data set, that every
     entry taking one fits in its place."""
     parser.add_argument("--net", default="mlp", choices=["mlp", *zoo.NETWORK_CHOICES],
                         help="mlp: each entry's own model; cnn: a small CNN for the data set "

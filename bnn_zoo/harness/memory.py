@@ -18,7 +18,7 @@ the second call of a training step, would show no growth at all. What is reporte
 the block's working memory plus anything else the process touched meanwhile (its other
 threads, code pages of a library used for the first time), and it is an upper bound: a
 block that frees a chunk the allocator keeps and then allocates elsewhere counts both (up
-to 2x when a large freed hole is reused at another address; :func:`peak_mib` measures each
+to 2x when a large freed hole is reused at another address; `peak_mib` measures each
 call alone for that reason).
 """
 
@@ -202,7 +202,7 @@ class PeakMemory:
 def peak_mib(fn: Callable[[], object], *, calls: int = 1,
              device: torch.device | str = "cpu") -> float:
     """The largest peak MiB of ``calls`` calls of ``fn``, each call measured alone
-    (:class:`PeakMemory`, so on the CPU freed heap is handed back before each): a call
+    (`PeakMemory`, so on the CPU freed heap is handed back before each): a call
     whose allocations land on pages the previous call freed but the allocator kept would
     otherwise count them again, and the peak would grow with ``calls``."""
     check_positive_int("calls", calls)
@@ -216,7 +216,7 @@ def peak_mib(fn: Callable[[], object], *, calls: int = 1,
 
 def step_peaks(steps: Mapping[str, Callable[[], object]], *, calls: int,
                device: torch.device | str = "cpu") -> dict[str, float]:
-    """Each step's peak MiB over ``calls`` calls (:func:`peak_mib`), one step after the
+    """Each step's peak MiB over ``calls`` calls (`peak_mib`), one step after the
     other: the memory a step takes beyond its state (parameters, optimiser moments), which
     exists before."""
     return {name: peak_mib(fn, calls=calls, device=device) for name, fn in steps.items()}

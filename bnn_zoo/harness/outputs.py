@@ -34,7 +34,7 @@ def check_writable(name: str, out: str | os.PathLike, *, files: Iterable[str] = 
     ``name`` in the messages) without creating anything: ``out`` and each of ``folders``
     (relative to ``out``) is a folder or can be created inside a folder this process may
     write, and each of ``files`` (relative to ``out``) is a regular file or a new path
-    (:func:`~bnn_zoo.core.files.write_target`: not a folder, device, FIFO or socket).
+    (`write_target`: not a folder, device, FIFO or socket).
     Raises a ``ValueError`` naming the flag and the path; returns ``Path(out)``."""
     out = Path(out)
     for folder in (out, *(out / f for f in folders)):

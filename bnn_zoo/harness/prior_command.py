@@ -7,12 +7,12 @@ tail parameter of the units against depth (the second half of Arbel's lecture no
 
 prints two Markdown tables and writes ``priors.md``, ``priors.json``, a CSV per table,
 ``output_vs_gaussian.png`` and ``tail_parameters.png`` into ``--out``
-(:func:`bnn_zoo.harness.tables.write_table_group`); it takes the shared flags
+(`bnn_zoo.harness.tables.write_table_group`); it takes the shared flags
 ``--out``, ``--threads``, ``--device`` and ``--seed``. The nets are the
 zoo's MLP (entry ``bbb``'s model factory) with the fan-in Gaussian prior whose
 infinite-width limit is the kernel of entry ``nngp`` with every variance 1; the width
 sweep (``--nngp-depth`` hidden layers of each width) samples their outputs layer by
-layer (:func:`~bnn_zoo.harness.prior_diagnostics.fan_in_prior_outputs`), so wide deep
+layer (`fan_in_prior_outputs`), so wide deep
 nets cost ``O(S N H)`` per layer. With more than one hidden layer the covariance is
 exact only in the limit: its error falls as ``1/H``.
 """
@@ -117,7 +117,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> dict:
     """Compute both tables, print them, and write tables and figures into ``args.out``
-    (``args`` parsed and applied by :func:`bnn_zoo.harness.flags.parse`)."""
+    (``args`` parsed and applied by `bnn_zoo.harness.flags.parse`)."""
     check_positive_int("depth", args.depth)
     check_positive_int("nngp_depth", args.nngp_depth)
     if args.depth < 2:

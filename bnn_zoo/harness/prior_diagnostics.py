@@ -17,20 +17,20 @@ layers heavier still. (The notes write :math:`\|X\|_k = (E[X^k])^{1/k}`; for odd
 
 Two estimators of :math:`\theta` from samples:
 
-* moments (:func:`tail_parameter_from_moments`): the least-squares slope of
+* moments (`tail_parameter_from_moments`): the least-squares slope of
   :math:`\log\|X\|_k` against :math:`\log k`;
-* survival (:func:`tail_parameter_from_survival`): if
+* survival (`tail_parameter_from_survival`): if
   :math:`-\log P(|X| > t) \approx b t^{1/\theta}`, the slope of
   :math:`\log(-\log S(t))` against :math:`\log t` in the upper tail is :math:`1/\theta`.
 
 Both converge slowly (the moment slope at order ``k`` approaches ``l/2`` only as
-``k`` grows: :func:`relu_chain_log_norms` gives it exactly for width-1 nets), so
+``k`` grows: `relu_chain_log_norms` gives it exactly for width-1 nets), so
 they are compared across depths, not read as exact values.
 
-Also: the vectorised prior predictive of a zoo model (:func:`prior_predictive`), the
+Also: the vectorised prior predictive of a zoo model (`prior_predictive`), the
 outputs of wide deep fan-in nets under their prior sampled layer by layer
-(:func:`fan_in_prior_outputs`),
-the units of every layer under the prior (:func:`prior_preactivations`), and the
+(`fan_in_prior_outputs`),
+the units of every layer under the prior (`prior_preactivations`), and the
 excess kurtosis that measures the distance of the output from its Gaussian
 (infinite-width) limit.
 """
@@ -114,13 +114,13 @@ def fan_in_prior_outputs(x: Tensor, width: int, depth: int, activation_name: str
 def preactivations(x: Tensor, params: Sequence[tuple[Tensor, Tensor]],
                    act: Callable[[Tensor], Tensor] = torch.relu) -> list[Tensor]:
     r"""Pre-activations :math:`g^{(l)} = \phi(g^{(l-1)}) W_l + b_l` of every layer
-    ``l = 1..L`` of the network ``params`` (as in :func:`bnn_zoo.core.nn.mlp_forward`),
+    ``l = 1..L`` of the network ``params`` (as in `bnn_zoo.core.nn.mlp_forward`),
     each of shape (*S, N, d_l)."""
     return [mlp_forward(x, params[:depth], act) for depth in range(1, len(params) + 1)]
 
 
 def prior_preactivations(model, x: Tensor, num_samples: int) -> list[Tensor]:
-    """Units of every layer of a :class:`~bnn_zoo.models.BayesianMLP` under its prior:
+    """Units of every layer of a [`BayesianMLP`][bnn_zoo.models.BayesianMLP] under its prior:
     a list over layers ``l = 1..L`` of (S, N, d_l) pre-activations at inputs ``x``."""
     trace = _prior_trace(model, x, num_samples)
     values = [trace.nodes[name]["value"].squeeze(1) for name, _ in model.sites]
@@ -158,7 +158,7 @@ def relu_chain_log_norms(depth: int, orders: Sequence[float]) -> Tensor:
 
 def tail_parameter_from_moments(log_norms: Tensor, orders: Sequence[float]) -> Tensor:
     r"""Least-squares slope :math:`\hat\theta` of :math:`\log\|X\|_k` on :math:`\log k`
-    (``log_norms`` of shape (K, ...) as from :func:`log_moment_norms`)."""
+    (``log_norms`` of shape (K, ...) as from `log_moment_norms`)."""
     if len(orders) < 2:
         raise ValueError(f"Expected at least two orders, but got {orders!r}.")
     log_k = torch.log(torch.as_tensor(orders, dtype=log_norms.dtype, device=log_norms.device))
@@ -196,7 +196,7 @@ def excess_kurtosis(samples: Tensor) -> Tensor:
 
 def tail_table(model, x: Tensor, num_samples: int,
                orders: Sequence[float] = (1, 2, 3, 4)) -> list[dict[str, float]]:
-    """Per layer of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP`) at one input ``x``
+    """Per layer of ``model`` (a [`BayesianMLP`][bnn_zoo.models.BayesianMLP]) at one input ``x``
     (1, D): both tail-parameter estimates, the theorem's ``l/2``, and the excess kurtosis,
     pooling the units of the layer."""
     if x.dim() != 2 or x.shape[0] != 1:

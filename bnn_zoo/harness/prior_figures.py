@@ -1,6 +1,6 @@
-"""Figures of the prior diagnostics (:mod:`bnn_zoo.harness.prior_diagnostics`), drawn with
+"""Figures of the prior diagnostics (`bnn_zoo.harness.prior_diagnostics`), drawn with
 matplotlib's object API (no display needed) and saved atomically by
-:func:`bnn_zoo.harness.figures.save_figure`."""
+`bnn_zoo.harness.figures.save_figure`."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def plot_output_vs_gaussian(samples: dict[int, Tensor], variance: float, path: P
 
 def plot_tail_parameters(rows: Sequence[dict[str, float]], path: Path) -> None:
     """Estimated tail parameter against the layer ``l``, with the theorem's ``l/2``
-    (``rows`` as from :func:`bnn_zoo.harness.prior_diagnostics.tail_table`)."""
+    (``rows`` as from `bnn_zoo.harness.prior_diagnostics.tail_table`)."""
     layers = [r["layer"] for r in rows]
     fig = Figure(figsize=(5, 4), layout="constrained")
     ax = fig.add_subplot()

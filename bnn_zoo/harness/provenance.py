@@ -1,20 +1,20 @@
 """Provenance: which code, libraries and machine a run's numbers come from.
 
-:func:`code_version` is a short digest of the source that computes results: the ``.py``
+`code_version` is a short digest of the source that computes results: the ``.py``
 files of the packages ``bnn_zoo``, ``bnn_zoo.models`` and ``bnn_zoo.guides``, sorted by
 their path inside the package and hashed with their contents (SHA-256), less the modules of
-:data:`NOT_RESULTS`, which never change what a run records. It is not the git
+`NOT_RESULTS`, which never change what a run records. It is not the git
 commit: a commit that changes only the documentation or the committed results leaves it as
 it is, so cached runs stay valid across such commits, and a run with uncommitted changes to
 the code has a version of its own. Every run record names it (in its settings, hence in its
-cache key: :func:`bnn_zoo.harness.runs.run_settings`) together with the rest of
-:func:`provenance`: the package version, the git commit and whether the code differs from
+cache key: `bnn_zoo.harness.runs.run_settings`) together with the rest of
+`provenance`: the package version, the git commit and whether the code differs from
 it, the torch, Pyro, numpy and Python versions, the device, torch's thread count and the
 date.
 
-:func:`run_columns` gives a record's ``code`` and ``commit`` as the columns of a table
-(``"unknown"`` for a record written before runs named their code), :func:`versions` the
-distinct ones behind a set of rows, and :func:`note` the line under a table that names them.
+`run_columns` gives a record's ``code`` and ``commit`` as the columns of a table
+(``"unknown"`` for a record written before runs named their code), `versions` the
+distinct ones behind a set of rows, and `note` the line under a table that names them.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ __all__ = ["CODE_PACKAGES", "NOT_RESULTS", "UNKNOWN", "code_digest", "code_versi
            "commit_column", "git_state", "note", "provenance", "run_code", "run_columns",
            "versions"]
 
-#: The packages whose source computes results, hashed by :func:`code_version`.
+#: The packages whose source computes results, hashed by `code_version`.
 CODE_PACKAGES = (bnn_zoo, bnn_zoo.models, bnn_zoo.guides)
-#: The modules left out of :func:`code_version`: the engine that runs the batches of a sweep
+#: The modules left out of `code_version`: the engine that runs the batches of a sweep
 #: (whose records are tested equal to the serial run's) and the reporting that reads records
 #: back into tables and lists. A change to them changes no record, so it keeps the cached
 #: runs valid.
@@ -49,9 +49,9 @@ NOT_RESULTS = ("bnn_zoo/harness/readme_tables.py", "bnn_zoo/harness/stale.py",
                "bnn_zoo/harness/sweep.py", "bnn_zoo/harness/tables.py", "bnn_zoo/results.py")
 #: What a table shows for the code or commit of a run that does not record it.
 UNKNOWN = "unknown"
-#: How many hexadecimal digits of the digest :func:`code_version` keeps.
+#: How many hexadecimal digits of the digest `code_version` keeps.
 DIGITS = 12
-#: What the dirty check of :func:`git_state` looks at: the code and the benchmark scripts,
+#: What the dirty check of `git_state` looks at: the code and the benchmark scripts,
 #: not the committed results or the documentation.
 _CODE_PATHS = ("bnn_zoo", "models", "guides", "benchmarks", ":(exclude)benchmarks/results")
 
@@ -60,7 +60,7 @@ def code_digest(roots: Mapping[str, Path], exclude: Iterable[str] = ()) -> str:
     """The digest of every ``.py`` file under the folders ``roots`` (a name for each, which
     prefixes the relative paths) but those whose ``name/relative/path`` is in ``exclude``:
     SHA-256 over the sorted ``name/relative/path`` and the bytes of each file, its first
-    :data:`DIGITS` hexadecimal digits. Compiled files and anything that is not ``.py`` do
+    `DIGITS` hexadecimal digits. Compiled files and anything that is not ``.py`` do
     not count."""
     excluded = set(exclude)
     files = sorted((f"{name}/{path.relative_to(root).as_posix()}", path)
@@ -75,8 +75,8 @@ def code_digest(roots: Mapping[str, Path], exclude: Iterable[str] = ()) -> str:
 
 @cache
 def code_version() -> str:
-    """The :func:`code_digest` of the packages of :data:`CODE_PACKAGES` as this process
-    imported them, less :data:`NOT_RESULTS` (computed once per process)."""
+    """The `code_digest` of the packages of `CODE_PACKAGES` as this process
+    imported them, less `NOT_RESULTS` (computed once per process)."""
     return code_digest({package.__name__: Path(package.__path__[0])
                         for package in CODE_PACKAGES}, exclude=NOT_RESULTS)
 
@@ -116,7 +116,7 @@ def _fixed() -> dict:
 
 def provenance(device: str | torch.device = "cpu") -> dict:
     """Where a run's numbers come from: ``version`` (of ``bnn_zoo``), ``code``
-    (:func:`code_version`), ``commit`` and ``dirty`` (:func:`git_state`), the ``torch``,
+    (`code_version`), ``commit`` and ``dirty`` (`git_state`), the ``torch``,
     ``pyro``, ``numpy`` and ``python`` versions, ``device``, ``threads`` (torch's intra-op
     thread count) and ``date`` (UTC, ISO 8601, to the second)."""
     return {**_fixed(), "device": str(device), "threads": torch.get_num_threads(),
@@ -125,15 +125,15 @@ def provenance(device: str | torch.device = "cpu") -> dict:
 
 def run_code(run: Mapping) -> str:
     """The code version of a run record (its settings', else its provenance's), or
-    :data:`UNKNOWN`."""
+    `UNKNOWN`."""
     code = (run.get("settings") or {}).get("code") or (run.get("provenance") or {}).get("code")
     return code or UNKNOWN
 
 
 def commit_column(origin: Mapping | None) -> str:
-    """The commit of a :func:`provenance` as a table column: the short commit, with
+    """The commit of a `provenance` as a table column: the short commit, with
     ``-dirty`` where the code differed from it, ``none`` outside a git checkout,
-    :data:`UNKNOWN` where there is no provenance."""
+    `UNKNOWN` where there is no provenance."""
     if not origin:
         return UNKNOWN
     if origin.get("commit") is None:
@@ -142,7 +142,7 @@ def commit_column(origin: Mapping | None) -> str:
 
 
 def run_columns(run: Mapping) -> dict[str, str]:
-    """A run's ``code`` (:func:`run_code`) and ``commit`` (:func:`commit_column`) as table
+    """A run's ``code`` (`run_code`) and ``commit`` (`commit_column`) as table
     columns."""
     return {"code": run_code(run), "commit": commit_column(run.get("provenance"))}
 
@@ -165,7 +165,7 @@ def _listed(kind: str, values: Sequence[str]) -> str:
 
 def note(found: Mapping[str, Sequence[str]]) -> str:
     """The line under a table naming the commits and code versions of its numbers (as
-    from :func:`versions`), e.g. ``Runs of commit `1a2b3c4` (code version `0123456789ab`).``;
+    from `versions`), e.g. ``Runs of commit `1a2b3c4` (code version `0123456789ab`).``;
     ``""`` when there are none."""
     if not found.get("code"):
         return ""

@@ -8,23 +8,23 @@ two markers::
     ...
     <!-- end table -->
 
-The opening marker names a JSON file written by :func:`~bnn_zoo.harness.tables.write_tables`
-(its ``"summary"`` rows) or by :func:`~bnn_zoo.harness.tables.write_table_group` (then
+The opening marker names a JSON file written by `write_tables`
+(its ``"summary"`` rows) or by `write_table_group` (then
 ``table=KEY`` picks the group's table) and how to show them: ``keys`` and ``columns`` as in
-:func:`~bnn_zoo.harness.tables.markdown_table`, optionally ``section=FIELD`` and any number of
+`markdown_table`, optionally ``section=FIELD`` and any number of
 ``where=FIELD:VALUE`` filters (a row is kept when its field, as text, equals the value, or
 one of the values of ``FIELD:A,B,...``).
 Where the file records the code versions and commits of its runs (``"provenance"``, as
-:func:`~bnn_zoo.harness.compare.write_comparison` writes it), a line under the table names
-them (:func:`~bnn_zoo.harness.provenance.note`).
-:func:`render` rewrites every such block from its file; ``python -m
+`write_comparison` writes it), a line under the table names
+them (`note`).
+`render` rewrites every such block from its file; ``python -m
 bnn_zoo.harness.readme_tables`` writes the README, ``--check`` exits 1 if a block differs
 from its file (the test suite runs the same check), so every number the README quotes can be
 traced to a committed file and re-run.
 
 The table of the zoo's entries is written between ``<!-- entries -->`` and
-``<!-- end entries -->``; :func:`entries_table` renders it from the registry
-(:mod:`bnn_zoo.zoo`), so it lists every registered entry and nothing else.
+``<!-- end entries -->``; `entries_table` renders it from the registry
+([`bnn_zoo.zoo`][]), so it lists every registered entry and nothing else.
 
 ``python -m bnn_zoo.harness.readme_tables`` rewrites every block of ``README.md`` and
 ``docs/**/*.md`` (or of the files it is given); marker paths are relative to ``--root``,
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def rewrite(files: list[Path], root: Path, check: bool) -> int:
-    """Rewrite the generated tables of ``files`` (default: :func:`documents`) from their
+    """Rewrite the generated tables of ``files`` (default: `documents`) from their
     sources under ``root``; with ``check``, write nothing and return 1 if one differs."""
     stale = []
     for file in files or documents(root):

@@ -1,36 +1,36 @@
 """Runs: one entry fitted on one split and evaluated, and the cache of finished runs.
 
-:func:`run_one` fits through the zoo's contract (``entry.fit``, ``Fitted.evaluate``,
+`run_one` fits through the zoo's contract (``entry.fit``, ``Fitted.evaluate``,
 ``Fitted.predict``) and returns a JSON-ready record: metrics, diagnostics (with those a
 posterior computes at the test inputs: NUTS's R-hat and ESS over the predictive), the thinned
 loss curve, the predictive's moments at the test inputs (regression) or its averaged class
 probabilities there (``class_probs``, classification), for distances to a reference
-(:func:`~bnn_zoo.harness.summary.reference_distances`), a predictive band on a grid (1-D
+(`reference_distances`), a predictive band on a grid (1-D
 inputs) or, for classification, reliability bins and ``auroc_shift``: the AUROC of the
 predictive entropy for telling the test points from a covariate-shifted copy of them
-(:func:`~bnn_zoo.evaluation.metrics.shifted_inputs`).
-:func:`cached_run` keeps each finished record as JSON under
+([`shifted_inputs`][bnn_zoo.evaluation.metrics.shifted_inputs]).
+`cached_run` keeps each finished record as JSON under
 ``<out>/runs/<entry>/``, named by the entry, data set, split, seed and a digest of every
 other setting that changes the result (the entry's options, the group of splits fitted
 together as replicas, ``num_samples``, the device, the dtype, a digest of the data's values
-and the version of the code: :func:`~bnn_zoo.harness.provenance.code_version`), so a rerun
+and the version of the code: `code_version`), so a rerun
 after a crash, or with more entries, fits only what is missing, and a run of other code is
 never read back as this code's. Every record names where it comes from (``provenance``:
-:func:`~bnn_zoo.harness.provenance.provenance`).
+`provenance`).
 
 Determinism: on the CPU with a fixed thread count the same call reproduces every split's
 record (each fit seeds its own random streams from its seed). A split fitted among replicas
 draws its minibatch order and noise jointly with the other splits of its group, so it does
 not equal the same split fitted alone (it agrees with it in distribution); the group is
-therefore part of the cache key (:func:`cached_runs`).
+therefore part of the cache key (`cached_runs`).
 
 The cache itself is not committed; the runs
-that a comparison's JSON keeps (``<name>.json``, ``"runs"``) are, and :func:`restore_cache`
+that a comparison's JSON keeps (``<name>.json``, ``"runs"``) are, and `restore_cache`
 writes them back as cache files, so that a fresh checkout resumes the committed results
 instead of refitting them. Each file is written atomically (a run
 interrupted, even by Ctrl-C, leaves no half-written file); a cache file that cannot be
 read is refitted, and one that cannot be written is skipped, with a
-:class:`CacheWarning`.
+`CacheWarning`.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _thin(values: Sequence[float], points: int = CURVE_POINTS) -> list[float]:
 
 
 def _grid(dataset: data_module.Dataset) -> Tensor:
-    """Inputs of a band figure: the training range extended by :data:`EXTRAPOLATION` of it
+    """Inputs of a band figure: the training range extended by `EXTRAPOLATION` of it
     on each side, so the figure shows how each posterior extrapolates."""
     x = dataset.x_train
     lo, hi = float(x.min()), float(x.max())
@@ -108,7 +108,7 @@ def data_digest(dataset: data_module.Dataset) -> str:
 def run_settings(dataset: data_module.Dataset, overrides: dict | None, num_samples: int) -> dict:
     """Every setting besides entry, data, split and seed that changes a run's result,
     the version of the code that computes it included (``code``:
-    :func:`~bnn_zoo.harness.provenance.code_version`)."""
+    `code_version`)."""
     return {"overrides": overrides or {}, "num_samples": num_samples,
             "device": str(dataset.x_train.device), "dtype": str(dataset.x_train.dtype),
             "data_digest": data_digest(dataset), "code": code_version()}
@@ -133,7 +133,7 @@ def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
     need). ``overrides`` is passed to ``entry.fit`` as keyword arguments (budget fields,
     ``model_options``, ``guide_options``, ``method_options``).
 
-    An entry that raises :class:`~bnn_zoo.zoo.UnsupportedProblem` gives a record with
+    An entry that raises [`UnsupportedProblem`][bnn_zoo.zoo.UnsupportedProblem] gives a record with
     ``status="skipped"`` and the reason; any other error ``status="failed"``.
     """
     record = _base_record(entry, dataset, split, seed, overrides, num_samples)
@@ -152,7 +152,7 @@ def run_many(entry: str, datasets: Sequence[data_module.Dataset], *, splits: Seq
     """The records of ``entry`` on the splits ``datasets`` (of equal training size) with
     ``seeds``, fitted together by ``entry.fit_many`` (as replicas where the entry batches
     them) on the first ``next``, then each evaluated as it is asked for (so that a caller
-    caches each finished one at once); ``status`` as in :func:`run_one`, one failure
+    caches each finished one at once); ``status`` as in `run_one`, one failure
     failing every split."""
     records = [_base_record(entry, d, k, s, overrides, num_samples)
                for d, k, s in zip(datasets, splits, seeds)]
@@ -207,14 +207,14 @@ def _canonical(value: object) -> str:
 def cache_path(out: str | Path, entry: str, data: str, split: int, seed: int,
                settings: dict) -> Path:
     """Where the record of this run is cached: ``<out>/runs/<entry>/<data>_split<k>_seed<s>_
-    <digest>.json``, the digest over ``settings`` (see :func:`run_settings`)."""
+    <digest>.json``, the digest over ``settings`` (see `run_settings`)."""
     digest = hashlib.sha1(_canonical(settings).encode()).hexdigest()[:12]
     name = f"{data.replace('/', '_')}_split{split}_seed{seed}_{digest}.json"
     return Path(out) / "runs" / entry / name
 
 
 def _read_cached(path: Path, expected: dict) -> dict | None:
-    """The record at ``path``, or ``None`` (with a :class:`CacheWarning`) when it is
+    """The record at ``path``, or ``None`` (with a `CacheWarning`) when it is
     truncated, corrupt, or of another run than ``expected`` (its entry, data, split, seed
     and settings)."""
     try:
@@ -234,7 +234,7 @@ def _read_cached(path: Path, expected: dict) -> dict | None:
 
 def _write_cached(path: Path, record: dict) -> None:
     """Cache ``record`` at ``path``; a cache that cannot be written costs a refit on the
-    next run, not this run's result, so it is a :class:`CacheWarning`."""
+    next run, not this run's result, so it is a `CacheWarning`."""
     try:
         write_text_atomic(path, json.dumps(record, default=repr))
     except OSError as error:
@@ -246,7 +246,7 @@ def cached_run(entry: str, dataset: data_module.Dataset, *, split: int, seed: in
                overrides: dict | None, num_samples: int, out: str | Path,
                log: bool = True) -> dict:
     """The record of ``entry`` on ``dataset``: read from the cache under ``out`` when a
-    readable one with the same settings exists, otherwise fitted (:func:`run_one`) and,
+    readable one with the same settings exists, otherwise fitted (`run_one`) and,
     unless it failed, cached."""
     return cached_runs(entry, [dataset], splits=[split], seeds=[seed], overrides=overrides,
                        num_samples=num_samples, out=out, log=log, together=False)[0]
@@ -256,9 +256,9 @@ def _fits(entry: str, datasets: Sequence[data_module.Dataset], splits: Sequence[
           seeds: Sequence[int], chosen: Sequence[int], overrides: dict, num_samples: int,
           mode: str) -> Iterator[dict]:
     """The records of the runs ``chosen`` (indices into ``datasets``, ``splits`` and
-    ``seeds``) in order: fitted together (``mode="together"``, :func:`run_many`), one by
-    one (``"alone"``, :func:`run_one`), or not at all (``"none"``: skipped, with the reason
-    :data:`NOT_CACHED`)."""
+    ``seeds``) in order: fitted together (``mode="together"``, `run_many`), one by
+    one (``"alone"``, `run_one`), or not at all (``"none"``: skipped, with the reason
+    `NOT_CACHED`)."""
     if mode == "none":
         for i in chosen:
             yield {**_base_record(entry, datasets[i], splits[i], seeds[i], overrides,
@@ -283,9 +283,9 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
     finished. With ``fit_missing=False`` nothing is fitted: a run missing from the cache
     is recorded as skipped, with the reason, and not cached.
 
-    With ``together=False`` each split is fitted alone (:func:`run_one`). With
+    With ``together=False`` each split is fitted alone (`run_one`). With
     ``together=True`` the splits are one group of replicas fitted in one pass
-    (:func:`run_many`): a replica draws its minibatch order and its noise jointly with the
+    (`run_many`): a replica draws its minibatch order and its noise jointly with the
     others, so its result depends on the group. The group, the list of ``splits``, is
     therefore a setting (``overrides["replicas"]``) and part of the cache key, and a group
     with any run missing is fitted again whole: the same call reproduces every split, and
@@ -326,7 +326,7 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
 
 def cache_record(out: str | Path, record: dict) -> bool:
     """Write ``record`` (of a run that finished or was skipped, with its settings) into the
-    cache under ``out``, at the :func:`cache_path` of its keys and settings, unless a file is
+    cache under ``out``, at the `cache_path` of its keys and settings, unless a file is
     there; return whether it was written."""
     path = cache_path(out, record["entry"], record["data"], record["split"], record["seed"],
                       record["settings"])
@@ -341,13 +341,12 @@ def restore_cache(out: str | Path, name: str, *, task: str) -> int:
     finished or was skipped by its entry, where none exists; return how many were written
     (none without that file).
 
-    The runs there are those a comparison keeps (:func:`~bnn_zoo.harness.compare.
-    write_comparison`): keys, status, metrics, diagnostics, reason and the settings of the
-    cache key, all on data of ``task``. They lack what only the figures and the distances to
-    a reference read: a restored record has no loss curve (``losses`` empty), no predictive
-    moments and no band, and its ``seconds`` are its ``fit_seconds``. Runs that failed, or
-    that a table listed as not cached, are not restored: they are fitted again; nor are the
-    runs of other code than this checkout's (:func:`~bnn_zoo.harness.provenance.run_code`),
+    The runs there are those a comparison keeps (`write_comparison`): keys, status, metrics,
+    diagnostics, reason and the settings of the cache key, all on data of ``task``. They lack what
+    only the figures and the distances to a reference read: a restored record has no loss curve
+    (``losses`` empty), no predictive moments and no band, and its ``seconds`` are its
+    ``fit_seconds``. Runs that failed, or that a table listed as not cached, are not restored: they
+    are fitted again; nor are the runs of other code than this checkout's (`run_code`),
     whose cache key no run of this code has.
     """
     document = Path(out) / f"{name}.json"

@@ -1,12 +1,12 @@
 """Stale cells: the runs of a comparison's results that other code than the checkout's made.
 
 A cell is one (entry, data set) of a comparison. Its runs are those kept in a results
-file's ``"runs"`` (as :func:`~bnn_zoo.harness.compare.write_comparison` writes them: every
+file's ``"runs"`` (as `write_comparison` writes them: every
 committed ``compare.json``, ``uci_summary.json``, ``classification.json``); a run is stale
-when its code version (:func:`~bnn_zoo.harness.provenance.run_code`) is not the checkout's
-(:func:`~bnn_zoo.harness.provenance.code_version`), or is unknown (a run recorded before
+when its code version (`run_code`) is not the checkout's
+(`code_version`), or is unknown (a run recorded before
 runs named their code). The run cache never reads a stale run back
-(:func:`~bnn_zoo.harness.runs.cached_runs`), so these are the cells a rerun fits again.
+(`cached_runs`), so these are the cells a rerun fits again.
 
 ``python -m bnn_zoo stale PATH...`` (a results folder, searched recursively, or a results
 file) prints one line per stale cell (file, entry, data set, the stale splits and their
@@ -33,7 +33,7 @@ RUN_FIELDS = ("entry", "data", "split", "settings")
 def kept_runs(path: Path) -> list[dict] | None:
     """The run records kept in the results JSON file ``path``, or ``None`` when it keeps
     none (a JSON document of another kind). A file that cannot be read or parsed raises a
-    ``ValueError`` naming it (:func:`~bnn_zoo.core.files.read_json`)."""
+    ``ValueError`` naming it (`read_json`)."""
     document = read_json(path)
     runs = document.get("runs") if isinstance(document, dict) else None
     if not isinstance(runs, list) or not runs or not all(
@@ -44,7 +44,7 @@ def kept_runs(path: Path) -> list[dict] | None:
 
 def _results(paths: Iterable[str | Path]) -> list[tuple[Path, list[dict]]]:
     """Each results file at ``paths`` with the run records it keeps (see
-    :func:`results_files`), each file read once."""
+    `results_files`), each file read once."""
     found = []
     for path in map(Path, paths):
         if path.is_dir():
@@ -64,15 +64,15 @@ def _results(paths: Iterable[str | Path]) -> list[tuple[Path, list[dict]]]:
 
 def results_files(paths: Iterable[str | Path]) -> list[Path]:
     """The results files at ``paths`` that keep the run records of a comparison (a
-    ``"runs"`` list of records with :data:`RUN_FIELDS`): each file named, and every such
+    ``"runs"`` list of records with `RUN_FIELDS`): each file named, and every such
     ``*.json`` under each folder named (the run cache ``runs/`` aside); a named file that
     keeps none, or a path that does not exist, is a ``ValueError``."""
     return [path for path, _ in _results(paths)]
 
 
 def stale_cells(paths: Iterable[str | Path], code: str | None = None) -> list[dict]:
-    """One row per (file, entry, data set) of :func:`results_files` with a run whose code
-    version is not ``code`` (default: the checkout's :func:`code_version`): ``file``,
+    """One row per (file, entry, data set) of `results_files` with a run whose code
+    version is not ``code`` (default: the checkout's `code_version`): ``file``,
     ``entry``, ``data``, ``splits`` (the stale ones, sorted), ``code`` (their versions) and
     ``runs`` (the cell's runs). Runs a table listed as never run (not cached) do not count."""
     code = code or code_version()
@@ -103,7 +103,7 @@ def _spans(values: Sequence[int]) -> str:
 
 
 def run(paths: Sequence[str | Path]) -> int:
-    """Print the stale cells of ``paths`` (:func:`stale_cells`) and their count; return 1
+    """Print the stale cells of ``paths`` (`stale_cells`) and their count; return 1
     when there are any, 0 otherwise."""
     code = code_version()
     rows = stale_cells(paths, code)

@@ -22,7 +22,7 @@ averaged class probabilities ``p_n`` and ``q_n`` (the reference's) at test point
 agreement of the predicted classes ``1/N sum_n [argmax_k p_nk = argmax_k q_nk]``
 (``agreement``) and the total variation ``1/N sum_n 1/2 sum_k |p_nk - q_nk|`` (``tv_to_ref``),
 the measures of Izmailov et al. 2021, "What Are Bayesian Neural Network Posteriors Really
-Like?". :func:`reference_rows` lays them out split by split, beside the reference's
+Like?". `reference_rows` lays them out split by split, beside the reference's
 convergence diagnostics.
 """
 
@@ -46,13 +46,13 @@ __all__ = ["REFERENCE", "REFERENCE_COLUMNS", "REFERENCE_DIAGNOSTICS", "RUNS", "a
 REFERENCE = "nuts"
 #: The column that counts the runs behind a summary row.
 RUNS = "runs"
-#: The reference's convergence diagnostics that :func:`reference_rows` shows, each with how
+#: The reference's convergence diagnostics that `reference_rows` shows, each with how
 #: it combines over splits (the worst: the largest R-hat, the smallest effective sample size,
 #: the most divergences): over the predictive at the test inputs (``_pred``), over the network
-#: output at training inputs (``_f``) and over the weights (see :mod:`bnn_zoo.methods.nuts`).
+#: output at training inputs (``_f``) and over the weights (see [`bnn_zoo.methods.nuts`][]).
 REFERENCE_DIAGNOSTICS = {"r_hat_pred_max": max, "ess_pred_min": min, "r_hat_f_max": max,
                          "ess_f_min": min, "r_hat_max": max, "ess_min": min, "divergences": max}
-#: The metrics of :func:`reference_rows` (regression's, then classification's), then the
+#: The metrics of `reference_rows` (regression's, then classification's), then the
 #: diagnostics.
 REFERENCE_COLUMNS = ("ll", "rmse", "w2_to_ref", "ll_gap", "accuracy", "nll", "agreement",
                      "tv_to_ref", *REFERENCE_DIAGNOSTICS)
@@ -164,7 +164,7 @@ def _distances(record: dict, ref: dict) -> dict[str, float]:
 
 def reference_distances(records: Sequence[dict], reference: str) -> None:
     """Add the distances to ``reference`` on the same (data, split) to the metrics of every
-    ``ok`` record (as from :func:`bnn_zoo.harness.runs.run_one`): ``w2_to_ref`` and
+    ``ok`` record (as from `bnn_zoo.harness.runs.run_one`): ``w2_to_ref`` and
     ``ll_gap`` where both records keep their predictive's moments (regression),
     ``agreement`` and ``tv_to_ref`` where both keep their class probabilities
     (classification); a record restored without them gets none."""
@@ -180,7 +180,7 @@ def summarise(records: Sequence[dict], *, reference: str | None = None) -> list[
     """One row per (data, entry) of run records: each metric's mean and standard error
     over the ``ok`` runs, their number ``runs``, the diagnostics' means (``diag_<name>``),
     the code versions and commits of the ``ok`` runs (``code``, ``commit``:
-    :func:`~bnn_zoo.harness.provenance.run_columns`, distinct values joined by ``"; "``)
+    `run_columns`, distinct values joined by ``"; "``)
     and, in ``reason``, why the other runs were skipped or failed."""
     if reference is not None:
         reference_distances(records, reference)
@@ -203,8 +203,8 @@ def summarise(records: Sequence[dict], *, reference: str | None = None) -> list[
 def reference_rows(records: Sequence[dict], reference: str) -> list[dict]:
     """The distances of every entry to ``reference`` split by split: per (data,
     entry) one row per finished split (``split`` its index) with the metrics of
-    :data:`REFERENCE_COLUMNS` and the reference's diagnostics of
-    :data:`REFERENCE_DIAGNOSTICS`, then a row ``split="all"`` with the metrics' mean and
+    `REFERENCE_COLUMNS` and the reference's diagnostics of
+    `REFERENCE_DIAGNOSTICS`, then a row ``split="all"`` with the metrics' mean and
     standard error over those splits and each diagnostic's worst value over them."""
     reference_distances(records, reference)
     metrics = [c for c in REFERENCE_COLUMNS if c not in REFERENCE_DIAGNOSTICS]

@@ -1,11 +1,11 @@
 """Run a sweep's batches of fits: in this process, or on a Dask cluster.
 
-The unit of work of a comparison is a :class:`Batch`: one zoo entry on the chosen splits of
+The unit of work of a comparison is a `Batch`: one zoo entry on the chosen splits of
 one data set (those splits stay together, so that an entry that batches its fits trains
-them as replicas in one pass). :func:`run_batch` runs one in whatever process it lands in:
+them as replicas in one pass). `run_batch` runs one in whatever process it lands in:
 it sets the thread count, loads the splits, and fits or reads each run through
-:func:`bnn_zoo.harness.runs.cached_runs`, which caches each record atomically as it
-finishes. :func:`run_batches` runs many, in the order given back:
+`bnn_zoo.harness.runs.cached_runs`, which caches each record atomically as it
+finishes. `run_batches` runs many, in the order given back:
 
 * ``jobs=1`` (no ``scheduler``): one after the other in this process (Dask is not needed);
 * ``jobs=J``: on a local Dask cluster of ``J`` single-threaded worker processes
@@ -18,7 +18,7 @@ Dask distributed (Rocklin 2015, "Dask: Parallel Computation with Blocked algorit
 Task Scheduling") is the engine: pure Python, light to install, and the scheduler that HPC
 users of the PyData stack already run through dask-jobqueue. It is optional
 (``pip install bnn-zoo[cluster]``). The batches go out longest first
-(:func:`expected_seconds`: the fit seconds that the results under the batch's ``out``
+(`expected_seconds`: the fit seconds that the results under the batch's ``out``
 record for its entry and data set, or its training points x splits at the rate of the
 others), so that the last to finish is a short one; the client sends a batch only when a
 worker thread is free for it, so each starts on the first free worker in that order and
@@ -54,7 +54,7 @@ __all__ = ["INSTALL", "POLL_SECONDS", "RETRIES", "Batch", "expected_seconds", "k
 #: How many times a batch that raised is submitted again (a worker's death is the
 #: scheduler's to recover: it reschedules the lost worker's tasks).
 RETRIES = 2
-#: How often, in seconds, :func:`run_batches` looks for workers that joined the cluster while
+#: How often, in seconds, `run_batches` looks for workers that joined the cluster while
 #: no batch finished (a SLURM job of dask-jobqueue starting late).
 POLL_SECONDS = 5.0
 #: What to install for ``jobs > 1`` or a ``scheduler``.
@@ -63,16 +63,16 @@ INSTALL = "pip install bnn-zoo[cluster]"
 
 @dataclass(frozen=True)
 class Batch:
-    """One zoo entry on some splits of one data set: what :func:`run_batch` runs.
+    """One zoo entry on some splits of one data set: what `run_batch` runs.
 
     ``overrides`` are the keyword arguments of the entry's fit (resolved for this entry and
     data set, with ``net`` where a network replaces the entry's model); split ``splits[i]``
     is fitted with seed ``seeds[i]``; ``together``: fitted as replicas in one pass
-    (:func:`~bnn_zoo.harness.runs.cached_runs`); ``cached_only``: nothing fitted, missing
+    (`cached_runs`); ``cached_only``: nothing fitted, missing
     runs recorded as skipped; ``threads``: torch's CPU threads in the process that runs it
     (``None``: leave them); ``size``: training points of one split, for the order of
-    :func:`run_batches` where no earlier run says how long the entry takes
-    (:func:`expected_seconds`).
+    `run_batches` where no earlier run says how long the entry takes
+    (`expected_seconds`).
     """
 
     entry: str
@@ -104,9 +104,9 @@ def past_fit_seconds(out: str | Path) -> dict[tuple[str, str], float]:
 
 
 def expected_seconds(batches: Sequence[Batch]) -> list[float]:
-    """How long each batch is expected to take, for the order of :func:`run_batches`: its
+    """How long each batch is expected to take, for the order of `run_batches`: its
     splits times the mean fit seconds of a split of its entry and data set that earlier
-    results under its ``out`` record (:func:`past_fit_seconds`), and for a batch without
+    results under its ``out`` record (`past_fit_seconds`), and for a batch without
     them, its training points times splits at the median rate (seconds per point and split)
     of the batches with them (at 1 where none has them, so the order is by size)."""
     past = {out: past_fit_seconds(out) for out in {batch.out for batch in batches}}
@@ -120,14 +120,14 @@ def expected_seconds(batches: Sequence[Batch]) -> list[float]:
 
 def launch_order(batches: Sequence[Batch]) -> list[int]:
     """The indices of ``batches`` in the order a cluster starts them: the longest expected
-    first (:func:`expected_seconds`), ties in the order given."""
+    first (`expected_seconds`), ties in the order given."""
     expected = expected_seconds(batches)
     return sorted(range(len(batches)), key=lambda i: -expected[i])
 
 
 def run_batch(batch: Batch) -> list[dict]:
     """The records of ``batch``'s runs, in the order of its splits (see
-    :func:`~bnn_zoo.harness.runs.cached_runs`), each cached under ``batch.out`` as it
+    `cached_runs`), each cached under ``batch.out`` as it
     finishes."""
     set_threads(batch.threads)
     datasets = [data_module.load(batch.data, split).to(batch.device) for split in batch.splits]
@@ -171,7 +171,7 @@ def _check_serialisable(batches: Sequence[Batch], dumps: Callable[[object], byte
 
 def keep_records(records: Sequence[dict], batch: Batch) -> None:
     """Write each record of ``batch`` that its run would cache into the cache under
-    ``batch.out`` where no file is there (:func:`~bnn_zoo.harness.runs.cache_record`:
+    ``batch.out`` where no file is there (`cache_record`:
     records of finished or skipped runs, not of failed runs nor of a ``cached_only``
     batch)."""
     if not batch.cached_only:
@@ -187,13 +187,13 @@ def run_batches(batches: Iterable[Batch], *, jobs: int = 1, scheduler: str | Non
 
     Parameters
     ----------
-    batches : the batches (:class:`Batch`).
+    batches : the batches (`Batch`).
     jobs : ``1``: one after the other in this process; ``J > 1``: on a local Dask cluster
         of ``J`` single-threaded worker processes, started and closed here
-        (:func:`local_cluster`).
+        (`local_cluster`).
     scheduler : the address of a running Dask scheduler (e.g. ``tcp://10.0.0.1:8786``) to
         send the batches to (with ``jobs=1``).
-    run : what runs a batch (:func:`run_batch`); on a cluster, a function the workers can
+    run : what runs a batch (`run_batch`); on a cluster, a function the workers can
         import or unpickle.
     retries : how many times a batch that raised is submitted again on a cluster.
     """

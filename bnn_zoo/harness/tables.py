@@ -1,11 +1,11 @@
 """The one table writer of the harness: Markdown, CSV and JSON of summary rows.
 
-A summary row (as from :func:`bnn_zoo.harness.summary.aggregate`) holds its key
+A summary row (as from `bnn_zoo.harness.summary.aggregate`) holds its key
 fields (e.g. ``data`` and ``entry``), the number of runs ``runs``, and per metric
 ``<metric>`` (the mean) with ``<metric>_se`` (its standard error); the Markdown shows
 them as ``mean ± se``. Every file is written atomically
-(:mod:`bnn_zoo.core.files`). The comparison, the command line and every script in
-``benchmarks/`` write their results through :func:`write_tables`.
+(`bnn_zoo.core.files`). The comparison, the command line and every script in
+``benchmarks/`` write their results through `write_tables`.
 """
 
 from __future__ import annotations
@@ -135,19 +135,19 @@ def write_tables(out: str | Path, name: str, rows: Sequence[dict], *, keys: Sequ
 
     Parameters
     ----------
-    rows : summary rows (see :func:`markdown_table`); the CSV has one line per row and
+    rows : summary rows (see `markdown_table`); the CSV has one line per row and
         a column per field of any row, the JSON holds them under ``"summary"``.
-    keys, columns, section, notes : what the Markdown shows (:func:`markdown_table`).
+    keys, columns, section, notes : what the Markdown shows (`markdown_table`).
     runs : the runs behind the summary (one dict each), kept in the JSON under ``"runs"``.
     markdown_rows : rows shown in the Markdown only, after the measured ones (e.g.
         published numbers, which are not measurements of this run).
     preamble : text printed above the Markdown tables (e.g. the settings).
     provenance : the code versions and commits of the numbers (as from
-        :func:`~bnn_zoo.harness.provenance.versions`), kept in the JSON under
+        `versions`), kept in the JSON under
         ``"provenance"`` and named in a line under the Markdown
-        (:func:`~bnn_zoo.harness.provenance.note`); ``None``: the numbers are this
+        (`note`); ``None``: the numbers are this
         process's, and the JSON also keeps its whole
-        :func:`~bnn_zoo.harness.provenance.provenance` under ``"provenance"``,
+        `provenance` under ``"provenance"``,
         ``"process"`` (versions, device, threads, date).
     """
     if provenance is None:
@@ -173,7 +173,7 @@ def merge_summary(out: str | Path, name: str, rows: Sequence[dict], *, keys: Seq
                   ) -> list[dict]:
     """The summary rows of ``<name>.json`` under ``out`` (none if there is no such file),
     each replaced by the row of ``rows`` with the same values of ``keys``, followed by the
-    rows of ``rows`` that replace none: what to pass to :func:`write_tables` when one run
+    rows of ``rows`` that replace none: what to pass to `write_tables` when one run
     measures some rows of a table (one setting of a benchmark) and keeps the others."""
     path = Path(out) / f"{name}.json"
     old = read_json(path)["summary"] if path.exists() else []
@@ -184,8 +184,8 @@ def merge_summary(out: str | Path, name: str, rows: Sequence[dict], *, keys: Seq
 
 @dataclass(frozen=True)
 class Table:
-    """One table of a group written together by :func:`write_table_group`: its ``key`` (in
-    the JSON and the CSV's name), its ``heading`` and what :func:`markdown_table` needs."""
+    """One table of a group written together by `write_table_group`: its ``key`` (in
+    the JSON and the CSV's name), its ``heading`` and what `markdown_table` needs."""
 
     key: str
     heading: str

@@ -51,9 +51,10 @@ def interleaved_medians(steps: Mapping[str, Callable[[], object]], *, repeats: i
 
 def epoch_batches(n: int, batch: int, *, seed: int = 0,
                   device: torch.device | str = "cpu") -> Callable[[], Tensor]:
-    """The minibatch indices a hand-written step visits, as :class:`~bnn_zoo.core.training.
-    SVIStep` does: each call returns the next ``batch`` indices of a permutation of
-    ``range(n)``, drawn afresh (on the CPU) every ``ceil(n / batch)`` calls, so that a
+    """The minibatch indices a hand-written step visits, as
+    [`SVIStep`][bnn_zoo.core.training.SVIStep] does: each call returns the next ``batch`` indices of
+    a permutation of ``range(n)``, drawn afresh (on the CPU) every ``ceil(n / batch)`` calls, so
+    that a
     hand-written step gathers its minibatches like the zoo's step it is compared with."""
     check_positive_int("n", n)
     check_positive_int("batch", batch)

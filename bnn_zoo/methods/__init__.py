@@ -1,10 +1,10 @@
 """Inference methods (layer 3), each a frozen dataclass behind the protocol of
-:mod:`bnn_zoo.methods.base`: fit on standardised data, return a posterior that predicts.
+[`bnn_zoo.methods.base`][]: fit on standardised data, return a posterior that predicts.
 
-:mod:`~bnn_zoo.methods.svi` (``SVI``), :mod:`~bnn_zoo.methods.nuts` (``NUTS``),
-:mod:`~bnn_zoo.methods.sgmcmc` (``SGMCMC``, SGLD and SGHMC),
-:mod:`~bnn_zoo.methods.ensemble` (``Ensemble``), :mod:`~bnn_zoo.methods.gp` (``ExactGP``),
-:mod:`~bnn_zoo.methods.logitnormal` (``LogitNormalSVI``).
+[`svi`][bnn_zoo.methods.svi] (``SVI``), [`nuts`][bnn_zoo.methods.nuts] (``NUTS``),
+[`sgmcmc`][bnn_zoo.methods.sgmcmc] (``SGMCMC``, SGLD and SGHMC),
+[`ensemble`][bnn_zoo.methods.ensemble] (``Ensemble``), [`gp`][bnn_zoo.methods.gp] (``ExactGP``),
+[`logitnormal`][bnn_zoo.methods.logitnormal] (``LogitNormalSVI``).
 """
 
 __all__ = ["base", "ensemble", "gp", "logitnormal", "nuts", "sgmcmc", "svi"]

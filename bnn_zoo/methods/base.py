@@ -1,8 +1,8 @@
 """The protocol every inference method of the zoo follows (layer 3).
 
-A method fits on standardised data and returns a :class:`Posterior` that predicts. SVI is
+A method fits on standardised data and returns a [`Posterior`][] that predicts. SVI is
 one method among others (Laplace, NUTS, ensembles, exact GP evidence); the zoo's entries
-(:mod:`bnn_zoo.zoo`) declare which method they run and never call each other.
+([`bnn_zoo.zoo`][]) declare which method they run and never call each other.
 """
 
 from __future__ import annotations
@@ -48,14 +48,14 @@ class Budget:
     """A training budget, fixed in one place per entry for every data set.
 
     ``distributed=True`` trains data-parallel on the initialised ``torch.distributed``
-    process group (see :mod:`bnn_zoo.core.distributed`); ``batch_size`` is then per
+    process group (see `bnn_zoo.core.distributed`); ``batch_size`` is then per
     process. ``check_every`` is the number of steps between read-backs of the losses to the host
-    (the NaN guard's checks; see :func:`bnn_zoo.core.training.fit`); ``None``: the
-    runner's default (:meth:`check_interval`).
+    (the NaN guard's checks; see [`bnn_zoo.core.training.fit`][]); ``None``: the
+    runner's default ([`check_interval`][]).
 
-    A method trains under the budget whole: :meth:`run` (one fit) and
-    :meth:`run_replicas` (many fits in one pass) turn it into a run of the SVI runner, and a
-    method that cannot honour a field refuses it by name with :meth:`check_supported`
+    A method trains under the budget whole: [`run`][] (one fit) and
+    [`run_replicas`][] (many fits in one pass) turn it into a run of the SVI runner, and a
+    method that cannot honour a field refuses it by name with [`check_supported`][]
     before it trains. Held-out points are the zoo entry's (``Entry.fit(...,
     validation=...)``): a method fits every point it is given.
     """
@@ -74,9 +74,9 @@ class Budget:
         """Check every field (``dataclasses.replace`` runs this again), so a wrong type or
         range is refused here, naming the field, instead of being coerced or failing deep
         inside a method: ``steps``, ``num_particles`` ints >= 1, ``lr`` a finite number
-        > 0, ``lr_schedule`` one of :data:`~bnn_zoo.core.lr_schedule.LR_SCHEDULES`,
+        > 0, ``lr_schedule`` one of `LR_SCHEDULES`,
         ``batch_size`` ``None`` or an int >= 1, ``kl_weighting`` one of
-        :data:`~bnn_zoo.core.step.KL_WEIGHTINGS`, ``jit`` and ``distributed`` bools
+        `KL_WEIGHTINGS`, ``jit`` and ``distributed`` bools
         (not 0/1), ``check_every`` ``None`` or an int >= 1."""
         check_positive_int("steps", self.steps)
         check_positive("lr", self.lr)
@@ -103,7 +103,7 @@ class Budget:
     def check_interval(self, *, replicas: bool = False) -> int:
         """Steps between the NaN guard's read-backs: ``check_every``, or where it is
         ``None`` every step for a single fit (a NaN leaves exactly the last finite
-        parameters) and every :data:`~bnn_zoo.core.replicas.REPLICA_CHECK_EVERY` steps for
+        parameters) and every `REPLICA_CHECK_EVERY` steps for
         replicas (whose steps then never wait for the host)."""
         if self.check_every is not None:
             return self.check_every
@@ -118,9 +118,9 @@ class Budget:
     def run(self, model: Callable, guide: Callable, x: Tensor, y: Tensor, *,
             elbo: type[pyro.infer.ELBO], seed: int, progress: bool | None) -> FitResult:
         """Train ``guide`` to ``model`` on ``x``, ``y`` by maximising ``elbo`` under this
-        budget (:func:`bnn_zoo.core.training.fit` with ``steps``, ``lr``,
+        budget ([`bnn_zoo.core.training.fit`][] with ``steps``, ``lr``,
         ``batch_size``, ``num_particles``, ``kl_weighting``, ``jit``, ``distributed`` and
-        :meth:`check_interval`), seeded by ``seed``."""
+        [`check_interval`][]), seeded by ``seed``."""
         return fit(model, guide, x, y, elbo=elbo, seed=seed, progress=progress,
                    distributed=self.distributed, check_every=self.check_interval(),
                    **self._svi_options())
@@ -131,9 +131,9 @@ class Budget:
                      ) -> list[FitResult]:
         """Train the R single-fit pairs ``(models[r], guides[r])`` on ``x[r]``, ``y[r]`` as
         the replicas of one pass under this budget
-        (:func:`bnn_zoo.core.replicas.fit_single_pairs`, whose batched guide is
-        ``build_guide(batched_model)``, with the fields :meth:`run` passes and
-        :meth:`check_interval` for replicas), every replica taking the minibatch order of
+        ([`bnn_zoo.core.replicas.fit_single_pairs`][], whose batched guide is
+        ``build_guide(batched_model)``, with the fields [`run`][] passes and
+        [`check_interval`][] for replicas), every replica taking the minibatch order of
         ``seed``. Replicas train on one process: ``distributed=True`` is refused."""
         self.check_supported("Training as replicas", distributed=False)
         return fit_single_pairs(models, guides, build_guide, x, y, elbo=elbo, seed=seed,
@@ -148,7 +148,7 @@ class Posterior(Protocol):
 
     ``model`` and ``guide`` are a Pyro pair whose ``pyro.infer.Predictive(model,
     guide=guide, ...)`` samples this posterior's predictive (``guide`` is ``None`` for a
-    model without latent sites, such as an exact GP); :meth:`predict` gives the same
+    model without latent sites, such as an exact GP); [`predict`][] gives the same
     predictive as a distribution, in closed form where the method has one.
     """
 
@@ -162,7 +162,7 @@ class Posterior(Protocol):
         ...
 
     def state_dict(self) -> dict:
-        """Everything :meth:`Method.restore` needs, as tensors and plain Python data
+        """Everything `Method.restore` needs, as tensors and plain Python data
         (loadable with ``torch.load(weights_only=True)``)."""
         ...
 
@@ -185,10 +185,10 @@ class Method(Protocol):
     #: The SVI guide factory ``guide(model, **guide_options)`` the method trains, or
     #: ``None`` where it trains none of its own (NUTS, an exact GP).
     guide: Callable[..., Callable] | None = None
-    #: Whether :meth:`fit` takes a loader's batches (``x`` a
-    #: :class:`~bnn_zoo.core.batches.Batches`, ``y`` ``None``) instead of tensors.
+    #: Whether [`fit`][] takes a loader's batches (``x`` a
+    #: [`Batches`][bnn_zoo.core.batches.Batches], ``y`` ``None``) instead of tensors.
     streams: bool = False
-    #: Whether :meth:`fit_many` trains many fits as replicas in one vectorised pass.
+    #: Whether [`fit_many`][] trains many fits as replicas in one vectorised pass.
     replicas: bool = False
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
@@ -199,7 +199,7 @@ class Method(Protocol):
                  seeds: Sequence[int], budget: Budget, progress: bool | None
                  ) -> list[Posterior]:
         """R fits as replicas in one pass, fit ``r`` on ``x[r]``, ``y[r]`` from ``seeds[r]``
-        (where :attr:`replicas`; a ``ValueError`` otherwise: fit one by one)."""
+        (where `replicas`; a ``ValueError`` otherwise: fit one by one)."""
         raise ValueError(f"{type(self).__name__} does not train fits as replicas "
                          "(replicas=False); fit one by one.")
 

@@ -1,17 +1,18 @@
 """Deep ensembles (Lakshminarayanan et al. 2017, without adversarial training) as a method.
 
-``members`` independent fits of ``member`` (an :class:`~bnn_zoo.methods.svi.SVI` or a
-:class:`~bnn_zoo.methods.laplace.Laplace` method; seeds ``members * seed + m``), trained as
+``members`` independent fits of ``member`` (an [`SVI`][bnn_zoo.methods.svi.SVI] or a
+[`Laplace`][bnn_zoo.methods.laplace.Laplace] method; seeds ``members * seed + m``), trained as
 replicas in one vectorised pass where the member declares ``replicas=True``
-(:meth:`bnn_zoo.methods.svi.SVI.fit_many`, or the MAP phases of
-:meth:`bnn_zoo.methods.laplace.Laplace.fit_many`: each member starts from its own seed's
+([`bnn_zoo.methods.svi.SVI.fit_many`][], or the MAP phases of
+[`bnn_zoo.methods.laplace.Laplace.fit_many`][]: each member starts from its own seed's
 initial values, and all take the minibatch order of the first member's seed), one by one
 otherwise. With Laplace members the predictive is a mixture of Laplace approximations
 (Eschenhagen et al. 2021).
-:meth:`Ensemble.fit_many` trains the ``R x members`` members of R ensembles (R training
-sets, e.g. the splits of a UCI set) as replicas in one pass, member ``m`` of fit ``r`` from
-seed ``members * seeds[r] + m`` as in :meth:`Ensemble.fit`. The predictive is the members'
-equal-weight mixture
+[`Ensemble.fit_many`][bnn_zoo.methods.ensemble.Ensemble.fit_many] trains the ``R x members`` members
+of R ensembles (R training sets, e.g. the splits of a UCI set) as replicas in one pass, member ``m``
+of fit ``r`` from seed ``members * seeds[r] + m`` as in
+[`Ensemble.fit`][bnn_zoo.methods.ensemble.Ensemble.fit]. The predictive is the members' equal-weight
+mixture
 
     p(y | x) = 1/M sum_m p_m(y | x),  e.g. 1/M sum_m N(y; f_m(x), sigma_m^2)  (regression).
 
@@ -123,8 +124,8 @@ class Ensemble:
 
     @property
     def replicas(self) -> bool:
-        """Whether :meth:`fit_many` trains many ensembles as replicas in one pass: when the
-        member does (:attr:`bnn_zoo.methods.svi.SVI.replicas`)."""
+        """Whether [`fit_many`][] trains many ensembles as replicas in one pass: when the
+        member does (`bnn_zoo.methods.svi.SVI.replicas`)."""
         return self.member.replicas
 
     @property
@@ -147,9 +148,9 @@ class Ensemble:
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> EnsemblePosterior:
         """``members`` fits of ``member`` on ``x`` (N, D), ``y`` (N,) from the seeds
-        ``members * seed + m``: as replicas in one pass where :attr:`replicas` (and the
+        ``members * seed + m``: as replicas in one pass where [`replicas`][] (and the
         budget is not distributed), one by one otherwise (and from a loader's
-        :class:`~bnn_zoo.core.batches.Batches` ``x``, ``y`` ``None``)."""
+        [`Batches`][bnn_zoo.core.batches.Batches] ``x``, ``y`` ``None``)."""
         if self.replicas and not budget.distributed and not isinstance(x, Batches):
             return self.fit_many(build_model, x[None], y[None], task=task, seeds=[seed],
                                  budget=budget, progress=progress)[0]
@@ -163,14 +164,14 @@ class Ensemble:
     def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
                  seeds: Sequence[int], budget: Budget, progress: bool | None
                  ) -> list[EnsemblePosterior]:
-        """R ensembles in one replica pass (needs :attr:`replicas`): ensemble ``r`` fits
+        """R ensembles in one replica pass (needs [`replicas`][]): ensemble ``r`` fits
         ``x[r]`` (N, D), ``y[r]`` (N,) with ``members`` members from the seeds
-        ``members * seeds[r] + m``, the seeds :meth:`fit` with ``seeds[r]`` uses, so all
+        ``members * seeds[r] + m``, the seeds [`fit`][] with ``seeds[r]`` uses, so all
         ``R * members`` members train as replicas of one
-        :meth:`~bnn_zoo.methods.svi.SVI.fit_many` (member ``m`` of fit ``r`` is replica
+        [`fit_many`][bnn_zoo.methods.svi.SVI.fit_many] (member ``m`` of fit ``r`` is replica
         ``r * members + m``, on its fit's data only). Every replica takes the minibatch
         order of the first member's seed ``members * seeds[0]``, so on full batches
-        (deterministic MAP members) ensemble ``r`` equals :meth:`fit` with ``seeds[r]`` up
+        (deterministic MAP members) ensemble ``r`` equals [`fit`][] with ``seeds[r]`` up
         to round-off, and otherwise in distribution. ``budget.distributed`` is not
         supported (a ``ValueError``)."""
         if not self.replicas:
@@ -186,7 +187,7 @@ class Ensemble:
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> EnsemblePosterior:
-        """The posterior of :meth:`EnsemblePosterior.state_dict`."""
+        """The posterior of `EnsemblePosterior.state_dict`."""
         members = [self.member.restore(build_model, s, x=x, y=y) for s in state["members"]]
         return EnsemblePosterior(members, result_from_state(state["result"]),
                                  self.samples_per_member)

@@ -1,24 +1,24 @@
 """Exact Gaussian-process regression with type-II maximum likelihood, as a method.
 
-The model (e.g. :class:`~bnn_zoo.models.nngp.NNGPRegression`) integrates the function
+The model (e.g. [`NNGPRegression`][bnn_zoo.models.nngp.NNGPRegression]) integrates the function
 out, ``y ~ N(0, K(X, X) + sigma^2 I)``, so its only sample site is ``obs`` and SVI with
 the empty guide maximises the evidence ``log p(y | X, theta)`` over the kernel's
 variances and the noise, by Adam on the full data (Rasmussen & Williams 2006, 5.4).
 The posterior predictive is the GP's closed form (``model.posterior``); as a Pyro pair it
-is :class:`ConditionedGP`, a model whose ``obs`` is that predictive's marginal at each
+is [`ConditionedGP`][], a model whose ``obs`` is that predictive's marginal at each
 input, with the empty guide.
 
 Everything runs in float64: once the learned noise is small (yacht), the float32 kernel
 ``K + sigma^2 I`` is no longer positive definite (factorising it alone in float64 does not
 help). Predictions come back in the data's dtype. Exact GP regression costs ``O(N^3)`` per
 step; above ``max_points`` training points the method raises
-:class:`~bnn_zoo.methods.base.UnsupportedProblem`.
+[`UnsupportedProblem`][bnn_zoo.methods.base.UnsupportedProblem].
 
 Numerical guards: the model escalates its Cholesky jitter where ``K + sigma^2 I`` is not
 numerically positive definite (the largest relative jitter used is the posterior's
 diagnostic ``jitter``). Where the factorisation still fails, or the evidence or its
 gradient is not finite (an extreme learning rate), the fit stops with
-:class:`~bnn_zoo.core.step.TrainingDiverged` naming the learning rate, the step and the
+[`TrainingDiverged`][bnn_zoo.core.step.TrainingDiverged] naming the learning rate, the step and the
 last finite hyperparameters, which the model keeps. The hyperparameters after the last
 step are checked too, so a fit that returns has a finite evidence and finite predictions.
 """
@@ -88,13 +88,13 @@ def _check_final_evidence(gp: nn.Module, x: Tensor, y: Tensor) -> None:
 def fit_evidence(gp: nn.Module, x: Tensor, y: Tensor, *, steps: int, lr: float, seed: int,
                  progress: bool | None = False, check_every: int = 1) -> FitResult:
     """Maximise ``gp``'s log evidence (its ``obs`` site; the empty guide) by full-batch Adam,
-    one :class:`~bnn_zoo.core.step.SVIStep` per step, run by
-    :func:`~bnn_zoo.core.loop.run_steps` (``progress``: a tqdm bar; ``None``: only when
+    one [`SVIStep`][bnn_zoo.core.step.SVIStep] per step, run by
+    `run_steps` (``progress``: a tqdm bar; ``None``: only when
     stderr is a terminal; ``check_every``: steps between the NaN guard's read-backs).
-    ``gp`` is a GP model like :class:`~bnn_zoo.models.nngp.NNGPRegression`:
+    ``gp`` is a GP model like [`NNGPRegression`][bnn_zoo.models.nngp.NNGPRegression]:
     ``log_evidence(x, y)``, ``posterior``, ``hyperparameters()`` and ``largest_jitter``.
 
-    Raises :class:`~bnn_zoo.core.step.TrainingDiverged`, naming ``lr``, the step and
+    Raises [`TrainingDiverged`][bnn_zoo.core.step.TrainingDiverged], naming ``lr``, the step and
     the hyperparameters, where the evidence, its gradient or the final evidence is not
     finite or ``K + sigma^2 I`` cannot be factorised (``NotPositiveDefinite`` from the
     model); ``gp`` then holds the last hyperparameters whose evidence was finite.
@@ -146,7 +146,7 @@ def check_budget(budget: Budget) -> None:
     jitter is chosen by data-dependent Python control flow, which a traced loss would
     freeze (``jit=False``); its few full-batch steps take a constant rate
     (``lr_schedule="constant"``). ``steps``, ``lr`` and ``check_every`` are honoured by
-    :func:`fit_evidence`."""
+    [`fit_evidence`][]."""
     budget.check_supported("ExactGP", batch_size=None, distributed=False, num_particles=1,
                            kl_weighting="uniform", jit=False, lr_schedule="constant")
 
@@ -179,7 +179,7 @@ class ExactGP(Method):
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> GPPosterior:
-        """The posterior of :meth:`GPPosterior.state_dict`."""
+        """The posterior of `GPPosterior.state_dict`."""
         model_state = state["model"]
         gp = build_model().to(dtype=torch.float64)
         model = ConditionedGP(gp, model_state["x_train"], model_state["y_train"])

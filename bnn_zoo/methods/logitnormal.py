@@ -1,7 +1,7 @@
 """SVI of the LogitNormal random-feature pair (Coker's notes "LogitNormal model")
 under one of its four objectives.
 
-``objective`` picks the training schedule (see :mod:`bnn_zoo.guides.logitnormal`):
+``objective`` picks the training schedule (see [`bnn_zoo.guides.logitnormal`][]):
 
 * ``"alg3"`` (default): Coker's Algorithm 3 as an ELBO, a fresh ``beta`` from its full
   conditional per sample of ``s`` (``MeanFieldELBO``: the likelihood plus
@@ -44,7 +44,7 @@ OBJECTIVES = ("alg3", "alg3_literal", "alg1", "collapsed")
 
 
 def objective_elbo(objective: str = "alg3", inner_steps: int = 10) -> type[pyro.infer.ELBO]:
-    """The ELBO class of ``objective`` (one of :data:`OBJECTIVES`)."""
+    """The ELBO class of ``objective`` (one of `OBJECTIVES`)."""
     check_choice("objective", objective, OBJECTIVES)
     if objective == "alg1":
         return Algorithm1ELBO.with_inner_steps(inner_steps)
@@ -54,7 +54,7 @@ def objective_elbo(objective: str = "alg3", inner_steps: int = 10) -> type[pyro.
 
 @dataclass(frozen=True)
 class LogitNormalSVI(SVI):
-    """:class:`~bnn_zoo.methods.svi.SVI` of :class:`LogitNormalGuide` with the ELBO of
+    """[`SVI`][bnn_zoo.methods.svi.SVI] of [`LogitNormalGuide`][] with the ELBO of
     ``objective`` (module doc); ``elbo`` is derived from it, not set."""
 
     guide: Callable[..., Callable] = Factory(LogitNormalGuide, ("init_loc", "init_scale"))

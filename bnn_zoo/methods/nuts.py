@@ -2,7 +2,7 @@
 
 Steps:
 
-1. ``start`` (an :class:`~bnn_zoo.methods.svi.SVI` whose guide has a ``median()``, by
+1. ``start`` (an [`SVI`][bnn_zoo.methods.svi.SVI] whose guide has a ``median()``, by
    default a MAP point mass) gives the starting point of every chain and, for regression,
    the observation noise ``sigma``, which is then fixed (type-II maximum likelihood, as
    the guides learn ``sigma`` as a point estimate);
@@ -14,13 +14,13 @@ Steps:
 
 The posterior's diagnostics are the largest split R-hat and the smallest bulk effective
 sample size over all weights and over the network outputs at training inputs (Gelman et al.,
-BDA3 11.4-11.5; Vehtari et al. 2021; see :func:`chain_diagnostics`), the number of
+BDA3 11.4-11.5; Vehtari et al. 2021; see [`chain_diagnostics`][]), the number of
 divergent transitions, the
-sampling time and the fixed noise; :meth:`NUTSPosterior.predictive_diagnostics` gives the
-same over the network outputs at any inputs (the test inputs, in the comparison). NUTS
-costs up to ``2^max_tree_depth`` gradients per draw, so data sets above ``max_points``
-training points raise
-:class:`~bnn_zoo.methods.base.UnsupportedProblem`.
+sampling time and the fixed noise;
+[`NUTSPosterior.predictive_diagnostics`][bnn_zoo.methods.nuts.NUTSPosterior.predictive_diagnostics]
+gives the same over the network outputs at any inputs (the test inputs, in the comparison). NUTS
+costs up to ``2^max_tree_depth`` gradients per draw, so data sets above ``max_points`` training
+points raise [`UnsupportedProblem`][bnn_zoo.methods.base.UnsupportedProblem].
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ class PosteriorSamples:
 
     Called as a guide it picks draws uniformly at random: one per call, or one per
     element of an enclosing sample plate (as ``pyro.infer.Predictive(...,
-    parallel=True)`` and :func:`~bnn_zoo.core.predictive.predict` set up), so
+    parallel=True)`` and [`predict`][bnn_zoo.core.predictive.predict] set up), so
     ``pyro.infer.Predictive(model, guide=PosteriorSamples(samples))`` samples the
-    posterior predictive. :meth:`draws` gives the guide that spreads ``S`` draws evenly
+    posterior predictive. [`draws`][] gives the guide that spreads ``S`` draws evenly
     over the stored ones instead, for a predictive with less Monte Carlo noise.
     """
 
@@ -115,7 +115,7 @@ def bulk_ess(stacked: Tensor) -> Tensor:
     scores ``z = Phi^-1((r - 3/8) / (C S + 1/4))`` (``r`` the rank among all ``C S`` draws,
     ties averaged), every chain is split in halves (the middle draw dropped for odd S),
     and the ESS of those ``2C`` sequences is ``2C n / (1 + 2 sum_t rho_t)`` with Geyer's
-    initial positive sequence (BDA3 11.5; :func:`pyro.ops.stats.effective_sample_size`).
+    initial positive sequence (BDA3 11.5; `pyro.ops.stats.effective_sample_size`).
     Unchanged by any increasing transform of the draws."""
     c, s, p = stacked.shape
     ranks = _average_ranks(stacked.reshape(c * s, p)).reshape(c, s, p)
@@ -126,10 +126,10 @@ def bulk_ess(stacked: Tensor) -> Tensor:
 
 
 def r_hat_ess(stacked: Tensor) -> tuple[float, float]:
-    """Largest split R-hat and smallest bulk effective sample size (:func:`bulk_ess`) over
+    """Largest split R-hat and smallest bulk effective sample size ([`bulk_ess`][]) over
     the quantities of the draws ``stacked`` (C chains, S draws, P quantities).
 
-    Split R-hat (BDA3 11.4; :func:`pyro.ops.stats.split_gelman_rubin`): each chain is cut
+    Split R-hat (BDA3 11.4; `pyro.ops.stats.split_gelman_rubin`): each chain is cut
     in halves, giving ``m = 2C`` sequences of ``n = S/2`` draws with within-sequence
     variance ``W`` and between-sequence variance ``B`` (``n`` times the variance of their
     means); ``R = sqrt(((n-1)/n W + B/n) / W)``, 1 for chains that agree.
@@ -155,7 +155,7 @@ def output_draws(chains: list[dict[str, Tensor]], model: Callable, x: Tensor) ->
 
 def chain_diagnostics(chains: list[dict[str, Tensor]], model: Callable,
                       x: Tensor) -> dict[str, float]:
-    """Largest split R-hat and smallest effective sample size (:func:`r_hat_ess`) over
+    """Largest split R-hat and smallest effective sample size ([`r_hat_ess`][]) over
     every weight, and over the network output ``f`` at (up to 50) training inputs.
 
     A BNN's posterior is symmetric under permutations of hidden units, so chains in
@@ -197,7 +197,7 @@ class NUTSPosterior:
     def predictive_diagnostics(self, x: Tensor) -> dict[str, float]:
         """Largest split R-hat (``r_hat_pred_max``) and smallest effective sample size
         (``ess_pred_min``) over the network outputs ``f(x_i)`` at standardised inputs ``x``
-        (N, D), chain by chain (:func:`r_hat_ess`): whether the chains agree on the
+        (N, D), chain by chain ([`r_hat_ess`][]): whether the chains agree on the
         predictive at those inputs."""
         per_chain = [dict(zip(self.samples.samples, values)) for values in
                      zip(*(v.chunk(self.chains) for v in self.samples.samples.values()))]
@@ -233,7 +233,7 @@ def pooled_posterior(model: Callable, chains: list[dict[str, Tensor]], x: Tensor
                      noise: dict[str, float], seconds: float, **diagnostics: float
                      ) -> NUTSPosterior:
     """The posterior of the draws of every chain of ``model`` pooled, with the chains'
-    diagnostics (:func:`chain_diagnostics` at the training inputs ``x``), any other
+    diagnostics ([`chain_diagnostics`][] at the training inputs ``x``), any other
     ``diagnostics``, the sampling ``seconds`` and the fixed ``noise``."""
     samples = PosteriorSamples({k: torch.cat([c[k] for c in chains]) for k in chains[0]})
     return NUTSPosterior(model, samples, noise, {
@@ -245,7 +245,7 @@ def pooled_posterior(model: Callable, chains: list[dict[str, Tensor]], x: Tensor
 class NUTS(Method):
     """NUTS chains on the entry's model, started from the SVI fit ``start`` (module doc).
 
-    The budget trains the start, which honours every field as :class:`SVI` does; the
+    The budget trains the start, which honours every field as [`SVI`][] does; the
     chains run on one process, so ``distributed=True`` is refused."""
 
     start: SVI
@@ -293,7 +293,7 @@ class NUTS(Method):
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> NUTSPosterior:
-        """The posterior of :meth:`NUTSPosterior.state_dict`."""
+        """The posterior of `NUTSPosterior.state_dict`."""
         model = build_model(**state["model_options"])
         model.load_state_dict(state["model"])
         samples = {k: v.to(device=x.device) for k, v in state["samples"].items()}

@@ -1,5 +1,5 @@
 """Keyword options of the factories a method or entry calls (models, guides): a
-:class:`Factory` declares the option names it takes, so that an unknown option is refused by
+`Factory` declares the option names it takes, so that an unknown option is refused by
 name before anything is built.
 """
 
@@ -43,7 +43,7 @@ def factory(*options: str) -> Callable[[Callable[..., Any]], Factory]:
 
 
 def as_factory(build: Callable[..., Any]) -> Factory:
-    """``build`` as a :class:`Factory`: itself, or a plain callable (a user's own model or
+    """``build`` as a `Factory`: itself, or a plain callable (a user's own model or
     guide) as one that declares no option names and so takes any."""
     return build if isinstance(build, Factory) else Factory(build, None)
 

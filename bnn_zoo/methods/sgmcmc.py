@@ -3,19 +3,19 @@ or a cyclical step size, burn-in and thinning.
 
 The potential is the negative log joint ``U(theta) = -log p(theta) - sum_n log p(y_n | x_n,
 theta)`` of any Pyro model whose likelihood sits in ``pyro.plate("data", N)`` (Pyro's
-:func:`~pyro.infer.mcmc.util.initialize_model`, as NUTS takes it, in the unconstrained space
+`initialize_model`, as NUTS takes it, in the unconstrained space
 of every latent site). A minibatch of ``B`` points sets the plate's subsample indices
-(:class:`~bnn_zoo.core.handlers.subsample_data`), so Pyro scales its likelihood by
+([`subsample_data`][bnn_zoo.core.handlers.subsample_data]), so Pyro scales its likelihood by
 ``N / B`` and ``grad U~`` is an unbiased estimate of ``grad U``.
 
 Update rules (pure functions of the state, the gradient and a standard normal ``z``), with a
 diagonal preconditioner ``P`` (1 without adaptation):
 
 * SGLD (Welling & Teh 2011, "Bayesian Learning via Stochastic Gradient Langevin Dynamics",
-  eq. 4), :func:`sgld_step`: ``theta <- theta - eta/2 P grad U~(theta) + sqrt(eta P) z``;
+  eq. 4), [`sgld_step`][]: ``theta <- theta - eta/2 P grad U~(theta) + sqrt(eta P) z``;
 * SGHMC (Chen, Fox & Guestrin 2014, "Stochastic Gradient Hamiltonian Monte Carlo", eq. 15
   with ``beta_hat = 0``, in the parameterisation of Springenberg et al. 2016, "Bayesian
-  Optimization with Robust Bayesian Neural Networks"), :func:`sghmc_step`:
+  Optimization with Robust Bayesian Neural Networks"), [`sghmc_step`][]:
   ``v <- (1 - alpha) v - eta P grad U~(theta) + sqrt(2 alpha eta P) z``,
   ``theta <- theta + v``, with the friction ``alpha`` (the momentum decay per step) and
   the learning rate ``eta`` (``epsilon^2`` of Chen et al., whose mass ``M`` is ``P^-1``).
@@ -37,19 +37,19 @@ the two halves of the data (not at the squared full gradient, which vanishes at 
 an exponential average over ``burn_in / 10`` steps in the first half of the burn-in and the
 mean of that and every later step in the second half. Away from a mode the empirical Fisher
 information overstates the curvature and the adapted steps are short: start the chain near
-one (``init``, as :class:`SGMCMC` does from a MAP fit), or set ``adapt=False``.
+one (``init``, as [`SGMCMC`][] does from a MAP fit), or set ``adapt=False``.
 
 Schedules: ``"constant"`` keeps ``eta``; ``"cyclical"`` (Zhang et al. 2020, "Cyclical
-Stochastic Gradient MCMC for Bayesian Deep Learning", eq. 1), :func:`cyclical_step_size`,
+Stochastic Gradient MCMC for Bayesian Deep Learning", eq. 1), [`cyclical_step_size`][],
 restarts ``eta_k = eta_0/2 (cos(pi mod(k-1, ceil(K/M)) / ceil(K/M)) + 1)`` in each of ``M``
 cycles of the ``K`` steps after burn-in; the first part of each cycle explores (no noise, an
 optimiser), draws are taken in the rest. Burn-in steps are dropped, and one step in
 ``thinning`` of the sampling steps is kept.
 
-:class:`SGMCMC` is the zoo's method: it starts every chain at an SVI fit's median (a MAP
+[`SGMCMC`][] is the zoo's method: it starts every chain at an SVI fit's median (a MAP
 point by default), fixes the regression noise there (type-II maximum likelihood, as
-:class:`~bnn_zoo.methods.nuts.NUTS` does), and serves the draws through ``Predictive`` as
-NUTS's are (:class:`~bnn_zoo.methods.nuts.PosteriorSamples`).
+[`NUTS`][bnn_zoo.methods.nuts.NUTS] does), and serves the draws through ``Predictive`` as
+NUTS's are ([`PosteriorSamples`][bnn_zoo.methods.nuts.PosteriorSamples]).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def step_plan(*, step_size: float, burn_in: int, draws: int, thinning: int, sche
     ``step_size``, then ``draws * thinning`` sampling steps, one in ``thinning`` kept.
     ``"cyclical"``: each of the ``cycles`` cycles of length ``L = ceil(s / (1 -
     exploration))`` (``s`` its sampling steps) explores (no noise) for its first ``L - s``
-    steps and samples in the other ``s``, at :func:`cyclical_step_size` over ``K = cycles
+    steps and samples in the other ``s``, at [`cyclical_step_size`][] over ``K = cycles
     L``."""
     for _ in range(burn_in):
         yield step_size, True, True, False
@@ -285,11 +285,11 @@ def sgmcmc_samples(model: Callable, x: Tensor, y: Tensor | None = None, *,
 class SGMCMC(Method):
     """SGLD or SGHMC chains on the entry's model, started from the SVI fit ``start``.
 
-    The budget trains the start (every field, as :class:`SVI`), and its ``batch_size``
+    The budget trains the start (every field, as [`SVI`][]), and its ``batch_size``
     is the sampler's minibatch size (``None``: full batch); the other fields are those of
-    :func:`sgmcmc_samples`, and ``chains`` chains run one after the other, chain ``c``
+    [`sgmcmc_samples`][], and ``chains`` chains run one after the other, chain ``c``
     seeded ``seed * chains + c``. The draws of every chain are pooled in a
-    :class:`~bnn_zoo.methods.nuts.NUTSPosterior` (its R-hat and ESS diagnostics
+    [`NUTSPosterior`][bnn_zoo.methods.nuts.NUTSPosterior] (its R-hat and ESS diagnostics
     included). Fits from tensors only (each step draws a random minibatch of all the
     data), on one process.
     """
@@ -316,7 +316,7 @@ class SGMCMC(Method):
 
     @property
     def sampler_settings(self) -> dict[str, Any]:
-        """The fields that are keywords of :func:`sgmcmc_samples` (all but ``start`` and
+        """The fields that are keywords of [`sgmcmc_samples`][] (all but ``start`` and
         ``chains``)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in ("start", "chains")}

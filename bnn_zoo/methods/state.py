@@ -1,9 +1,9 @@
 """A fitted posterior's state as tensors and plain data, and back.
 
-``Posterior.state_dict`` (:class:`~bnn_zoo.methods.base.Posterior`) is built from these, so
+``Posterior.state_dict`` ([`Posterior`][bnn_zoo.methods.base.Posterior]) is built from these, so
 that a saved fit loads with ``torch.load(weights_only=True)``: the ``state_dict`` of its
-modules (:func:`module_state`, :func:`load_module_state`) and its training record
-(:func:`result_state`, :func:`result_from_state`).
+modules (`module_state`, `load_module_state`) and its training record
+(`result_state`, `result_from_state`).
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ def load_module_state(module: torch.nn.Module, state: dict[str, Tensor], *,
 
 
 def result_state(result: FitResult | None) -> dict | None:
-    """A :class:`FitResult` as plain data (its parameter snapshot left out)."""
+    """A [`FitResult`][] as plain data (its parameter snapshot left out)."""
     if result is None:
         return None
     return {"losses": list(result.losses), "seconds": result.seconds, "steps": result.steps}
 
 
 def result_from_state(state: dict | None) -> FitResult | None:
-    """Inverse of :func:`result_state`."""
+    """Inverse of `result_state`."""
     return None if state is None else FitResult(**state)

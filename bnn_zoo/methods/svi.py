@@ -1,11 +1,11 @@
 """Stochastic variational inference as a method: one guide, trained by
-:func:`bnn_zoo.core.training.fit` (Hoffman et al. 2013; Ranganath et al. 2014) under the
-entry's budget (:meth:`Budget.run <bnn_zoo.methods.base.Budget.run>`).
+[`bnn_zoo.core.training.fit`][] (Hoffman et al. 2013; Ranganath et al. 2014) under the
+entry's budget ([`Budget.run`][bnn_zoo.methods.base.Budget.run]).
 
 ``SVI(guide, elbo)`` builds the model, builds ``guide(model, **guide_options)`` on the
-data's device and dtype, and maximises the ELBO under the entry's :class:`Budget`. The
+data's device and dtype, and maximises the ELBO under the entry's [`Budget`][]. The
 posterior is the trained pair: ``pyro.infer.Predictive(model, guide=guide)`` samples its
-predictive, and :func:`bnn_zoo.core.predictive.predict` gives it as a distribution.
+predictive, and [`bnn_zoo.core.predictive.predict`][] gives it as a distribution.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class SVIPosterior:
     diagnostics: dict[str, float] = field(default_factory=dict)
 
     def predict(self, x: Tensor, num_samples: int) -> Predictive:
-        """:func:`bnn_zoo.core.predictive.predict` of the pair at standardised ``x``."""
+        """[`bnn_zoo.core.predictive.predict`][] of the pair at standardised ``x``."""
         return predict(self.model, self.guide, x, num_samples=num_samples)
 
     def state_dict(self) -> dict:
@@ -68,24 +68,23 @@ class SVI:
     guide : the guide factory, called as ``guide(model, **guide_options)``.
     elbo : a ``pyro.infer.ELBO`` subclass (``Trace_ELBO`` by default).
     guide_options : keyword options of the guide factory; ``entry.fit(...,
-        guide_options={...})`` adds to them through :meth:`with_guide_options`.
-    replicas : declares that :meth:`fit_many` trains many fits as replicas in one
-        vectorised pass (:mod:`bnn_zoo.core.replicas`): the built model has
-        ``replicated(R)`` (as :class:`~bnn_zoo.models.BayesianMLP`) and the guide follows
+        guide_options={...})`` adds to them through [`with_guide_options`][].
+    replicas : declares that [`fit_many`][] trains many fits as replicas in one
+        vectorised pass ([`bnn_zoo.core.replicas`][]): the built model has
+        ``replicated(R)`` (as [`BayesianMLP`][bnn_zoo.models.BayesianMLP]) and the guide follows
         its replica plate with parameters per replica (the zoo's Bayes-by-Backprop and
         mean-field guides, Pyro's ``AutoDelta`` and ``AutoNormal``; not a guide that joins
         all weights in one vector, such as ``AutoLowRankMultivariateNormal``).
 
-    Every field of the budget is honoured (:meth:`Budget.run
-    <bnn_zoo.methods.base.Budget.run>`); fits as replicas (:meth:`fit_many`) refuse
-    ``distributed=True``.
+    Every field of the budget is honoured ([`Budget.run`][bnn_zoo.methods.base.Budget.run]); fits as
+    replicas ([`fit_many`][]) refuse ``distributed=True``.
     """
 
     guide: Callable[..., Callable]
     elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO
     guide_options: Mapping[str, Any] = field(default_factory=dict)
     replicas: bool = False
-    #: Fits from a loader's batches (:mod:`bnn_zoo.core.batches`), one per step.
+    #: Fits from a loader's batches ([`bnn_zoo.core.batches`][]), one per step.
     streams: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -109,7 +108,7 @@ class SVI:
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> SVIPosterior:
         """Build model and guide and train them under ``budget``
-        (:meth:`Budget.run <bnn_zoo.methods.base.Budget.run>`)."""
+        ([`Budget.run`][bnn_zoo.methods.base.Budget.run])."""
         model = build_model()
         return self._train(model, self.build_guide(model, first_inputs(x)), x, y, seed=seed,
                            budget=budget, progress=progress)
@@ -123,12 +122,12 @@ class SVI:
                  seeds: Sequence[int], budget: Budget, progress: bool | None
                  ) -> list[SVIPosterior]:
         """R fits as replicas in one pass (needs ``replicas=True``): replica ``r`` fits
-        ``x[r]`` (N, D), ``y[r]`` (N,) from the initial values that :meth:`fit` with
+        ``x[r]`` (N, D), ``y[r]`` (N,) from the initial values that [`fit`][] with
         ``seeds[r]`` would start from; all replicas take the minibatch order of
-        ``seeds[0]``. Returns each replica's posterior as a single-fit pair, as :meth:`fit`
+        ``seeds[0]``. Returns each replica's posterior as a single-fit pair, as [`fit`][]
         returns it. A model without ``replicated`` (a user's network,
-        :class:`~bnn_zoo.models.BayesianModule`) trains its fits one after the other, each as
-        :meth:`fit` with its seed would. ``budget.distributed`` is not supported (a
+        [`BayesianModule`][bnn_zoo.models.BayesianModule]) trains its fits one after the other, each
+        as [`fit`][] with its seed would. ``budget.distributed`` is not supported (a
         ``ValueError``)."""
         if not self.replicas:
             raise ValueError("This SVI method does not declare replicas=True; fit one by one.")
@@ -156,7 +155,7 @@ class SVI:
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> SVIPosterior:
-        """The posterior of :meth:`SVIPosterior.state_dict`: a fresh model and guide, the
+        """The posterior of `SVIPosterior.state_dict`: a fresh model and guide, the
         guide run once on ``x`` to create its lazily built parameters, then both loaded."""
         model = build_model()
         load_module_state(model, state["model"])

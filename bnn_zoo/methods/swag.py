@@ -1,7 +1,7 @@
 """SWAG (Maddox et al. 2019, "A Simple Baseline for Bayesian Uncertainty in Deep Learning")
 as a method: a Gaussian fitted to the iterates of stochastic optimisation around a MAP fit.
 
-1. ``start`` (an :class:`~bnn_zoo.methods.svi.SVI` with a point-mass guide, the zoo's MAP
+1. ``start`` (an [`SVI`][bnn_zoo.methods.svi.SVI] with a point-mass guide, the zoo's MAP
    guide by default) fits the MAP under the entry's budget;
 2. the optimisation goes on from there at the constant learning rate ``lr`` (the zoo's
    Adam, as every SVI fit of the zoo runs; the paper's SGD is one choice of the optimiser
@@ -9,12 +9,12 @@ as a method: a Gaussian fitted to the iterates of stochastic optimisation around
    parameter fixed at the MAP fit's values; every ``every`` steps (one epoch by default)
    the point estimate ``theta_i`` (every weight, flattened) is collected, ``snapshots``
    times;
-3. :class:`SWAGMoments` keeps their running mean ``theta_SWA``, diagonal variance
+3. [`SWAGMoments`][] keeps their running mean ``theta_SWA``, diagonal variance
    ``Sigma_diag = mean(theta^2) - theta_SWA^2`` and the deviation ``theta_i - theta_SWA(i)``
    of each of the last ``K = rank`` iterates from the running mean after it (the columns
    of ``D``; Algorithm 1), and the posterior is
    ``N(theta_SWA, 1/2 (Sigma_diag + D D^T / (K - 1)))``
-   (:class:`~bnn_zoo.guides.swag.SWAGGuide`, whose draws the predictive averages).
+   ([`SWAGGuide`][bnn_zoo.guides.swag.SWAGGuide], whose draws the predictive averages).
 
 The posterior is a Pyro pair: the model and the SWAG guide
 (``pyro.infer.Predictive(model, guide=guide)``).
@@ -46,7 +46,7 @@ __all__ = ["SWAG", "SWAGMoments"]
 class SWAGMoments:
     """The running moments of SWAG's iterates (Maddox et al. 2019, Algorithm 1).
 
-    After ``n`` calls of :meth:`update` with ``theta_1 .. theta_n`` (each (P,)): ``mean`` the
+    After ``n`` calls of [`update`][] with ``theta_1 .. theta_n`` (each (P,)): ``mean`` the
     average ``theta_SWA``, ``variance`` ``mean(theta^2) - theta_SWA^2`` (floored at zero
     against round-off), and ``deviations`` (P, min(n, rank)) the columns
     ``theta_i - mean(theta_1 .. theta_i)`` of the last ``rank`` iterates, oldest first.
@@ -158,7 +158,7 @@ class SWAG(Method):
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> SVIPosterior:
-        """The posterior of :meth:`SVIPosterior.state_dict`: a fresh model, and the SWAG
+        """The posterior of `SVIPosterior.state_dict`: a fresh model, and the SWAG
         guide of its sites with the saved moments."""
         model = build_model()
         load_module_state(model, state["model"])

@@ -1,16 +1,16 @@
 """The zoo: a registry of model/guide pairs that all fit, predict and evaluate alike.
 
-``names()`` lists the entries, ``get(name)`` returns an :class:`Entry`, ``load(path)``
-reads back a :class:`Fitted` written by ``Fitted.save``; ``NETWORKS`` holds the bundled
+``names()`` lists the entries, ``get(name)`` returns an [`Entry`][], ``load(path)``
+reads back a [`Fitted`][] written by ``Fitted.save``; ``NETWORKS`` holds the bundled
 networks an entry may take in place of its model (``entry.fit(..., net=NETWORKS["cnn"])``),
 ``NETWORK_CHOICES`` the one ``compare --net cnn`` fits on each data set.
 
 Entries live in the public modules of this package, each a short declaration calling
-:func:`register`, imported on first use; what several entries share (the zoo's MLP, the
-MAP guide, the family budgets) lives in :mod:`bnn_zoo.zoo._defaults`, and no entry module
-imports another. :mod:`~bnn_zoo.zoo._entry` holds the declaration, :mod:`~bnn_zoo.zoo._fitted`
-the fitted result and its file, :mod:`~bnn_zoo.zoo._preparation` the data preparation,
-:mod:`~bnn_zoo.zoo._replicas` the training sets of many fits in one pass. This is the one
+[`register`][], imported on first use; what several entries share (the zoo's MLP, the
+MAP guide, the family budgets) lives in `bnn_zoo.zoo._defaults`, and no entry module
+imports another. `_entry` holds the declaration, `_fitted`
+the fitted result and its file, `_preparation` the data preparation,
+`_replicas` the training sets of many fits in one pass. This is the one
 place in ``bnn_zoo`` that names models and guides: the CLI and the benchmarks reach them only
 through it.
 """
@@ -72,7 +72,7 @@ def get(name: str) -> Entry:
 
 def load(path: str | os.PathLike, *, map_location: str | torch.device | None = None,
          net: Network | None = None) -> Fitted:
-    """The :class:`Fitted` saved at ``path`` by ``Fitted.save``, rebuilt through its
+    """The [`Fitted`][] saved at ``path`` by ``Fitted.save``, rebuilt through its
     entry's factories. The file is read with ``torch.load(weights_only=True)``: it runs
     no pickled code. ``map_location`` as in ``torch.load`` (e.g. ``"cpu"``). A fit with
     ``net=`` holds no code of the network: ``net`` gives it again (a module or a factory,

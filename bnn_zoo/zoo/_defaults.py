@@ -48,21 +48,21 @@ def mlp(in_dim: int, out_dim: int, *, task: str = "regression", hidden: Sequence
         noise_scale: float | None = None, noise: str = "homoscedastic") -> BayesianMLP:
     """The zoo's default Bayesian MLP: one hidden ReLU layer of 50 units, N(0, 1) prior,
     learned noise (one scale; ``noise="heteroscedastic"``: one per input, see
-    :class:`~bnn_zoo.models.BayesianMLP`)."""
+    [`BayesianMLP`][bnn_zoo.models.BayesianMLP])."""
     return BayesianMLP(in_dim, out_dim, hidden, activation=activation, task=task, prior=prior,
                        noise_scale=noise_scale, noise=noise)
 
 
-#: :func:`mlp` with Neal's fan-in prior ``N(0, 1/d_in)`` by default (a ``prior=`` option
+#: `mlp` with Neal's fan-in prior ``N(0, 1/d_in)`` by default (a ``prior=`` option
 #: still replaces it): the model of ``map``, ``mean_field``, the ensembles and ``nuts``.
 fan_in_mlp = mlp.with_defaults(prior=GaussianPrior(fan_in=True))
 
 
 def init_loc_fn(model: Callable) -> Callable[[dict], object]:
     """Where the zoo's autoguides start: a user's network
-    (:class:`~bnn_zoo.models.BayesianModule`, ``entry.fit(..., net=...)``) at its own
+    ([`BayesianModule`][bnn_zoo.models.BayesianModule], ``entry.fit(..., net=...)``) at its own
     weights (``model.init_to_net``: torch's initialisation in torch's ``(out, in, *kernel)``
-    layout), the zoo's MLP at :func:`~bnn_zoo.models.mlp.init_to_fan_in`.
+    layout), the zoo's MLP at [`init_to_fan_in`][bnn_zoo.models.mlp.init_to_fan_in].
 
     The net's values are copied: an autoguide may keep the tensor it is given as its
     parameter and train it in place, which would change the user's network.
@@ -75,7 +75,7 @@ def init_loc_fn(model: Callable) -> Callable[[dict], object]:
 @factory()
 def map_guide(model: BayesianMLP | BayesianModule) -> AutoDelta:
     """Point estimate of every weight (MAP under the model's prior), started at
-    :func:`init_loc_fn`."""
+    `init_loc_fn`."""
     return AutoDelta(model, init_loc_fn=init_loc_fn(model))
 
 

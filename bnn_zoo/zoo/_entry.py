@@ -1,9 +1,9 @@
-"""Zoo entries: an :class:`Entry` declares a model factory, an inference method
-(:mod:`bnn_zoo.methods`), a budget, and the paper it implements.
+"""Zoo entries: an [`Entry`][] declares a model factory, an inference method
+(`bnn_zoo.methods`), a budget, and the paper it implements.
 
-:meth:`Entry.fit` prepares the data (:mod:`bnn_zoo.zoo._preparation`: checked, standardised
-with the training statistics), fits the method on it and wraps the posterior in a
-:class:`~bnn_zoo.zoo.Fitted`, which maps predictions back to the caller's units.
+[`Entry.fit`][bnn_zoo.zoo._entry.Entry.fit] prepares the data (`bnn_zoo.zoo._preparation`: checked,
+standardised with the training statistics), fits the method on it and wraps the posterior in a
+[`Fitted`][bnn_zoo.zoo.Fitted], which maps predictions back to the caller's units.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from bnn_zoo.zoo._replicas import training_sets
 
 __all__ = ["TINY_BUDGET", "Entry", "batches_replicas"]
 
-#: The budget overrides of a fit that takes seconds (the default of :attr:`Entry.tiny`): a
+#: The budget overrides of a fit that takes seconds (the default of `Entry.tiny`): a
 #: few full-batch steps, untraced.
 TINY_BUDGET: Mapping[str, Any] = MappingProxyType({"steps": 4, "batch_size": None, "jit": False})
 
@@ -58,11 +58,11 @@ class Entry:
     """A registered model and inference method.
 
     ``model(in_dim, out_dim, *, task, **model_options)`` builds the Pyro model (a
-    :class:`~bnn_zoo.methods.options.Factory` declares the ``model_options`` it takes),
-    ``method`` (a dataclass of :mod:`bnn_zoo.methods`) fits it, ``budget`` is the
+    `Factory` declares the ``model_options`` it takes),
+    ``method`` (a dataclass of `bnn_zoo.methods`) fits it, ``budget`` is the
     training budget for every data set. ``source`` cites the paper the entry implements
     (authors, year, title) and ``notes`` the lecture or study notes it follows, if any
-    (author and title). ``tiny`` holds the keywords of :meth:`fit` that make a
+    (author and title). ``tiny`` holds the keywords of [`fit`][] that make a
     fit take seconds (budget overrides, and ``method_options`` shrinking the method's own
     sizes: chains, members): what the contract test fits every entry with.
     ``tunable_noise`` marks an entry whose regression predictive is a mixture
@@ -97,7 +97,7 @@ class Entry:
     @property
     def model_keywords(self) -> tuple[str, ...] | None:
         """The ``model_options`` the entry's model declares (``None``: any, a plain
-        callable; see :class:`~bnn_zoo.methods.options.Factory`)."""
+        callable; see `Factory`)."""
         return as_factory(self.model).options
 
     def configure(self, model_options: Mapping[str, Any] | None = None,
@@ -106,8 +106,8 @@ class Entry:
                   ) -> tuple[dict[str, Any], Method]:
         """The checked model options and the method with ``method_options`` (fields of its
         dataclass) and ``guide_options`` in place; unknown keys raise a ``ValueError``.
-        With ``net=True`` the model options are those of :class:`BayesianModule`, on top
-        of the entry's own defaults for them (see :func:`net_model_defaults`)."""
+        With ``net=True`` the model options are those of [`BayesianModule`][], on top
+        of the entry's own defaults for them (see `net_model_defaults`)."""
         if net:
             model_options = {**net_model_defaults(self.model), **check_keywords(
                 "model_options (with net=)", model_options or {}, NET_MODEL_OPTIONS)}
@@ -137,10 +137,10 @@ class Entry:
     def net_model_factory(self, net: Network, task: str, model_options: Mapping[str, Any],
                           like: Tensor, classes: int) -> tuple[ModelFactory, tuple, int]:
         """``build_model(**overrides)`` of a fit with ``net=``: a fresh
-        :class:`BayesianModule` on the network (see
-        :func:`~bnn_zoo.zoo._networks.network_builder`), the ``(name, shape)`` of the
+        [`BayesianModule`][] on the network (see
+        `network_builder`), the ``(name, shape)`` of the
         network's parameters and its number of outputs, read from one model built here
-        and applied to the inputs ``like`` (:func:`~bnn_zoo.zoo._networks.net_outputs`,
+        and applied to the inputs ``like`` (`net_outputs`,
         at least ``classes`` for classification), so that a bad network or option is
         refused before any fit."""
         make_net = network_builder(net, like)
@@ -157,11 +157,11 @@ class Entry:
                  budget_overrides: Mapping[str, Any], *, method: Method | None = None,
                  validation: float = 0.0, net: bool = False
                  ) -> tuple[dict[str, dict[str, Any]], dict[str, Any], Method, Budget]:
-        """The checked options of a fit (as :class:`Fitted` records them: a ``method``
+        """The checked options of a fit (as [`Fitted`][] records them: a ``method``
         instance as the ``method_options`` that make it from the entry's own, see
-        :meth:`method_fields`), the model options, the configured method
-        (:meth:`configure`) and the budget with ``budget_overrides`` (fields of
-        :class:`Budget`) in place; ``validation`` is checked here, applied by :meth:`fit`."""
+        [`method_fields`][]), the model options, the configured method
+        ([`configure`][]) and the budget with ``budget_overrides`` (fields of
+        [`Budget`][]) in place; ``validation`` is checked here, applied by [`fit`][]."""
         overrides = check_keywords("budget option", budget_overrides,
                                    {f.name for f in fields(Budget)})
         options = {name: check_keywords(name, value or {}, None) for name, value in
@@ -203,13 +203,13 @@ class Entry:
         ``method`` (an instance of the entry's method class, e.g.
         ``Laplace(curvature="kron")``) replaces the entry's method, ``method_options``
         replace fields of the method (e.g. ``members=3``), and ``budget_overrides`` replace
-        :class:`Budget` fields (``steps``, ``lr``, ...). ``validation > 0`` (regression,
+        [`Budget`][] fields (``steps``, ``lr``, ...). ``validation > 0`` (regression,
         entries with ``tunable_noise``) holds that fraction of the training points out of
         the fit and sets the predictive's noise scale to the one that maximises their
-        log-likelihood (see :mod:`bnn_zoo.evaluation.noise_tuning`); the method never sees
+        log-likelihood (see [`bnn_zoo.evaluation.noise_tuning`][]); the method never sees
         them.
         Everything runs on the device and in the dtype of ``x``. With
-        ``distributed=True`` (see :mod:`bnn_zoo.core.distributed`) ``x`` and ``y`` are
+        ``distributed=True`` (see `bnn_zoo.core.distributed`) ``x`` and ``y`` are
         this process's shard, and the standardisation statistics and the number of
         classes are those of all the shards together.
 
@@ -223,20 +223,20 @@ class Entry:
         of the first batch's ``x``; the loader sets the batches (no ``batch_size``), and
         ``validation`` and ``distributed`` need tensors. An entry whose method needs all the
         data at once (NUTS, an exact GP) refuses a loader with
-        :class:`UnsupportedProblem`.
+        [`UnsupportedProblem`][].
 
         ``x`` and ``y`` may be numpy arrays. Regression targets must be floats of shape
         (N,), or (N, D) for D >= 2 outputs (the zoo's MLP, one noise scale per output);
         classification labels integers 0..C-1 of shape (N,) (float labels only when
         exactly integral, then cast). ``seed`` is an int >= 0, ``progress`` a bool or
-        ``None``; every budget override is checked by :class:`Budget`.
+        ``None``; every budget override is checked by [`Budget`][].
 
-        ``net`` (entries with ``accepts_net``; others raise :class:`UnsupportedProblem`):
+        ``net`` (entries with ``accepts_net``; others raise [`UnsupportedProblem`][]):
         a ``torch.nn.Module`` mapping inputs (N, ...) to outputs (N, 1) (regression) or
         (N, C) class logits (``C`` at least the number of classes of ``y``), or a
         zero-argument factory returning one; a network whose output has another shape is
         refused before any training. The model is then
-        :class:`~bnn_zoo.models.BayesianModule` ``(net, task=task, **model_options)``
+        [`BayesianModule`][bnn_zoo.models.BayesianModule] ``(net, task=task, **model_options)``
         (options ``prior``, ``noise_scale``, ``init_noise_scale``; the entry's own prior by
         default), ``x`` may have any shape (N, ...) and is standardised elementwise (each
         pixel of an image with its own training mean and standard deviation). A module is
@@ -285,7 +285,7 @@ class Entry:
     def _training_data(self, x: object, y: object, task: str | None, budget: Budget,
                        validation: float, seed: int, *, net: bool, num_data: int | None
                        ) -> tuple[str, TrainingData, int]:
-        """The task, the prepared data (:mod:`bnn_zoo.zoo._preparation`) and the number of
+        """The task, the prepared data (`bnn_zoo.zoo._preparation`) and the number of
         outputs of a fit on ``x``, ``y``, or on the loader ``x``."""
         if is_loader(x, y):
             return loader_training_data(self.name, self.tasks, x, y, task, budget, validation,
@@ -319,14 +319,14 @@ class Entry:
                  validation: float = 0.0, net: Network | None = None,
                  **budget_overrides: Any) -> list[Fitted]:
         """R independent fits: fit ``r`` on ``xs[r]``, ``ys[r]`` (see
-        :func:`~bnn_zoo.zoo._replicas.training_sets`) from ``seeds[r]``; the options are
-        those of :meth:`fit`. Fits of a user's network (``net``) run one by one.
+        `training_sets`) from ``seeds[r]``; the options are
+        those of [`fit`][]. Fits of a user's network (``net``) run one by one.
 
-        Each :class:`~bnn_zoo.zoo.Fitted` behaves as one from :meth:`fit`. Where the entry
-        batches (:func:`batches_replicas`), fit ``r`` starts from the initial values of
+        Each [`Fitted`][bnn_zoo.zoo.Fitted] behaves as one from [`fit`][]. Where the entry
+        batches ([`batches_replicas`][]), fit ``r`` starts from the initial values of
         ``fit(xs[r], ys[r], seed=seeds[r])`` and follows its trajectory up to round-off
         when the fit is deterministic (MAP on full batches); in general every fit takes the
-        minibatch order of ``seeds[0]`` and noise of its own, so fits agree with :meth:`fit`
+        minibatch order of ``seeds[0]`` and noise of its own, so fits agree with [`fit`][]
         in distribution. Its ``fit_seconds`` is the batch's wall time shared equally. For
         classification the number of classes is that of all the sets together.
         """
@@ -360,9 +360,10 @@ class Entry:
 
     def restore(self, state: dict, *, source: str = "<state>",
                 net: Network | None = None) -> Fitted:
-        """The :class:`Fitted` of a saved ``state`` (see :meth:`Fitted.save`), rebuilt
-        through this entry's factories, or on ``net`` (a module or a factory of the
-        network the fit was saved from) for a fit with ``net=``; ``source`` names the file
+        """The [`Fitted`][] of a saved ``state`` (see
+        [`Fitted.save`][bnn_zoo.zoo._fitted.Fitted.save]), rebuilt through this entry's factories,
+        or on ``net`` (a module or a factory of the network the fit was saved from) for a fit with
+        ``net=``; ``source`` names the file
         in errors."""
         if state.get("entry") != self.name:
             raise ValueError(f"{source} holds entry {state.get('entry')!r}, not {self.name!r}.")
@@ -412,7 +413,8 @@ def batches_replicas(entry: Entry, *, model_options: Mapping[str, Any] | None = 
                      method_options: Mapping[str, Any] | None = None,
                      method: Method | None = None, validation: float = 0.0,
                      **budget_overrides: Any) -> bool:
-    """Whether ``entry.fit_many`` with these options (those of :meth:`Entry.fit`) trains
+    """Whether ``entry.fit_many`` with these options (those of
+    [`Entry.fit`][bnn_zoo.zoo._entry.Entry.fit]) trains
     its fits as replicas in one pass rather than one by one."""
     _, _, method, budget = entry.settings(model_options, guide_options, method_options,
                                           budget_overrides, method=method,

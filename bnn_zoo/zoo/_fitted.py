@@ -1,6 +1,7 @@
-"""A fitted zoo entry (:class:`Fitted`): the posterior of a fit with the training
+"""A fitted zoo entry ([`Fitted`][]): the posterior of a fit with the training
 statistics that map the caller's units to the standardised ones it was fitted in, and its
-file format (:meth:`Fitted.save`; read back by :func:`bnn_zoo.zoo.load`)."""
+file format ([`Fitted.save`][bnn_zoo.zoo._fitted.Fitted.save]; read back by
+[`bnn_zoo.zoo.load`][])."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from bnn_zoo.methods.base import Posterior, Predictive
 
 __all__ = ["FILE_FORMAT", "Fitted"]
 
-#: The ``format`` field of a saved :class:`Fitted`.
+#: The ``format`` field of a saved [`Fitted`][].
 FILE_FORMAT = "bnn_zoo.fitted/1"
 _PLAIN = (bool, int, float, str, type(None), Tensor)
 
@@ -52,10 +53,10 @@ class Fitted:
     posterior, and maps regression predictives back to the units of ``y``; ``x`` must be
     on the device the entry was fitted on. ``in_dim``, ``out_dim`` and ``options`` (the
     ``model_options``, ``guide_options`` and ``method_options`` of the fit) are what
-    :meth:`save` needs to rebuild the model. ``in_dim`` is the number of input features
+    [`save`][] needs to rebuild the model. ``in_dim`` is the number of input features
     (``D`` of inputs (N, D)); a fit with ``net=`` also keeps ``in_shape``, the shape of one
     input (``x.shape[1:]``, e.g. ``(1, 8, 8)``), and ``net_sites``, the ``(name, shape)``
-    of every parameter of the network, which :func:`bnn_zoo.zoo.load` checks against the
+    of every parameter of the network, which [`bnn_zoo.zoo.load`][] checks against the
     network it is given.
     """
 
@@ -91,10 +92,10 @@ class Fitted:
         return self.posterior.diagnostics
 
     def diagnostics_at(self, x: Tensor) -> dict[str, float]:
-        """:attr:`diagnostics`, and those the posterior computes at inputs ``x`` (N, D) in
+        """`diagnostics`, and those the posterior computes at inputs ``x`` (N, D) in
         original units where it has any (``nuts``: the R-hat and effective sample size of
         the network output at ``x``,
-        :meth:`~bnn_zoo.methods.nuts.NUTSPosterior.predictive_diagnostics`)."""
+        [`predictive_diagnostics`][bnn_zoo.methods.nuts.NUTSPosterior.predictive_diagnostics])."""
         at_inputs = getattr(self.posterior, "predictive_diagnostics", None)
         if at_inputs is None:
             return dict(self.diagnostics)
@@ -121,7 +122,7 @@ class Fitted:
         fit's (float64 inputs of a float32 fit) are cast to the fit's dtype. Or a loader
         (a ``DataLoader``, any re-iterable of ``x`` or ``(x, y)`` batches): the posterior
         then predicts batch by batch and the predictives of the batches are joined
-        (:func:`~bnn_zoo.core.predictive.predict_batches`).
+        ([`predict_batches`][bnn_zoo.core.predictive.predict_batches]).
         """
         check_positive_int("num_samples", num_samples)
         if is_loader(x):
@@ -133,12 +134,12 @@ class Fitted:
 
     def evaluate(self, x: Tensor | Iterable, y: Tensor | None = None,
                  num_samples: int = 200) -> dict[str, float]:
-        """Test metrics in original units (see :mod:`bnn_zoo.evaluation.metrics`) plus
+        """Test metrics in original units (see [`bnn_zoo.evaluation.metrics`][]) plus
         ``fit_seconds``. ``x``, ``y`` may be numpy arrays; regression targets must have
         shape (N,); class labels must be integers in ``0..out_dim-1`` (float labels only
         when exactly integral, then cast). Or ``x`` a loader of ``(x, y)`` batches (``y``
         ``None``): the metrics are accumulated batch by batch, so memory stays that of one
-        batch (:func:`~bnn_zoo.evaluation.metrics.evaluate_batches`)."""
+        batch ([`evaluate_batches`][bnn_zoo.evaluation.metrics.evaluate_batches])."""
         if is_loader(x, y):
             if y is not None:
                 raise ValueError("Expected y=None with a loader for x: the loader yields the "
@@ -156,7 +157,7 @@ class Fitted:
         """Write this fit to ``path`` as tensors and plain data only (state dicts, scalers,
         entry name, task, dimensions, options, the method's state), atomically: a
         temporary file in the same folder renamed over ``path``. Read it back with
-        :func:`bnn_zoo.zoo.load`. A fit with ``net=`` saves the posterior over the
+        [`bnn_zoo.zoo.load`][]. A fit with ``net=`` saves the posterior over the
         network's parameters and their names and shapes, not the network's code: read it
         back with ``zoo.load(path, net=...)`` and the same architecture."""
         posterior = self.posterior

@@ -1,7 +1,7 @@
 """A user's network in a zoo entry: ``entry.fit(x, y, ..., net=...)``.
 
 ``net`` is a ``torch.nn.Module`` or a zero-argument factory returning one. The entry's model
-becomes :class:`~bnn_zoo.models.BayesianModule` ``(net, task=task, **model_options)``, a
+becomes [`BayesianModule`][bnn_zoo.models.BayesianModule] ``(net, task=task, **model_options)``, a
 prior on every parameter tensor of the net not kept deterministic (``model_options`` such
 as ``{"deterministic": ["0"], "prior": {"4": GaussianPrior(0.5)}}``), and the entry's
 method (its guide, budget and predictive) runs on it unchanged. This module turns ``net``
@@ -29,7 +29,7 @@ __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cn
 #: What ``net=`` takes: a module (used as given) or a factory (called for every model).
 Network = nn.Module | Callable[[], nn.Module]
 
-#: The model options of a fit with ``net=``: the keywords of :class:`BayesianModule`.
+#: The model options of a fit with ``net=``: the keywords of `BayesianModule`.
 NET_MODEL_OPTIONS = ("prior", "deterministic", "noise_scale", "init_noise_scale")
 
 
@@ -94,7 +94,7 @@ def net_outputs(net: nn.Module, x: Tensor, task: str, classes: int) -> int:
 
 def net_model_defaults(model: Callable) -> dict:
     """The entry's own defaults for the options its model shares with
-    :class:`BayesianModule` (``prior``, ``noise_scale``): a fit with ``net=`` keeps the
+    `BayesianModule` (``prior``, ``noise_scale``): a fit with ``net=`` keeps the
     entry's prior (``map``'s fan-in prior, read in torch's layout)."""
     return {name: value for name, value in as_factory(model).defaults.items()
             if name in NET_MODEL_OPTIONS}
@@ -125,8 +125,8 @@ def mnist1d_cnn(channels: int = 16, classes: int = 10) -> nn.Sequential:
                          nn.Flatten(), nn.Linear(channels * 8, classes))
 
 
-#: The bundled networks: ``cnn`` is :func:`~bnn_zoo.models.digits_cnn` (8 channels of 3x3
-#: filters on the 8x8 digits), ``mnist1d_cnn`` is :func:`mnist1d_cnn`.
+#: The bundled networks: ``cnn`` is [`digits_cnn`][bnn_zoo.models.digits_cnn] (8 channels of 3x3
+#: filters on the 8x8 digits), ``mnist1d_cnn`` is `mnist1d_cnn`.
 NETWORKS = {"cnn": NamedNetwork("cnn", ("digits",), digits_cnn),
             "mnist1d_cnn": NamedNetwork("mnist1d_cnn", ("mnist1d",), mnist1d_cnn)}
 

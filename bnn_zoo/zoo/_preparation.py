@@ -4,7 +4,7 @@ and the number of outputs.
 
 An entry's method always fits standardised data: every input column (every pixel of an
 image) and, for regression, the targets are shifted and scaled by their training mean and
-standard deviation; :class:`~bnn_zoo.zoo.Fitted` maps its predictions back to the caller's
+standard deviation; [`Fitted`][bnn_zoo.zoo.Fitted] maps its predictions back to the caller's
 units with the same statistics.
 """
 
@@ -138,7 +138,7 @@ TARGETS: dict[str, Targets] = {"regression": RegressionTargets(),
 
 
 def check_inputs(entry: str, x: object, y: object, *, net: bool) -> tuple[Tensor, Tensor]:
-    """``x`` and ``y`` as tensors, checked (see :func:`~bnn_zoo.core.checks.check_data`):
+    """``x`` and ``y`` as tensors, checked (see `check_data`):
     ``x`` of any shape (N, ...) for a fit of a user's network (``net``), of shape (N, D) for
     the model of entry ``entry``."""
     x, _ = check_data(x, any_shape=True)
@@ -156,7 +156,7 @@ def check_targets(entry: str, tasks: tuple[str, ...], y: Tensor, task: str | Non
     (named ``name`` in errors): floats of shape (N,) (one output) or (N, D) (D >= 2 outputs,
     each standardised with its own statistics) for regression, labels 0..C-1 of shape
     (N,) for classification; a task outside ``tasks``, those entry ``entry`` supports,
-    raises :class:`UnsupportedProblem`."""
+    raises [`UnsupportedProblem`][]."""
     if task is not None:
         check_choice("task", task, TASKS)
     task = task or ("classification" if not y.is_floating_point() else "regression")
@@ -196,12 +196,12 @@ def output_dim(task: str, y: Tensor, *, distributed_fit: bool = False) -> int:
 def loader_training_data(entry: str, tasks: tuple[str, ...], loader: object, y: object,
                          task: str | None, budget: Budget, validation: float, *, net: bool,
                          num_data: int | None) -> tuple[str, TrainingData, int]:
-    """The task, the :class:`TrainingData` and the number of outputs of a fit of entry
-    ``entry`` on ``loader`` (see :func:`~bnn_zoo.core.batches.as_batches`): one pass over
+    """The task, the `TrainingData` and the number of outputs of a fit of entry
+    ``entry`` on ``loader`` (see [`as_batches`][bnn_zoo.core.batches.as_batches]): one pass over
     it checks every batch (inputs as those of the first, targets by
-    :func:`check_targets`) and gathers the standardisation statistics
-    (:class:`~bnn_zoo.core.batches.Moments`), the number of points and of classes; the
-    data is then the loader's :class:`~bnn_zoo.core.batches.Batches` of ``N`` points,
+    `check_targets`) and gathers the standardisation statistics
+    ([`Moments`][bnn_zoo.core.batches.Moments]), the number of points and of classes; the
+    data is then the loader's [`Batches`][bnn_zoo.core.batches.Batches] of ``N`` points,
     each batch checked and standardised as it is drawn. ``num_data``, where given, must
     be that count. Validation and distributed training need the data as tensors."""
     if y is not None:

@@ -1,11 +1,11 @@
 """The training sets of ``Entry.fit_many``: R sets of equal size (or one set that R seeds
-fit), checked and stacked as the replicas of one pass (:mod:`bnn_zoo.core.replicas`).
+fit), checked and stacked as the replicas of one pass ([`bnn_zoo.core.replicas`][]).
 
 Whether an entry batches is declared by its method, not tried: a method with
-``replicas=True`` (:class:`~bnn_zoo.methods.svi.SVI` of the zoo's MLP with the ``map``,
-``mean_field`` and ``bbb`` guides; :class:`~bnn_zoo.methods.ensemble.Ensemble` of such
+``replicas=True`` ([`SVI`][bnn_zoo.methods.svi.SVI] of the zoo's MLP with the ``map``,
+``mean_field`` and ``bbb`` guides; [`Ensemble`][bnn_zoo.methods.ensemble.Ensemble] of such
 members, whose R fits of M members train as R x M replicas;
-:class:`~bnn_zoo.methods.laplace.Laplace`, for its MAP phases) trains them in one pass;
+[`Laplace`][bnn_zoo.methods.laplace.Laplace], for its MAP phases) trains them in one pass;
 every other method (NUTS, exact GP) and a data-parallel budget (``distributed=True``) fit
 one by one through ``Entry.fit``.
 """
@@ -24,7 +24,7 @@ __all__ = ["training_sets"]
 
 def training_sets(xs: object, ys: object, seeds: object, *, any_shape: bool = False
                   ) -> tuple[list[Tensor], list[Tensor], list[int]]:
-    """The R training sets and seeds of :func:`fit_many`, checked.
+    """The R training sets and seeds of `fit_many`, checked.
 
     ``xs`` is a sequence of R inputs (N, D) or one array (R, N, D), ``ys`` likewise R
     targets (N,) or (R, N); or ``xs`` (N, D) and ``ys`` (N,) are one training set that every

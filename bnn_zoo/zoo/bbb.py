@@ -2,18 +2,18 @@
 Networks"; Thakur's notes on it).
 
 A diagonal Gaussian over every weight, ``w = mu + softplus(rho) * eps``
-(:class:`~bnn_zoo.guides.bbb.BayesByBackpropGuide`), trained on the ELBO with one particle
-and the local reparameterisation trick (Kingma et al. 2015), whose gradient has a lower
+([`BayesByBackpropGuide`][bnn_zoo.guides.bbb.BayesByBackpropGuide]), trained on the ELBO with one
+particle and the local reparameterisation trick (Kingma et al. 2015), whose gradient has a lower
 variance than several particles of sampled weights.
 
-Prior: ``N(0, 1)`` on every weight and bias (:class:`~bnn_zoo.models.GaussianPrior`
+Prior: ``N(0, 1)`` on every weight and bias ([`GaussianPrior`][bnn_zoo.models.GaussianPrior]
 ``(1.0)``), on standardised inputs and targets; this is *not* the prior of Thakur's notes,
 which state a Gaussian prior of scale ``sigma_p = 0.05`` ("In the case of prior, mu = 0.0,
 sigma_p = 0.05", the same 0.05 they use to draw the initial ``mu``, ``rho`` and ``eps``).
 Under that prior every weight is held near zero, a network of such weights computes an
 almost constant function, and the posterior fits the mean of the targets, with the
 notes' own 1-3-1 sigmoid net as with the entry's 1-50-1 ReLU net. ``N(0, 1)`` fits the data, and
-so does the paper's scale mixture (eq. 7, :class:`~bnn_zoo.models.ScaleMixturePrior`:
+so does the paper's scale mixture (eq. 7, [`ScaleMixturePrior`][bnn_zoo.models.ScaleMixturePrior]:
 ``1/2 N(0, 1) + 1/2 N(0, e^-12)``) about as well (``benchmarks/bbb_priors.py``, results in
 ``benchmarks/results/bbb_priors/``). ``N(0, 1)`` is the default because it is the simplest
 prior that fits, its KL is in closed form (the scale mixture's is a Monte Carlo estimate),

@@ -1,7 +1,7 @@
 """Zoo entry ``ensemble``: a deep ensemble of MAP fits, the non-Bayesian yardstick.
 
 Five independently initialised MAP networks (the ``map`` entry's model, guide and budget;
-see :mod:`bnn_zoo.methods.ensemble`), trained as replicas in one pass (``entry.fit_many``:
+see [`bnn_zoo.methods.ensemble`][]), trained as replicas in one pass (``entry.fit_many``:
 the members of every fit together, e.g. 20 UCI splits x 5 members = 100 replicas), their
 predictive the equal-weight mixture
 (Lakshminarayanan et al. 2017, without adversarial training):

@@ -1,7 +1,7 @@
 """Zoo entry ``fullrank``: a full-covariance Gaussian over all the weights,
 ``q(w) = N(mu, L L^T)`` (full-rank ADVI, Kucukelbir et al. 2017, "Automatic
 Differentiation Variational Inference"; Pyro's ``AutoMultivariateNormal``, its parameters
-as ``PyroParam`` s: :class:`~bnn_zoo.guides.params.MultivariateNormal`).
+as ``PyroParam`` s: [`MultivariateNormal`][bnn_zoo.guides.params.MultivariateNormal]).
 
 The reference between the mean-field and the low-rank guides and NUTS: every correlation
 between weights is free, at ``P (P + 3) / 2`` parameters for ``P`` weights, so it is exact
@@ -24,7 +24,7 @@ from bnn_zoo.zoo._defaults import STRUCTURED_BUDGET, init_loc_fn, mlp
 def full_rank(model: BayesianMLP | BayesianModule, *,
               init_scale: float = 0.01) -> MultivariateNormal:
     """Full-covariance Gaussian over all weights, started narrow at a fan-in point
-    (a user's network: at its own weights, :func:`~bnn_zoo.zoo._defaults.init_loc_fn`)."""
+    (a user's network: at its own weights, `init_loc_fn`)."""
     return MultivariateNormal(model, init_loc_fn=init_loc_fn(model), init_scale=init_scale)
 
 

@@ -3,8 +3,8 @@ for Backpropagation Networks"; Bishop 2006, "Pattern Recognition and Machine Lea
 section 5.7; the first half of Arbel's lecture notes "Bayesian NN under a Laplace
 approximation" (2021)).
 
-Each entry runs :class:`~bnn_zoo.methods.laplace.Laplace`: the MAP by SVI (a
-:class:`~bnn_zoo.guides.laplace.LaplaceGuide` as point mass, refined by full-batch
+Each entry runs [`Laplace`][bnn_zoo.methods.laplace.Laplace]: the MAP by SVI (a
+[`LaplaceGuide`][bnn_zoo.guides.laplace.LaplaceGuide] as point mass, refined by full-batch
 L-BFGS), then the Gaussian around it, with the GLM predictive:
 
 * ``laplace``: GGN curvature, ``alpha`` and ``beta`` tuned by MacKay's evidence fixed
@@ -16,7 +16,7 @@ L-BFGS), then the Gaussian around it, with the GLM predictive:
 * ``laplace_last_layer``: the last layer's GGN around the trained MAP without refits (a
   refit would let the other layers, fixed like hyperparameters, fit the noise of the
   training points), ``alpha`` and ``beta`` from the evidence, then scaled on a tenth of the
-  training points held out (:mod:`bnn_zoo.methods.laplace_validation`).
+  training points held out ([`bnn_zoo.methods.laplace_validation`][]).
 
 A classifier's MAP is trained once, under the model's prior, and every entry tunes its
 ``alpha`` post hoc (``refine="auto"``: refits under the evidence's ``alpha`` make a
@@ -33,13 +33,13 @@ The entries fit the zoo's MLP; with ``entry.fit(..., net=...)`` they fit any tor
 on inputs of the shape it takes (images (N, C, H, W), series (N, C, L)) the same way (its
 MAP trained untraced; ``kron`` and ``kron_separate`` need every parameterised layer to be
 an ``nn.Linear``, ``nn.Conv1d`` or ``nn.Conv2d``, the other structures take any layer; see
-:mod:`bnn_zoo.guides.layouts`).
+[`bnn_zoo.guides.layouts`][]).
 
 ``entry.fit_many`` (and ``benchmarks/uci.py``) trains the MAP phases of many fits (the
 splits of a data set) as replicas in one pass, then builds each fit's posterior
-(:meth:`~bnn_zoo.methods.laplace.Laplace.fit_many`).
+([`fit_many`][bnn_zoo.methods.laplace.Laplace.fit_many]).
 
-Every field of :class:`~bnn_zoo.methods.laplace.Laplace` can be replaced through
+Every field of [`Laplace`][bnn_zoo.methods.laplace.Laplace] can be replaced through
 ``entry.fit(..., method_options={...})``, e.g. ``{"evidence": "fixed_point"}``,
 ``{"per_layer_alpha": True}``, ``{"predictive": "mc"}``, ``{"curvature": "kron_separate"}``,
 ``{"prior_precision": (1.0, 4.0)}``, ``{"link": "mc"}``.

@@ -5,7 +5,7 @@ notes "Bayesian NN under a Laplace approximation" (2021)).
 
 Five ``laplace`` fits (GGN curvature, ``alpha`` and ``beta`` by MacKay's evidence fixed
 point, the ``laplace`` budget) from different seeds, their MAP phases trained as
-replicas in one pass (:meth:`bnn_zoo.methods.ensemble.Ensemble.fit_many`), each with its
+replicas in one pass ([`bnn_zoo.methods.ensemble.Ensemble.fit_many`][]), each with its
 own Gaussian posterior ``q_m(theta) = N(theta_m, A_m^-1)``. The predictive is the
 equal-weight mixture of the members' GLM predictives
 

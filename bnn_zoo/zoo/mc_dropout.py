@@ -2,7 +2,7 @@
 Approximation: Representing Model Uncertainty in Deep Learning").
 
 The zoo's MLP with its unit prior ``N(0, 1)`` and learned noise
-(:func:`~bnn_zoo.zoo._defaults.mlp`) under :class:`~bnn_zoo.guides.dropout.MCDropoutGuide`:
+(`mlp`) under [`MCDropoutGuide`][bnn_zoo.guides.dropout.MCDropoutGuide]:
 point masses ``M`` over the weights, the inputs of every layer but the first dropped at rate
 ``p = 0.05`` (Gal's rate on most UCI sets; ``guide_options={"dropout": p}``),
 ``W = M diag(z) / (1 - p)``, ``z_j ~ Bernoulli(1 - p)``, trained on the ELBO, which is
@@ -21,9 +21,9 @@ variance of this one. The learning rate is annealed to nearly 0 (``lr_schedule="
 so the point masses settle at the end of training instead of moving in the noise of the
 masks and minibatches; on the UCI protocol that lowers the test RMSE (on power most). On a
 user's network (``net=``) the inputs of every ``nn.Linear`` and convolution but the first
-drop (a convolution's by whole channels; see :func:`~bnn_zoo.guides.dropout.dropout_masks`).
-In the UCI protocol the noise scale is tuned on held-out points (``validation``), as Gal
-tunes ``tau``.
+drop (a convolution's by whole channels; see
+[`dropout_masks`][bnn_zoo.guides.dropout.dropout_masks]). In the UCI protocol the noise scale is
+tuned on held-out points (``validation``), as Gal tunes ``tau``.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from bnn_zoo.zoo._defaults import init_loc_fn, mlp
 @factory("dropout")
 def dropout_guide(model: BayesianMLP | BayesianModule, *, dropout: float = 0.05
                   ) -> MCDropoutGuide:
-    """:class:`MCDropoutGuide` at rate ``dropout``, its point masses started where the zoo's
-    MAP guide starts (:func:`~bnn_zoo.zoo._defaults.init_loc_fn`)."""
+    """[`MCDropoutGuide`][] at rate ``dropout``, its point masses started where the zoo's
+    MAP guide starts (`init_loc_fn`)."""
     return MCDropoutGuide(model, dropout=dropout, init_loc_fn=init_loc_fn(model))
 
 

@@ -2,7 +2,7 @@
 Jordan 1998, "Improving the Mean Field Approximation via the Use of Mixture Distributions";
 after the notes on fitting an unnormalised posterior by a mixture of diagonal Gaussians),
 its ELBO's gradient by the score function, the pathwise estimator or an exact sum over the
-components (:class:`~bnn_zoo.core.elbo.MixtureELBO`)."""
+components ([`MixtureELBO`][bnn_zoo.core.elbo.MixtureELBO])."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from bnn_zoo.zoo._defaults import init_loc_fn, mlp
 def mixture_guide(model: BayesianMLP | BayesianModule, *, num_components: int = 2,
                   estimator: str = "enumerate", baseline: bool = False, init_scale: float = 0.02,
                   init_spread: float = 0.1) -> MixtureGuide:
-    """:class:`~bnn_zoo.guides.mixture.MixtureGuide` centred on a fan-in initialisation,
+    """[`MixtureGuide`][bnn_zoo.guides.mixture.MixtureGuide] centred on a fan-in initialisation,
     its components offset by ``init_spread`` so that they can settle in different modes."""
     return MixtureGuide(model, num_components, estimator=estimator, baseline=baseline,
                         init_scale=init_scale, init_spread=init_spread,

@@ -3,7 +3,7 @@ a Probabilistic Perspective of Generalization", Sec. 4).
 
 Five independent ``swag`` fits from different seeds (each a MAP fit, then SWAG's Gaussian
 ``q_m(theta) = N(theta_SWA,m, 1/2 (Sigma_diag,m + D_m D_m^T / (K - 1)))``; the ``swag``
-entry's method and budget, fitted one by one: :mod:`bnn_zoo.methods.ensemble`), and the
+entry's method and budget, fitted one by one: [`bnn_zoo.methods.ensemble`][]), and the
 predictive the equal mixture of their predictives, 20 draws from each,
 
     p(y | x) = 1/M sum_m 1/S sum_s p(y | x, theta_ms),   theta_ms ~ q_m:

@@ -2,7 +2,7 @@
 hidden layers (one by default) as exact GP regression (Neal 1996; Lee et al. 2018 for
 depth; the second half of Arbel's lecture notes "Bayesian NN under a Laplace approximation"
 (2021)), hyperparameters by type-II maximum likelihood
-(:class:`~bnn_zoo.methods.gp.ExactGP`); e.g. ``fit(x, y, model_options={"depth": 3})``."""
+([`ExactGP`][bnn_zoo.methods.gp.ExactGP]); e.g. ``fit(x, y, model_options={"depth": 3})``."""
 
 from __future__ import annotations
 

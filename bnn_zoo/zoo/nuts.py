@@ -1,9 +1,9 @@
 """Zoo entry ``nuts``: the No-U-Turn sampler on the zoo's Bayesian MLP, the gold standard
-every guide is measured against (see :mod:`bnn_zoo.methods.nuts`).
+every guide is measured against (see [`bnn_zoo.methods.nuts`][]).
 
 A MAP fit (the ``map`` entry's guide, with the fan-in prior) gives every chain's start and
 the fixed noise; then 2 chains of 300 warmup steps and 300 draws. Data sets above 1000
-training points raise :class:`~bnn_zoo.zoo.UnsupportedProblem`.
+training points raise [`UnsupportedProblem`][bnn_zoo.zoo.UnsupportedProblem].
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 These two entries and ``ensemble`` (and ``nuts``, which starts from ``map``) put Neal's
 fan-in prior ``N(0, 1/d_in)`` on every weight matrix
-(:data:`~bnn_zoo.zoo._defaults.fan_in_mlp`; Neal 1996, "Bayesian Learning for Neural
+(`fan_in_mlp`; Neal 1996, "Bayesian Learning for Neural
 Networks"). Under the ``N(0, 1)`` prior a hidden unit the data do not use keeps output
 weights of scale 1, and a mean-field posterior left at that prior adds their noise to every
 prediction; a point estimate is barely regularised. The fan-in prior keeps the prior on the
@@ -35,7 +35,7 @@ MEAN_FIELD_BUDGET = Budget(steps=3000, lr=3e-2, batch_size=256, num_particles=8,
 @factory("init_scale")
 def auto_normal(model: BayesianMLP | BayesianModule, *, init_scale: float = 0.01) -> AutoNormal:
     """Pyro's mean-field Gaussian autoguide, started narrow at a fan-in initialisation
-    (a user's network: at its own weights, :func:`~bnn_zoo.zoo._defaults.init_loc_fn`)."""
+    (a user's network: at its own weights, `init_loc_fn`)."""
     return AutoNormal(model, init_loc_fn=init_loc_fn(model), init_scale=init_scale)
 
 

@@ -7,11 +7,11 @@ equal to the collapsed ELBO), ``"alg3_literal"`` (Algorithm 3 as Coker writes it
 likelihood minus ``KL(q(s))`` alone: it overfits where the features can interpolate the
 data), ``"alg1"`` (with ``inner_steps``) or ``"collapsed"``; ``feature_seed`` fixes the
 random features (by default the fit's seed draws them). See
-:class:`~bnn_zoo.methods.logitnormal.LogitNormalSVI`.
+[`LogitNormalSVI`][bnn_zoo.methods.logitnormal.LogitNormalSVI].
 
 The fitted guide exposes the learned input relevances,
 ``fitted.guide.relevance()`` (``E_q[s_d]`` and a 90% interval), and
-:func:`bnn_zoo.guides.logitnormal.plot_relevance` draws them. Training runs on the
+[`bnn_zoo.guides.logitnormal.plot_relevance`][] draws them. Training runs on the
 full batch: the full conditional of ``beta`` needs every training point anyway.
 """
 
@@ -33,7 +33,8 @@ def rff_model(in_dim: int, out_dim: int = 1, *, task: str = "regression",
               num_features: int = 100, bandwidth: float = 3.0, prior_loc: float = 0.0,
               prior_scale: float = 1.0, prior_variance: float = 1.0,
               noise_scale: float | None = None, feature_seed: int = 0) -> RandomFeatureRegression:
-    """:class:`~bnn_zoo.models.rff.RandomFeatureRegression` with K = 100 features,
+    """[`RandomFeatureRegression`][bnn_zoo.models.rff.RandomFeatureRegression] with K = 100
+    features,
     ``W ~ N(0, 3^2)``, ``s_d ~ LogitNormal(0, 1)``, ``Var f = 1`` a priori, learned noise."""
     check_choice("task", task, ("regression",))
     if out_dim != 1:

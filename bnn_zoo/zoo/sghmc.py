@@ -1,5 +1,5 @@
 """Zoo entry ``sghmc``: stochastic gradient Hamiltonian Monte Carlo (Chen, Fox & Guestrin
-2014) on the zoo's Bayesian MLP or a user's network (see :mod:`bnn_zoo.methods.sgmcmc`).
+2014) on the zoo's Bayesian MLP or a user's network (see [`bnn_zoo.methods.sgmcmc`][]).
 
 As ``nuts``: a MAP fit (``map``'s guide, fan-in prior) gives the chain's start and the
 fixed noise; then SGHMC with friction 0.05 and the preconditioner adapted over the

@@ -1,5 +1,5 @@
 """Zoo entry ``sgld``: stochastic gradient Langevin dynamics (Welling & Teh 2011) on the
-zoo's Bayesian MLP or a user's network (see :mod:`bnn_zoo.methods.sgmcmc`).
+zoo's Bayesian MLP or a user's network (see [`bnn_zoo.methods.sgmcmc`][]).
 
 As ``nuts``: a MAP fit (``map``'s guide, fan-in prior) gives the chain's start and the
 fixed noise; then preconditioned SGLD (the preconditioner adapted over the burn-in) on

@@ -1,21 +1,21 @@
 """Reference entries with correlated Gaussian and flow posteriors: ``lowrank`` and ``iaf``.
 
 * ``lowrank``: Pyro's ``AutoLowRankMultivariateNormal`` with its parameters as ``PyroParam``s
-  (:class:`~bnn_zoo.guides.params.LowRankMultivariateNormal`), ``q(w) = N(mu, D + W W^T)``
-  with ``W`` of rank ``r`` (default 10) over all the weights at once (a factor covariance,
-  Ong, Nott & Smith 2018).
+  ([`LowRankMultivariateNormal`][bnn_zoo.guides.params.LowRankMultivariateNormal]), ``q(w) = N(mu, D
+  + W W^T)`` with ``W`` of rank ``r`` (default 10) over all the weights at once (a factor
+  covariance, Ong, Nott & Smith 2018).
 * ``iaf``: one affine inverse autoregressive flow (Kingma et al. 2016) on a standard
   normal base, ``u = mu(z) + sigma(z) * z`` with a MADE network (Pyro's stable form,
   as in ``AutoIAFNormal``), its hidden width set to the number of weights (the smallest
   MADE allows; Pyro's default ``3 d + 1`` makes the flow several times larger for no gain),
   then ``w = loc + scale * u`` started at a fan-in point and scale 0.01
-  (:class:`~bnn_zoo.guides.flow.AffineShiftedFlow`). The plain flow, started at the
+  ([`AffineShiftedFlow`][bnn_zoo.guides.flow.AffineShiftedFlow]). The plain flow, started at the
   prior, stays there; the shifted one starts as a narrow cloud around a sensible network,
   as the other guides do.
 
-Both keep the ``N(0, 1)`` prior of :func:`~bnn_zoo.zoo._defaults.mlp`: under the fan-in
+Both keep the ``N(0, 1)`` prior of `mlp`: under the fan-in
 prior of ``map`` and ``mean_field`` the low-rank guide stalls far from the data's fit.
-Their budget is :data:`~bnn_zoo.zoo._defaults.STRUCTURED_BUDGET`.
+Their budget is `STRUCTURED_BUDGET`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from bnn_zoo.zoo._defaults import STRUCTURED_BUDGET, init_loc_fn, mlp
 def low_rank(model: BayesianMLP | BayesianModule, *, rank: int = 10,
              init_scale: float = 0.01) -> LowRankMultivariateNormal:
     """Low-rank-plus-diagonal Gaussian over all weights, started narrow at a fan-in init
-    (a user's network: at its own weights, :func:`~bnn_zoo.zoo._defaults.init_loc_fn`)."""
+    (a user's network: at its own weights, `init_loc_fn`)."""
     return LowRankMultivariateNormal(model, init_loc_fn=init_loc_fn(model),
                                      rank=check_positive_int("rank", rank), init_scale=init_scale)
 
@@ -46,7 +46,7 @@ def low_rank(model: BayesianMLP | BayesianModule, *, rank: int = 10,
 def iaf(model: BayesianMLP | BayesianModule, *, init_scale: float = 0.01) -> AffineShiftedFlow:
     """One affine IAF layer (MADE hidden width = number of weights) on ``N(0, I)``, then
     ``w = loc + scale * IAF(z)`` with ``loc`` at a fan-in initialisation and ``scale``
-    at ``init_scale`` (:class:`~bnn_zoo.guides.flow.AffineShiftedFlow`): the flow
+    at ``init_scale`` ([`AffineShiftedFlow`][bnn_zoo.guides.flow.AffineShiftedFlow]): the flow
     starts as a narrow cloud around a sensible network, like the other guides.
     """
     return AffineShiftedFlow(model, lambda dim: affine_autoregressive(

@@ -1,5 +1,5 @@
 """Zoo entry ``swag``: SWAG (Maddox et al. 2019, "A Simple Baseline for Bayesian Uncertainty
-in Deep Learning"; see :mod:`bnn_zoo.methods.swag`).
+in Deep Learning"; see [`bnn_zoo.methods.swag`][]).
 
 The ``map`` entry's model, guide and budget give the MAP start; the optimisation then goes
 on at a constant learning rate ``1e-2``, collecting the weights once an epoch, 40 times,

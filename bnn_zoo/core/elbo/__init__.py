@@ -1,13 +1,13 @@
 """The zoo's objectives, in one place: each an ELBO class that ``bnn_zoo.fit`` and Pyro's
 ``SVI`` accept.
 
-* :mod:`~bnn_zoo.core.elbo.mean_field`: :class:`MeanFieldELBO` (closed-form KL, lazily
-  evaluated), :class:`LocalReparameterizationELBO` and :class:`FlipoutELBO` (it, under
+* `mean_field`: [`MeanFieldELBO`][] (closed-form KL, lazily
+  evaluated), [`LocalReparameterizationELBO`][] and [`FlipoutELBO`][] (it, under
   the local reparameterisation or the flipout handler);
-* :mod:`~bnn_zoo.core.elbo.conditional`: the objectives of Coker's notes, :class:`CollapsedELBO`,
-  :class:`ExpectedLikelihoodELBO` (the notes' literal Algorithm 3) and :class:`Algorithm1ELBO`;
-* :mod:`~bnn_zoo.core.elbo.mixture`: the mixture notes' :class:`MixtureELBO`, and
-  :func:`elbo_estimate`, its value with a Monte Carlo standard error.
+* `conditional`: the objectives of Coker's notes, [`CollapsedELBO`][],
+  [`ExpectedLikelihoodELBO`][] (the notes' literal Algorithm 3) and [`Algorithm1ELBO`][];
+* `mixture`: the mixture notes' [`MixtureELBO`][], and
+  [`elbo_estimate`][], its value with a Monte Carlo standard error.
 """
 
 from bnn_zoo.core.elbo.conditional import Algorithm1ELBO as Algorithm1ELBO

@@ -1,7 +1,8 @@
 """Objectives of Coker's notes "LogitNormal model" for a model with an exact Gaussian full
-conditional of its output weights (e.g. :class:`~bnn_zoo.models.rff.RandomFeatureRegression` with
-:class:`~bnn_zoo.guides.logitnormal.LogitNormalGuide`): the collapsed ELBO, the notes'
-literal Algorithm 3 (:class:`ExpectedLikelihoodELBO`) and Algorithm 1.
+conditional of its output weights (e.g.
+[`RandomFeatureRegression`][bnn_zoo.models.rff.RandomFeatureRegression] with
+[`LogitNormalGuide`][bnn_zoo.guides.logitnormal.LogitNormalGuide]): the collapsed ELBO, the notes'
+literal Algorithm 3 ([`ExpectedLikelihoodELBO`][]) and Algorithm 1.
 
 The collapsed ELBO and Algorithm 1 are generic over a duck-typed pair:
 
@@ -12,7 +13,7 @@ The collapsed ELBO and Algorithm 1 are generic over a duck-typed pair:
   ``scale_distribution()``, ``q(s)``, and ``sample_scales(x, y)``, its guide of ``s``
   alone.
 
-See :mod:`bnn_zoo.guides.logitnormal` for the mathematics of the objectives and
+See [`bnn_zoo.guides.logitnormal`][] for the mathematics of the objectives and
 the notes' slip (it averages likelihoods where an ELBO averages log-likelihoods).
 """
 
@@ -55,7 +56,7 @@ class CollapsedELBO(DifferentiableLossELBO):
 
     ``P = num_particles`` reparameterised samples, always vectorised, the evidence
     ``model.conditional(x, y, s).log_evidence`` (by the K x K form of
-    :func:`~bnn_zoo.models.rff.feature_posterior`). It is the Algorithm-3 ELBO with
+    [`feature_posterior`][bnn_zoo.models.rff.feature_posterior]). It is the Algorithm-3 ELBO with
     ``beta``'s exact conditional, evaluated without sampling ``beta``. It also
     conditions the guide on ``(x, y)``, so the guide predicts.
 
@@ -87,14 +88,14 @@ class ExpectedLikelihoodELBO(MeanFieldELBO):
             \\log p(y \\mid X, \\beta_p, s_p) - \\mathrm{KL}(q_\\phi(s) \\| p(s)),
         \\qquad s_p \\sim q_\\phi(s),\\ \\beta_p \\sim p(\\beta \\mid X, y, s_p),
 
-    i.e. :class:`MeanFieldELBO` with every term of the output weights' site
+    i.e. [`MeanFieldELBO`][] with every term of the output weights' site
     (``conditional_site``, ``log p(beta) - log q(beta | s)``) left out. Its expectation is
     the collapsed ELBO plus ``E_q(s)[KL(p(beta | X, y, s) || p(beta))]`` (the identity
     ``E_{beta | y, s}[log p(y | beta, s)] = log p(y | s) + KL(p(beta | y, s) || p(beta))``),
     so it is not a lower bound on ``log p(y | X)`` and its gradient in ``phi`` differs from
     the collapsed ELBO's: it also rewards scales whose conditional ``p(beta | X, y, s)``
     moves far from the prior, i.e. that fit the training data more closely. See
-    :mod:`bnn_zoo.guides.logitnormal`.
+    [`bnn_zoo.guides.logitnormal`][].
     """
 
     conditional_site: str = "beta"
@@ -109,7 +110,7 @@ class ExpectedLikelihoodELBO(MeanFieldELBO):
 
 
 class Algorithm1ELBO(ExpectedLikelihoodELBO):
-    """Coker's Algorithm 1 with log-likelihoods (see :mod:`bnn_zoo.guides.logitnormal`).
+    """Coker's Algorithm 1 with log-likelihoods (see [`bnn_zoo.guides.logitnormal`][]).
 
     Every ``inner_steps`` calls (Coker's ``n_grad``; one call per optimiser
     step) it draws ``s_i ~ q(s)`` and ``beta_i ~ p(beta | X, y, s_i)`` without
@@ -121,9 +122,9 @@ class Algorithm1ELBO(ExpectedLikelihoodELBO):
             - \\mathrm{KL}(q_\\phi(s) \\| p(s)), \\qquad s_p \\sim q_\\phi(s),
 
     the model's ``beta`` observed at ``beta_i`` and its term ``log p(beta_i)`` (a constant in
-    ``phi``) left out, as in :class:`ExpectedLikelihoodELBO`; ``conditional_site`` names the
+    ``phi``) left out, as in [`ExpectedLikelihoodELBO`][]; ``conditional_site`` names the
     model's site of ``beta``.
-    Use :meth:`with_inner_steps` to set ``n_grad``: ``bnn_zoo.fit`` takes an ELBO class.
+    Use [`with_inner_steps`][] to set ``n_grad``: ``bnn_zoo.fit`` takes an ELBO class.
     """
 
     inner_steps: int = 10

@@ -7,10 +7,10 @@
 
 with the KL in closed form wherever it is known: for a Gaussian guide and a Gaussian
 prior (eq. 1 of the notes "ELBO diagonal Gaussian"; Blundell et al. 2015) by
-:func:`gaussian_kl`, for other pairs wherever ``torch.distributions.kl_divergence`` knows
+[`gaussian_kl`][], for other pairs wherever ``torch.distributions.kl_divergence`` knows
 them, and the single-sample estimate ``log p(w) - log q(w)`` at the guide's sample
 otherwise (e.g. the scale-mixture prior), which for a point-mass guide (``Delta``: MAP) is
-exact and is ``log p(w)`` (by :func:`gaussian_log_density` for a Gaussian prior) less the
+exact and is ``log p(w)`` (by [`gaussian_log_density`][] for a Gaussian prior) less the
 ``Delta``'s own ``log_density``; ``s`` is the site's scale (minibatch ``N / B`` on the
 likelihood, a KL weight on the latents).
 
@@ -69,7 +69,7 @@ def _event_dim(fn) -> int:
 def _unexpanded(t: Tensor) -> Tensor:
     """``t`` with each dimension along which it is expanded (stride 0) cut to size one: the
     same values under broadcasting, so that a prior's ``N(0, s).expand(shape)`` costs one
-    element, not ``prod(shape)``, in :func:`gaussian_kl`."""
+    element, not ``prod(shape)``, in [`gaussian_kl`][]."""
     if all(stride != 0 or size == 1 for stride, size in zip(t.stride(), t.shape)):
         return t
     return t[tuple(slice(0, 1) if stride == 0 else slice(None)
@@ -109,7 +109,7 @@ def gaussian_log_density(value: Tensor, loc: Tensor, scale: Tensor) -> Tensor:
     per element they do not merely repeat: an expanded scalar prior costs one element). The
     result has the broadcast shape of the three arguments.
 
-    Squares are products (``d * d``, not ``d.square()``), here and in :func:`gaussian_kl`:
+    Squares are products (``d * d``, not ``d.square()``), here and in [`gaussian_kl`][]:
     TorchScript's autodiff differentiates ``mul`` inside its differentiable subgraphs but
     not ``square``, which would split a traced loss into more subgraphs with the squares run
     by eager autograd between them.
@@ -124,7 +124,7 @@ def gaussian_log_density(value: Tensor, loc: Tensor, scale: Tensor) -> Tensor:
 def _point_mass_log_prior(guide_fn, prior_fn, value: Tensor, scale) -> Tensor | None:
     """The site's scaled ``log p(w) - log q(w)`` when the guide is a point mass (Pyro's
     ``Delta``), whose log density at its own value is its ``log_density`` (zero unless
-    given): ``log p(w)`` by :func:`gaussian_log_density` for a Gaussian prior, by the
+    given): ``log p(w)`` by [`gaussian_log_density`][] for a Gaussian prior, by the
     prior's ``log_prob`` otherwise; ``None`` for other guides."""
     if not isinstance(guide_fn, dist.Delta):
         return None
@@ -139,7 +139,7 @@ def _sum_scaled(value: Tensor, scale) -> Tensor:
 
 
 def _closed_form_kl(guide_fn, prior_fn, scale) -> Tensor | None:
-    """The site's scaled ``sum KL(q || p)`` by :func:`gaussian_kl` when both are (independent)
+    """The site's scaled ``sum KL(q || p)`` by [`gaussian_kl`][] when both are (independent)
     Gaussians with the same event dimensions, else ``None``."""
     q, p = _normal_moments(guide_fn), _normal_moments(prior_fn)
     event_dim = _event_dim(guide_fn)
@@ -234,9 +234,9 @@ class MeanFieldELBO(DifferentiableLossELBO):
 
 
 class _LayerEstimatorELBO(MeanFieldELBO):
-    """:class:`MeanFieldELBO` whose model runs under ``handler(moments)``, ``moments`` being
+    """[`MeanFieldELBO`][] whose model runs under ``handler(moments)``, ``moments`` being
     the loc and scale of every Gaussian guide site (a handler of
-    :mod:`bnn_zoo.core.handlers` that evaluates the layers of such weights differently)."""
+    [`bnn_zoo.core.handlers`][] that evaluates the layers of such weights differently)."""
 
     handler: type[Messenger]
 
@@ -276,19 +276,19 @@ class _undrawn(Messenger):
 
 
 class LocalReparameterizationELBO(_LayerEstimatorELBO):
-    """:class:`MeanFieldELBO` with the local reparameterisation trick (Kingma et al. 2015).
+    """[`MeanFieldELBO`][] with the local reparameterisation trick (Kingma et al. 2015).
 
     The model runs under the effect handler
-    :class:`~bnn_zoo.core.handlers.local_reparameterization`, given the loc and scale of
-    every Gaussian guide site: each affine layer (:func:`bnn_zoo.core.nn.affine`), and each
-    ``nn.Linear`` or convolution of a :class:`~bnn_zoo.models.BayesianModule`, whose weight
-    and bias come from such sites draws its pre-activations from their Gaussian given the
+    [`local_reparameterization`][bnn_zoo.core.handlers.local_reparameterization], given the loc and
+    scale of every Gaussian guide site: each affine layer (`bnn_zoo.core.nn.affine`), and each
+    ``nn.Linear`` or convolution of a [`BayesianModule`][bnn_zoo.models.BayesianModule], whose
+    weight and bias come from such sites draws its pre-activations from their Gaussian given the
     layer input, rather than pushing one weight sample through the minibatch.
     The KL terms are unchanged (closed form, or Monte Carlo at the guide's weight
     sample); the expected log-likelihood is the same in expectation for fully connected
     layers, with lower-variance gradients (for convolutions, an approximation: see the
     handler). The model and the guide know nothing of it: a model without such layers gets
-    the plain :class:`MeanFieldELBO`.
+    the plain [`MeanFieldELBO`][].
 
     Weight draws that no term of the loss uses are not drawn: under the handler the layers
     take only the moments, and a closed-form KL never reads the draw, so a site whose every
@@ -344,15 +344,15 @@ class LocalReparameterizationELBO(_LayerEstimatorELBO):
 
 
 class FlipoutELBO(_LayerEstimatorELBO):
-    """:class:`MeanFieldELBO` with flipout (Wen et al. 2018) in place of weight sampling.
+    """[`MeanFieldELBO`][] with flipout (Wen et al. 2018) in place of weight sampling.
 
-    As :class:`LocalReparameterizationELBO`, but the model runs under
-    :class:`~bnn_zoo.core.handlers.flipout`: each such layer adds the guide's weight
+    As [`LocalReparameterizationELBO`][], but the model runs under
+    [`flipout`][bnn_zoo.core.handlers.flipout]: each such layer adds the guide's weight
     perturbation ``dW = W - M`` with random signs per data point and input or output unit
     (channel), so the objective and the expected gradient are those of plain weight
-    sampling (:class:`MeanFieldELBO`) for any of these layers, convolutions included, and
+    sampling ([`MeanFieldELBO`][]) for any of these layers, convolutions included, and
     the gradient variance is lower on a minibatch. A model without such layers gets the
-    plain :class:`MeanFieldELBO`.
+    plain [`MeanFieldELBO`][].
     """
 
     handler = flipout

@@ -2,7 +2,7 @@
 fitting an unnormalised posterior by a mixture of diagonal Gaussians).
 
 Generic over a duck-typed guide over one flattened latent site (e.g.
-:class:`~bnn_zoo.guides.mixture.MixtureGuide`, an ``AutoContinuous``): it has
+[`MixtureGuide`][bnn_zoo.guides.mixture.MixtureGuide], an ``AutoContinuous``): it has
 ``estimator`` (``"score"``, ``"pathwise"`` or ``"enumerate"``), ``num_components``,
 ``latent_site`` (the name of its latent sample site), ``mixture()`` (the mixture
 ``q``: ``weights`` (K,), ``log_prob``, ``componentwise(extra_dims)``, one draw from
@@ -19,7 +19,7 @@ same density with the components' parameters detached), ``baseline`` with
 * ``"enumerate"``: :math:`\\mathrm{ELBO} = \\sum_i \\pi_i E_{\\theta \\sim N_i}[\\ln
   p(\\theta) - \\ln q(\\theta)]`, one reparameterised draw per component and particle.
 
-See :mod:`bnn_zoo.guides.mixture` for the derivations and where we differ from the
+See [`bnn_zoo.guides.mixture`][] for the derivations and where we differ from the
 mixture notes.
 """
 
@@ -138,11 +138,11 @@ class MixtureELBO(DifferentiableLossELBO):
 
 
 def elbo_estimate(model, guide, *args, particles: int, batches: int = 8) -> tuple[float, float]:
-    """Mean and Monte Carlo standard error of the :class:`MixtureELBO` of ``guide`` for
+    """Mean and Monte Carlo standard error of the [`MixtureELBO`][] of ``guide`` for
     ``model`` (called with ``args``): ``batches`` independent estimates of ``particles //
     batches`` particles each, their mean and ``std / sqrt(batches)``.
 
-    Evaluated in a private parameter store, as :func:`bnn_zoo.fit` trains: in Pyro's global
+    Evaluated in a private parameter store, as [`bnn_zoo.fit`][] trains: in Pyro's global
     store a called ``PyroModule`` takes whatever tensor the store holds under its parameter's
     name in place of its own, so a second guide of the same class would be scored with, and
     overwrite, the first one's parameters.
