@@ -281,9 +281,9 @@ def test_holdout_fits_the_map_on_the_rest_and_auto_holds_out_a_classifiers_point
                                   "laplace_kron", "laplace_last_layer"])
 def test_every_laplace_entry_tunes_its_prior_precision(name):
     method = zoo.get(name).method
-    assert method.evidence == "fixed_point"
-    assert method.validation_settings.fraction("classification") > 0
-    assert method.evidence_settings.for_task("classification").refine is False
+    assert method.evidence.evidence == "fixed_point"
+    assert method.validation.fraction("classification") > 0
+    assert method.evidence.for_task("classification").refine is False
 
 
 @pytest.mark.parametrize("task, refits", [("regression", True), ("classification", False)])
