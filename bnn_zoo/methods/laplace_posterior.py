@@ -8,7 +8,8 @@ it refits the MAP by full-batch L-BFGS (:func:`refine_map`), computes the curvat
 in the structure :class:`CurvatureSettings` chooses (:mod:`bnn_zoo.guides.curvature`,
 :mod:`bnn_zoo.guides.laplace.blocks`) and, as :class:`~bnn_zoo.methods.laplace_evidence.
 EvidenceSettings` asks, maximises the evidence in ``alpha`` and ``beta``
-(:func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`). The model is read, never
+(:func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`). It chains the steps of a
+:class:`LaplaceProblem`, which a user can call one by one. The model is read, never
 written: the fitted ``alpha`` and ``beta`` live in the returned posterior only.
 
 Memory, ``P`` weights: ``hessian`` and ``ggn`` hold a dense ``P x P`` precision and its
