@@ -5,13 +5,12 @@ Networks").
 :class:`Laplace` finds the MAP by SVI (:func:`bnn_zoo.core.training.fit` with a
 :class:`~bnn_zoo.guides.laplace.LaplaceGuide` as point mass, under
 :class:`~bnn_zoo.core.elbo.MeanFieldELBO`, which for a point mass is ``log p(y | w) +
-log p(w)`` in as few operations as it can), then builds the posterior around it
-(:func:`~bnn_zoo.methods.laplace_posterior.laplace_posterior`): it refines the MAP by
-full-batch L-BFGS, builds the curvature in the structure of its
-:attr:`~Laplace.curvature_settings` and, if its :attr:`~Laplace.evidence_settings` ask,
-maximises the evidence in ``alpha`` and ``beta``
-(:mod:`bnn_zoo.methods.laplace_evidence`). With points held out
-(:attr:`~Laplace.validation_settings`), the MAP, the curvature and the evidence use the
+log p(w)`` in as few operations as it can), then chains the steps of a
+:class:`~bnn_zoo.methods.laplace_posterior.LaplaceProblem` around it: it refines the MAP by
+full-batch L-BFGS, builds the curvature in the structure of its :attr:`~Laplace.curvature`
+and, if its :attr:`~Laplace.evidence` asks, maximises the evidence in ``alpha`` and
+``beta`` (:mod:`bnn_zoo.methods.laplace_evidence`). With points held out
+(:attr:`~Laplace.validation`), the MAP, the curvature and the evidence use the
 others, and ``alpha`` is then scaled by the factor of a grid whose GLM predictive gives the
 held-out points the highest likelihood (:mod:`bnn_zoo.methods.laplace_validation`).
 
@@ -32,8 +31,9 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
+from typing import Any, ClassVar, TypeVar
 
 import pyro
 import torch
@@ -44,34 +44,21 @@ from bnn_zoo.core.checks import check_choice, check_positive
 from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.training import FitResult
-from bnn_zoo.guides.curvature import MAX_DENSE_BYTES
 from bnn_zoo.guides.laplace import (
-    LINKS,
     LaplaceGuide,
     LaplacePosterior,
     LinearizedModel,
+    Link,
     NonlinearModel,
 )
 from bnn_zoo.guides.layouts import layout_of
 from bnn_zoo.methods.base import Budget, Method, ModelFactory, Predictive
-from bnn_zoo.methods.laplace_evidence import (
-    DAMPING,
-    HYPER_BOUNDS,
-    MAX_LOG_STEP,
-    EvidenceSettings,
-)
+from bnn_zoo.methods.laplace_evidence import EvidenceSettings
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
-from bnn_zoo.methods.laplace_validation import (
-    BETA_GRID,
-    GRID,
-    ValidationSettings,
-    tune_on_held_out,
-)
+from bnn_zoo.methods.laplace_validation import ValidationSettings, tune_on_held_out
 from bnn_zoo.methods.state import load_module_state, module_state, result_from_state, result_state
 
-__all__ = ["PREDICTIVES", "Laplace", "LaplaceFit", "check_budget", "predictive_model"]
-
-PREDICTIVES = ("glm", "mc")
+__all__ = ["Laplace", "LaplaceFit", "PredictiveKind", "check_budget", "predictive_model"]
 
 
 def check_budget(budget: Budget) -> None:
@@ -84,119 +71,87 @@ def check_budget(budget: Budget) -> None:
                            distributed=False)
 
 
-@dataclass(frozen=True)
+class PredictiveKind(StrEnum):
+    """The predictive of a Laplace fit: the linearised network (``glm``: closed form in
+    :meth:`LaplaceFit.predict`, Immer et al. 2021) or weights sampled through the network
+    (``mc``)."""
+
+    GLM = "glm"
+    MC = "mc"
+
+
+@dataclass(frozen=True, init=False)
 class Laplace(Method):
     """The Laplace approximation (Bishop 2006, PRML 5.7; MacKay 1992 for the evidence; the
     curvature structures and the GLM predictive as in Daxberger et al. 2021, "Laplace
     Redux: Effortless Bayesian Deep Learning") as a :class:`~bnn_zoo.methods.base.Method`.
 
-    Its fields are the keywords of ``Laplace(...)`` and of an entry's
-    ``method_options``. Those that choose the curvature make :attr:`curvature_settings`,
-    those of the MAP refits and the evidence :attr:`evidence_settings`, each checked as a
-    whole at construction.
+    Its fields are the settings of its steps, each checked as a whole:
 
-    Parameters
-    ----------
-    curvature : ``"hessian"`` (exact), ``"ggn"`` (full GGN, default), ``"diag"``,
-        ``"kron"`` (joint weight-and-bias factors), ``"kron_separate"`` (laplace-torch's
-        separate weight and bias factors), ``"last_layer"``, ``"low_rank"`` (the top
-        ``rank`` GGN eigenpairs plus the prior) or ``"subnetwork"`` (the GGN of the weights
-        ``subnetwork``, the rest at the MAP); see :mod:`bnn_zoo.guides.curvature`.
-        ``"full"``, ambiguous, is refused with the names of both its readings.
-    rank : the eigenpairs ``low_rank`` keeps (default 10).
-    subnetwork : the positions in the flat weights that ``subnetwork`` covers.
-    indefinite : ``"raise"`` (default) or ``"clip"``: what to do where the precision
-        with an indefinite exact Hessian (``curvature="hessian"``) is not positive
-        definite even with jitter.
-    max_bytes : the largest dense ``P x P`` matrix allowed (default 2 GiB).
-    evidence : ``None`` (default: ``alpha`` from the model's prior, ``beta`` from its
-        noise at the MAP), ``"fixed_point"`` (MacKay) or ``"gradient"`` (L-BFGS).
-    per_layer_alpha : one prior precision per layer instead of one shared.
-    refine : refit the MAP by full-batch L-BFGS before each curvature (default ``True``),
-        or ``"auto"``: a regression's, not a classifier's (post hoc; see
-        :data:`~bnn_zoo.methods.laplace_evidence.AUTO_REFINE`).
-    iterations, tol : at most ``iterations`` refits, and as many updates at each MAP
-        (default 30); converged when the evidence-optimal ``alpha`` and ``beta`` for the
-        current MAP are within ``tol`` of the current ones in log space (default
-        ``1e-4``).
-    bounds, max_log_step, damping : each evidence update moves ``log alpha`` and
-        ``log beta`` by ``damping`` (default 0.5) times their distance to the target, at
-        most ``max_log_step`` (default ``log 10``), and keeps them in ``bounds`` (default
-        ``(1e-6, 1e6)``).
-    holdout : the fraction of the training points held out to choose ``alpha`` on a grid
-        (default 0: none), or ``"auto"`` (a tenth of a classifier's points, none of a
-        regression's); see :mod:`bnn_zoo.methods.laplace_validation`.
-    grid, beta_grid : the factors of ``alpha`` (default 25, log-spaced from 1e-3 to 1e3) and
-        of a regression's ``beta`` (default 13, from 1e-2 to 1e2) the held-out points choose
-        from.
+    curvature : the structure of ``H`` and its options (:class:`~bnn_zoo.methods.
+        laplace_posterior.CurvatureSettings`; default the full GGN).
+    evidence : the MAP refits and the evidence tuning of ``alpha`` and ``beta``
+        (:class:`~bnn_zoo.methods.laplace_evidence.EvidenceSettings`; default refits, no
+        tuning).
+    validation : the points held out to choose ``alpha`` on a grid
+        (:class:`~bnn_zoo.methods.laplace_validation.ValidationSettings`; default none).
     prior_precision : ``None`` (default: the model's isotropic prior), one number, one
         per layer (a sequence of ``L``) or one per weight (a (P,) tensor; no evidence
         tuning then).
     prior_mean : the prior mean, a number (default 0) or a (P,) tensor.
-    predictive : ``"glm"`` (default; the linearised network, closed form in
-        :meth:`LaplaceFit.predict`) or ``"mc"`` (weights sampled through the network).
+    predictive : a :class:`PredictiveKind`, ``"glm"`` (default) or ``"mc"``.
     link : how the GLM predictive averages the softmax over the Gaussian logits of a
-        classifier: ``"probit"`` (default) or ``"mc"`` (``num_samples`` draws).
+        classifier (:class:`~bnn_zoo.guides.laplace.Link`): ``"probit"`` (default) or
+        ``"mc"`` (``num_samples`` draws).
     bias_scale : standard deviation of the guide's initial biases (default 1); the method
         builds its own guide and takes no ``guide_options``.
     replicas : declares that :meth:`fit_many` trains the MAP phases of many fits as
         replicas in one pass (default ``True``; ``Entry.fit_many`` and ``benchmarks/uci.py``
         then batch the splits of a data set); ``False`` fits them one by one.
+
+    Its text form (``method_options``, the command line;
+    :func:`~bnn_zoo.methods.options.keywords`) names the settings' own fields:
+    ``Laplace(curvature="low_rank", rank=5, evidence="fixed_point", holdout="auto")`` is
+    ``Laplace(curvature=CurvatureSettings("low_rank", rank=5),
+    evidence=EvidenceSettings("fixed_point"), validation=ValidationSettings("auto"))``.
     """
 
-    curvature: str = "ggn"
-    evidence: str | None = None
-    per_layer_alpha: bool = False
-    prior_precision: float | tuple[float, ...] | Tensor | None = None
-    prior_mean: float | Tensor = 0.0
-    predictive: str = "glm"
-    link: str = "probit"
-    indefinite: str = "raise"
-    refine: bool | str = True
-    iterations: int = 30
-    tol: float = 1e-4
-    bounds: tuple[float, float] = HYPER_BOUNDS
-    max_log_step: float = MAX_LOG_STEP
-    damping: float = DAMPING
-    holdout: float | str = 0.0
-    grid: tuple[float, ...] = GRID
-    beta_grid: tuple[float, ...] = BETA_GRID
-    rank: int = 10
-    subnetwork: tuple[int, ...] | None = None
-    bias_scale: float = 1.0
-    max_bytes: int = MAX_DENSE_BYTES
-    replicas: bool = True
+    curvature: CurvatureSettings
+    evidence: EvidenceSettings
+    validation: ValidationSettings
+    prior_precision: float | tuple[float, ...] | Tensor | None
+    prior_mean: float | Tensor
+    predictive: PredictiveKind
+    link: Link
+    bias_scale: float
+    replicas: bool
     #: Fits from a loader's batches (:mod:`bnn_zoo.core.batches`): the MAP by SVI, one
     #: batch per step; the refits, curvature and energies as sums over one pass.
     streams: ClassVar[bool] = True
 
-    def __post_init__(self) -> None:
-        for settings in (CurvatureSettings, EvidenceSettings, ValidationSettings):
-            settings(**self._fields_of(settings))
-        check_choice("predictive", self.predictive, PREDICTIVES)
-        check_choice("link", self.link, LINKS)
-        check_positive("bias_scale", self.bias_scale)
-
-    @property
-    def curvature_settings(self) -> CurvatureSettings:
-        """The fields ``curvature``, ``rank``, ``subnetwork``, ``indefinite`` and
-        ``max_bytes`` as one object."""
-        return CurvatureSettings(**self._fields_of(CurvatureSettings))
-
-    @property
-    def evidence_settings(self) -> EvidenceSettings:
-        """The fields ``evidence``, ``per_layer_alpha``, ``refine``, ``iterations``,
-        ``tol``, ``bounds``, ``max_log_step`` and ``damping`` as one object."""
-        return EvidenceSettings(**self._fields_of(EvidenceSettings))
-
-    @property
-    def validation_settings(self) -> ValidationSettings:
-        """The fields ``holdout``, ``grid`` and ``beta_grid`` as one object."""
-        return ValidationSettings(**self._fields_of(ValidationSettings))
-
-    def _fields_of(self, settings: type) -> dict[str, Any]:
-        """The values of this method's fields that ``settings`` (a dataclass) has."""
-        return {f.name: getattr(self, f.name) for f in fields(settings)}
+    def __init__(self, curvature: CurvatureSettings | str = "ggn",
+                 evidence: EvidenceSettings | str | None = None,
+                 validation: ValidationSettings = ValidationSettings(), *,
+                 prior_precision: float | tuple[float, ...] | Tensor | None = None,
+                 prior_mean: float | Tensor = 0.0, predictive: str = "glm",
+                 link: str = "probit", bias_scale: float = 1.0, replicas: bool = True,
+                 **options: Any) -> None:
+        """``curvature`` and ``evidence`` are settings, or the name they hold; ``options``
+        are fields of the settings by name (``rank=5``, ``holdout="auto"``), which replace
+        those of the settings given."""
+        settings = {"curvature": _settings(CurvatureSettings, curvature, options),
+                    "evidence": _settings(EvidenceSettings, evidence, options),
+                    "validation": _settings(ValidationSettings, validation, options)}
+        if options:
+            raise TypeError(f"Laplace got unexpected keyword arguments {sorted(options)}.")
+        values = {**settings, "prior_precision": prior_precision, "prior_mean": prior_mean,
+                  "predictive": PredictiveKind(check_choice("predictive", predictive,
+                                                            tuple(PredictiveKind))),
+                  "link": Link(check_choice("link", link, tuple(Link))),
+                  "bias_scale": bias_scale, "replicas": replicas}
+        check_positive("bias_scale", bias_scale)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> LaplaceFit:
@@ -205,7 +160,7 @@ class Laplace(Method):
         (any torch module, inputs of any shape; ``kron`` needs its layers to be ``nn.Linear``,
         ``nn.Conv1d`` or ``nn.Conv2d``)."""
         check_budget(budget)
-        x, y, held_out = self.validation_settings.split(x, y, task, seed)
+        x, y, held_out = self.validation.split(x, y, task, seed)
         model, guide = self._model_and_guide(build_model, first_inputs(x), task, seed)
         result = budget.run(model, guide, x, y, elbo=MeanFieldELBO, seed=seed,
                             progress=progress)
@@ -234,7 +189,7 @@ class Laplace(Method):
                 fits.append(self.fit(build_model, x[r], y[r], task=task, seed=seed,
                                      budget=budget, progress=progress))
             return fits
-        splits = [self.validation_settings.split(x[r], y[r], task, seed)
+        splits = [self.validation.split(x[r], y[r], task, seed)
                   for r, seed in enumerate(seeds)]
         x = torch.stack([split[0] for split in splits])
         y = torch.stack([split[1] for split in splits])
@@ -268,11 +223,11 @@ class Laplace(Method):
         predictive's Pyro model."""
         with torch.no_grad():
             theta = guide.theta()
-        post = laplace_posterior(model, theta, x, y, curvature=self.curvature_settings,
-                                 evidence=self.evidence_settings, alpha=self.prior_precision,
+        post = laplace_posterior(model, theta, x, y, curvature=self.curvature,
+                                 evidence=self.evidence, alpha=self.prior_precision,
                                  prior_mean=self.prior_mean)
         if held_out is not None:
-            post, _ = tune_on_held_out(post, *held_out, self.validation_settings, self.link)
+            post, _ = tune_on_held_out(post, *held_out, self.validation, self.link)
         guide.set_posterior(post)
         return LaplaceFit(post, predictive_model(post, self.predictive), guide,
                           self.predictive, result, self.link, model)
@@ -316,7 +271,7 @@ class Laplace(Method):
 
 def predictive_model(post: LaplacePosterior, predictive: str) -> LinearizedModel | NonlinearModel:
     """The Pyro model of ``predictive`` (``"glm"`` or ``"mc"``) on ``post``."""
-    check_choice("predictive", predictive, PREDICTIVES)
+    check_choice("predictive", predictive, tuple(PredictiveKind))
     return (LinearizedModel if predictive == "glm" else NonlinearModel)(post)
 
 
@@ -380,7 +335,20 @@ class LaplaceFit:
         """The posterior (:meth:`LaplacePosterior.state_dict`), the predictive's name and
         link, the MAP fit's result and the state dicts of the Pyro pair, for
         :meth:`Laplace.restore`."""
-        return {"laplace": self.laplace.state_dict(), "predictive": self.predictive,
-                "link": self.link, "result": result_state(self.result),
+        return {"laplace": self.laplace.state_dict(), "predictive": str(self.predictive),
+                "link": str(self.link), "result": result_state(self.result),
                 "guide": module_state(self.guide), "model": module_state(self.model),
                 "source": module_state(self.source)}
+
+
+Settings = TypeVar("Settings", CurvatureSettings, EvidenceSettings, ValidationSettings)
+
+
+def _settings(kind: type[Settings], given: Any, options: dict[str, Any]) -> Settings:
+    """``given`` as a ``kind``, with the ``options`` that are its fields in place (taken out
+    of ``options``): ``given`` is a ``kind``, or the value of its first field."""
+    names = [f.name for f in fields(kind)]
+    own = {name: options.pop(name) for name in names if name in options}
+    if isinstance(given, kind):
+        return replace(given, **own) if own else given
+    return kind(**{names[0]: given}, **own)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 import torch
 from torch import Tensor
@@ -36,13 +37,23 @@ from torch import Tensor
 from bnn_zoo.core.checks import check_bool, check_choice, check_positive, check_positive_int
 from bnn_zoo.core.lbfgs import minimize_lbfgs
 from bnn_zoo.guides.laplace import LaplacePosterior
+from bnn_zoo.methods.options import OptionGroup
 
-__all__ = ["AUTO_REFINE", "DAMPING", "EVIDENCE_METHODS", "HYPER_BOUNDS", "MAX_LOG_STEP",
+__all__ = ["AUTO_REFINE", "DAMPING", "HYPER_BOUNDS", "MAX_LOG_STEP", "EvidenceMethod",
            "EvidenceSettings",
            "bounded_step", "checked", "evidence_step", "fixed_point_update", "gradient_update",
            "maximize_evidence"]
 
-EVIDENCE_METHODS = ("fixed_point", "gradient")
+
+
+class EvidenceMethod(StrEnum):
+    """How the evidence is maximised in ``alpha`` and ``beta``: MacKay's fixed-point updates
+    (:func:`fixed_point_update`) or L-BFGS on it (:func:`gradient_update`)."""
+
+    FIXED_POINT = "fixed_point"
+    GRADIENT = "gradient"
+
+
 #: ``refine="auto"``: whether the MAP of a task is refitted under the tuned ``alpha`` and
 #: ``beta``. A regression's is: its noise ``beta`` is learned with the weights, and the MAP
 #: of the model's own prior fits the noise of the training points. A classifier's is not
@@ -59,7 +70,7 @@ Refit = Callable[[Tensor, Tensor, Tensor], LaplacePosterior]
 
 
 @dataclass(frozen=True)
-class EvidenceSettings:
+class EvidenceSettings(OptionGroup):
     """How the Laplace posterior's MAP, ``alpha`` and ``beta`` are settled around the MAP
     that training found.
 
@@ -81,7 +92,7 @@ class EvidenceSettings:
         ``(0, 1]``.
     """
 
-    evidence: str | None = None
+    evidence: EvidenceMethod | None = None
     per_layer_alpha: bool = False
     refine: bool | str = True
     iterations: int = 30
@@ -92,7 +103,8 @@ class EvidenceSettings:
 
     def __post_init__(self) -> None:
         if self.evidence is not None:
-            check_choice("evidence", self.evidence, EVIDENCE_METHODS)
+            object.__setattr__(self, "evidence", EvidenceMethod(
+                check_choice("evidence", self.evidence, tuple(EvidenceMethod))))
         check_bool("per_layer_alpha", self.per_layer_alpha)
         if isinstance(self.refine, str):
             check_choice("refine", self.refine, ("auto",))

@@ -8,7 +8,8 @@ it refits the MAP by full-batch L-BFGS (:func:`refine_map`), computes the curvat
 in the structure :class:`CurvatureSettings` chooses (:mod:`bnn_zoo.guides.curvature`,
 :mod:`bnn_zoo.guides.laplace.blocks`) and, as :class:`~bnn_zoo.methods.laplace_evidence.
 EvidenceSettings` asks, maximises the evidence in ``alpha`` and ``beta``
-(:func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`). The model is read, never
+(:func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`). It chains the steps of a
+:class:`LaplaceProblem`, which a user can call one by one. The model is read, never
 written: the fitted ``alpha`` and ``beta`` live in the returned posterior only.
 
 Memory, ``P`` weights: ``hessian`` and ``ggn`` hold a dense ``P x P`` precision and its
@@ -27,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,9 +37,17 @@ from bnn_zoo.core.batches import Batches, first_inputs, num_targets, summed
 from bnn_zoo.core.checks import check_data, check_positive, check_positive_int
 from bnn_zoo.core.lbfgs import minimize_lbfgs
 from bnn_zoo.guides.curvature import MAX_DENSE_BYTES, energy_and_gradient
-from bnn_zoo.guides.laplace import Block, LaplacePosterior, Structure, curvature_structure
+from bnn_zoo.guides.laplace import (
+    Block,
+    CurvatureName,
+    Indefinite,
+    LaplacePosterior,
+    Structure,
+    curvature_structure,
+)
 from bnn_zoo.guides.layouts import Layout, layout_of
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings, checked, maximize_evidence
+from bnn_zoo.methods.options import OptionGroup
 from bnn_zoo.models.likelihood import (
     Categorical,
     Gaussian,
@@ -47,17 +57,18 @@ from bnn_zoo.models.likelihood import (
 )
 from bnn_zoo.models.priors import GaussianPrior
 
-__all__ = ["CurvatureSettings", "laplace_posterior", "model_alpha", "model_likelihood",
+__all__ = ["CurvatureSettings", "LaplaceProblem", "laplace_posterior", "model_alpha",
+           "model_likelihood",
            "refine_map"]
 
 
 @dataclass(frozen=True)
-class CurvatureSettings:
+class CurvatureSettings(OptionGroup):
     """The structure of the Laplace precision's curvature ``H``.
 
     Attributes
     ----------
-    curvature : one of :data:`~bnn_zoo.guides.laplace.CURVATURES`: ``"hessian"``
+    curvature : a :class:`~bnn_zoo.guides.laplace.CurvatureName`: ``"hessian"``
         (exact), ``"ggn"`` (full GGN), ``"diag"``, ``"kron"`` (joint weight-and-bias
         factors), ``"kron_separate"`` (laplace-torch's separate weight and bias factors),
         ``"last_layer"``, ``"low_rank"`` or ``"subnetwork"``.
@@ -70,14 +81,16 @@ class CurvatureSettings:
     max_bytes : the largest dense ``P x P`` matrix allowed.
     """
 
-    curvature: str = "ggn"
+    curvature: CurvatureName = CurvatureName.GGN
     rank: int = 10
     subnetwork: Sequence[int] | Tensor | None = None
-    indefinite: str = "raise"
+    indefinite: Indefinite = Indefinite.RAISE
     max_bytes: int = MAX_DENSE_BYTES
 
     def __post_init__(self) -> None:
-        self.structure()  # the name, indefinite and the subnetwork checked
+        structure = self.structure()  # the name, indefinite and the subnetwork checked
+        object.__setattr__(self, "curvature", CurvatureName(structure.name))
+        object.__setattr__(self, "indefinite", structure.indefinite)
         check_positive_int("rank", self.rank)
         check_positive_int("max_bytes", self.max_bytes)
 
@@ -182,52 +195,16 @@ def model_alpha(model) -> float | Tensor:
     return prior.scale**-2
 
 
-@dataclass(frozen=True, eq=False)
-class _Problem:
-    """What the posteriors of one network on one data set share: everything but the MAP,
-    ``alpha`` and ``beta``."""
-
-    layout: Layout
-    likelihood: Likelihood
-    x: Tensor | Batches
-    y: Tensor | None
-    prior_mean: Tensor
-    curvature: CurvatureSettings
-    refine: bool
-
-    def posterior(self, theta: Tensor, alpha: Tensor, beta: Tensor) -> LaplacePosterior:
-        """The posterior for ``alpha``, ``beta`` at ``theta`` refitted (``refine``), with a
-        new curvature."""
-        layout, likelihood, x, y = self.layout, self.likelihood, self.x, self.y
-        if self.refine:
-            per_weight = alpha if alpha.numel() == layout.num_parameters \
-                else alpha[layout.layer_index(theta)]
-            theta = refine_map(theta, x, y, layout, likelihood, per_weight, beta,
-                               prior_mean=self.prior_mean)
-        blocks = self.curvature.blocks(theta, x, y, layout, likelihood)
-        with torch.no_grad():
-
-            def energies(xb: Tensor, yb: Tensor) -> tuple[Tensor]:
-                return (likelihood.energy(layout.output(theta, xb), yb),)
-
-            energy, = summed(energies, x, y)
-        return checked(LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
-                                        likelihood.num_observed(x, y), self.prior_mean))
-
-
-def _prior_precision(model, alpha: Tensor | float | None, layout: Layout, tuned: bool,
+def _prior_precision(model, alpha: Tensor | float | None, layout: Layout,
                      like: dict) -> Tensor:
-    """``alpha`` checked, as (L,) one per layer or (P,) one per weight (not evidence
-    ``tuned``); ``None``: the model's prior precision."""
+    """``alpha`` checked, as (L,) one per layer or (P,) one per weight; ``None``: the
+    model's prior precision."""
     p, layers = layout.num_parameters, layout.num_layers
     alpha = torch.as_tensor(model_alpha(model) if alpha is None else alpha, **like)
     if alpha.numel() not in (1, layers, p) or alpha.dim() > 1 or bool((alpha <= 0).any()):
         raise ValueError(f"Expected alpha > 0, one number, one per layer ({layers}) or one per "
                          f"weight ({p}), but got shape {tuple(alpha.shape)}, minimum "
                          f"{float(alpha.min()):.3g}.")
-    if alpha.numel() == p and tuned:
-        raise ValueError("Evidence tuning fits alpha shared or per layer; expected alpha as "
-                         "one number or one per layer with evidence, but got one per weight.")
     return (alpha if alpha.numel() == p else alpha.expand(layers)).clone()
 
 
@@ -261,6 +238,102 @@ def _noise_precision(model, beta: Tensor | float | None, likelihood: Likelihood,
     return beta
 
 
+@dataclass(frozen=True, eq=False)
+class LaplaceProblem:
+    """A network and its training data: what every Laplace posterior of them shares, all
+    but the MAP, ``alpha`` and ``beta``. Its methods are the steps of a Laplace fit, as
+    laplace-torch's (Daxberger et al. 2021, "Laplace Redux -- Effortless Bayesian Deep
+    Learning"): :meth:`fit` the curvature at a MAP, tune the prior precision by
+    :meth:`maximize_evidence` (or on held-out points,
+    :func:`~bnn_zoo.methods.laplace_validation.tune_on_held_out`), then predict
+    (:meth:`~bnn_zoo.guides.laplace.LaplacePosterior.glm_predictive`).
+
+    Build it with :meth:`of`; ``refine`` refits the MAP by full-batch L-BFGS
+    (:func:`refine_map`) before each curvature.
+    """
+
+    model: Any
+    layout: Layout
+    likelihood: Likelihood
+    x: Tensor | Batches
+    y: Tensor | None
+    prior_mean: Tensor
+    curvature: CurvatureSettings
+    refine: bool
+
+    @classmethod
+    def of(cls, model, x: Tensor | Batches, y: Tensor | None, *,
+           curvature: CurvatureSettings | None = None, refine: bool = True,
+           prior_mean: Tensor | float = 0.0) -> LaplaceProblem:
+        """The problem of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP` or
+        :class:`~bnn_zoo.models.BayesianModule`, read, never written) on ``x`` (N, D) (a
+        module's inputs of any shape (N, ...)), ``y`` (N,) or (N, D), or a loader's
+        :class:`~bnn_zoo.core.batches.Batches` (``y`` ``None``); ``curvature`` chooses the
+        structure of ``H`` (default: the full GGN); ``prior_mean`` is a number or (P,)."""
+        curvature = CurvatureSettings() if curvature is None else curvature
+        if not isinstance(curvature, CurvatureSettings):
+            raise TypeError(f"Expected curvature to be a CurvatureSettings, but got "
+                            f"{curvature!r}.")
+        if not isinstance(x, Batches):
+            x, y = check_data(x, y, any_shape=True)
+        layout = layout_of(model)
+        layout.check_input(first_inputs(x))
+        targets = y if y is not None else x.first[1]  # a loader's: its first batch's
+        likelihood = model_likelihood(model, targets)
+        if y is None and targets.dim() == 2:
+            raise ValueError("Laplace on targets (N, D) holds one curvature per output, summed "
+                             "over tensors in memory: expected x and y as tensors, not a "
+                             "loader.")
+        like = dict(dtype=first_inputs(x).dtype, device=first_inputs(x).device)
+        mean = _prior_mean(prior_mean, layout.num_parameters, like)
+        return cls(model, layout, likelihood, x, y, mean, curvature, refine)
+
+    def fit(self, theta: Tensor, *, alpha: Tensor | float | None = None,
+            beta: Tensor | float | None = None) -> LaplacePosterior:
+        """The posterior around ``theta`` (P,), refitted (:attr:`refine`), with the
+        curvature there. ``alpha`` defaults to the precision of the model's isotropic
+        Gaussian prior; it may be one number, one per layer (L,) or one per weight (P,).
+        ``beta`` defaults to the model's noise precision (1 for a classifier)."""
+        p = self.layout.num_parameters
+        if theta.shape != (p,):
+            raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
+        like = dict(dtype=self.prior_mean.dtype, device=self.prior_mean.device)
+        alpha = _prior_precision(self.model, alpha, self.layout, like)
+        beta = _noise_precision(self.model, beta, self.likelihood, like)
+        return self.posterior(theta.detach().to(**like), alpha, beta)
+
+    def posterior(self, theta: Tensor, alpha: Tensor, beta: Tensor) -> LaplacePosterior:
+        """The posterior for ``alpha`` (L,) or (P,), ``beta`` at ``theta`` refitted
+        (:attr:`refine`), with a new curvature."""
+        layout, likelihood, x, y = self.layout, self.likelihood, self.x, self.y
+        if self.refine:
+            per_weight = alpha if alpha.numel() == layout.num_parameters \
+                else alpha[layout.layer_index(theta)]
+            theta = refine_map(theta, x, y, layout, likelihood, per_weight, beta,
+                               prior_mean=self.prior_mean)
+        blocks = self.curvature.blocks(theta, x, y, layout, likelihood)
+        with torch.no_grad():
+
+            def energies(xb: Tensor, yb: Tensor) -> tuple[Tensor]:
+                return (likelihood.energy(layout.output(theta, xb), yb),)
+
+            energy, = summed(energies, x, y)
+        return checked(LaplacePosterior(layout, theta, blocks, alpha, beta, likelihood, energy,
+                                        likelihood.num_observed(x, y), self.prior_mean))
+
+    def maximize_evidence(self, post: LaplacePosterior,
+                          settings: EvidenceSettings) -> LaplacePosterior:
+        """``post`` with ``alpha`` (shared or per layer) and ``beta`` that maximise the
+        evidence, the MAP refitted and the curvature recomputed between updates where
+        ``settings.refine`` asks (:func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`;
+        ``refine="auto"`` as the model's task asks)."""
+        if post.alpha.numel() == self.layout.num_parameters != self.layout.num_layers:
+            raise ValueError("Evidence tuning fits alpha shared or per layer; expected alpha "
+                             "as one number or one per layer with evidence, but got one per "
+                             "weight.")
+        return maximize_evidence(post, settings.for_task(self.model.task), self.posterior)
+
+
 def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
                       curvature: CurvatureSettings | None = None,
                       evidence: EvidenceSettings | None = None,
@@ -269,6 +342,8 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
     """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP` or
     :class:`~bnn_zoo.models.BayesianModule`) around ``theta`` (P,) on data ``x`` (N, D)
     (a module's inputs of any shape (N, ...)), ``y`` (N,). ``model`` is read, never written.
+    It chains the steps of :class:`LaplaceProblem`: :meth:`~LaplaceProblem.fit`, then
+    :meth:`~LaplaceProblem.maximize_evidence` where ``evidence`` asks.
 
     ``curvature`` chooses the structure of ``H`` (default ``CurvatureSettings()``: the
     full GGN); ``evidence`` whether the MAP is refitted and how ``alpha`` and ``beta`` are
@@ -279,31 +354,13 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
     ``prior_mean`` is a number or (P,). ``beta`` defaults to the model's noise precision (1
     for a classifier).
     """
-    curvature = CurvatureSettings() if curvature is None else curvature
     evidence = EvidenceSettings() if evidence is None else evidence
-    for name, value, kind in (("curvature", curvature, CurvatureSettings),
-                              ("evidence", evidence, EvidenceSettings)):
-        if not isinstance(value, kind):
-            raise TypeError(f"Expected {name} to be a {kind.__name__}, but got {value!r}.")
-    if not isinstance(x, Batches):
-        x, y = check_data(x, y, any_shape=True)
-    layout = layout_of(model)
-    layout.check_input(first_inputs(x))
-    p = layout.num_parameters
-    if theta.shape != (p,):
-        raise ValueError(f"Expected theta of shape ({p},), but got {tuple(theta.shape)}.")
-    targets = y if y is not None else x.first[1]  # a loader's: its first batch's
-    likelihood = model_likelihood(model, targets)
-    if y is None and targets.dim() == 2:
-        raise ValueError("Laplace on targets (N, D) holds one curvature per output, summed "
-                         "over tensors in memory: expected x and y as tensors, not a loader.")
-    like = dict(dtype=first_inputs(x).dtype, device=first_inputs(x).device)
-    alpha = _prior_precision(model, alpha, layout, evidence.evidence is not None, like)
-    evidence = evidence.for_task(model.task)
-    problem = _Problem(layout, likelihood, x, y, _prior_mean(prior_mean, p, like), curvature,
-                       evidence.refine)
-    beta = _noise_precision(model, beta, likelihood, like)
-    post = problem.posterior(theta.detach().to(**like), alpha, beta)
+    if not isinstance(evidence, EvidenceSettings):
+        raise TypeError(f"Expected evidence to be a EvidenceSettings, but got {evidence!r}.")
+    problem = LaplaceProblem.of(model, x, y, curvature=curvature,
+                                refine=evidence.for_task(model.task).refine,
+                                prior_mean=prior_mean)
+    post = problem.fit(theta, alpha=alpha, beta=beta)
     if evidence.evidence is None:
         return post
-    return maximize_evidence(post, evidence, problem.posterior)
+    return problem.maximize_evidence(post, evidence)

@@ -31,6 +31,7 @@ from bnn_zoo.core.batches import is_loader
 from bnn_zoo.core.checks import check_choice, check_fraction
 from bnn_zoo.core.data import holdout
 from bnn_zoo.guides.laplace import LaplacePosterior
+from bnn_zoo.methods.options import OptionGroup
 
 __all__ = ["AUTO_HOLDOUT", "BETA_GRID", "GRID", "ValidationSettings", "held_out_log_likelihood",
            "tune_on_held_out"]
@@ -45,7 +46,7 @@ AUTO_HOLDOUT = {"classification": 0.1, "regression": 0.0}
 
 
 @dataclass(frozen=True)
-class ValidationSettings:
+class ValidationSettings(OptionGroup):
     """Whether and how ``alpha`` is chosen on held-out points.
 
     Attributes

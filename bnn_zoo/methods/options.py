@@ -6,10 +6,11 @@ name before anything is built.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
 from typing import Any
 
-__all__ = ["Factory", "as_factory", "check_keywords", "factory"]
+__all__ = ["Factory", "OptionGroup", "as_factory", "check_keywords", "factory", "keywords"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,24 @@ def check_keywords(namespace: str, options: Mapping[str, Any],
         raise ValueError(f"Unknown {namespace} {', '.join(map(repr, unknown))}; expected one "
                          f"of: {', '.join(sorted(accepted)) or '(none)'}.")
     return dict(options)
+
+
+class OptionGroup:
+    """The base of a dataclass that groups options of a method (the settings of one step,
+    such as its curvature): where a method's field holds one, the method's keywords
+    (:func:`keywords`) name the group's fields in its place."""
+
+
+def keywords(method: Any) -> dict[str, Any]:
+    """The text form of ``method`` (a dataclass): the keywords ``method_options`` and the
+    command line set, with their values. Each field is one, except that a field holding an
+    :class:`OptionGroup` gives that group's keywords, and an enumeration's value is its
+    name."""
+    text: dict[str, Any] = {}
+    for f in fields(method):
+        value = getattr(method, f.name)
+        if isinstance(value, OptionGroup):
+            text.update(keywords(value))
+        else:
+            text[f.name] = value.value if isinstance(value, Enum) else value
+    return text

@@ -25,7 +25,7 @@ from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior, tune_noise
 from bnn_zoo.methods.base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods.ensemble import Ensemble
-from bnn_zoo.methods.options import as_factory, check_keywords
+from bnn_zoo.methods.options import as_factory, check_keywords, keywords
 from bnn_zoo.models.module import BayesianModule
 from bnn_zoo.zoo._fitted import Fitted
 from bnn_zoo.zoo._networks import (
@@ -115,8 +115,11 @@ class Entry:
             model_options = check_keywords("model_options", model_options or {},
                                            self.model_keywords)
         method_options = check_keywords("method_options", method_options or {},
-                                        {f.name for f in fields(self.method)})
-        method = replace(self.method, **method_options) if method_options else self.method
+                                        set(keywords(self.method)))
+        if method_options:
+            method = replace(self.method, **{**keywords(self.method), **method_options})
+        else:
+            method = self.method
         if guide_options:
             method = method.with_guide_options(guide_options)
         return model_options, method
@@ -187,8 +190,8 @@ class Entry:
             raise TypeError(f"Expected method to be a {expected.__module__}."
                             f"{expected.__qualname__} (the method of entry {self.name!r}), "
                             f"but got {type(method).__name__}.")
-        return {f.name: getattr(method, f.name) for f in fields(method)
-                if getattr(method, f.name) != getattr(self.method, f.name)}
+        own = keywords(self.method)
+        return {name: value for name, value in keywords(method).items() if value != own[name]}
 
     def fit(self, x: Tensor | Iterable, y: Tensor | None = None, *, task: str | None = None,
             seed: int = 0, progress: bool | None = False,

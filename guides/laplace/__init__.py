@@ -3,14 +3,14 @@ its precision structures, the posterior with its closed-form GLM predictive, the
 and the predictive Pyro models. Fitting (MAP, curvature, evidence) is the method
 :class:`bnn_zoo.methods.laplace.Laplace`."""
 
-from bnn_zoo.guides.laplace.blocks import CURVATURES as CURVATURES
 from bnn_zoo.guides.laplace.blocks import STRUCTURES as STRUCTURES
 from bnn_zoo.guides.laplace.blocks import Block as Block
+from bnn_zoo.guides.laplace.blocks import CurvatureName as CurvatureName
 from bnn_zoo.guides.laplace.blocks import Structure as Structure
 from bnn_zoo.guides.laplace.blocks import curvature_structure as curvature_structure
-from bnn_zoo.guides.laplace.dense_blocks import INDEFINITE as INDEFINITE
 from bnn_zoo.guides.laplace.dense_blocks import DenseBlock as DenseBlock
 from bnn_zoo.guides.laplace.dense_blocks import DiagBlock as DiagBlock
+from bnn_zoo.guides.laplace.dense_blocks import Indefinite as Indefinite
 from bnn_zoo.guides.laplace.dense_blocks import (
     NotPositiveDefiniteError as NotPositiveDefiniteError,
 )
@@ -19,9 +19,10 @@ from bnn_zoo.guides.laplace.factored_blocks import LowRankBlock as LowRankBlock
 from bnn_zoo.guides.laplace.guide import LaplaceGuide as LaplaceGuide
 from bnn_zoo.guides.laplace.linearized import LinearizedModel as LinearizedModel
 from bnn_zoo.guides.laplace.linearized import NonlinearModel as NonlinearModel
-from bnn_zoo.guides.laplace.posterior import LINKS as LINKS
 from bnn_zoo.guides.laplace.posterior import LaplacePosterior as LaplacePosterior
+from bnn_zoo.guides.laplace.posterior import Link as Link
 
-__all__ = ["CURVATURES", "INDEFINITE", "LINKS", "STRUCTURES", "Block", "DenseBlock", "DiagBlock",
-           "KronBlock", "LaplaceGuide", "LaplacePosterior", "LinearizedModel", "LowRankBlock",
-           "NonlinearModel", "NotPositiveDefiniteError", "Structure", "curvature_structure"]
+__all__ = ["STRUCTURES", "Block", "CurvatureName", "DenseBlock", "DiagBlock", "Indefinite",
+           "KronBlock", "LaplaceGuide", "LaplacePosterior", "LinearizedModel", "Link",
+           "LowRankBlock", "NonlinearModel", "NotPositiveDefiniteError", "Structure",
+           "curvature_structure"]

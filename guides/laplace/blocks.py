@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import ClassVar
 
 import torch
@@ -61,14 +62,14 @@ from bnn_zoo.guides.curvature import (
     subnetwork_ggn,
     subnetwork_indices,
 )
-from bnn_zoo.guides.laplace.dense_blocks import INDEFINITE, DenseBlock, DiagBlock
+from bnn_zoo.guides.laplace.dense_blocks import DenseBlock, DiagBlock, Indefinite
 from bnn_zoo.guides.laplace.factored_blocks import KronBlock, LowRankBlock
 from bnn_zoo.guides.laplace.output_blocks import OutputBlock
 from bnn_zoo.guides.layouts import Layout
 from bnn_zoo.models.likelihood import GaussianPrecision, Likelihood
 
-__all__ = ["CURVATURES", "OUTPUT_CURVATURES", "STRUCTURES", "Block", "Diag", "Ggn", "Hessian",
-           "Kron", "KronSeparate", "LastLayer", "LowRank", "Structure", "Subnetwork",
+__all__ = ["OUTPUT_CURVATURES", "STRUCTURES", "Block", "CurvatureName", "Diag", "Ggn",
+           "Hessian", "Kron", "KronSeparate", "LastLayer", "LowRank", "Structure", "Subnetwork",
            "block_from_state", "check_curvature", "curvature_structure"]
 
 Block = DenseBlock | DiagBlock | KronBlock | LowRankBlock | OutputBlock
@@ -103,18 +104,19 @@ class Structure:
     Hessian), ``max_bytes`` (the largest dense ``P x P`` matrix), ``rank`` (the eigenpairs
     ``low_rank`` keeps) and ``subnetwork`` (the weights ``subnetwork`` covers)."""
 
-    #: The name the structure is chosen by (:data:`CURVATURES`).
+    #: The name the structure is chosen by (:class:`CurvatureName`).
     name: ClassVar[str]
     #: Whether it holds each output's curvature apart (:meth:`output_blocks`).
     per_output: ClassVar[bool] = True
 
-    indefinite: str = "raise"
+    indefinite: Indefinite = Indefinite.RAISE
     max_bytes: int = MAX_DENSE_BYTES
     rank: int = 10
     subnetwork: Sequence[int] | Tensor | None = None
 
     def __post_init__(self) -> None:
-        check_choice("indefinite", self.indefinite, INDEFINITE)
+        object.__setattr__(self, "indefinite", Indefinite(
+            check_choice("indefinite", self.indefinite, tuple(Indefinite))))
 
     def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                likelihood: Likelihood) -> list[Block]:
@@ -293,25 +295,25 @@ class KronSeparate(Structure):
 STRUCTURES: dict[str, type[Structure]] = {
     cls.name: cls for cls in (Hessian, Ggn, Diag, Kron, KronSeparate, LastLayer, LowRank,
                               Subnetwork)}
-CURVATURES = tuple(STRUCTURES)
+#: The names of the structures, as :data:`STRUCTURES` registers them.
+CurvatureName = StrEnum("CurvatureName", [(name.upper(), name) for name in STRUCTURES])
 #: The structures a D-output Gaussian likelihood with a precision per output supports.
 OUTPUT_CURVATURES = tuple(name for name, cls in STRUCTURES.items() if cls.per_output)
 
 
-def check_curvature(curvature: str) -> None:
-    """Refuse a ``curvature`` outside :data:`CURVATURES`; ``"full"``, which could mean the
+def check_curvature(curvature: str) -> CurvatureName:
+    """``curvature`` as a :class:`CurvatureName`; ``"full"``, which could mean the
     exact Hessian or laplace-torch's ``"full"`` (the GGN), is refused with both names."""
     if curvature == "full":
         raise ValueError("curvature='full' is ambiguous: the exact Hessian is "
                          "curvature='hessian', and the full GGN (laplace-torch's 'full') is "
                          "curvature='ggn'.")
-    check_choice("curvature", curvature, CURVATURES)
+    return CurvatureName(check_choice("curvature", curvature, tuple(CurvatureName)))
 
 
 def curvature_structure(curvature: str, *, indefinite: str = "raise",
                         max_bytes: int = MAX_DENSE_BYTES, rank: int = 10,
                         subnetwork: Sequence[int] | Tensor | None = None) -> Structure:
-    """The structure named ``curvature`` (one of :data:`CURVATURES`) with its options."""
-    check_curvature(curvature)
-    return STRUCTURES[curvature](indefinite=indefinite, max_bytes=max_bytes, rank=rank,
-                                 subnetwork=subnetwork)
+    """The structure named ``curvature`` (a :class:`CurvatureName`) with its options."""
+    return STRUCTURES[check_curvature(curvature)](indefinite=indefinite, max_bytes=max_bytes,
+                                                  rank=rank, subnetwork=subnetwork)

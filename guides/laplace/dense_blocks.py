@@ -6,6 +6,8 @@ evidence in the eigenvalues of the curvature)."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import torch
 from torch import Tensor
 
@@ -13,9 +15,16 @@ from bnn_zoo.core.checks import check_choice
 from bnn_zoo.core.linalg import cholesky_with_jitter, symmetric_eigh
 from bnn_zoo.guides.laplace.block_base import TraceFromDiagonal, index_from, index_state
 
-__all__ = ["INDEFINITE", "DenseBlock", "DiagBlock", "NotPositiveDefiniteError"]
+__all__ = ["DenseBlock", "DiagBlock", "Indefinite", "NotPositiveDefiniteError"]
 
-INDEFINITE = ("raise", "clip")
+
+class Indefinite(StrEnum):
+    """What a dense precision with an indefinite curvature does where no jitter makes it
+    positive definite: raise a :class:`NotPositiveDefiniteError`, or project the curvature
+    onto the positive semi-definite cone once (``clip``)."""
+
+    RAISE = "raise"
+    CLIP = "clip"
 
 
 class NotPositiveDefiniteError(ValueError):
@@ -65,11 +74,11 @@ class DenseBlock(TraceFromDiagonal):
         ``dtype`` the dtype of results, ``indefinite`` what to do when no jitter makes the
         precision positive definite, ``clipped`` the eigenvalues a projection removed,
         ``jitter`` the last jitter used."""
-        check_choice("indefinite", indefinite, INDEFINITE)
         self.index = index
         self.hessian = hessian
         self.dtype = dtype
-        self.indefinite = indefinite
+        self.indefinite = Indefinite(check_choice("indefinite", indefinite,
+                                                  tuple(Indefinite)))
         self.clipped = clipped
         self.jitter = jitter
         #: ``(alpha, beta, L, jitter)`` of the last factorisation (see :meth:`cholesky`).
@@ -87,8 +96,9 @@ class DenseBlock(TraceFromDiagonal):
 
     def state_dict(self) -> dict:
         return {**index_state(self.kind, self.index), "hessian": self.hessian,
-                "dtype": str(self.dtype).removeprefix("torch."), "indefinite": self.indefinite,
-                "clipped": self.clipped, "jitter": self.jitter}
+                "dtype": str(self.dtype).removeprefix("torch."),
+                "indefinite": self.indefinite.value, "clipped": self.clipped,
+                "jitter": self.jitter}
 
     @classmethod
     def from_state(cls, state: dict) -> DenseBlock:

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice
 from bnn_zoo.guides.laplace.block_base import index_from, index_state
-from bnn_zoo.guides.laplace.dense_blocks import DenseBlock, DiagBlock
+from bnn_zoo.guides.laplace.dense_blocks import DenseBlock, DiagBlock, Indefinite
 from bnn_zoo.guides.laplace.factored_blocks import KronBlock, LowRankBlock
 
 __all__ = ["OutputBlock", "output_effective_parameters"]
@@ -48,12 +48,13 @@ class OutputBlock:
                  q: Tensor | None = None, rank: int = 10, indefinite: str = "clip") -> None:
         self.index = index
         self.inner = check_choice("inner", inner, _INNER)
-        self.parts, self.q, self.rank, self.indefinite = parts, q, rank, indefinite
+        self.parts, self.q, self.rank = parts, q, rank
+        self.indefinite = Indefinite(check_choice("indefinite", indefinite, tuple(Indefinite)))
         self._last: tuple[Tensor, object] | None = None
 
     def state_dict(self) -> dict:
         return {**index_state(self.kind, self.index), "inner": self.inner, "parts": self.parts,
-                "q": self.q, "rank": self.rank, "indefinite": self.indefinite}
+                "q": self.q, "rank": self.rank, "indefinite": self.indefinite.value}
 
     @classmethod
     def from_state(cls, state: dict) -> OutputBlock:

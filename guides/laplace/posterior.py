@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import torch
 from torch import Tensor
@@ -74,9 +75,15 @@ from bnn_zoo.guides.laplace.output_blocks import output_effective_parameters
 from bnn_zoo.guides.layouts import Layout
 from bnn_zoo.models.likelihood import Likelihood, laplace_likelihood
 
-__all__ = ["LINKS", "LaplacePosterior"]
+__all__ = ["LaplacePosterior", "Link"]
 
-LINKS = ("probit", "mc")
+
+class Link(StrEnum):
+    """How the GLM predictive averages the softmax over a classifier's Gaussian logits:
+    the probit approximation (MacKay 1992) or Monte Carlo draws of the logits."""
+
+    PROBIT = "probit"
+    MC = "mc"
 
 
 @dataclass
@@ -292,7 +299,7 @@ class LaplacePosterior:
         """
         x, _ = check_data(x, any_shape=True)
         self.layout.check_input(x)
-        check_choice("link", link, LINKS)
+        check_choice("link", link, tuple(Link))
         check_positive_int("num_samples", num_samples)
         with torch.no_grad():
             f, cov = self.function_covariance(x)

@@ -27,7 +27,7 @@ SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name != "reproduce
 #: script -> (test file, test function) that runs it with tiny flags and checks its tables
 TINY_RUNS: dict[str, tuple[str, str]] = {
     "bbb_priors.py": ("guides/test_bbb.py",
-                      "test_bbb_priors_benchmark_runs_and_its_committed_table_shows_the_seed_"
+                      "test_bbb_priors_benchmark_runs_and_its_committed_table_shows_the_narrow_"
                       "prior_collapse"),
     "checkpoint.py": ("benchmarks/test_checkpoint.py",
                       "test_a_packed_sweep_resumes_from_a_fresh_cache"),

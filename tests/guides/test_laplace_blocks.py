@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bnn_zoo.guides.laplace import (
-    CURVATURES,
     STRUCTURES,
+    CurvatureName,
     DenseBlock,
     DiagBlock,
     KronBlock,
@@ -83,9 +83,9 @@ def test_low_rank_inverse_diagonal(rank):
 def test_the_registry_names_each_structure_once_and_refuses_other_names():
     """Each name builds its class with the options; unknown names, the ambiguous
     ``"full"`` and a per-output ``kron_separate`` are refused by name."""
-    assert CURVATURES == ("hessian", "ggn", "diag", "kron", "kron_separate", "last_layer",
-                          "low_rank", "subnetwork")
-    assert OUTPUT_CURVATURES == tuple(n for n in CURVATURES if n != "kron_separate")
+    assert tuple(CurvatureName) == ("hessian", "ggn", "diag", "kron", "kron_separate",
+                                    "last_layer", "low_rank", "subnetwork")
+    assert OUTPUT_CURVATURES == tuple(n for n in CurvatureName if n != "kron_separate")
     for name, cls in STRUCTURES.items():
         structure = curvature_structure(name, rank=3, subnetwork=[0, 2])
         assert type(structure) is cls and structure.name == name and structure.rank == 3

@@ -36,18 +36,27 @@ from bnn_zoo.guides.curvature import (
     last_layer_ggn,
 )
 from bnn_zoo.guides.laplace import (
+    CurvatureName,
     DenseBlock,
     LaplaceGuide,
     LaplacePosterior,
     LinearizedModel,
+    Link,
     NonlinearModel,
     NotPositiveDefiniteError,
 )
 from bnn_zoo.guides.laplace.blocks import block_from_state
 from bnn_zoo.methods.base import Budget, Posterior
-from bnn_zoo.methods.laplace import Laplace
-from bnn_zoo.methods.laplace_evidence import EvidenceSettings, bounded_step, fixed_point_update
+from bnn_zoo.methods.laplace import Laplace, PredictiveKind
+from bnn_zoo.methods.laplace_evidence import (
+    EvidenceMethod,
+    EvidenceSettings,
+    bounded_step,
+    fixed_point_update,
+)
 from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
+from bnn_zoo.methods.laplace_validation import ValidationSettings
+from bnn_zoo.methods.options import keywords
 from bnn_zoo.models import BayesianMLP, GaussianPrior
 from bnn_zoo.models.likelihood import Categorical, Gaussian
 
@@ -919,7 +928,8 @@ def test_entries_use_the_method():
             "laplace_last_layer"} <= set(zoo.names("classification"))
     assert zoo.get("laplace").method == Laplace(curvature="ggn", evidence="fixed_point",
                                                 holdout="auto", refine="auto")
-    assert zoo.get("laplace_full").method.curvature == "hessian"
+    assert zoo.get("laplace_full").method.curvature == CurvatureSettings("hessian",
+                                                                   indefinite="clip")
     fitted = zoo.get("laplace_kron").fit(x, y, seed=0, steps=150,
                                          method_options={"predictive": "mc"})
     assert fitted.evaluate(d.x_test, d.y_test)["accuracy"] > 0.8
@@ -941,16 +951,27 @@ def test_indefinite_hessian_raises_or_is_clipped():
     assert bool(torch.isfinite(post.log_evidence()))
 
 
-def test_method_fields_make_its_settings_objects():
-    """Every field of the two settings objects is a keyword of ``Laplace`` (and so a
-    ``method_options`` name) with the same default, and the settings the method builds
-    hold its values."""
-    defaults = {f.name: f.default for f in fields(Laplace)}
-    for settings in (CurvatureSettings, EvidenceSettings):
-        assert {f.name: f.default for f in fields(settings)}.items() <= defaults.items()
-    method = Laplace(curvature="kron", rank=3, evidence="gradient", tol=1e-3, refine=False)
-    assert method.curvature_settings == CurvatureSettings("kron", rank=3)
-    assert method.evidence_settings == EvidenceSettings("gradient", tol=1e-3, refine=False)
+def test_the_settings_objects_are_the_fields_and_their_keywords_its_text_form():
+    """The fields of ``Laplace`` are its settings objects; the fields of those are keywords
+    of ``Laplace`` (its text form, the ``method_options`` names) with the same defaults, and
+    the flat keywords build the same method as the objects, names as enumerations."""
+    text = keywords(Laplace())
+    for settings in (CurvatureSettings, EvidenceSettings, ValidationSettings):
+        assert keywords(settings()).items() <= text.items()
+    method = Laplace(curvature="kron", rank=3, evidence="gradient", tol=1e-3, refine=False,
+                     holdout=0.2, link="mc")
+    assert method == Laplace(curvature=CurvatureSettings("kron", rank=3),
+                             evidence=EvidenceSettings("gradient", tol=1e-3, refine=False),
+                             validation=ValidationSettings(0.2), link=Link.MC)
+    assert method.curvature.curvature is CurvatureName.KRON
+    assert method.evidence.evidence is EvidenceMethod.GRADIENT
+    assert method.link is Link.MC and method.predictive is PredictiveKind.GLM
+    assert keywords(method)["curvature"] == "kron" and type(keywords(method)["link"]) is str
+    assert replace(method, **{**keywords(method), "curvature": "diag"}).curvature == \
+        CurvatureSettings("diag", rank=3)
+    assert Laplace(CurvatureSettings("low_rank", rank=3), rank=5).curvature.rank == 5
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['ranks'\\]"):
+        Laplace(ranks=5)
 
 
 @pytest.mark.parametrize("name, value, error", [

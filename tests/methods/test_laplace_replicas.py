@@ -73,7 +73,7 @@ def test_fit_many_predicts_like_fit():
         # round-off in MAPs equal up to round-off can make two runs stop on either side of
         # it (replica 1: beta 9.7731 and 9.7720): alpha, beta and so outputs of order one
         # agree to 2 tol, not to round-off.
-        tol = 2 * entry.method.tol
+        tol = 2 * entry.method.evidence.tol
         torch.testing.assert_close(got.mean, want.mean, rtol=tol, atol=tol)
         torch.testing.assert_close(got.stddev, want.stddev, rtol=tol, atol=tol)
         assert fitted.diagnostics["evidence_iterations"] == \

@@ -21,7 +21,12 @@ from bnn_zoo.methods import laplace_evidence
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.methods.laplace_evidence import EvidenceSettings
-from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior, refine_map
+from bnn_zoo.methods.laplace_posterior import (
+    CurvatureSettings,
+    LaplaceProblem,
+    laplace_posterior,
+    refine_map,
+)
 from bnn_zoo.methods.laplace_validation import (
     GRID,
     ValidationSettings,
@@ -281,9 +286,9 @@ def test_holdout_fits_the_map_on_the_rest_and_auto_holds_out_a_classifiers_point
                                   "laplace_kron", "laplace_last_layer"])
 def test_every_laplace_entry_tunes_its_prior_precision(name):
     method = zoo.get(name).method
-    assert method.evidence == "fixed_point"
-    assert method.validation_settings.fraction("classification") > 0
-    assert method.evidence_settings.for_task("classification").refine is False
+    assert method.evidence.evidence == "fixed_point"
+    assert method.validation.fraction("classification") > 0
+    assert method.evidence.for_task("classification").refine is False
 
 
 @pytest.mark.parametrize("task, refits", [("regression", True), ("classification", False)])
@@ -313,3 +318,22 @@ def test_bad_validation_settings_are_refused_by_name(field, value, match):
     with pytest.raises((ValueError, TypeError), match=match):
         Laplace(**{field: value})
     assert len(GRID) == 25 and GRID[0] == pytest.approx(1e-3) and GRID[-1] == pytest.approx(1e3)
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_the_steps_a_user_calls_are_those_laplace_posterior_chains(task):
+    """``LaplaceProblem.of(...).fit`` then ``maximize_evidence`` give ``laplace_posterior``'s
+    posterior bit for bit; a prior precision per weight is refused by the evidence step."""
+    model, layout, theta, x, y = problem(task)
+    curvature, evidence = CurvatureSettings("kron"), EvidenceSettings("fixed_point",
+                                                                      iterations=3)
+    whole = laplace_posterior(model, theta + 0.05, x, y, curvature=curvature,
+                              evidence=evidence, alpha=3.0)
+    steps = LaplaceProblem.of(model, x, y, curvature=curvature)
+    post = steps.maximize_evidence(steps.fit(theta + 0.05, alpha=3.0), evidence)
+    for name in ("theta", "alpha", "beta", "energy"):
+        assert torch.equal(getattr(post, name), getattr(whole, name)), name
+    assert post.history == whole.history
+    per_weight = steps.fit(theta, alpha=torch.full((layout.num_parameters,), 3.0, dtype=D))
+    with pytest.raises(ValueError, match="one per weight"):
+        steps.maximize_evidence(per_weight, evidence)
