@@ -210,3 +210,8 @@ def test_the_site_builds_strictly(tmp_path):
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr[-4000:]
     assert (tmp_path / "site" / "results" / "figures" / "uci" / "uci_ll.png").is_file()
+    # Docstrings cross-reference in Markdown: a reST role would be printed as it is.
+    roles = re.compile(r":(class|meth|func|mod|data|attr|exc|obj):(`|<code>)")
+    raw = [str(page.relative_to(tmp_path)) for page in (tmp_path / "site").rglob("*.html")
+           if roles.search(page.read_text())]
+    assert not raw, f"raw reST roles in {raw}"

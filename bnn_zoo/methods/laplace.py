@@ -2,28 +2,28 @@
 Machine Learning*, 5.7; MacKay 1992, "A Practical Bayesian Framework for Backpropagation
 Networks").
 
-:class:`Laplace` finds the MAP by SVI (:func:`bnn_zoo.core.training.fit` with a
-:class:`~bnn_zoo.guides.laplace.LaplaceGuide` as point mass, under
-:class:`~bnn_zoo.core.elbo.MeanFieldELBO`, which for a point mass is ``log p(y | w) +
+[`Laplace`][] finds the MAP by SVI ([`bnn_zoo.core.training.fit`][] with a
+[`LaplaceGuide`][bnn_zoo.guides.laplace.LaplaceGuide] as point mass, under
+[`MeanFieldELBO`][bnn_zoo.core.elbo.MeanFieldELBO], which for a point mass is ``log p(y | w) +
 log p(w)`` in as few operations as it can), then chains the steps of a
-:class:`~bnn_zoo.methods.laplace_posterior.LaplaceProblem` around it: it refines the MAP by
-full-batch L-BFGS, builds the curvature in the structure of its :attr:`~Laplace.curvature`
-and, if its :attr:`~Laplace.evidence` asks, maximises the evidence in ``alpha`` and
-``beta`` (:mod:`bnn_zoo.methods.laplace_evidence`). With points held out
-(:attr:`~Laplace.validation`), the MAP, the curvature and the evidence use the
+[`LaplaceProblem`][bnn_zoo.methods.laplace_posterior.LaplaceProblem] around it: it refines the MAP
+by full-batch L-BFGS, builds the curvature in the structure of its `curvature`
+and, if its `evidence` asks, maximises the evidence in ``alpha`` and
+``beta`` ([`bnn_zoo.methods.laplace_evidence`][]). With points held out
+(`validation`), the MAP, the curvature and the evidence use the
 others, and ``alpha`` is then scaled by the factor of a grid whose GLM predictive gives the
-held-out points the highest likelihood (:mod:`bnn_zoo.methods.laplace_validation`).
+held-out points the highest likelihood ([`bnn_zoo.methods.laplace_validation`][]).
 
 The fitted ``alpha`` and ``beta`` live in the returned posterior only: nothing is written
 into the model that ``build_model`` returned. The posterior's Pyro pair is the
-:class:`~bnn_zoo.guides.laplace.LinearizedModel` (``predictive="glm"``, the GLM
+[`LinearizedModel`][bnn_zoo.guides.laplace.LinearizedModel] (``predictive="glm"``, the GLM
 predictive of Immer et al. 2021, "Improving predictions of Bayesian neural nets via local
-linearization") or the :class:`~bnn_zoo.guides.laplace.NonlinearModel` (``"mc"``), each
+linearization") or the [`NonlinearModel`][bnn_zoo.guides.laplace.NonlinearModel] (``"mc"``), each
 with the posterior's ``alpha`` and noise ``beta^-1/2``, and the guide sampling
-``N(w_MAP, A^-1)``. :meth:`LaplaceFit.state_dict` holds the posterior (MAP, ``alpha``,
-``beta``, the blocks' tensors, the evidence history) and :meth:`Laplace.restore` rebuilds
-the fit from it and a fresh model (for the network's layout and activation), without the
-training data.
+``N(w_MAP, A^-1)``. [`LaplaceFit.state_dict`][bnn_zoo.methods.laplace.LaplaceFit.state_dict] holds
+the posterior (MAP, ``alpha``, ``beta``, the blocks' tensors, the evidence history) and
+[`Laplace.restore`][bnn_zoo.methods.laplace.Laplace.restore] rebuilds the fit from it and a fresh
+model (for the network's layout and activation), without the training data.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def check_budget(budget: Budget) -> None:
 
 class PredictiveKind(StrEnum):
     """The predictive of a Laplace fit: the linearised network (``glm``: closed form in
-    :meth:`LaplaceFit.predict`, Immer et al. 2021) or weights sampled through the network
+    [`LaplaceFit.predict`][bnn_zoo.methods.laplace.LaplaceFit.predict], Immer et al. 2021) or
+    weights sampled through the network
     (``mc``)."""
 
     GLM = "glm"
@@ -84,33 +85,34 @@ class PredictiveKind(StrEnum):
 class Laplace(Method):
     """The Laplace approximation (Bishop 2006, PRML 5.7; MacKay 1992 for the evidence; the
     curvature structures and the GLM predictive as in Daxberger et al. 2021, "Laplace
-    Redux: Effortless Bayesian Deep Learning") as a :class:`~bnn_zoo.methods.base.Method`.
+    Redux: Effortless Bayesian Deep Learning") as a [`Method`][bnn_zoo.methods.base.Method].
 
     Its fields are the settings of its steps, each checked as a whole:
 
-    curvature : the structure of ``H`` and its options (:class:`~bnn_zoo.methods.
-        laplace_posterior.CurvatureSettings`; default the full GGN).
-    evidence : the MAP refits and the evidence tuning of ``alpha`` and ``beta``
-        (:class:`~bnn_zoo.methods.laplace_evidence.EvidenceSettings`; default refits, no
+    curvature : the structure of ``H`` and its options
+    ([`CurvatureSettings`][bnn_zoo.methods.laplace_posterior.CurvatureSettings]; default the full
+    GGN). evidence : the MAP refits and the evidence tuning of ``alpha`` and ``beta``
+        ([`EvidenceSettings`][bnn_zoo.methods.laplace_evidence.EvidenceSettings]; default refits, no
         tuning).
     validation : the points held out to choose ``alpha`` on a grid
-        (:class:`~bnn_zoo.methods.laplace_validation.ValidationSettings`; default none).
+        ([`ValidationSettings`][bnn_zoo.methods.laplace_validation.ValidationSettings]; default
+        none).
     prior_precision : ``None`` (default: the model's isotropic prior), one number, one
         per layer (a sequence of ``L``) or one per weight (a (P,) tensor; no evidence
         tuning then).
     prior_mean : the prior mean, a number (default 0) or a (P,) tensor.
-    predictive : a :class:`PredictiveKind`, ``"glm"`` (default) or ``"mc"``.
+    predictive : a [`PredictiveKind`][], ``"glm"`` (default) or ``"mc"``.
     link : how the GLM predictive averages the softmax over the Gaussian logits of a
-        classifier (:class:`~bnn_zoo.guides.laplace.Link`): ``"probit"`` (default) or
+        classifier ([`Link`][bnn_zoo.guides.laplace.Link]): ``"probit"`` (default) or
         ``"mc"`` (``num_samples`` draws).
     bias_scale : standard deviation of the guide's initial biases (default 1); the method
         builds its own guide and takes no ``guide_options``.
-    replicas : declares that :meth:`fit_many` trains the MAP phases of many fits as
+    replicas : declares that [`fit_many`][] trains the MAP phases of many fits as
         replicas in one pass (default ``True``; ``Entry.fit_many`` and ``benchmarks/uci.py``
         then batch the splits of a data set); ``False`` fits them one by one.
 
     Its text form (``method_options``, the command line;
-    :func:`~bnn_zoo.methods.options.keywords`) names the settings' own fields:
+    `keywords`) names the settings' own fields:
     ``Laplace(curvature="low_rank", rank=5, evidence="fixed_point", holdout="auto")`` is
     ``Laplace(curvature=CurvatureSettings("low_rank", rank=5),
     evidence=EvidenceSettings("fixed_point"), validation=ValidationSettings("auto"))``.
@@ -125,7 +127,7 @@ class Laplace(Method):
     link: Link
     bias_scale: float
     replicas: bool
-    #: Fits from a loader's batches (:mod:`bnn_zoo.core.batches`): the MAP by SVI, one
+    #: Fits from a loader's batches ([`bnn_zoo.core.batches`][]): the MAP by SVI, one
     #: batch per step; the refits, curvature and energies as sums over one pass.
     streams: ClassVar[bool] = True
 
@@ -156,8 +158,9 @@ class Laplace(Method):
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> LaplaceFit:
         """MAP by SVI under ``budget``, then the Laplace posterior of ``build_model()``: a
-        :class:`~bnn_zoo.models.BayesianMLP` or a :class:`~bnn_zoo.models.BayesianModule`
-        (any torch module, inputs of any shape; ``kron`` needs its layers to be ``nn.Linear``,
+        [`BayesianMLP`][bnn_zoo.models.BayesianMLP] or a
+        [`BayesianModule`][bnn_zoo.models.BayesianModule] (any torch module, inputs of any shape;
+        ``kron`` needs its layers to be ``nn.Linear``,
         ``nn.Conv1d`` or ``nn.Conv2d``)."""
         check_budget(budget)
         x, y, held_out = self.validation.split(x, y, task, seed)
@@ -170,14 +173,14 @@ class Laplace(Method):
                  seeds: Sequence[int], budget: Budget, progress: bool | None
                  ) -> list[LaplaceFit]:
         """R fits, fit ``r`` on ``x[r]`` (N, D), ``y[r]`` (N,) from ``seeds[r]``: the MAP
-        phases of all R as replicas in one vectorised pass (:mod:`bnn_zoo.core.replicas`),
-        then each replica's posterior (refits, curvature, evidence) as :meth:`fit` builds it.
+        phases of all R as replicas in one vectorised pass ([`bnn_zoo.core.replicas`][]),
+        then each replica's posterior (refits, curvature, evidence) as [`fit`][] builds it.
 
-        Replica ``r``'s guide starts where :meth:`fit` with ``seeds[r]`` starts it; every
+        Replica ``r``'s guide starts where [`fit`][] with ``seeds[r]`` starts it; every
         replica takes the minibatch order of ``seeds[0]``, so on full batches
-        (``batch_size=None``) fit ``r`` is :meth:`fit`'s up to round-off, and otherwise
+        (``batch_size=None``) fit ``r`` is [`fit`][]'s up to round-off, and otherwise
         equal in distribution. A model without ``replicated`` (a user's
-        :class:`~bnn_zoo.models.BayesianModule`) is fitted one by one, each as :meth:`fit`
+        [`BayesianModule`][bnn_zoo.models.BayesianModule]) is fitted one by one, each as [`fit`][]
         with its seed (after ``pyro.set_rng_seed(seed)``, as ``Entry.fit`` does)."""
         if not self.replicas:
             raise ValueError("This Laplace method declares replicas=False; fit one by one.")
@@ -218,7 +221,7 @@ class Laplace(Method):
 
     def _posterior(self, model, guide: LaplaceGuide, x: Tensor, y: Tensor,
                    result: FitResult, held_out: tuple[Tensor, Tensor] | None) -> LaplaceFit:
-        """The fit around the MAP ``guide`` holds: :func:`laplace_posterior`, its ``alpha``
+        """The fit around the MAP ``guide`` holds: [`laplace_posterior`][], its ``alpha``
         scaled on the ``held_out`` points (if any), the guide set to sample it, and the
         predictive's Pyro model."""
         with torch.no_grad():
@@ -234,11 +237,11 @@ class Laplace(Method):
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> LaplaceFit:
-        """The fit of :meth:`LaplaceFit.state_dict`: a fresh model gives the network's
-        layout and activation, the posterior is rebuilt from the saved blocks (nothing is
-        recomputed), the guide is loaded and holds it, and the Pyro model of the saved
-        ``predictive`` is built on it. The fresh model takes the saved state of the one the
-        posterior was fitted to first (a network's deterministic tensors and running
+        """The fit of [`LaplaceFit.state_dict`][bnn_zoo.methods.laplace.LaplaceFit.state_dict]: a
+        fresh model gives the network's layout and activation, the posterior is rebuilt from the
+        saved blocks (nothing is recomputed), the guide is loaded and holds it, and the Pyro model
+        of the saved ``predictive`` is built on it. The fresh model takes the saved state of the one
+        the posterior was fitted to first (a network's deterministic tensors and running
         statistics, which its layout reads)."""
         model = build_model()
         if "source" in state:
@@ -254,7 +257,8 @@ class Laplace(Method):
 
     def with_guide_options(self, options: Mapping[str, Any]) -> Laplace:
         """``self`` for no options, else a ``ValueError``: the method builds its own
-        :class:`~bnn_zoo.guides.laplace.LaplaceGuide`, whose one option is ``bias_scale``."""
+        [`LaplaceGuide`][bnn_zoo.guides.laplace.LaplaceGuide], whose one option is
+        ``bias_scale``."""
         if options:
             raise ValueError("The Laplace method builds its own LaplaceGuide and takes no "
                              f"guide_options: got {sorted(options)}; its bias_scale is a "
@@ -277,13 +281,13 @@ def predictive_model(post: LaplacePosterior, predictive: str) -> LinearizedModel
 
 @dataclass
 class LaplaceFit:
-    """A fitted Laplace approximation: the :class:`~bnn_zoo.methods.base.Posterior` of
-    :class:`Laplace`.
+    """A fitted Laplace approximation: the [`Posterior`][bnn_zoo.methods.base.Posterior] of
+    [`Laplace`][].
 
     ``model`` and ``guide`` are the Pyro pair of the predictive (``predictive="glm"``: the
-    :class:`~bnn_zoo.guides.laplace.LinearizedModel`, whose Monte Carlo predictive is the
-    GLM predictive; ``"mc"``: the :class:`~bnn_zoo.guides.laplace.NonlinearModel`), and
-    :meth:`predict` gives the GLM predictive in closed form (classification: by ``link``),
+    [`LinearizedModel`][bnn_zoo.guides.laplace.LinearizedModel], whose Monte Carlo predictive is the
+    GLM predictive; ``"mc"``: the [`NonlinearModel`][bnn_zoo.guides.laplace.NonlinearModel]), and
+    [`predict`][] gives the GLM predictive in closed form (classification: by ``link``),
     or the Monte Carlo one.
 
     ``source`` is the model the posterior was fitted to (saved with the fit: a network's
@@ -332,9 +336,10 @@ class LaplaceFit:
         return predict(self.model, self.guide, x, num_samples=num_samples)
 
     def state_dict(self) -> dict:
-        """The posterior (:meth:`LaplacePosterior.state_dict`), the predictive's name and
-        link, the MAP fit's result and the state dicts of the Pyro pair, for
-        :meth:`Laplace.restore`."""
+        """The posterior's state
+        ([`state_dict`][bnn_zoo.guides.laplace.posterior.LaplacePosterior.state_dict]), the
+        predictive's name and link, the MAP fit's result and the state dicts of the Pyro pair,
+        for [`Laplace.restore`][bnn_zoo.methods.laplace.Laplace.restore]."""
         return {"laplace": self.laplace.state_dict(), "predictive": str(self.predictive),
                 "link": str(self.link), "result": result_state(self.result),
                 "guide": module_state(self.guide), "model": module_state(self.model),

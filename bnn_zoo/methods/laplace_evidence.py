@@ -8,19 +8,19 @@ parameters is ``gamma = sum_i lambda_i / (alpha + lambda_i) = W - alpha tr(A^-1)
 the evidence is stationary where ``alpha = gamma / ||w - m||^2`` and
 ``1 / beta = 2 E_D / (N - gamma)`` (PRML 5.178-5.180, with the prior mean ``m``). With a
 prior precision per layer, ``gamma_l = W_l - alpha_l tr_l(A^-1)`` and
-``alpha_l = gamma_l / ||w_l - m_l||^2``. :func:`fixed_point_update` gives these targets;
-:func:`gradient_update` (also where a fixed-point target is not positive, or the fixed
+``alpha_l = gamma_l / ||w_l - m_l||^2``. [`fixed_point_update`][] gives these targets;
+[`gradient_update`][] (also where a fixed-point target is not positive, or the fixed
 point cycles) maximises the evidence
-(:meth:`~bnn_zoo.guides.laplace.LaplacePosterior.log_evidence`) in ``log alpha`` and
+([`log_evidence`][bnn_zoo.guides.laplace.LaplacePosterior.log_evidence]) in ``log alpha`` and
 ``log beta`` by L-BFGS at the current MAP.
 
-The loop (:func:`maximize_evidence`) ends on a consistent (MAP, ``alpha``, ``beta``): it
+The loop ([`maximize_evidence`][]) ends on a consistent (MAP, ``alpha``, ``beta``): it
 stops when the evidence-optimal hyperparameters for the current, refitted MAP are within
 ``tol`` of the current ones, so its last step is that test after a refit. Between refits
 it settles the hyperparameters at the fixed MAP and curvature: the refits and the
 curvatures are the cost, the updates on a fixed curvature are cheap, and settling first
 takes fewer refits than one update per refit. Each update is a damped, bounded step in
-log space (:func:`bounded_step`), so ``alpha`` and ``beta`` stay finite even where the
+log space ([`bounded_step`][]), so ``alpha`` and ``beta`` stay finite even where the
 fixed point sends ``alpha`` to infinity (a handful of data points).
 """
 
@@ -48,7 +48,7 @@ __all__ = ["AUTO_REFINE", "DAMPING", "HYPER_BOUNDS", "MAX_LOG_STEP", "EvidenceMe
 
 class EvidenceMethod(StrEnum):
     """How the evidence is maximised in ``alpha`` and ``beta``: MacKay's fixed-point updates
-    (:func:`fixed_point_update`) or L-BFGS on it (:func:`gradient_update`)."""
+    ([`fixed_point_update`][]) or L-BFGS on it ([`gradient_update`][])."""
 
     FIXED_POINT = "fixed_point"
     GRADIENT = "gradient"
@@ -77,12 +77,12 @@ class EvidenceSettings(OptionGroup):
     Attributes
     ----------
     evidence : ``None`` (``alpha`` and ``beta`` stay as given), ``"fixed_point"``
-        (MacKay's updates, :func:`fixed_point_update`) or ``"gradient"``
-        (:func:`gradient_update`).
+        (MacKay's updates, [`fixed_point_update`][]) or ``"gradient"``
+        ([`gradient_update`][]).
     per_layer_alpha : one prior precision per layer instead of one shared.
     refine : refit the MAP by full-batch L-BFGS before each curvature, the first
-        included (:func:`~bnn_zoo.methods.laplace_posterior.refine_map`); ``"auto"``:
-        :data:`AUTO_REFINE` of the task (:meth:`for_task`).
+        included ([`refine_map`][bnn_zoo.methods.laplace_posterior.refine_map]); ``"auto"``:
+        `AUTO_REFINE` of the task ([`for_task`][]).
     iterations : at most ``iterations`` refits, and as many updates at each MAP.
     tol : converged when the evidence-optimal ``alpha`` and ``beta`` for the current MAP
         are within ``tol`` of the current ones in log space.
@@ -122,7 +122,7 @@ class EvidenceSettings(OptionGroup):
                              f"{bounds}.")
 
     def for_task(self, task: str) -> EvidenceSettings:
-        """These settings with ``refine="auto"`` made :data:`AUTO_REFINE` of ``task``."""
+        """These settings with ``refine="auto"`` made `AUTO_REFINE` of ``task``."""
         return replace(self, refine=AUTO_REFINE[task]) if self.refine == "auto" else self
 
 
@@ -133,9 +133,9 @@ def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor,
     ``gamma_d = beta_d tr(A^-1 H_d)`` is the share of the effective parameters attributed
     to output ``d`` (the evidence's derivative in ``beta_d``, ``-E_d + N / (2 beta_d) -
     tr(A^-1 H_d) / 2``, is zero there): the likelihood's
-    :meth:`~bnn_zoo.models.likelihood.Likelihood.noise_update`, which keeps a fixed noise
+    `noise_update`, which keeps a fixed noise
     (classification, heteroscedastic regression) at ``beta = 1``.
-    Unbounded: the targets may be infinite or not positive (see :func:`bounded_step`).
+    Unbounded: the targets may be infinite or not positive (see [`bounded_step`][]).
     Sums run over the covered weights of each layer."""
     covered = post.covered_layers
     gamma = post.effective_parameters(per_layer)
@@ -150,9 +150,10 @@ def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor,
 
 def gradient_update(post: LaplacePosterior, per_layer: bool,
                     max_iter: int = 100) -> tuple[Tensor, Tensor]:
-    """Maximise :meth:`LaplacePosterior.log_evidence` in ``log alpha``, ``log beta`` by L-BFGS
-    (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`, as the refits); ``log beta`` is (D,) with
-    a noise precision per output, and absent where ``beta`` stays 1 (classification,
+    """Maximise the evidence
+    ([`log_evidence`][bnn_zoo.guides.laplace.posterior.LaplacePosterior.log_evidence]) in
+    ``log alpha``, ``log beta`` by L-BFGS (`minimize_lbfgs`, as the refits); ``log beta`` is
+    (D,) with a noise precision per output, and absent where ``beta`` stays 1 (classification,
     heteroscedastic regression). A trial point whose ``alpha`` or ``beta`` over- or
     underflows (0 or infinite) has objective ``inf``: the line search steps back from it."""
     covered = post.covered_layers
@@ -212,7 +213,7 @@ def bounded_step(current: Tensor, target: Tensor, bounds: tuple[float, float],
 
 def evidence_step(post: LaplacePosterior, settings: EvidenceSettings
                   ) -> tuple[Tensor, Tensor, float]:
-    """The damped, bounded step (:func:`bounded_step`) from ``post``'s ``alpha`` and
+    """The damped, bounded step ([`bounded_step`][]) from ``post``'s ``alpha`` and
     ``beta`` towards the evidence-optimal ones at its MAP and curvature, and the largest
     log distance to those (``beta``'s for a Gaussian likelihood only; a categorical one
     keeps ``beta = 1``).
@@ -239,7 +240,8 @@ def evidence_step(post: LaplacePosterior, settings: EvidenceSettings
 
 def checked(post: LaplacePosterior) -> LaplacePosterior:
     """``post``, its ``log |A|`` computed: a precision that is not positive definite
-    raises :class:`~bnn_zoo.guides.laplace.NotPositiveDefiniteError` where it is built."""
+    raises [`NotPositiveDefiniteError`][bnn_zoo.guides.laplace.NotPositiveDefiniteError] where it is
+    built."""
     with torch.no_grad():
         post.log_det()
     return post

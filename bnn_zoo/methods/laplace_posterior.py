@@ -3,14 +3,15 @@ chosen structure, and the evidence-tuned ``alpha`` and ``beta`` (Bishop 2006, *P
 Recognition and Machine Learning*, 5.7; MacKay 1992, "A Practical Bayesian Framework
 for Backpropagation Networks").
 
-:func:`laplace_posterior` builds ``N(w_MAP, A^-1)`` with ``A = diag(alpha) + beta H``:
-it refits the MAP by full-batch L-BFGS (:func:`refine_map`), computes the curvature ``H``
-in the structure :class:`CurvatureSettings` chooses (:mod:`bnn_zoo.guides.curvature`,
-:mod:`bnn_zoo.guides.laplace.blocks`) and, as :class:`~bnn_zoo.methods.laplace_evidence.
-EvidenceSettings` asks, maximises the evidence in ``alpha`` and ``beta``
-(:func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`). It chains the steps of a
-:class:`LaplaceProblem`, which a user can call one by one. The model is read, never
-written: the fitted ``alpha`` and ``beta`` live in the returned posterior only.
+[`laplace_posterior`][] builds ``N(w_MAP, A^-1)`` with ``A = diag(alpha) + beta H``:
+it refits the MAP by full-batch L-BFGS ([`refine_map`][]), computes the curvature ``H``
+in the structure [`CurvatureSettings`][] chooses (`bnn_zoo.guides.curvature`,
+`bnn_zoo.guides.laplace.blocks`) and, as
+[`EvidenceSettings`][bnn_zoo.methods.laplace_evidence.EvidenceSettings] asks, maximises the evidence
+in ``alpha`` and ``beta``
+([`maximize_evidence`][bnn_zoo.methods.laplace_evidence.maximize_evidence]). It chains the steps of
+a [`LaplaceProblem`][], which a user can call one by one. The model is read, never written: the
+fitted ``alpha`` and ``beta`` live in the returned posterior only.
 
 Memory, ``P`` weights: ``hessian`` and ``ggn`` hold a dense ``P x P`` precision and its
 Cholesky factor (refused above ``max_bytes``), ``kron`` two factors per layer,
@@ -18,9 +19,9 @@ Cholesky factor (refused above ``max_bytes``), ``kron`` two factors per layer,
 numbers, ``last_layer`` the last layer's size squared.
 
 Regression on targets (N, D) fits a noise precision per output, ``beta`` (D,), with each
-output's curvature held apart (:mod:`~bnn_zoo.guides.laplace.output_blocks`; all
+output's curvature held apart (`output_blocks`; all
 structures but ``kron_separate``); a heteroscedastic model (``noise="heteroscedastic"``)
-has ``beta = 1`` and the Fisher GGN of its two heads (:mod:`bnn_zoo.guides.curvature`).
+has ``beta = 1`` and the Fisher GGN of its two heads (`bnn_zoo.guides.curvature`).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class CurvatureSettings(OptionGroup):
 
     Attributes
     ----------
-    curvature : a :class:`~bnn_zoo.guides.laplace.CurvatureName`: ``"hessian"``
+    curvature : a `CurvatureName`: ``"hessian"``
         (exact), ``"ggn"`` (full GGN), ``"diag"``, ``"kron"`` (joint weight-and-bias
         factors), ``"kron_separate"`` (laplace-torch's separate weight and bias factors),
         ``"last_layer"``, ``"low_rank"`` or ``"subnetwork"``.
@@ -95,8 +96,8 @@ class CurvatureSettings(OptionGroup):
         check_positive_int("max_bytes", self.max_bytes)
 
     def structure(self) -> Structure:
-        """The structure :attr:`curvature` names, with these options
-        (:func:`~bnn_zoo.guides.laplace.curvature_structure`)."""
+        """The structure `curvature` names, with these options
+        ([`curvature_structure`][bnn_zoo.guides.laplace.curvature_structure])."""
         return curvature_structure(self.curvature, indefinite=self.indefinite,
                                    max_bytes=self.max_bytes, rank=self.rank,
                                    subnetwork=self.subnetwork)
@@ -104,8 +105,8 @@ class CurvatureSettings(OptionGroup):
     def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                likelihood: Likelihood) -> list[Block]:
         """The precision blocks of this curvature at ``theta`` (P,) on ``x`` (N, D), ``y``
-        (:meth:`~bnn_zoo.guides.laplace.Structure.blocks`; for a likelihood with a curvature
-        per output, :meth:`~bnn_zoo.guides.laplace.Structure.output_blocks`)."""
+        ([`blocks`][bnn_zoo.guides.laplace.Structure.blocks]; for a likelihood with a curvature
+        per output, [`output_blocks`][bnn_zoo.guides.laplace.Structure.output_blocks])."""
         structure = self.structure()
         if likelihood.per_output:
             return structure.output_blocks(theta, x, y, layout)
@@ -117,10 +118,10 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
                *, prior_mean: Tensor | None = None, max_iter: int = 500,
                rtol: float | None = None) -> Tensor:
     """Minimise ``beta E_D(theta) + 1/2 sum_i alpha_i (theta_i - m_i)^2`` from ``theta`` by
-    full-batch L-BFGS (:func:`~bnn_zoo.core.lbfgs.minimize_lbfgs`: 50 pairs in compact form,
+    full-batch L-BFGS (`minimize_lbfgs`: 50 pairs in compact form,
     strong Wolfe line search); ``alpha`` and the prior mean ``m`` are (P,) (``m`` zero by
     default); the likelihood folds in the noise precision its energy carries
-    (:meth:`~bnn_zoo.models.likelihood.Likelihood.fold_noise`: one per output, ``beta``
+    (`fold_noise`: one per output, ``beta``
     (D,), so that ``beta E_D`` reads ``sum_d beta_d E_d``). Returns the new (P,) MAP.
 
     L-BFGS minimises that objective divided by ``n``, the number of observed numbers (the
@@ -131,7 +132,7 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
     every weight, by less than ``rtol`` times the starting objective, or after
     ``max_iter`` iterations.
 
-    ``x`` may be a loader's :class:`~bnn_zoo.core.batches.Batches` (``y`` ``None``): the
+    ``x`` may be a loader's [`Batches`][bnn_zoo.core.batches.Batches] (``y`` ``None``): the
     objective and its gradient are then sums over one pass, batch by batch.
 
     ``rtol`` defaults to ``1e-6`` in single (or lower) precision and to ``eps`` in double.
@@ -153,7 +154,7 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
 
     def objective_and_gradient(t: Tensor) -> tuple[Tensor, Tensor]:
         """The objective over ``n`` and its gradient: the data term's by
-        :func:`~bnn_zoo.guides.curvature.energy_and_gradient`, the prior's
+        `energy_and_gradient`, the prior's
         ``alpha (t - m) / n`` by hand."""
         energy, gradient = summed(
             lambda xb, yb: energy_and_gradient(t, xb, yb, layout, likelihood), x, y)
@@ -168,7 +169,7 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
 
 
 def model_likelihood(model, targets: Tensor) -> Likelihood:
-    """The likelihood (:mod:`bnn_zoo.models.likelihood`) of ``model`` on ``targets``:
+    """The likelihood (`bnn_zoo.models.likelihood`) of ``model`` on ``targets``:
     ``Categorical`` for a classifier, ``Heteroscedastic`` for a regression model whose
     network gives each point its own noise scale (``noise="heteroscedastic"``; targets
     (N,)), ``GaussianOutputs`` for targets (N, D), ``Gaussian`` otherwise."""
@@ -185,7 +186,8 @@ def model_likelihood(model, targets: Tensor) -> Likelihood:
 def model_alpha(model) -> float | Tensor:
     """The prior precision ``alpha = scale^-2`` of a model with an isotropic Gaussian prior;
     a model that gives its own (``prior_precision()``: one number, one per layer or one per
-    weight, e.g. a :class:`~bnn_zoo.models.BayesianModule` with priors per layer) gives it."""
+    weight, e.g. a [`BayesianModule`][bnn_zoo.models.BayesianModule] with priors per layer) gives
+    it."""
     if callable(getattr(model, "prior_precision", None)):
         return model.prior_precision()
     prior = getattr(model, "prior", None)
@@ -243,13 +245,13 @@ class LaplaceProblem:
     """A network and its training data: what every Laplace posterior of them shares, all
     but the MAP, ``alpha`` and ``beta``. Its methods are the steps of a Laplace fit, as
     laplace-torch's (Daxberger et al. 2021, "Laplace Redux -- Effortless Bayesian Deep
-    Learning"): :meth:`fit` the curvature at a MAP, tune the prior precision by
-    :meth:`maximize_evidence` (or on held-out points,
-    :func:`~bnn_zoo.methods.laplace_validation.tune_on_held_out`), then predict
-    (:meth:`~bnn_zoo.guides.laplace.LaplacePosterior.glm_predictive`).
+    Learning"): [`fit`][] the curvature at a MAP, tune the prior precision by
+    [`maximize_evidence`][] (or on held-out points,
+    [`tune_on_held_out`][bnn_zoo.methods.laplace_validation.tune_on_held_out]), then predict
+    ([`glm_predictive`][bnn_zoo.guides.laplace.LaplacePosterior.glm_predictive]).
 
-    Build it with :meth:`of`; ``refine`` refits the MAP by full-batch L-BFGS
-    (:func:`refine_map`) before each curvature.
+    Build it with [`of`][]; ``refine`` refits the MAP by full-batch L-BFGS
+    ([`refine_map`][]) before each curvature.
     """
 
     model: Any
@@ -265,10 +267,10 @@ class LaplaceProblem:
     def of(cls, model, x: Tensor | Batches, y: Tensor | None, *,
            curvature: CurvatureSettings | None = None, refine: bool = True,
            prior_mean: Tensor | float = 0.0) -> LaplaceProblem:
-        """The problem of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP` or
-        :class:`~bnn_zoo.models.BayesianModule`, read, never written) on ``x`` (N, D) (a
+        """The problem of ``model`` (a [`BayesianMLP`][bnn_zoo.models.BayesianMLP] or
+        [`BayesianModule`][bnn_zoo.models.BayesianModule], read, never written) on ``x`` (N, D) (a
         module's inputs of any shape (N, ...)), ``y`` (N,) or (N, D), or a loader's
-        :class:`~bnn_zoo.core.batches.Batches` (``y`` ``None``); ``curvature`` chooses the
+        [`Batches`][bnn_zoo.core.batches.Batches] (``y`` ``None``); ``curvature`` chooses the
         structure of ``H`` (default: the full GGN); ``prior_mean`` is a number or (P,)."""
         curvature = CurvatureSettings() if curvature is None else curvature
         if not isinstance(curvature, CurvatureSettings):
@@ -290,7 +292,7 @@ class LaplaceProblem:
 
     def fit(self, theta: Tensor, *, alpha: Tensor | float | None = None,
             beta: Tensor | float | None = None) -> LaplacePosterior:
-        """The posterior around ``theta`` (P,), refitted (:attr:`refine`), with the
+        """The posterior around ``theta`` (P,), refitted (`refine`), with the
         curvature there. ``alpha`` defaults to the precision of the model's isotropic
         Gaussian prior; it may be one number, one per layer (L,) or one per weight (P,).
         ``beta`` defaults to the model's noise precision (1 for a classifier)."""
@@ -304,7 +306,7 @@ class LaplaceProblem:
 
     def posterior(self, theta: Tensor, alpha: Tensor, beta: Tensor) -> LaplacePosterior:
         """The posterior for ``alpha`` (L,) or (P,), ``beta`` at ``theta`` refitted
-        (:attr:`refine`), with a new curvature."""
+        (`refine`), with a new curvature."""
         layout, likelihood, x, y = self.layout, self.likelihood, self.x, self.y
         if self.refine:
             per_weight = alpha if alpha.numel() == layout.num_parameters \
@@ -325,7 +327,8 @@ class LaplaceProblem:
                           settings: EvidenceSettings) -> LaplacePosterior:
         """``post`` with ``alpha`` (shared or per layer) and ``beta`` that maximise the
         evidence, the MAP refitted and the curvature recomputed between updates where
-        ``settings.refine`` asks (:func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`;
+        ``settings.refine`` asks
+        ([`maximize_evidence`][bnn_zoo.methods.laplace_evidence.maximize_evidence];
         ``refine="auto"`` as the model's task asks)."""
         if post.alpha.numel() == self.layout.num_parameters != self.layout.num_layers:
             raise ValueError("Evidence tuning fits alpha shared or per layer; expected alpha "
@@ -339,20 +342,22 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
                       evidence: EvidenceSettings | None = None,
                       alpha: Tensor | float | None = None, beta: Tensor | float | None = None,
                       prior_mean: Tensor | float = 0.0) -> LaplacePosterior:
-    """The Laplace posterior of ``model`` (a :class:`~bnn_zoo.models.BayesianMLP` or
-    :class:`~bnn_zoo.models.BayesianModule`) around ``theta`` (P,) on data ``x`` (N, D)
+    """The Laplace posterior of ``model`` (a [`BayesianMLP`][bnn_zoo.models.BayesianMLP] or
+    [`BayesianModule`][bnn_zoo.models.BayesianModule]) around ``theta`` (P,) on data ``x`` (N, D)
     (a module's inputs of any shape (N, ...)), ``y`` (N,). ``model`` is read, never written.
-    It chains the steps of :class:`LaplaceProblem`: :meth:`~LaplaceProblem.fit`, then
-    :meth:`~LaplaceProblem.maximize_evidence` where ``evidence`` asks.
+    It chains the steps of [`LaplaceProblem`][]:
+    [`fit`][bnn_zoo.methods.laplace_posterior.LaplaceProblem.fit], then
+    [`maximize_evidence`][bnn_zoo.methods.laplace_posterior.LaplaceProblem.maximize_evidence] where
+    ``evidence`` asks.
 
     ``curvature`` chooses the structure of ``H`` (default ``CurvatureSettings()``: the
     full GGN); ``evidence`` whether the MAP is refitted and how ``alpha`` and ``beta`` are
     tuned (default ``EvidenceSettings()``: refitted, not tuned; ``refine="auto"`` as the
-    model's task asks; see :func:`~bnn_zoo.methods.laplace_evidence.maximize_evidence`).
-    ``alpha`` defaults to the precision of the model's isotropic Gaussian prior; it may be
-    one number, one per layer (L,) or one per weight (P,; not with evidence tuning).
-    ``prior_mean`` is a number or (P,). ``beta`` defaults to the model's noise precision (1
-    for a classifier).
+    model's task asks; see
+    [`maximize_evidence`][bnn_zoo.methods.laplace_evidence.maximize_evidence]). ``alpha`` defaults
+    to the precision of the model's isotropic Gaussian prior; it may be one number, one per layer
+    (L,) or one per weight (P,; not with evidence tuning). ``prior_mean`` is a number or (P,).
+    ``beta`` defaults to the model's noise precision (1 for a classifier).
     """
     evidence = EvidenceSettings() if evidence is None else evidence
     if not isinstance(evidence, EvidenceSettings):

@@ -52,7 +52,7 @@ class ValidationSettings(OptionGroup):
     Attributes
     ----------
     holdout : the fraction of the training points held out (``0``: none, no grid), or
-        ``"auto"``: :data:`AUTO_HOLDOUT` of the task.
+        ``"auto"``: `AUTO_HOLDOUT` of the task.
     grid : the factors of ``alpha`` tried, positive.
     beta_grid : the factors of a regression's ``beta`` tried, positive.
     """

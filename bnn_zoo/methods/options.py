@@ -66,13 +66,13 @@ def check_keywords(namespace: str, options: Mapping[str, Any],
 class OptionGroup:
     """The base of a dataclass that groups options of a method (the settings of one step,
     such as its curvature): where a method's field holds one, the method's keywords
-    (:func:`keywords`) name the group's fields in its place."""
+    (`keywords`) name the group's fields in its place."""
 
 
 def keywords(method: Any) -> dict[str, Any]:
     """The text form of ``method`` (a dataclass): the keywords ``method_options`` and the
     command line set, with their values. Each field is one, except that a field holding an
-    :class:`OptionGroup` gives that group's keywords, and an enumeration's value is its
+    `OptionGroup` gives that group's keywords, and an enumeration's value is its
     name."""
     text: dict[str, Any] = {}
     for f in fields(method):

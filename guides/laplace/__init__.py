@@ -1,7 +1,7 @@
 """The Laplace approximation of a Bayesian MLP or module (Bishop 2006, PRML 5.7):
 its precision structures, the posterior with its closed-form GLM predictive, the guide,
 and the predictive Pyro models. Fitting (MAP, curvature, evidence) is the method
-:class:`bnn_zoo.methods.laplace.Laplace`."""
+[`bnn_zoo.methods.laplace.Laplace`][]."""
 
 from bnn_zoo.guides.laplace.blocks import STRUCTURES as STRUCTURES
 from bnn_zoo.guides.laplace.blocks import Block as Block

@@ -1,4 +1,4 @@
-"""What every precision block of :mod:`bnn_zoo.guides.laplace.blocks` shares: the saved
+"""What every precision block of `bnn_zoo.guides.laplace.blocks` shares: the saved
 form of its index, and ``tr(diag(alpha) A^-1)`` from its inverse diagonal."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def index_state(kind: str, index: slice | Tensor) -> dict:
 
 
 def index_from(state: dict) -> slice | Tensor:
-    """The index :func:`index_state` saved in ``state``."""
+    """The index `index_state` saved in ``state``."""
     if "indices" in state:
         return state["indices"]
     return slice(state["start"], state["stop"])

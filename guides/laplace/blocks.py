@@ -9,34 +9,35 @@ and noise precision ``beta``, what the posterior needs: ``log |A|``, the diagona
 A block is built from a curvature (``DenseBlock.from_hessian``, ``KronBlock.from_factors``)
 once, at fit time. ``block.state_dict()`` gives what it holds as tensors and plain data
 (its ``kind``, its slice as ``start``, ``stop``, and the tensors its constructor takes);
-:func:`block_from_state` rebuilds exactly that block, without any data.
+`block_from_state` rebuilds exactly that block, without any data.
 
-The blocks held entry by entry, :class:`~bnn_zoo.guides.laplace.dense_blocks.DenseBlock`
-and :class:`~bnn_zoo.guides.laplace.dense_blocks.DiagBlock`, are in
-:mod:`~bnn_zoo.guides.laplace.dense_blocks`; the factored ones,
-:class:`~bnn_zoo.guides.laplace.factored_blocks.KronBlock` and
-:class:`~bnn_zoo.guides.laplace.factored_blocks.LowRankBlock`, in
-:mod:`~bnn_zoo.guides.laplace.factored_blocks`.
+The blocks held entry by entry, [`DenseBlock`][bnn_zoo.guides.laplace.dense_blocks.DenseBlock]
+and [`DiagBlock`][bnn_zoo.guides.laplace.dense_blocks.DiagBlock], are in
+`dense_blocks`; the factored ones,
+[`KronBlock`][bnn_zoo.guides.laplace.factored_blocks.KronBlock] and
+[`LowRankBlock`][bnn_zoo.guides.laplace.factored_blocks.LowRankBlock], in
+`factored_blocks`.
 
-Each structure of the curvature is one :class:`Structure` class, registered by its name
-in :data:`STRUCTURES`: it builds the blocks of its curvature for one likelihood
-(:meth:`Structure.blocks`) and, for a Gaussian with a noise precision per output, the
-:class:`~bnn_zoo.guides.laplace.output_blocks.OutputBlock` s of each output's curvature
-(:meth:`Structure.output_blocks`). A new structure is one class and one line in
-:data:`STRUCTURES`; :func:`curvature_structure` turns a name into its structure.
+Each structure of the curvature is one [`Structure`][] class, registered by its name
+in `STRUCTURES`: it builds the blocks of its curvature for one likelihood
+([`Structure.blocks`][bnn_zoo.guides.laplace.blocks.Structure.blocks]) and, for a Gaussian with a
+noise precision per output, the `OutputBlock` s of each output's curvature
+([`Structure.output_blocks`][bnn_zoo.guides.laplace.blocks.Structure.output_blocks]). A new
+structure is one class and one line in `STRUCTURES`; [`curvature_structure`][] turns a name into its
+structure.
 
 A block's ``index`` is a slice of ``theta``, or for ``subnetwork`` an int64 tensor of
-positions. Memory for ``p`` weights: :class:`DenseBlock` ``p^2`` (``hessian``, ``ggn``,
-``last_layer``, ``subnetwork``; ``kron_separate``'s bias blocks), :class:`LowRankBlock`
-``p k`` (``low_rank``), :class:`DiagBlock` ``p`` (``diag``),
-:class:`KronBlock` ``(d_in + 1)^2 + d_out^2`` (``kron``, one per layer; ``kron_separate``
+positions. Memory for ``p`` weights: [`DenseBlock`][] ``p^2`` (``hessian``, ``ggn``,
+``last_layer``, ``subnetwork``; ``kron_separate``'s bias blocks), [`LowRankBlock`][]
+``p k`` (``low_rank``), [`DiagBlock`][] ``p`` (``diag``),
+[`KronBlock`][] ``(d_in + 1)^2 + d_out^2`` (``kron``, one per layer; ``kron_separate``
 one of ``d_in^2 + d_out^2`` per layer's weight matrix).
 
 .. warning:: The exact Hessian at the MAP of a ReLU network is often indefinite
    (the MAP found by SVI is not an exact mode, and the Hessian has negative
    directions along the residuals). Where ``alpha I + beta H`` is then not positive
    definite, even with jitter, ``curvature="hessian"`` raises
-   :class:`NotPositiveDefiniteError` by default; ``indefinite="clip"`` instead
+   `NotPositiveDefiniteError` by default; ``indefinite="clip"`` instead
    projects ``H`` onto the positive semi-definite cone and counts the clipped
    eigenvalues in the block's ``clipped``.
 """
@@ -104,9 +105,9 @@ class Structure:
     Hessian), ``max_bytes`` (the largest dense ``P x P`` matrix), ``rank`` (the eigenpairs
     ``low_rank`` keeps) and ``subnetwork`` (the weights ``subnetwork`` covers)."""
 
-    #: The name the structure is chosen by (:class:`CurvatureName`).
+    #: The name the structure is chosen by (`CurvatureName`).
     name: ClassVar[str]
-    #: Whether it holds each output's curvature apart (:meth:`output_blocks`).
+    #: Whether it holds each output's curvature apart ([`output_blocks`][]).
     per_output: ClassVar[bool] = True
 
     indefinite: Indefinite = Indefinite.RAISE
@@ -125,9 +126,9 @@ class Structure:
 
     def output_blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout
                       ) -> list[OutputBlock]:
-        """The :class:`OutputBlock` s of this curvature at ``theta`` (P,) on ``x`` (N, ...)
+        """The `OutputBlock` s of this curvature at ``theta`` (P,) on ``x`` (N, ...)
         and targets ``y`` (N, D): each output's curvature ``H_d`` computed alone, under a
-        :class:`~bnn_zoo.models.likelihood.GaussianPrecision` of its indicator."""
+        `GaussianPrecision` of its indicator."""
         check_choice("curvature (for D outputs with a noise precision each)", self.name,
                      OUTPUT_CURVATURES)
         eye = torch.eye(y.shape[-1], dtype=theta.dtype, device=theta.device)
@@ -139,10 +140,10 @@ class Structure:
 
 
 class _Dense(Structure):
-    """A structure of one block: the matrix :meth:`matrix` on the weights :meth:`index`,
-    held dense (or as :meth:`block` makes it)."""
+    """A structure of one block: the matrix `matrix` on the weights `index`,
+    held dense (or as `block` makes it)."""
 
-    #: The structure of an :class:`OutputBlock`'s sum of the outputs' matrices.
+    #: The structure of an `OutputBlock`'s sum of the outputs' matrices.
     inner: ClassVar[str] = "dense"
 
     def index(self, theta: Tensor, layout: Layout) -> slice | Tensor:
@@ -160,7 +161,7 @@ class _Dense(Structure):
         return DenseBlock.from_hessian(index, matrix, "clip")
 
     def output_indefinite(self) -> str:
-        """What an :class:`OutputBlock` does with an indefinite sum: clip."""
+        """What an `OutputBlock` does with an indefinite sum: clip."""
         return "clip"
 
     def blocks(self, theta, x, y, layout, likelihood):
@@ -295,14 +296,14 @@ class KronSeparate(Structure):
 STRUCTURES: dict[str, type[Structure]] = {
     cls.name: cls for cls in (Hessian, Ggn, Diag, Kron, KronSeparate, LastLayer, LowRank,
                               Subnetwork)}
-#: The names of the structures, as :data:`STRUCTURES` registers them.
+#: The names of the structures, as `STRUCTURES` registers them.
 CurvatureName = StrEnum("CurvatureName", [(name.upper(), name) for name in STRUCTURES])
 #: The structures a D-output Gaussian likelihood with a precision per output supports.
 OUTPUT_CURVATURES = tuple(name for name, cls in STRUCTURES.items() if cls.per_output)
 
 
 def check_curvature(curvature: str) -> CurvatureName:
-    """``curvature`` as a :class:`CurvatureName`; ``"full"``, which could mean the
+    """``curvature`` as a `CurvatureName`; ``"full"``, which could mean the
     exact Hessian or laplace-torch's ``"full"`` (the GGN), is refused with both names."""
     if curvature == "full":
         raise ValueError("curvature='full' is ambiguous: the exact Hessian is "
@@ -314,6 +315,6 @@ def check_curvature(curvature: str) -> CurvatureName:
 def curvature_structure(curvature: str, *, indefinite: str = "raise",
                         max_bytes: int = MAX_DENSE_BYTES, rank: int = 10,
                         subnetwork: Sequence[int] | Tensor | None = None) -> Structure:
-    """The structure named ``curvature`` (a :class:`CurvatureName`) with its options."""
+    """The structure named ``curvature`` (a `CurvatureName`) with its options."""
     return STRUCTURES[check_curvature(curvature)](indefinite=indefinite, max_bytes=max_bytes,
                                                   rank=rank, subnetwork=subnetwork)

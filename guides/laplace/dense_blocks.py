@@ -1,6 +1,6 @@
 """Laplace precision blocks that hold their curvature entry by entry: dense (p, p)
-(:class:`DenseBlock`) and diagonal (p,) (:class:`DiagBlock`), with the jittered Cholesky
-factorisation the dense one uses (:mod:`bnn_zoo.core.linalg`; Bishop 2006, *Pattern
+([`DenseBlock`][]) and diagonal (p,) ([`DiagBlock`][]), with the jittered Cholesky
+factorisation the dense one uses (`bnn_zoo.core.linalg`; Bishop 2006, *Pattern
 Recognition and Machine Learning*, 5.7; MacKay 1992, "Bayesian Interpolation", for the
 evidence in the eigenvalues of the curvature)."""
 
@@ -20,7 +20,7 @@ __all__ = ["DenseBlock", "DiagBlock", "Indefinite", "NotPositiveDefiniteError"]
 
 class Indefinite(StrEnum):
     """What a dense precision with an indefinite curvature does where no jitter makes it
-    positive definite: raise a :class:`NotPositiveDefiniteError`, or project the curvature
+    positive definite: raise a [`NotPositiveDefiniteError`][], or project the curvature
     onto the positive semi-definite cone once (``clip``)."""
 
     RAISE = "raise"
@@ -45,20 +45,20 @@ class DenseBlock(TraceFromDiagonal):
 
     The factorisation is a Cholesky, with a jitter ``j I`` escalated from ``10^-12`` to
     ``10^-6`` times the precision's mean diagonal where the plain one fails
-    (:func:`~bnn_zoo.core.linalg.cholesky_with_jitter`); the last jitter used is
+    (`cholesky_with_jitter`); the last jitter used is
     ``jitter``. Only where no jitter helps is ``H`` eigendecomposed: with
     ``indefinite="clip"`` it is projected onto the positive semi-definite cone once
     (negative eigenvalues set to zero, the nearest PSD matrix in Frobenius norm; their
-    number is ``clipped``), otherwise :class:`NotPositiveDefiniteError` is raised.
+    number is ``clipped``), otherwise [`NotPositiveDefiniteError`][] is raised.
 
     Spectral shortcut (MacKay 1992; PRML 5.177-5.178, which write the evidence in the
     eigenvalues ``lambda_i`` of ``beta H``): once a second ``(alpha, beta)`` is asked
     for with ``alpha`` one number ``a`` on the block (the evidence loop), the eigenvalues
-    ``lambda_i`` of ``H`` are computed once and :meth:`log_det` and :meth:`alpha_trace`
+    ``lambda_i`` of ``H`` are computed once and `log_det` and [`alpha_trace`][]
     answer from them, ``log |A| = sum_i log(a + beta lambda_i)`` and ``tr(a A^-1) = sum_i
     a / (a + beta lambda_i)``, in ``O(p)`` instead of a new ``O(p^3)`` factorisation per
     ``(alpha, beta)``. The eigenvectors ``V`` (``H = V diag(lambda) V^T``) are computed
-    only when :meth:`inverse_diagonal` needs them, ``[A^-1]_jj = sum_i V_ji^2 / (a + beta
+    only when `inverse_diagonal` needs them, ``[A^-1]_jj = sum_i V_ji^2 / (a + beta
     lambda_i)`` (per-layer ``gamma``), since the eigenvalues alone cost a fraction of a
     full eigendecomposition. Where some
     ``a + beta lambda_i`` is not positive they fall back to the Cholesky. Draws, whitening
@@ -81,10 +81,10 @@ class DenseBlock(TraceFromDiagonal):
                                                   tuple(Indefinite)))
         self.clipped = clipped
         self.jitter = jitter
-        #: ``(alpha, beta, L, jitter)`` of the last factorisation (see :meth:`cholesky`).
+        #: ``(alpha, beta, L, jitter)`` of the last factorisation (see [`cholesky`][]).
         self._factor: tuple[Tensor, Tensor, Tensor, float] | None = None
         #: ``lambda`` and ``V`` of ``H``, each once the spectral shortcut needs it (see
-        #: :meth:`_spectrum`).
+        #: `_spectrum`).
         self._eigenvalues: Tensor | None = None
         self._eigenvectors: Tensor | None = None
 
@@ -192,7 +192,7 @@ class DenseBlock(TraceFromDiagonal):
 
     def alpha_trace(self, alpha: Tensor, beta: Tensor) -> Tensor:
         """``tr(diag(alpha) A^-1)``: from the eigenvalues alone where the spectral shortcut
-        applies, else from :meth:`inverse_diagonal`."""
+        applies, else from `inverse_diagonal`."""
         spectrum = self._spectrum(alpha, beta)
         if spectrum is not None:
             return (alpha[0].double() / spectrum[0]).sum().to(self.dtype)

@@ -1,8 +1,8 @@
 """Laplace precision blocks that hold their curvature factored: one layer's Kronecker
-factors (:class:`KronBlock`; Martens & Grosse 2015, "Optimizing Neural Networks with
+factors ([`KronBlock`][]; Martens & Grosse 2015, "Optimizing Neural Networks with
 Kronecker-factored Approximate Curvature"; Ritter, Botev & Barber 2018, "A Scalable
 Laplace Approximation for Neural Networks") and the top eigenpairs of a curvature
-(:class:`LowRankBlock`; Daxberger et al. 2021, "Laplace Redux: Effortless Bayesian Deep
+([`LowRankBlock`][]; Daxberger et al. 2021, "Laplace Redux: Effortless Bayesian Deep
 Learning")."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class KronBlock(TraceFromDiagonal):
         """The eigen-decompositions ``Q = U diag(q) U^T`` (a,), (a, a) and
         ``G = V diag(g) V^T`` (o,), (o, o), eigenvalues non-negative; ``jitter`` the
         largest diagonal shift their decomposition needed (see
-        :func:`~bnn_zoo.core.linalg.symmetric_eigh`)."""
+        `symmetric_eigh`)."""
         self.index = index
         self.q_evals, self.q_evecs = q_evals, q_evecs
         self.g_evals, self.g_evecs = g_evals, g_evecs
@@ -106,7 +106,7 @@ class LowRankBlock(TraceFromDiagonal):
     precision is ``D^1/2 (I + Q S^2 Q^T) D^1/2``, so ``log |A| = sum log alpha_i +
     sum log(1 + s_j^2)``, ``A^-1 = D^-1/2 (I + Q ((1 + S^2)^-1 - 1) Q^T) D^-1/2`` and
     ``A^-1/2 = D^-1/2 (I + Q ((1 + S^2)^-1/2 - 1) Q^T)``: memory ``p k``, no ``p x p``
-    matrix but the dense :meth:`covariance`.
+    matrix but the dense `covariance`.
     """
 
     kind = "low_rank"
@@ -115,7 +115,7 @@ class LowRankBlock(TraceFromDiagonal):
     def __init__(self, index: slice, eigenvectors: Tensor, eigenvalues: Tensor,
                  jitter: float = 0.0) -> None:
         """``jitter``: the diagonal shift the curvature's decomposition needed (see
-        :func:`~bnn_zoo.core.linalg.symmetric_eigh`)."""
+        `symmetric_eigh`)."""
         self.index = index
         self.eigenvectors = eigenvectors
         self.eigenvalues = eigenvalues

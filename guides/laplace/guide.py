@@ -20,14 +20,14 @@ __all__ = ["LaplaceGuide"]
 
 
 class LaplaceGuide(PyroModule):
-    """A Pyro guide for a :class:`~bnn_zoo.models.BayesianMLP` or
-    :class:`~bnn_zoo.models.BayesianModule`: a point mass (MAP) at its
-    locations until :meth:`set_posterior`, then the Gaussian ``N(w_MAP, A^-1)`` of a
-    :class:`~bnn_zoo.guides.laplace.posterior.LaplacePosterior`.
+    """A Pyro guide for a [`BayesianMLP`][bnn_zoo.models.BayesianMLP] or
+    [`BayesianModule`][bnn_zoo.models.BayesianModule]: a point mass (MAP) at its
+    locations until [`set_posterior`][], then the Gaussian ``N(w_MAP, A^-1)`` of a
+    [`LaplacePosterior`][bnn_zoo.guides.laplace.posterior.LaplacePosterior].
 
     The locations are ``PyroParam``s named after the model's sample sites (dots replaced
     by underscores; ``_loc`` appended to a name without a dot, a bare module's
-    ``weight``), so the point mass trains with :func:`bnn_zoo.fit` or with Pyro's own
+    ``weight``), so the point mass trains with [`bnn_zoo.fit`][] or with Pyro's own
     ``SVI`` and a ``pyro.optim`` optimiser, with or without ``module_local_params``. With a
     posterior, the guide samples all weights jointly from an auxiliary standard normal
     site ``_laplace_eps`` transformed by the posterior's structure.
@@ -41,7 +41,7 @@ class LaplaceGuide(PyroModule):
     their spread is a parameter, ``bias_scale``.
 
     For a model of R replicas (its ``replicas`` attribute, e.g.
-    ``BayesianMLP.replicated(R)``; :mod:`bnn_zoo.core.replicas`) every location gets the
+    ``BayesianMLP.replicated(R)``; [`bnn_zoo.core.replicas`][]) every location gets the
     leading shape (R, 1), one point mass per replica (drawn independently per replica),
     sampled in the replica plate: the MAPs of R fits train in one pass. Such a guide
     takes no posterior (each replica's is fitted from its own single-fit guide).

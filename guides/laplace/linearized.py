@@ -2,25 +2,25 @@
 (Bishop 2006, PRML 5.7.1; Immer, Korzepa & Bauer 2021, "Improving predictions of
 Bayesian neural nets via local linearization", on the GLM view).
 
-Both have the sample sites of the :class:`~bnn_zoo.models.BayesianMLP` (or
-:class:`~bnn_zoo.models.BayesianModule`) they approximate
+Both have the sample sites of the [`BayesianMLP`][bnn_zoo.models.BayesianMLP] (or
+[`BayesianModule`][bnn_zoo.models.BayesianModule]) they approximate
 (one per weight tensor, prior ``N(m_i, alpha_i^-1)`` with the posterior's prior mean and
 per-layer or per-weight ``alpha``), record the network output as
 ``pyro.deterministic("f")`` and put the likelihood ``obs`` in ``pyro.plate("data")``,
 with the posterior's noise ``beta^-1/2`` (regression; one per output for D outputs), the
 network's own ``sigma(x)`` (heteroscedastic regression, from the second output, linearised
-with the first by :class:`LinearizedModel`) or a categorical on the logits ``f``.
-Paired with a :class:`~bnn_zoo.guides.laplace.guide.LaplaceGuide` holding the posterior, Pyro's
-``Predictive(model, guide=guide)`` and :func:`bnn_zoo.predict` sample
+with the first by [`LinearizedModel`][]) or a categorical on the logits ``f``.
+Paired with a [`LaplaceGuide`][bnn_zoo.guides.laplace.guide.LaplaceGuide] holding the posterior,
+Pyro's ``Predictive(model, guide=guide)`` and [`bnn_zoo.predict`][] sample
 
-* :class:`LinearizedModel`: the GLM predictive. Its network is the first-order
+* [`LinearizedModel`][]: the GLM predictive. Its network is the first-order
   expansion (PRML 5.7.1) ``f_lin(x, w) = f(x, w_MAP) + J(x) (w - w_MAP)``, so with
   ``w ~ N(w_MAP, A^-1)`` the output is exactly ``N(f(x, w_MAP), J A^-1 J^T)`` in
   distribution: regression gives ``N(f, 1/beta + g^T A^-1 g)`` (PRML 5.173), the closed
-  form of :meth:`~bnn_zoo.guides.laplace.posterior.LaplacePosterior.glm_predictive`;
+  form of [`glm_predictive`][bnn_zoo.guides.laplace.posterior.LaplacePosterior.glm_predictive];
   classification gives the Monte Carlo average of ``softmax`` over the Gaussian logits,
   which the probit approximation of the closed form approximates.
-* :class:`NonlinearModel`: the weight-sampling ("mc") predictive, the network itself.
+* [`NonlinearModel`][]: the weight-sampling ("mc") predictive, the network itself.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ __all__ = ["LinearizedModel", "NonlinearModel"]
 
 
 class _PosteriorModel(PyroModule):
-    """The shared model; subclasses define :meth:`network` for weights ``theta`` (*S, P)."""
+    """The shared model; subclasses define `network` for weights ``theta`` (*S, P)."""
 
     def __init__(self, posterior: LaplacePosterior) -> None:
         super().__init__()

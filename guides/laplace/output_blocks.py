@@ -4,21 +4,21 @@ with PRML 3.5's evidence read per output).
 
 The GGN of ``E = 1/2 sum_{n,d} beta_d (f_nd - t_nd)^2`` is ``sum_n J_n^T diag(beta) J_n =
 sum_d beta_d H_d`` with ``H_d = sum_n J_{n,d}^T J_{n,d}`` the curvature of output ``d``
-alone (:class:`~bnn_zoo.models.likelihood.GaussianPrecision` with ``beta = e_d``), and the
+alone (`GaussianPrecision` with ``beta = e_d``), and the
 precision is
 
 .. math::  A(\\alpha, \\beta) = \\mathrm{diag}(\\alpha) + \\sum_d \\beta_d H_d.
 
-An :class:`OutputBlock` holds the D parts ``H_d`` in one structure (dense (D, p, p) for
+An `OutputBlock` holds the D parts ``H_d`` in one structure (dense (D, p, p) for
 ``hessian``, ``ggn``, ``last_layer``, ``subnetwork`` and ``low_rank``; diagonal (D, p) for
 ``diag``; for ``kron`` the shared input factor ``Q`` and D output factors ``G_d`` (D, o,
 o), so that the output-side factor ``G = sum_d beta_d G_d`` has ``beta`` folded in) and,
 for each ``beta`` asked of it, builds the single-precision block of ``sum_d beta_d H_d``
-(:mod:`~bnn_zoo.guides.laplace.dense_blocks`, :mod:`~bnn_zoo.guides.laplace.factored_blocks`)
+(`dense_blocks`, `factored_blocks`)
 with unit noise precision, kept for the next call with the same ``beta``. Every answer is
 differentiable in ``beta``: ``d log|A| / d beta_d = tr(A^-1 H_d)``, so output ``d``'s
 effective number of parameters ``gamma_d = beta_d tr(A^-1 H_d)`` is ``beta_d`` times that
-derivative (:func:`output_effective_parameters`).
+derivative (`output_effective_parameters`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class OutputBlock:
     """Precision ``diag(alpha) + sum_d beta_d H_d`` on ``theta[index]`` from the D parts
     ``parts`` of one structure ``inner`` (``"dense"``, ``"diag"``, ``"kron"`` with the
     input factor ``q``, or ``"low_rank"`` keeping ``rank`` eigenpairs); ``indefinite`` as
-    for :class:`~bnn_zoo.guides.laplace.dense_blocks.DenseBlock`."""
+    for [`DenseBlock`][bnn_zoo.guides.laplace.dense_blocks.DenseBlock]."""
 
     kind = "outputs"
 
@@ -114,7 +114,7 @@ class OutputBlock:
 
 def output_effective_parameters(blocks: list, alpha: Tensor, beta: Tensor) -> Tensor:
     """(D,) ``gamma_d = beta_d tr(A^-1 H_d) = beta_d d log|A| / d beta_d`` summed over
-    ``blocks`` (:class:`OutputBlock`), ``alpha`` (P,) the prior precision of every
+    ``blocks`` (`OutputBlock`), ``alpha`` (P,) the prior precision of every
     weight: output ``d``'s share of the effective number of parameters, ``sum_d gamma_d
     = sum_i (1 - alpha_i [A^-1]_ii)``."""
     with torch.enable_grad():

@@ -10,8 +10,8 @@ per layer or per weight. With ``w_MAP`` a mode of the log joint, the posterior i
 .. math::  q(w) = N(w | w_MAP, A^{-1}),   A = diag(\alpha) + \beta H,
 
 where ``H`` is a curvature of the unit-precision negative log-likelihood ``E_D(w)``
-(:mod:`bnn_zoo.guides.curvature`) held in the structures of
-:mod:`bnn_zoo.guides.laplace.blocks`.
+(`bnn_zoo.guides.curvature`) held in the structures of
+`bnn_zoo.guides.laplace.blocks`.
 
 GLM predictive (the linearised network, PRML 5.7.1):
 ``y(x, w) ~ y(x, w_MAP) + g^T (w - w_MAP)``, so
@@ -21,7 +21,7 @@ probabilities ``E[softmax(logits)]`` are either the probit approximation
 ``softmax(f_k / sqrt(1 + pi/8 g_k^T A^-1 g_k))`` (``link="probit"``; PRML 4.153, applied
 per class, MacKay 1992) or a Monte Carlo average over the Gaussian logits
 (``link="mc"``). The same predictive as a Pyro model whose weights the guide samples is
-:class:`~bnn_zoo.guides.laplace.linearized.LinearizedModel`.
+[`LinearizedModel`][bnn_zoo.guides.laplace.linearized.LinearizedModel].
 
 Evidence (PRML 5.175, with ``W`` the number of weights; with
 ``alpha`` a vector, ``alpha/2 ||w||^2`` reads ``1/2 sum_i alpha_i (w_i - m_i)^2`` and
@@ -38,13 +38,13 @@ the MAP like hyperparameters.
 Regression with D outputs (targets (N, D)) has a noise precision per output, ``beta``
 (D,), and ``E_D`` is (D,), ``E_d = 1/2 sum_n (y_nd - f_nd)^2``: the precision is ``A =
 diag(alpha) + sum_d beta_d H_d`` with ``H_d`` output ``d``'s curvature
-(:mod:`~bnn_zoo.guides.laplace.output_blocks`), so ``sum_d beta_d H_d = sum_n J_n^T
+(`output_blocks`), so ``sum_d beta_d H_d = sum_n J_n^T
 diag(beta) J_n``, and the evidence reads ``-sum_d beta_d E_d + N/2 sum_d log beta_d - N
 D/2 log(2 pi)`` in place of ``-beta E_D + N/2 log beta - N/2 log(2 pi)``. The GLM
 predictive is ``N(f, diag(1/beta) + J A^-1 J^T)``, of which the metrics need each
 output's marginal ``N(f_d, 1/beta_d + g_d^T A^-1 g_d)``.
 
-Heteroscedastic regression (:class:`~bnn_zoo.models.likelihood.Heteroscedastic`: the
+Heteroscedastic regression (`Heteroscedastic`: the
 network's outputs are the mean ``mu`` and the raw scale ``s`` of ``sigma = softplus(s) +
 MIN_SCALE``) has ``beta = 1`` (the noise is the network's), ``H`` the GGN with the Fisher
 of ``N(mu, sigma^2)`` in ``(mu, s)``, ``E_D = sum_n (y_n - mu_n)^2 / (2 sigma_n^2) + log
@@ -52,9 +52,9 @@ sigma_n`` and the evidence ``-E_D - alpha/2 ||w||^2 - 1/2 log|A| + W/2 log alpha
 log(2 pi)``. Its GLM predictive linearises the mean head and plugs in the scale head at
 the MAP: ``N(mu(x), sigma(x)^2 + g_mu^T A^-1 g_mu)``, with ``sigma(x)`` at the MAP rather
 than averaged over the posterior (the Pyro model
-:class:`~bnn_zoo.guides.laplace.LinearizedModel` samples both heads linearised).
+[`LinearizedModel`][bnn_zoo.guides.laplace.LinearizedModel] samples both heads linearised).
 
-Each of these is one :class:`~bnn_zoo.models.likelihood.Likelihood` object, which gives
+Each of these is one `Likelihood` object, which gives
 the posterior its evidence's data terms and its GLM predictive.
 """
 
@@ -90,20 +90,20 @@ class Link(StrEnum):
 class LaplacePosterior:
     """``N(theta_map, A^-1)`` with ``A = diag(alpha) + beta H`` in a given structure; the
     evidence, its fixed point and the Pyro models count the weights the blocks cover
-    (:attr:`covered`) only, the others being held at the MAP.
+    ([`covered`][]) only, the others being held at the MAP.
 
     Attributes
     ----------
     layout : where each weight tensor sits in ``theta`` (P,), and the network as a function
-        of it (:mod:`bnn_zoo.guides.layouts`: an MLP's or any torch module's).
+        of it ([`bnn_zoo.guides.layouts`][]: an MLP's or any torch module's).
     theta : (P,) the MAP.
     blocks : the precision structure; weights outside every block stay at the MAP.
     alpha : prior precision, (L,) one per layer (all equal unless fitted per layer) or
         (P,) one per weight.
     beta : noise precision (1 for classification and heteroscedastic regression), or (D,)
         one per output for regression on targets (N, D) (then ``blocks`` are
-        :class:`~bnn_zoo.guides.laplace.output_blocks.OutputBlock` s).
-    likelihood : the likelihood of the outputs (:mod:`bnn_zoo.models.likelihood`).
+        `OutputBlock` s).
+    likelihood : the likelihood of the outputs (`bnn_zoo.models.likelihood`).
     energy : ``E_D(theta)``, the unit-precision negative log-likelihood at the MAP ((D,),
         one per output, with ``beta`` (D,)).
     num_outputs : ``N K``, the number of observed numbers (regression: ``N``, or ``N D``
@@ -141,7 +141,7 @@ class LaplacePosterior:
 
     def state_dict(self) -> dict:
         """Everything but ``layout`` (the model's), as tensors and plain data:
-        :meth:`from_state` rebuilds this posterior from it without the training data."""
+        [`from_state`][] rebuilds this posterior from it without the training data."""
         return {"theta": self.theta, "alpha": self.alpha, "beta": self.beta,
                 "likelihood": self.likelihood.name, "energy": self.energy,
                 "num_outputs": self.num_outputs, "prior_mean": self.prior_mean,
@@ -151,7 +151,7 @@ class LaplacePosterior:
 
     @classmethod
     def from_state(cls, state: dict, layout: Layout) -> LaplacePosterior:
-        """The posterior of :meth:`state_dict` on the network ``layout`` (the model's the
+        """The posterior of [`state_dict`][] on the network ``layout`` (the model's the
         posterior was fitted to)."""
         theta = state["theta"]
         if theta.shape != (layout.num_parameters,):
@@ -234,7 +234,7 @@ class LaplacePosterior:
         (0 elsewhere); with one ``alpha_l`` per layer, ``W_l - alpha_l tr_l(A^-1)``.
         ``per_layer=False``: their sum, ``gamma = sum_blocks (p_b - tr(diag(alpha_b)
         A_b^-1))``, which a dense block with one ``alpha`` takes from the eigenvalues of
-        its curvature alone (:meth:`DenseBlock.alpha_trace`)."""
+        its curvature alone (`DenseBlock.alpha_trace`)."""
         a = self.alpha_vector()
         if not per_layer:
             return sum(a[block.index].numel() - block.alpha_trace(a[block.index], self.beta)
@@ -248,7 +248,7 @@ class LaplacePosterior:
     def output_effective_parameters(self) -> Tensor:
         """(D,) ``gamma_d = beta_d tr(A^-1 H_d)`` of a posterior with ``beta`` (D,): output
         ``d``'s share of the effective number of parameters (their sum is
-        :meth:`effective_parameters` summed)."""
+        [`effective_parameters`][] summed)."""
         return output_effective_parameters(self.blocks, self.alpha_vector(), self.beta)
 
     def offset(self, eps: Tensor) -> Tensor:
@@ -291,7 +291,7 @@ class LaplacePosterior:
         """The linearised predictive at ``x`` (N, D) (a module's inputs (N, ...)), as a
         one-component predictive.
 
-        The likelihood's (:meth:`~bnn_zoo.models.likelihood.Likelihood.glm_predictive`):
+        The likelihood's (`glm_predictive`):
         regression ``N(f(x), 1/beta + g^T A^-1 g)`` (``link`` unused); classification
         ``E[softmax(l)]`` over the logits ``l ~ N(f, J A^-1 J^T)`` by the probit
         approximation (``link="probit"``) or ``num_samples`` draws of the logits
