@@ -34,13 +34,13 @@ from bnn_zoo.core.checks import check_choice, check_positive_int
 from bnn_zoo.core.nn import activation as activation_fn
 from bnn_zoo.core.nn import layer_names, layer_sizes, mlp_forward
 from bnn_zoo.core.replicas import replica_plate
+from bnn_zoo.core.tasks import TASKS, task_named
 from bnn_zoo.models.likelihood import observe
 from bnn_zoo.models.noise import ObservationNoise
 from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
 
 __all__ = ["NOISE_MODELS", "TASKS", "BayesianMLP", "fan_in_init", "init_to_fan_in"]
 
-TASKS = ("regression", "classification")
 NOISE_MODELS = ("homoscedastic", "heteroscedastic")
 
 
@@ -87,18 +87,15 @@ class BayesianMLP(ObservationNoise, PyroModule):
                  noise_scale: float | None = None, init_noise_scale: float = 0.5,
                  noise: str = "homoscedastic") -> None:
         super().__init__()
-        self.task = check_choice("task", task, TASKS)
+        kind = task_named(task)
+        self.task = kind.name
         self.heteroscedastic = check_choice("noise", noise, NOISE_MODELS) == "heteroscedastic"
-        if self.heteroscedastic and (task != "regression" or noise_scale is not None):
+        if self.heteroscedastic and (not kind.noisy or noise_scale is not None):
             raise ValueError("Expected noise='heteroscedastic' only for regression and with "
                              f"noise_scale=None, but got task={task!r}, "
                              f"noise_scale={noise_scale!r}.")
         self.sizes = layer_sizes(in_dim, tuple(hidden), out_dim + self.heteroscedastic)
-        if task == "regression" and (out_dim < 1 or (self.heteroscedastic and out_dim != 1)):
-            raise ValueError(f"Expected out_dim >= 1 for regression (1 with "
-                             f"noise='heteroscedastic'), but got {out_dim}.")
-        if task == "classification" and out_dim < 2:
-            raise ValueError(f"Expected out_dim >= 2 classes for classification, got {out_dim}.")
+        kind.check_out_dim(out_dim, self.heteroscedastic)
         self.activation_name = activation
         self.act = activation_fn(activation)
         prior = GaussianPrior() if prior is None else prior
@@ -108,8 +105,8 @@ class BayesianMLP(ObservationNoise, PyroModule):
             )
         self.prior = prior
         if not self.heteroscedastic:
-            self.init_noise(noise_scale if task == "regression" else 1.0, init_noise_scale,
-                            out_dim if task == "regression" else 1)
+            self.init_noise(kind.noise_scale(noise_scale), init_noise_scale,
+                            kind.noise_outputs(out_dim))
         else:
             self.learn_noise = False
         #: ``None`` for a single fit; R for a model of R replicas (see [`replicated`][]).
@@ -177,7 +174,7 @@ class BayesianMLP(ObservationNoise, PyroModule):
         with replica_plate(self.replicas, x.device):
             params = self.sample_weights(x)
             return observe(x, y, lambda inputs: self.network(inputs, params),
-                           regression=self.task == "regression",
+                           regression=task_named(self.task).noisy,
                            noise_scale=self.observation_scale,
                            heteroscedastic=self.heteroscedastic, data_dim=len(batch))
 

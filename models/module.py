@@ -54,10 +54,10 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 from torch.func import vmap
 
-from bnn_zoo.core.checks import check_choice
 from bnn_zoo.core.nn import noisy_layer
+from bnn_zoo.core.tasks import task_named
 from bnn_zoo.models.likelihood import observe
-from bnn_zoo.models.mlp import TASKS, drop_plate_dim
+from bnn_zoo.models.mlp import drop_plate_dim
 from bnn_zoo.models.module_options import (
     NetState,
     PriorOption,
@@ -186,7 +186,8 @@ class BayesianModule(ObservationNoise, PyroModule):
                  deterministic: Iterable[Selector] | None = None,
                  noise_scale: float | None = None, init_noise_scale: float = 0.5) -> None:
         super().__init__()
-        self.task = check_choice("task", task, TASKS)
+        kind = task_named(task)
+        self.task = kind.name
         if not isinstance(net, nn.Module):
             raise TypeError(f"Expected net to be a torch.nn.Module, but got "
                             f"{type(net).__name__}.")
@@ -200,7 +201,7 @@ class BayesianModule(ObservationNoise, PyroModule):
         self.prior = (next(iter(self._priors.values())) if len(shared) == 1
                       else SitePriors(tuple(self._priors.items())))
         self.net_state = NetState(net, self.deterministic)
-        self.init_noise(noise_scale if task == "regression" else 1.0, init_noise_scale)
+        self.init_noise(kind.noise_scale(noise_scale), init_noise_scale)
         first = next(net.parameters())
         self.to(device=first.device, dtype=first.dtype)
 
@@ -352,12 +353,10 @@ class BayesianModule(ObservationNoise, PyroModule):
     def _check_output(self, x: Tensor, shape: torch.Size) -> None:
         """Refuse a net whose output per weight sample is not ``(N, K)`` with ``K`` fit for
         the task (1 for regression, at least 2 classes for classification)."""
-        width_ok = len(shape) == 2 and (shape[1] == 1 if self.task == "regression"
-                                        else shape[1] >= 2)
-        if not width_ok or shape[0] != x.shape[0]:
-            expected = "(N, 1)" if self.task == "regression" else "(N, K) with K >= 2 classes"
+        kind = task_named(self.task)
+        if len(shape) != 2 or not kind.width_ok(shape[1]) or shape[0] != x.shape[0]:
             raise ValueError(f"Expected net to map inputs {tuple(x.shape)} to outputs "
-                             f"{expected} for {self.task}, but got {tuple(shape)}.")
+                             f"{kind.expected_outputs} for {self.task}, but got {tuple(shape)}.")
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         if not isinstance(x, Tensor) or x.dim() < 1:
@@ -365,7 +364,7 @@ class BayesianModule(ObservationNoise, PyroModule):
         params = self.sample_weights(x)
         train = self.training and y is not None  # a training step
         return observe(x, y, lambda inputs: self.network(inputs, params, train=train),
-                       regression=self.task == "regression", noise_scale=self.observation_scale)
+                       regression=task_named(self.task).noisy, noise_scale=self.observation_scale)
 
 
 def digits_cnn(channels: int = 8, classes: int = 10) -> nn.Sequential:

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.files import atomic_path
+from bnn_zoo.core.tasks import as_floats, task_named
 
 __all__ = ["BUNDLED", "LIST_COMMAND", "Dataset", "catalogue", "check_name", "gap_rows", "holdout",
            "load", "names", "num_splits", "uci_root", "uci_set"]
@@ -82,7 +83,7 @@ class Dataset:
 
     @property
     def out_dim(self) -> int:
-        return 1 if self.task == "regression" else int(self.num_classes)
+        return task_named(self.task).out_dim(self.num_classes)
 
     def to(self, device: torch.device | str) -> Dataset:
         """The same split with every tensor on ``device``."""
@@ -147,14 +148,9 @@ def uci_set(name: str) -> str | None:
 
 
 def _tensors(arrays, dtype: torch.dtype, task: str) -> list[Tensor]:
-    out = []
-    for i, a in enumerate(arrays):
-        is_target = i % 2 == 1
-        if is_target and task == "classification":
-            out.append(torch.as_tensor(np.asarray(a), dtype=torch.int64))
-        else:
-            out.append(torch.as_tensor(np.asarray(a, dtype=np.float64)).to(dtype))
-    return out
+    kind = task_named(task)
+    return [kind.targets(a, dtype) if i % 2 == 1 else as_floats(a, dtype)
+            for i, a in enumerate(arrays)]
 
 
 def _sine(split: int, gap: bool, dtype: torch.dtype) -> Dataset:
@@ -177,11 +173,12 @@ def _split(x: np.ndarray, y: np.ndarray, split: int, task: str, name: str,
            dtype: torch.dtype, test_size: float = 0.2) -> Dataset:
     from sklearn.model_selection import train_test_split
 
+    kind = task_named(task)
     parts = train_test_split(x, y, test_size=test_size, random_state=split,
-                             stratify=y if task == "classification" else None)
+                             stratify=kind.stratify(y))
     xtr, xte, ytr, yte = parts
     tensors = _tensors([xtr, ytr, xte, yte], dtype, task)
-    classes = int(y.max()) + 1 if task == "classification" else None
+    classes = kind.num_classes(y)
     return Dataset(name, task, *tensors, num_classes=classes)
 
 

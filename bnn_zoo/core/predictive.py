@@ -245,7 +245,8 @@ def sample_predictive(model: Callable, guide: Callable, x: Tensor, *, num_sample
     if "obs" not in model_trace.nodes:
         raise ValueError("Expected the model to have a likelihood at sample site 'obs'.")
     pred = predictive_from_likelihood(model_trace.nodes["obs"]["fn"])
-    if pred.task == "regression" and pred.loc.dim() == 1:  # a guide without latent weights
+    if isinstance(pred, GaussianMixturePredictive) and pred.loc.dim() == 1:
+        # a guide without latent weights
         return GaussianMixturePredictive(pred.loc.expand(num_samples, -1),
                                          pred.scale.expand(num_samples, -1))
     return pred

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.predictive import GaussianMixturePredictive, predict
+from bnn_zoo.core.tasks import task_named
 from bnn_zoo.methods.base import Budget, Method, ModelFactory, Predictive, UnsupportedProblem
 from bnn_zoo.methods.state import module_state
 from bnn_zoo.methods.svi import SVI
@@ -224,7 +225,7 @@ def sampler_start(start: SVI, build_model: ModelFactory, x: Tensor, y: Tensor, *
     # data set) in place of its own.
     with pyro.get_param_store().scope():
         init = {k: v.detach() for k, v in fit.guide.median().items()}
-        if task == "regression":
+        if task_named(task).noisy:
             noise["noise_scale"] = float(fit.model.observation_scale().detach())
     return build_model(**noise), init, noise
 
