@@ -44,7 +44,8 @@ NEW_FILE_MODE = 0o666 & ~_umask()
 def _kind(path: Path) -> str:
     """What the existing ``path`` is, in words: ``a folder``, ``a FIFO``, ..."""
     mode = path.stat().st_mode
-    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+    kinds = ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"),
+             (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
              (stat.S_ISSOCK, "a socket"))
     return next((word for test, word in kinds if test(mode)), "not a regular file")
@@ -134,6 +135,9 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> None:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"Expected path to be a str or os.PathLike, but got {path!r}.")
     path = Path(path)
+    if path.parent.exists() and not path.parent.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"Cannot write {str(path)!r}: "
+                                 f"{str(path.parent)!r} is {_kind(path.parent)}, not a folder")
     if not path.parent.is_dir():
         raise FileNotFoundError(errno.ENOENT, f"Cannot write {str(path)!r}: the folder "
                                 f"{str(path.parent)!r} does not exist")

@@ -123,3 +123,11 @@ def test_reading_a_path_that_is_not_a_file_names_it_and_never_blocks(tmp_path, m
 def test_save_names_a_path_of_another_type(fitted):
     with pytest.raises(TypeError, match="Expected path to be a str or os.PathLike"):
         fitted.save(3)
+
+
+def test_save_below_a_file_names_it(fitted, tmp_path):
+    below = tmp_path / "notes.txt"
+    below.write_bytes(KEEP)
+    with pytest.raises(NotADirectoryError, match=f"'{below}' is a file, not a folder"):
+        fitted.save(below / "fit.pt")
+    assert below.read_bytes() == KEEP
