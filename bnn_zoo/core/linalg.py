@@ -19,6 +19,8 @@ A matrix with a non-finite entry is no curvature: it raises a ``ValueError`` nam
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -46,6 +48,18 @@ def _check_finite(what: str, matrix: Tensor) -> None:
                          f"{matrix.numel()}: the fit it was built from diverged.")
 
 
+def _attempts(matrix: Tensor) -> Iterator[tuple[Tensor, float]]:
+    """What `symmetric_eigh` decomposes, lazily: ``matrix``, then (unless it is
+    already) the matrix in float64, then ``A + j I`` in float64 with ``j`` of the ladder."""
+    yield matrix, 0.0
+    wide = matrix.double()
+    if wide is not matrix:
+        yield wide, 0.0
+    eye = torch.eye(matrix.shape[-1], dtype=wide.dtype, device=wide.device)
+    for shift in _jitters(wide, JITTER_MAX):
+        yield wide + shift * eye, shift
+
+
 def symmetric_eigh(matrix: Tensor, what: str = "the matrix", vectors: bool = True
                    ) -> tuple[Tensor, Tensor | None, float]:
     """Eigenvalues (ascending) and, with ``vectors``, eigenvectors of the symmetric
@@ -54,19 +68,16 @@ def symmetric_eigh(matrix: Tensor, what: str = "the matrix", vectors: bool = Tru
     Tries ``torch.linalg.eigh`` (``eigvalsh`` without ``vectors``) in the matrix's dtype,
     then in float64, then in float64 on ``A + j I`` for each ``j`` of the jitter ladder
     (eigenvalues returned less ``j``); an attempt fails by an error or by a non-finite
-    result. Returns ``(lambda, V, j)``, ``V`` ``None`` without
-    ``vectors``; ``j`` is 0 unless a shift was needed. Raises a ``ValueError`` naming
+    result. Returns ``(lambda, V, j)``, ``V`` ``None`` without ``vectors``; ``j`` is 0
+    unless a shift was needed. Raises a ``ValueError`` naming
     ``what`` for a non-finite matrix, and ``torch.linalg.LinAlgError`` only where every
     shift fails.
     """
     _check_finite(what, matrix)
     decompose = torch.linalg.eigh if vectors else torch.linalg.eigvalsh
-    wide = matrix.double()
-    eye = torch.eye(matrix.shape[-1], dtype=wide.dtype, device=wide.device)
-    attempts = [(matrix, 0.0), (wide, 0.0), *((wide, j) for j in _jitters(wide, JITTER_MAX))]
-    for source, shift in attempts:
+    for source, shift in _attempts(matrix):
         try:
-            out = decompose(source + shift * eye if shift else source)
+            out = decompose(source)
         except torch.linalg.LinAlgError:
             continue
         evals, evecs = out if vectors else (out, None)
