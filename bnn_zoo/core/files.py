@@ -58,13 +58,12 @@ def write_target(path: str | os.PathLike) -> Path:
     (``IsADirectoryError`` for a folder) naming it, before anything is written."""
     target = Path(os.path.realpath(path))
     if target.exists() and not target.is_file():
-        kind = _kind(target)
-        error = IsADirectoryError if kind == "a folder" else FileExistsError
+        error, code = (IsADirectoryError, errno.EISDIR) if target.is_dir() \
+            else (FileExistsError, errno.EEXIST)
         link = f" (through the link {str(path)!r})" if str(target) != os.path.abspath(path) \
             else ""
-        raise error(errno.EISDIR if error is IsADirectoryError else errno.EEXIST,
-                    f"Cannot write {str(target)!r}{link}: it is {kind}; only a regular file "
-                    "or a new path is written")
+        raise error(code, f"Cannot write {str(target)!r}{link}: it is {_kind(target)}; only a "
+                          "regular file or a new path is written")
     return target
 
 
