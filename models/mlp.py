@@ -89,6 +89,8 @@ class BayesianMLP(ObservationNoise, PyroModule):
         super().__init__()
         kind = task_named(task)
         self.task = kind.name
+        #: The task as an object (what the forward pass and the output check ask of it).
+        self.kind = kind
         self.heteroscedastic = check_choice("noise", noise, NOISE_MODELS) == "heteroscedastic"
         if self.heteroscedastic and (not kind.noisy or noise_scale is not None):
             raise ValueError("Expected noise='heteroscedastic' only for regression and with "
@@ -174,7 +176,7 @@ class BayesianMLP(ObservationNoise, PyroModule):
         with replica_plate(self.replicas, x.device):
             params = self.sample_weights(x)
             return observe(x, y, lambda inputs: self.network(inputs, params),
-                           regression=task_named(self.task).noisy,
+                           regression=self.kind.noisy,
                            noise_scale=self.observation_scale,
                            heteroscedastic=self.heteroscedastic, data_dim=len(batch))
 

@@ -188,6 +188,8 @@ class BayesianModule(ObservationNoise, PyroModule):
         super().__init__()
         kind = task_named(task)
         self.task = kind.name
+        #: The task as an object (what the forward pass and the output check ask of it).
+        self.kind = kind
         if not isinstance(net, nn.Module):
             raise TypeError(f"Expected net to be a torch.nn.Module, but got "
                             f"{type(net).__name__}.")
@@ -353,10 +355,10 @@ class BayesianModule(ObservationNoise, PyroModule):
     def _check_output(self, x: Tensor, shape: torch.Size) -> None:
         """Refuse a net whose output per weight sample is not ``(N, K)`` with ``K`` fit for
         the task (1 for regression, at least 2 classes for classification)."""
-        kind = task_named(self.task)
-        if len(shape) != 2 or not kind.width_ok(shape[1]) or shape[0] != x.shape[0]:
+        if len(shape) != 2 or not self.kind.width_ok(shape[1]) or shape[0] != x.shape[0]:
             raise ValueError(f"Expected net to map inputs {tuple(x.shape)} to outputs "
-                             f"{kind.expected_outputs} for {self.task}, but got {tuple(shape)}.")
+                             f"{self.kind.expected_outputs} for {self.task}, but got "
+                             f"{tuple(shape)}.")
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         if not isinstance(x, Tensor) or x.dim() < 1:
@@ -364,7 +366,7 @@ class BayesianModule(ObservationNoise, PyroModule):
         params = self.sample_weights(x)
         train = self.training and y is not None  # a training step
         return observe(x, y, lambda inputs: self.network(inputs, params, train=train),
-                       regression=task_named(self.task).noisy, noise_scale=self.observation_scale)
+                       regression=self.kind.noisy, noise_scale=self.observation_scale)
 
 
 def digits_cnn(channels: int = 8, classes: int = 10) -> nn.Sequential:

@@ -114,7 +114,7 @@ class Classification(Task):
         return width >= 2
 
     def check_out_dim(self, out_dim: int, heteroscedastic: bool) -> None:
-        if out_dim < 2:
+        if not self.width_ok(out_dim):
             raise ValueError(f"Expected out_dim >= 2 classes for classification, got {out_dim}.")
 
 
