@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bnn_zoo.core.files import read_json
+from bnn_zoo.core.files import read_json, results_jsons
 from bnn_zoo.harness.provenance import run_columns
 
 __all__ = ["load", "run_row"]
@@ -82,8 +82,7 @@ def load(path: str | Path) -> pd.DataFrame:
     """
     path = Path(path)
     if path.is_dir():
-        files = [(f, f.relative_to(path).as_posix()) for f in sorted(path.rglob("*.json"))
-                 if "runs" not in f.relative_to(path).parts[:-1]]
+        files = [(f, f.relative_to(path).as_posix()) for f in results_jsons(path)]
     elif path.exists():
         files = [(path, path.name)]
     else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from bnn_zoo.core.files import read_json
+from bnn_zoo.core.files import read_json, results_jsons
 from bnn_zoo.harness.provenance import code_version, run_code
 from bnn_zoo.harness.runs import NOT_CACHED
 
@@ -48,9 +48,7 @@ def _results(paths: Iterable[str | Path]) -> list[tuple[Path, list[dict]]]:
     found = []
     for path in map(Path, paths):
         if path.is_dir():
-            files = (f for f in sorted(path.rglob("*.json"))
-                     if f.is_file() and "runs" not in f.relative_to(path).parts[:-1])
-            found += [(f, kept) for f in files if (kept := kept_runs(f))]
+            found += [(f, kept) for f in results_jsons(path) if (kept := kept_runs(f))]
         elif not path.is_file():
             raise ValueError(f"Expected paths to be results folders or files, but {path} "
                              "does not exist.")

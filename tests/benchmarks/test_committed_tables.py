@@ -54,7 +54,7 @@ def test_the_uci_tables_regenerate(tmp_path, benchmark_script):
     committed = RESULTS / "uci"
     records = _records(committed / "uci_summary.json", "regression")
     measured = {r["data"] for r in records}
-    summary, _ = compare.write_comparison(
+    compare.write_comparison(
         records, tmp_path, name="uci_summary", reference=None, columns=uci["COLUMNS"],
         markdown_rows=[r for r in uci["published_rows"]() if r["data"] in measured])
     with contextlib.redirect_stdout(io.StringIO()):
