@@ -1,6 +1,6 @@
 """A model's weight sites as one flat vector ``theta``: the tensors of the sites ``(name,
 shape)``, in their order, each flattened row-major and concatenated (the vector a Laplace
-layout, [`bnn_zoo.guides.layouts`][], and the SWAG Gaussian, [`bnn_zoo.guides.swag`][],
+layout, [`bnn_zoo.methods.laplace._layouts`][], and the SWAG Gaussian, [`bnn_zoo.guides.swag`][],
 are over)."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ likelihood is rescaled by ``N / B``), the network output is recorded as
   output of Lakshminarayanan et al. 2017, Sec. 2.2, with their variance floor on the scale);
 * classification: ``y_n ~ Categorical(softmax(f(x_n)))``.
 
-The Laplace approximation (`bnn_zoo.guides.curvature`,
-[`bnn_zoo.guides.laplace`][]) reads each of these as a `Likelihood` object,
+The Laplace approximation (`bnn_zoo.methods.laplace._curvature`,
+[`bnn_zoo.methods.laplace`][]) reads each of these as a `Likelihood` object,
 `Gaussian`, `GaussianOutputs`, `Heteroscedastic` or
 `Categorical`: its unit-precision negative log-likelihood ``E`` of the outputs,
 the Hessian of ``E`` in the outputs (through a square root, for the GGN), the GLM
@@ -55,7 +55,7 @@ MIN_SCALE = 1e-3
 
 class NoiseStatistics(Protocol):
     """What a noise update reads of a Laplace posterior
-    ([`LaplacePosterior`][bnn_zoo.guides.laplace.posterior.LaplacePosterior]): the noise
+    ([`LaplacePosterior`][bnn_zoo.methods.laplace._posterior.LaplacePosterior]): the noise
     precision ``beta``, the number of observed outputs, the data energy ``E_D`` and the
     effective parameters per output."""
 

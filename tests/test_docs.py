@@ -111,7 +111,7 @@ def test_example_runs_and_prints_what_is_documented(where, capsys, tmp_path, mon
 def test_generated_tables_equal_their_sources(path):
     text = path.read_text()
     assert render(text, ROOT) == text, (
-        f"a table of {path} differs from its source: run python -m bnn_zoo.harness.readme_tables")
+        f"a table of {path} differs from its source: run python -m bnn_zoo tables")
 
 
 @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -185,7 +185,7 @@ def test_tables_render_filters_and_refuse_bad_markers(tmp_path):
 
 
 def test_the_command_rewrites_every_document_and_checks_them(tmp_path):
-    from bnn_zoo.harness.readme_tables import main
+    from bnn_zoo.harness.cli import main
     from bnn_zoo.harness.tables import write_tables
 
     write_tables(tmp_path, "t", [{"entry": "x", "runs": 1, "ll": 1.5}], keys=("entry",),
@@ -194,10 +194,10 @@ def test_the_command_rewrites_every_document_and_checks_them(tmp_path):
     (tmp_path / "README.md").write_text(stale)
     (tmp_path / "docs" / "sub").mkdir(parents=True)
     (tmp_path / "docs" / "sub" / "page.md").write_text("# Page\n\n" + stale)
-    assert main(["--root", str(tmp_path), "--check"]) == 1
-    assert main(["--root", str(tmp_path)]) == 0
+    assert main(["tables", "--root", str(tmp_path), "--check"]) == 1
+    assert main(["tables", "--root", str(tmp_path)]) == 0
     assert "| x | 1 | 1.500 |" in (tmp_path / "docs" / "sub" / "page.md").read_text()
-    assert main(["--root", str(tmp_path), "--check"]) == 0
+    assert main(["tables", "--root", str(tmp_path), "--check"]) == 0
 
 
 @pytest.mark.skipif((importlib.util.find_spec("mkdocs") is None

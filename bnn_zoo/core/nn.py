@@ -44,7 +44,7 @@ _TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)  # erf'(z) = 2 / sqrt(pi) exp(-z^2)
 #: for the upstream gradient ``g`` and ``h = act(z)``, by the kernels torch's autograd runs
 #: (``threshold_backward`` and the like: one pass and one new tensor, which on a large
 #: minibatch costs more than the arithmetic), for gradients written out by hand
-#: (`bnn_zoo.guides.curvature.energy_and_gradient`).
+#: (`bnn_zoo.methods.laplace._curvature.energy_and_gradient`).
 ACTIVATION_BACKWARD: dict[Callable[[Tensor], Tensor],
                           Callable[[Tensor, Tensor, Tensor], Tensor]] = {
     ACTIVATIONS["relu"]: lambda g, z, h: torch.ops.aten.threshold_backward(g, h, 0),

@@ -1,4 +1,4 @@
-"""The command line: ``python -m bnn_zoo {list,datasets,fit,compare,priors,stale}`` (also
+"""The command line: ``python -m bnn_zoo {list,datasets,fit,compare,priors,stale,tables}`` (also
 ``bnn-zoo``).
 
 * ``list``: the zoo's entries with their tasks, source documents and descriptions;
@@ -14,7 +14,9 @@
 * ``priors``: prior diagnostics, the Gaussian limit and the unit tails (see
   `bnn_zoo.harness.prior_command`);
 * ``stale PATH...``: the cells of results folders or files whose runs other code than the
-  checkout's made (see `bnn_zoo.harness.stale`); exit code 1 when there are any.
+  checkout's made (see `bnn_zoo.harness.stale`); exit code 1 when there are any;
+* ``tables [--check]``: rewrite the tables of the README and the docs from the results
+  files they name (with ``--check``, write nothing and exit 1 if one differs).
 
 Every command takes the shared flags of `bnn_zoo.harness.flags` that apply to it;
 every value and every output path is checked before any work starts. Exit codes:
@@ -35,10 +37,11 @@ import argparse
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from bnn_zoo import zoo
 from bnn_zoo.core import data as data_module
-from bnn_zoo.harness import compare, flags, prior_command, stale
+from bnn_zoo.harness import compare, flags, prior_command, readme_tables, stale
 from bnn_zoo.harness.outputs import check_writable
 from bnn_zoo.harness.provenance import run_columns, versions
 from bnn_zoo.harness.runs import run_one
@@ -124,9 +127,13 @@ def _stale(args: argparse.Namespace) -> int:
     return stale.run(args.paths)
 
 
+def _tables(args: argparse.Namespace) -> int:
+    return readme_tables.rewrite(args.files, args.root.resolve(), args.check)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``bnn_zoo`` argument parser with its ``list``, ``datasets``, ``fit``, ``compare``,
-    ``priors`` and ``stale`` commands."""
+    ``priors``, ``stale`` and ``tables`` commands."""
     parser = argparse.ArgumentParser(prog=PROG,
                                      description="A Pyro model zoo for Bayesian neural networks.")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
@@ -159,6 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     listing_stale.add_argument("paths", nargs="+", metavar="PATH",
                                help="results folder (searched recursively) or results JSON")
     listing_stale.set_defaults(run=_stale)
+    tables = commands.add_parser(
+        "tables", help="rewrite the generated tables of the README and the docs from their "
+                       "results files")
+    tables.add_argument("files", nargs="*", type=Path,
+                        help="Markdown files (default: README.md and docs/**/*.md of --root)")
+    tables.add_argument("--root", type=Path, default=Path("."),
+                        help="the repository: marker paths are relative to it")
+    tables.add_argument("--check", action="store_true",
+                        help="exit 1 if a table differs from its source; write nothing")
+    tables.set_defaults(run=_tables)
     for command in commands.choices.values():
         # SUPPRESS: without --debug after the command, the one before it holds.
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

@@ -17,36 +17,33 @@ one of the values of ``FIELD:A,B,...``).
 Where the file records the code versions and commits of its runs (``"provenance"``, as
 `write_comparison` writes it), a line under the table names
 them (`note`).
-`render` rewrites every such block from its file; ``python -m
-bnn_zoo.harness.readme_tables`` writes the README, ``--check`` exits 1 if a block differs
-from its file (the test suite runs the same check), so every number the README quotes can be
-traced to a committed file and re-run.
+`render` rewrites every such block from its file; ``python -m bnn_zoo tables`` writes the
+README, ``--check`` exits 1 if a block differs from its file (the test suite runs the same
+check), so every number the README quotes can be traced to a committed file and re-run.
 
 The table of the zoo's entries is written between ``<!-- entries -->`` and
 ``<!-- end entries -->``; `entries_table` renders it from the registry
 ([`bnn_zoo.zoo`][]), so it lists every registered entry and nothing else.
 
-``python -m bnn_zoo.harness.readme_tables`` rewrites every block of ``README.md`` and
+``python -m bnn_zoo tables`` (`rewrite`) rewrites every block of ``README.md`` and
 ``docs/**/*.md`` (or of the files it is given); marker paths are relative to ``--root``,
 the repository (default: the working directory).
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
 from bnn_zoo.core.files import read_json, write_text_atomic
-from bnn_zoo.harness.cli import run_command
 from bnn_zoo.harness.provenance import note
 from bnn_zoo.harness.tables import markdown_table
 
 __all__ = ["BLOCK", "ENTRIES", "PROG", "documents", "entries_table", "parse_spec", "render",
            "render_block", "rewrite"]
 
-PROG = "python -m bnn_zoo.harness.readme_tables"
+PROG = "python -m bnn_zoo tables"
 
 #: A generated block: its opening marker's specification, then the body up to the end marker.
 BLOCK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- end table -->",
@@ -151,18 +148,6 @@ def documents(root: Path) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("files", nargs="*", type=Path,
-                        help="Markdown files (default: README.md and docs/**/*.md of --root)")
-    parser.add_argument("--root", type=Path, default=Path("."),
-                        help="the repository: marker paths are relative to it")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if a table differs from its source; write nothing")
-    args = parser.parse_args(argv)
-    return run_command(PROG, lambda: rewrite(args.files, args.root.resolve(), args.check))
-
-
 def rewrite(files: list[Path], root: Path, check: bool) -> int:
     """Rewrite the generated tables of ``files`` (default: `documents`) from their
     sources under ``root``; with ``check``, write nothing and return 1 if one differs."""
@@ -181,6 +166,3 @@ def rewrite(files: list[Path], root: Path, check: bool) -> int:
         print(f"{file}: a generated table differs from its source; run {PROG}", file=sys.stderr)
     return 1 if stale else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,7 @@ section 5.7; the first half of Arbel's lecture notes "Bayesian NN under a Laplac
 approximation" (2021)).
 
 Each entry runs [`Laplace`][bnn_zoo.methods.laplace.Laplace]: the MAP by SVI (a
-[`LaplaceGuide`][bnn_zoo.guides.laplace.LaplaceGuide] as point mass, refined by full-batch
+[`LaplaceGuide`][bnn_zoo.methods.laplace.LaplaceGuide] as point mass, refined by full-batch
 L-BFGS), then the Gaussian around it, with the GLM predictive:
 
 * ``laplace``: GGN curvature, ``alpha`` and ``beta`` tuned by MacKay's evidence fixed
@@ -16,7 +16,7 @@ L-BFGS), then the Gaussian around it, with the GLM predictive:
 * ``laplace_last_layer``: the last layer's GGN around the trained MAP without refits (a
   refit would let the other layers, fixed like hyperparameters, fit the noise of the
   training points), ``alpha`` and ``beta`` from the evidence, then scaled on a tenth of the
-  training points held out ([`bnn_zoo.methods.laplace_validation`][]).
+  training points held out ([`bnn_zoo.methods.laplace._validation`][]).
 
 A classifier's MAP is trained once, under the model's prior, and every entry tunes its
 ``alpha`` post hoc (``refine="auto"``: refits under the evidence's ``alpha`` make a
@@ -33,7 +33,7 @@ The entries fit the zoo's MLP; with ``entry.fit(..., net=...)`` they fit any tor
 on inputs of the shape it takes (images (N, C, H, W), series (N, C, L)) the same way (its
 MAP trained untraced; ``kron`` and ``kron_separate`` need every parameterised layer to be
 an ``nn.Linear``, ``nn.Conv1d`` or ``nn.Conv2d``, the other structures take any layer; see
-[`bnn_zoo.guides.layouts`][]).
+[`bnn_zoo.methods.laplace._layouts`][]).
 
 ``entry.fit_many`` (and ``benchmarks/uci.py``) trains the MAP phases of many fits (the
 splits of a data set) as replicas in one pass, then builds each fit's posterior

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bnn_zoo.core.linalg import JITTER_MAX, cholesky_with_jitter, symmetric_eigh, thin_svd
-from bnn_zoo.guides.laplace import DenseBlock, DiagBlock, KronBlock, LowRankBlock
+from bnn_zoo.methods.laplace import DenseBlock, DiagBlock, KronBlock, LowRankBlock
 
 DTYPES = (torch.float32, torch.float64)
 

@@ -209,8 +209,8 @@ def test_every_command_that_reads_results_names_a_file_it_cannot_read(tmp_path, 
     page = tmp_path / "page.md"
     page.write_text("<!-- table: results/sub/compare.json keys=entry columns=ll -->\n"
                     "<!-- end table -->\n")
-    assert readme_tables.main([str(page), "--root", str(tmp_path)]) == 2
-    _one_error_line(capsys.readouterr().err, readme_tables.PROG, str(broken))
+    assert cli.main(["tables", str(page), "--root", str(tmp_path)]) == 2
+    _one_error_line(capsys.readouterr().err, cli.PROG, str(broken))
     with pytest.raises(ValueError, match=f"Cannot read results file '{broken}'"):
         runs.restore_cache(broken.parent, "compare", task="regression")
     _broken(tmp_path / "sweep" / "checkpoint.jsonl", '{"entry": "map"}\n{"entry": \n')

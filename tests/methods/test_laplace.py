@@ -25,7 +25,20 @@ from bnn_zoo import data, predict, zoo
 from bnn_zoo.core.nn import ACTIVATIONS, mlp_forward
 from bnn_zoo.core.scaling import Standardizer
 from bnn_zoo.evaluation.metrics import metrics
-from bnn_zoo.guides.curvature import (
+from bnn_zoo.methods.base import Budget, Posterior
+from bnn_zoo.methods.laplace import (
+    CurvatureName,
+    DenseBlock,
+    Laplace,
+    LaplaceGuide,
+    LaplacePosterior,
+    LinearizedModel,
+    Link,
+    NonlinearModel,
+    NotPositiveDefiniteError,
+    PredictiveKind,
+)
+from bnn_zoo.methods.laplace._curvature import (
     ParameterLayout,
     diagonal_ggn,
     energy_and_gradient,
@@ -35,27 +48,15 @@ from bnn_zoo.guides.curvature import (
     kron_ggn,
     last_layer_ggn,
 )
-from bnn_zoo.guides.laplace import (
-    CurvatureName,
-    DenseBlock,
-    LaplaceGuide,
-    LaplacePosterior,
-    LinearizedModel,
-    Link,
-    NonlinearModel,
-    NotPositiveDefiniteError,
-)
-from bnn_zoo.guides.laplace.blocks import block_from_state
-from bnn_zoo.methods.base import Budget, Posterior
-from bnn_zoo.methods.laplace import Laplace, PredictiveKind
-from bnn_zoo.methods.laplace_evidence import (
+from bnn_zoo.methods.laplace._evidence import (
     EvidenceMethod,
     EvidenceSettings,
     bounded_step,
     fixed_point_update,
 )
-from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
-from bnn_zoo.methods.laplace_validation import ValidationSettings
+from bnn_zoo.methods.laplace._problem import CurvatureSettings, laplace_posterior
+from bnn_zoo.methods.laplace._structures import block_from_state
+from bnn_zoo.methods.laplace._validation import ValidationSettings
 from bnn_zoo.methods.options import keywords
 from bnn_zoo.models import BayesianMLP, GaussianPrior
 from bnn_zoo.models.likelihood import Categorical, Gaussian

@@ -16,14 +16,14 @@ from pyro import poutine
 
 from bnn_zoo import zoo
 from bnn_zoo.evaluation.metrics import regression_metrics
-from bnn_zoo.guides.curvature import (
+from bnn_zoo.methods.laplace._curvature import (
     energy_and_gradient,
     ggn,
     kron_ggn,
 )
-from bnn_zoo.guides.layouts import layout_of
-from bnn_zoo.methods.laplace_evidence import EvidenceSettings, fixed_point_update
-from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
+from bnn_zoo.methods.laplace._evidence import EvidenceSettings, fixed_point_update
+from bnn_zoo.methods.laplace._layouts import layout_of
+from bnn_zoo.methods.laplace._problem import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP
 from bnn_zoo.models.likelihood import Heteroscedastic, heteroscedastic_scale
 from bnn_zoo.models.priors import GaussianPrior

@@ -13,11 +13,10 @@ import torch
 from torch import nn
 
 from bnn_zoo import zoo
-from bnn_zoo.guides.curvature import ParameterLayout
-from bnn_zoo.guides.laplace import LaplaceGuide
 from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.laplace import Laplace
-from bnn_zoo.methods.laplace_posterior import refine_map
+from bnn_zoo.methods.laplace import Laplace, LaplaceGuide
+from bnn_zoo.methods.laplace._curvature import ParameterLayout
+from bnn_zoo.methods.laplace._problem import refine_map
 from bnn_zoo.models import BayesianMLP, BayesianModule
 from bnn_zoo.models.likelihood import Gaussian
 

@@ -16,18 +16,18 @@ import torch
 from bnn_zoo import data, zoo
 from bnn_zoo.core.lbfgs import minimize_lbfgs
 from bnn_zoo.core.nn import mlp_forward
-from bnn_zoo.guides.curvature import ParameterLayout
-from bnn_zoo.methods import laplace_evidence
 from bnn_zoo.methods.base import Budget
 from bnn_zoo.methods.laplace import Laplace
-from bnn_zoo.methods.laplace_evidence import EvidenceSettings
-from bnn_zoo.methods.laplace_posterior import (
+from bnn_zoo.methods.laplace import _evidence as laplace_evidence
+from bnn_zoo.methods.laplace._curvature import ParameterLayout
+from bnn_zoo.methods.laplace._evidence import EvidenceSettings
+from bnn_zoo.methods.laplace._problem import (
     CurvatureSettings,
     LaplaceProblem,
     laplace_posterior,
     refine_map,
 )
-from bnn_zoo.methods.laplace_validation import (
+from bnn_zoo.methods.laplace._validation import (
     GRID,
     ValidationSettings,
     held_out_log_likelihood,

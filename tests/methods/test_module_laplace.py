@@ -20,7 +20,9 @@ from torch import nn
 from torch.func import functional_call
 
 from bnn_zoo import predict, zoo
-from bnn_zoo.guides.curvature import (
+from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods.laplace import Laplace
+from bnn_zoo.methods.laplace._curvature import (
     diagonal_ggn,
     full_hessian,
     ggn,
@@ -28,11 +30,9 @@ from bnn_zoo.guides.curvature import (
     kron_ggn,
     last_layer_ggn,
 )
-from bnn_zoo.guides.layouts import ModuleLayout, layout_of
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.laplace import Laplace
-from bnn_zoo.methods.laplace_evidence import EvidenceSettings
-from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
+from bnn_zoo.methods.laplace._evidence import EvidenceSettings
+from bnn_zoo.methods.laplace._layouts import ModuleLayout, layout_of
+from bnn_zoo.methods.laplace._problem import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP, BayesianModule, GaussianPrior, digits_cnn
 from bnn_zoo.models.likelihood import Categorical, Gaussian
 

@@ -5,7 +5,7 @@ A layout knows where each weight tensor sits in ``theta`` (P,), how the weights 
 into layers (for a prior precision per layer, the last layer, Kronecker factors), and
 evaluates the network (with its own activation) and its Jacobians at a ``theta``. Two
 layouts share that interface,
-so the curvatures (`bnn_zoo.guides.curvature`), the precision blocks, the posterior,
+so the curvatures (`bnn_zoo.methods.laplace._curvature`), the precision blocks, the posterior,
 its guide and its predictive models work unchanged on both:
 
 * [`ParameterLayout`][]: a [`BayesianMLP`][bnn_zoo.models.BayesianMLP], weights in the zoo's
@@ -51,8 +51,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
 from bnn_zoo.core.nn import mlp_forward
-from bnn_zoo.guides.conv_patches import conv_patches
 from bnn_zoo.guides.flat_sites import flatten_sites, unflatten_sites
+from bnn_zoo.methods.laplace._conv_patches import conv_patches
 from bnn_zoo.models.module_options import net_mode
 
 __all__ = ["KRON_LAYERS", "Layout", "ModuleLayout", "ParameterLayout", "layout_of"]

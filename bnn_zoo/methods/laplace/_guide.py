@@ -13,8 +13,8 @@ from torch import Tensor, nn
 
 from bnn_zoo.core.checks import check_positive
 from bnn_zoo.core.replicas import replica_plate
-from bnn_zoo.guides.laplace.posterior import LaplacePosterior
-from bnn_zoo.guides.layouts import layout_of
+from bnn_zoo.methods.laplace._layouts import layout_of
+from bnn_zoo.methods.laplace._posterior import LaplacePosterior
 
 __all__ = ["LaplaceGuide"]
 
@@ -23,7 +23,7 @@ class LaplaceGuide(PyroModule):
     """A Pyro guide for a [`BayesianMLP`][bnn_zoo.models.BayesianMLP] or
     [`BayesianModule`][bnn_zoo.models.BayesianModule]: a point mass (MAP) at its
     locations until [`set_posterior`][], then the Gaussian ``N(w_MAP, A^-1)`` of a
-    [`LaplacePosterior`][bnn_zoo.guides.laplace.posterior.LaplacePosterior].
+    [`LaplacePosterior`][bnn_zoo.methods.laplace.LaplacePosterior].
 
     The locations are ``PyroParam``s named after the model's sample sites (dots replaced
     by underscores; ``_loc`` appended to a name without a dot, a bare module's

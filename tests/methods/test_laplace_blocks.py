@@ -11,16 +11,15 @@ comparison below catches."""
 import pytest
 import torch
 
-from bnn_zoo.guides.laplace import (
+from bnn_zoo.methods.laplace import (
     STRUCTURES,
     CurvatureName,
     DenseBlock,
     DiagBlock,
     KronBlock,
     LowRankBlock,
-    curvature_structure,
 )
-from bnn_zoo.guides.laplace.blocks import OUTPUT_CURVATURES
+from bnn_zoo.methods.laplace._structures import OUTPUT_CURVATURES, curvature_structure
 
 D = torch.float64
 

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice
 from bnn_zoo.core.linalg import cholesky_with_jitter, symmetric_eigh
-from bnn_zoo.guides.laplace.block_base import TraceFromDiagonal, index_from, index_state
+from bnn_zoo.methods.laplace._block_base import TraceFromDiagonal, index_from, index_state
 
 __all__ = ["DenseBlock", "DiagBlock", "Indefinite", "NotPositiveDefiniteError"]
 

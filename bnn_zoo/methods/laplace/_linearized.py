@@ -10,14 +10,14 @@ per-layer or per-weight ``alpha``), record the network output as
 with the posterior's noise ``beta^-1/2`` (regression; one per output for D outputs), the
 network's own ``sigma(x)`` (heteroscedastic regression, from the second output, linearised
 with the first by [`LinearizedModel`][]) or a categorical on the logits ``f``.
-Paired with a [`LaplaceGuide`][bnn_zoo.guides.laplace.guide.LaplaceGuide] holding the posterior,
+Paired with a [`LaplaceGuide`][bnn_zoo.methods.laplace.LaplaceGuide] holding the posterior,
 Pyro's ``Predictive(model, guide=guide)`` and [`bnn_zoo.predict`][] sample
 
 * [`LinearizedModel`][]: the GLM predictive. Its network is the first-order
   expansion (PRML 5.7.1) ``f_lin(x, w) = f(x, w_MAP) + J(x) (w - w_MAP)``, so with
   ``w ~ N(w_MAP, A^-1)`` the output is exactly ``N(f(x, w_MAP), J A^-1 J^T)`` in
   distribution: regression gives ``N(f, 1/beta + g^T A^-1 g)`` (PRML 5.173), the closed
-  form of [`glm_predictive`][bnn_zoo.guides.laplace.posterior.LaplacePosterior.glm_predictive];
+  form of [`glm_predictive`][bnn_zoo.methods.laplace.LaplacePosterior.glm_predictive];
   classification gives the Monte Carlo average of ``softmax`` over the Gaussian logits,
   which the probit approximation of the closed form approximates.
 * [`NonlinearModel`][]: the weight-sampling ("mc") predictive, the network itself.
@@ -33,7 +33,7 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor
 
-from bnn_zoo.guides.laplace.posterior import LaplacePosterior
+from bnn_zoo.methods.laplace._posterior import LaplacePosterior
 from bnn_zoo.models.mlp import drop_plate_dim
 
 __all__ = ["LinearizedModel", "NonlinearModel"]

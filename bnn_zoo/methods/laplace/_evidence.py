@@ -11,7 +11,7 @@ prior precision per layer, ``gamma_l = W_l - alpha_l tr_l(A^-1)`` and
 ``alpha_l = gamma_l / ||w_l - m_l||^2``. [`fixed_point_update`][] gives these targets;
 [`gradient_update`][] (also where a fixed-point target is not positive, or the fixed
 point cycles) maximises the evidence
-([`log_evidence`][bnn_zoo.guides.laplace.LaplacePosterior.log_evidence]) in ``log alpha`` and
+([`log_evidence`][bnn_zoo.methods.laplace.LaplacePosterior.log_evidence]) in ``log alpha`` and
 ``log beta`` by L-BFGS at the current MAP.
 
 The loop ([`maximize_evidence`][]) ends on a consistent (MAP, ``alpha``, ``beta``): it
@@ -36,7 +36,7 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_bool, check_choice, check_positive, check_positive_int
 from bnn_zoo.core.lbfgs import minimize_lbfgs
-from bnn_zoo.guides.laplace import LaplacePosterior
+from bnn_zoo.methods.laplace._posterior import LaplacePosterior
 from bnn_zoo.methods.options import OptionGroup
 
 __all__ = ["AUTO_REFINE", "DAMPING", "HYPER_BOUNDS", "MAX_LOG_STEP", "EvidenceMethod",
@@ -81,7 +81,7 @@ class EvidenceSettings(OptionGroup):
         ([`gradient_update`][]).
     per_layer_alpha : one prior precision per layer instead of one shared.
     refine : refit the MAP by full-batch L-BFGS before each curvature, the first
-        included ([`refine_map`][bnn_zoo.methods.laplace_posterior.refine_map]); ``"auto"``:
+        included (`refine_map`); ``"auto"``:
         `AUTO_REFINE` of the task ([`for_task`][]).
     iterations : at most ``iterations`` refits, and as many updates at each MAP.
     tol : converged when the evidence-optimal ``alpha`` and ``beta`` for the current MAP
@@ -151,7 +151,7 @@ def fixed_point_update(post: LaplacePosterior, per_layer: bool) -> tuple[Tensor,
 def gradient_update(post: LaplacePosterior, per_layer: bool,
                     max_iter: int = 100) -> tuple[Tensor, Tensor]:
     """Maximise the evidence
-    ([`log_evidence`][bnn_zoo.guides.laplace.posterior.LaplacePosterior.log_evidence]) in
+    ([`log_evidence`][bnn_zoo.methods.laplace.LaplacePosterior.log_evidence]) in
     ``log alpha``, ``log beta`` by L-BFGS (`minimize_lbfgs`, as the refits); ``log beta`` is
     (D,) with a noise precision per output, and absent where ``beta`` stays 1 (classification,
     heteroscedastic regression). A trial point whose ``alpha`` or ``beta`` over- or
@@ -240,8 +240,8 @@ def evidence_step(post: LaplacePosterior, settings: EvidenceSettings
 
 def checked(post: LaplacePosterior) -> LaplacePosterior:
     """``post``, its ``log |A|`` computed: a precision that is not positive definite
-    raises [`NotPositiveDefiniteError`][bnn_zoo.guides.laplace.NotPositiveDefiniteError] where it is
-    built."""
+    raises [`NotPositiveDefiniteError`][bnn_zoo.methods.laplace.NotPositiveDefiniteError]
+    where it is built."""
     with torch.no_grad():
         post.log_det()
     return post

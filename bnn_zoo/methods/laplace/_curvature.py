@@ -3,9 +3,9 @@ Recognition and Machine Learning*, 5.7 for the Laplace approximation, 5.4 for th
 Hessian and its outer-product approximation).
 
 The weights are handled as one flat vector ``theta`` of length ``P``, grouped into
-layers, by a layout ([`bnn_zoo.guides.layouts`][]): [`ParameterLayout`][] for a
+layers, by a layout ([`bnn_zoo.methods.laplace._layouts`][]): [`ParameterLayout`][] for a
 [`BayesianMLP`][bnn_zoo.models.BayesianMLP] (layer by layer the row-major ``[W_l; b_l]`` of shape
-(d_in + 1, d_out)), [`ModuleLayout`][bnn_zoo.guides.layouts.ModuleLayout] for a
+(d_in + 1, d_out)), `ModuleLayout` for a
 [`BayesianModule`][bnn_zoo.models.BayesianModule] around any torch module (its ``named_parameters``
 in order, torch's layout; a layer is the parameters of one submodule). The layout
 evaluates the network ``f(x, theta)``, its Jacobian ``J = df/dtheta`` and, for
@@ -65,8 +65,8 @@ from torch import Tensor
 from bnn_zoo.core.batches import Batches, chunks
 from bnn_zoo.core.checks import check_data
 from bnn_zoo.core.nn import ACTIVATION_BACKWARD
-from bnn_zoo.guides.layouts import Layout
-from bnn_zoo.guides.layouts import ParameterLayout as ParameterLayout
+from bnn_zoo.methods.laplace._layouts import Layout
+from bnn_zoo.methods.laplace._layouts import ParameterLayout as ParameterLayout
 from bnn_zoo.models.likelihood import Gaussian, Likelihood
 
 __all__ = ["MAX_DENSE_BYTES", "ParameterLayout", "check_dense_fits", "diagonal_ggn",
@@ -275,12 +275,12 @@ def kron_ggn(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
     ``Q_l = 1/(N L) sum_{n,l} a_{n,l} a_{n,l}^T`` of shape (D + 1, D + 1) and
     ``G_l = sum_{n,l} J_{z,n,l}^T Lambda_n J_{z,n,l}`` of shape (d_out, d_out), over the
     ``L`` locations of the layer (1 for a dense layer; see
-    [`bnn_zoo.guides.layouts`][]; Martens & Grosse 2015, "Optimizing Neural Networks with
+    [`bnn_zoo.methods.laplace._layouts`][]; Martens & Grosse 2015, "Optimizing Neural Networks with
     Kronecker-factored Approximate Curvature"; Grosse & Martens 2016, "A Kronecker-factored
     Approximate Fisher Matrix for Convolution Layers"; Ritter, Botev & Barber 2018, "A
     Scalable Laplace Approximation for Neural Networks"). For ``L = 1`` the exact block is
     ``sum_n a_n a_n^T ⊗ G_n``. A
-    [`ModuleLayout`][bnn_zoo.guides.layouts.ModuleLayout] with a layer other than ``nn.Linear``,
+    `ModuleLayout` with a layer other than ``nn.Linear``,
     ``nn.Conv1d`` or ``nn.Conv2d`` raises a ``ValueError`` naming it.
     """
     x, y = _checked(theta, x, y, layout)

@@ -11,18 +11,18 @@ once, at fit time. ``block.state_dict()`` gives what it holds as tensors and pla
 (its ``kind``, its slice as ``start``, ``stop``, and the tensors its constructor takes);
 `block_from_state` rebuilds exactly that block, without any data.
 
-The blocks held entry by entry, [`DenseBlock`][bnn_zoo.guides.laplace.dense_blocks.DenseBlock]
-and [`DiagBlock`][bnn_zoo.guides.laplace.dense_blocks.DiagBlock], are in
+The blocks held entry by entry, [`DenseBlock`][bnn_zoo.methods.laplace.DenseBlock]
+and [`DiagBlock`][bnn_zoo.methods.laplace.DiagBlock], are in
 `dense_blocks`; the factored ones,
-[`KronBlock`][bnn_zoo.guides.laplace.factored_blocks.KronBlock] and
-[`LowRankBlock`][bnn_zoo.guides.laplace.factored_blocks.LowRankBlock], in
+[`KronBlock`][bnn_zoo.methods.laplace.KronBlock] and
+[`LowRankBlock`][bnn_zoo.methods.laplace.LowRankBlock], in
 `factored_blocks`.
 
 Each structure of the curvature is one [`Structure`][] class, registered by its name
 in `STRUCTURES`: it builds the blocks of its curvature for one likelihood
-([`Structure.blocks`][bnn_zoo.guides.laplace.blocks.Structure.blocks]) and, for a Gaussian with a
+([`Structure.blocks`][bnn_zoo.methods.laplace.Structure.blocks]) and, for a Gaussian with a
 noise precision per output, the `OutputBlock` s of each output's curvature
-([`Structure.output_blocks`][bnn_zoo.guides.laplace.blocks.Structure.output_blocks]). A new
+([`Structure.output_blocks`][bnn_zoo.methods.laplace.Structure.output_blocks]). A new
 structure is one class and one line in `STRUCTURES`; [`curvature_structure`][] turns a name into its
 structure.
 
@@ -53,7 +53,7 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice
-from bnn_zoo.guides.curvature import (
+from bnn_zoo.methods.laplace._curvature import (
     MAX_DENSE_BYTES,
     diagonal_ggn,
     full_hessian,
@@ -63,10 +63,10 @@ from bnn_zoo.guides.curvature import (
     subnetwork_ggn,
     subnetwork_indices,
 )
-from bnn_zoo.guides.laplace.dense_blocks import DenseBlock, DiagBlock, Indefinite
-from bnn_zoo.guides.laplace.factored_blocks import KronBlock, LowRankBlock
-from bnn_zoo.guides.laplace.output_blocks import OutputBlock
-from bnn_zoo.guides.layouts import Layout
+from bnn_zoo.methods.laplace._dense import DenseBlock, DiagBlock, Indefinite
+from bnn_zoo.methods.laplace._factored import KronBlock, LowRankBlock
+from bnn_zoo.methods.laplace._layouts import Layout
+from bnn_zoo.methods.laplace._outputs import OutputBlock
 from bnn_zoo.models.likelihood import GaussianPrecision, Likelihood
 
 __all__ = ["OUTPUT_CURVATURES", "STRUCTURES", "Block", "CurvatureName", "Diag", "Ggn",

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_positive_int
 from bnn_zoo.core.linalg import symmetric_eigh, thin_svd
-from bnn_zoo.guides.laplace.block_base import TraceFromDiagonal, index_from, index_state
+from bnn_zoo.methods.laplace._block_base import TraceFromDiagonal, index_from, index_state
 
 __all__ = ["KronBlock", "LowRankBlock"]
 

@@ -5,11 +5,11 @@ for Backpropagation Networks").
 
 [`laplace_posterior`][] builds ``N(w_MAP, A^-1)`` with ``A = diag(alpha) + beta H``:
 it refits the MAP by full-batch L-BFGS ([`refine_map`][]), computes the curvature ``H``
-in the structure [`CurvatureSettings`][] chooses (`bnn_zoo.guides.curvature`,
-`bnn_zoo.guides.laplace.blocks`) and, as
-[`EvidenceSettings`][bnn_zoo.methods.laplace_evidence.EvidenceSettings] asks, maximises the evidence
+in the structure [`CurvatureSettings`][] chooses (`bnn_zoo.methods.laplace._curvature`,
+`bnn_zoo.methods.laplace._structures`) and, as
+[`EvidenceSettings`][bnn_zoo.methods.laplace.EvidenceSettings] asks, maximises the evidence
 in ``alpha`` and ``beta``
-([`maximize_evidence`][bnn_zoo.methods.laplace_evidence.maximize_evidence]). It chains the steps of
+(`maximize_evidence`). It chains the steps of
 a [`LaplaceProblem`][], which a user can call one by one. The model is read, never written: the
 fitted ``alpha`` and ``beta`` live in the returned posterior only.
 
@@ -21,7 +21,7 @@ numbers, ``last_layer`` the last layer's size squared.
 Regression on targets (N, D) fits a noise precision per output, ``beta`` (D,), with each
 output's curvature held apart (`output_blocks`; all
 structures but ``kron_separate``); a heteroscedastic model (``noise="heteroscedastic"``)
-has ``beta = 1`` and the Fisher GGN of its two heads (`bnn_zoo.guides.curvature`).
+has ``beta = 1`` and the Fisher GGN of its two heads (`bnn_zoo.methods.laplace._curvature`).
 """
 
 from __future__ import annotations
@@ -37,17 +37,12 @@ from torch import Tensor
 from bnn_zoo.core.batches import Batches, first_inputs, num_targets, summed
 from bnn_zoo.core.checks import check_data, check_positive, check_positive_int
 from bnn_zoo.core.lbfgs import minimize_lbfgs
-from bnn_zoo.guides.curvature import MAX_DENSE_BYTES, energy_and_gradient
-from bnn_zoo.guides.laplace import (
-    Block,
-    CurvatureName,
-    Indefinite,
-    LaplacePosterior,
-    Structure,
-    curvature_structure,
-)
-from bnn_zoo.guides.layouts import Layout, layout_of
-from bnn_zoo.methods.laplace_evidence import EvidenceSettings, checked, maximize_evidence
+from bnn_zoo.methods.laplace._curvature import MAX_DENSE_BYTES, energy_and_gradient
+from bnn_zoo.methods.laplace._dense import Indefinite
+from bnn_zoo.methods.laplace._evidence import EvidenceSettings, checked, maximize_evidence
+from bnn_zoo.methods.laplace._layouts import Layout, layout_of
+from bnn_zoo.methods.laplace._posterior import LaplacePosterior
+from bnn_zoo.methods.laplace._structures import Block, CurvatureName, Structure, curvature_structure
 from bnn_zoo.methods.options import OptionGroup
 from bnn_zoo.models.likelihood import (
     Categorical,
@@ -97,7 +92,7 @@ class CurvatureSettings(OptionGroup):
 
     def structure(self) -> Structure:
         """The structure `curvature` names, with these options
-        ([`curvature_structure`][bnn_zoo.guides.laplace.curvature_structure])."""
+        ([`curvature_structure`][bnn_zoo.methods.laplace.curvature_structure])."""
         return curvature_structure(self.curvature, indefinite=self.indefinite,
                                    max_bytes=self.max_bytes, rank=self.rank,
                                    subnetwork=self.subnetwork)
@@ -105,8 +100,8 @@ class CurvatureSettings(OptionGroup):
     def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                likelihood: Likelihood) -> list[Block]:
         """The precision blocks of this curvature at ``theta`` (P,) on ``x`` (N, D), ``y``
-        ([`blocks`][bnn_zoo.guides.laplace.Structure.blocks]; for a likelihood with a curvature
-        per output, [`output_blocks`][bnn_zoo.guides.laplace.Structure.output_blocks])."""
+        ([`blocks`][bnn_zoo.methods.laplace.Structure.blocks]; for a likelihood with a curvature
+        per output, [`output_blocks`][bnn_zoo.methods.laplace.Structure.output_blocks])."""
         structure = self.structure()
         if likelihood.per_output:
             return structure.output_blocks(theta, x, y, layout)
@@ -247,8 +242,8 @@ class LaplaceProblem:
     laplace-torch's (Daxberger et al. 2021, "Laplace Redux -- Effortless Bayesian Deep
     Learning"): [`fit`][] the curvature at a MAP, tune the prior precision by
     [`maximize_evidence`][] (or on held-out points,
-    [`tune_on_held_out`][bnn_zoo.methods.laplace_validation.tune_on_held_out]), then predict
-    ([`glm_predictive`][bnn_zoo.guides.laplace.LaplacePosterior.glm_predictive]).
+    [`tune_on_held_out`][bnn_zoo.methods.laplace.tune_on_held_out]), then predict
+    ([`glm_predictive`][bnn_zoo.methods.laplace.LaplacePosterior.glm_predictive]).
 
     Build it with [`of`][]; ``refine`` refits the MAP by full-batch L-BFGS
     ([`refine_map`][]) before each curvature.
@@ -328,7 +323,7 @@ class LaplaceProblem:
         """``post`` with ``alpha`` (shared or per layer) and ``beta`` that maximise the
         evidence, the MAP refitted and the curvature recomputed between updates where
         ``settings.refine`` asks
-        ([`maximize_evidence`][bnn_zoo.methods.laplace_evidence.maximize_evidence];
+        (`maximize_evidence`;
         ``refine="auto"`` as the model's task asks)."""
         if post.alpha.numel() == self.layout.num_parameters != self.layout.num_layers:
             raise ValueError("Evidence tuning fits alpha shared or per layer; expected alpha "
@@ -346,15 +341,15 @@ def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,
     [`BayesianModule`][bnn_zoo.models.BayesianModule]) around ``theta`` (P,) on data ``x`` (N, D)
     (a module's inputs of any shape (N, ...)), ``y`` (N,). ``model`` is read, never written.
     It chains the steps of [`LaplaceProblem`][]:
-    [`fit`][bnn_zoo.methods.laplace_posterior.LaplaceProblem.fit], then
-    [`maximize_evidence`][bnn_zoo.methods.laplace_posterior.LaplaceProblem.maximize_evidence] where
+    [`fit`][bnn_zoo.methods.laplace.LaplaceProblem.fit], then
+    [`maximize_evidence`][bnn_zoo.methods.laplace.LaplaceProblem.maximize_evidence] where
     ``evidence`` asks.
 
     ``curvature`` chooses the structure of ``H`` (default ``CurvatureSettings()``: the
     full GGN); ``evidence`` whether the MAP is refitted and how ``alpha`` and ``beta`` are
     tuned (default ``EvidenceSettings()``: refitted, not tuned; ``refine="auto"`` as the
     model's task asks; see
-    [`maximize_evidence`][bnn_zoo.methods.laplace_evidence.maximize_evidence]). ``alpha`` defaults
+    `maximize_evidence`). ``alpha`` defaults
     to the precision of the model's isotropic Gaussian prior; it may be one number, one per layer
     (L,) or one per weight (P,; not with evidence tuning). ``prior_mean`` is a number or (P,).
     ``beta`` defaults to the model's noise precision (1 for a classifier).

@@ -27,9 +27,9 @@ import torch
 from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice
-from bnn_zoo.guides.laplace.block_base import index_from, index_state
-from bnn_zoo.guides.laplace.dense_blocks import DenseBlock, DiagBlock, Indefinite
-from bnn_zoo.guides.laplace.factored_blocks import KronBlock, LowRankBlock
+from bnn_zoo.methods.laplace._block_base import index_from, index_state
+from bnn_zoo.methods.laplace._dense import DenseBlock, DiagBlock, Indefinite
+from bnn_zoo.methods.laplace._factored import KronBlock, LowRankBlock
 
 __all__ = ["OutputBlock", "output_effective_parameters"]
 
@@ -40,7 +40,7 @@ class OutputBlock:
     """Precision ``diag(alpha) + sum_d beta_d H_d`` on ``theta[index]`` from the D parts
     ``parts`` of one structure ``inner`` (``"dense"``, ``"diag"``, ``"kron"`` with the
     input factor ``q``, or ``"low_rank"`` keeping ``rank`` eigenpairs); ``indefinite`` as
-    for [`DenseBlock`][bnn_zoo.guides.laplace.dense_blocks.DenseBlock]."""
+    for [`DenseBlock`][bnn_zoo.methods.laplace.DenseBlock]."""
 
     kind = "outputs"
 

@@ -1,4 +1,4 @@
-"""What every precision block of `bnn_zoo.guides.laplace.blocks` shares: the saved
+"""What every precision block of `bnn_zoo.methods.laplace._structures` shares: the saved
 form of its index, and ``tr(diag(alpha) A^-1)`` from its inverse diagonal."""
 
 from __future__ import annotations

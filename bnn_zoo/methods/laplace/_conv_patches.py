@@ -1,7 +1,7 @@
 """The input patches of a convolution at its output pixels: the ``a_{n,l}`` of the
 Kronecker factors of a ``Conv1d`` or ``Conv2d`` layer (Grosse & Martens 2016, "A
 Kronecker-factored Approximate Fisher Matrix for Convolution Layers"), as
-[`bnn_zoo.guides.layouts`][] uses them."""
+[`bnn_zoo.methods.laplace._layouts`][] uses them."""
 
 from __future__ import annotations
 

@@ -3,22 +3,22 @@ Machine Learning*, 5.7; MacKay 1992, "A Practical Bayesian Framework for Backpro
 Networks").
 
 [`Laplace`][] finds the MAP by SVI ([`bnn_zoo.core.training.fit`][] with a
-[`LaplaceGuide`][bnn_zoo.guides.laplace.LaplaceGuide] as point mass, under
+[`LaplaceGuide`][bnn_zoo.methods.laplace.LaplaceGuide] as point mass, under
 [`MeanFieldELBO`][bnn_zoo.core.elbo.MeanFieldELBO], which for a point mass is ``log p(y | w) +
 log p(w)`` in as few operations as it can), then chains the steps of a
-[`LaplaceProblem`][bnn_zoo.methods.laplace_posterior.LaplaceProblem] around it: it refines the MAP
+[`LaplaceProblem`][bnn_zoo.methods.laplace.LaplaceProblem] around it: it refines the MAP
 by full-batch L-BFGS, builds the curvature in the structure of its `curvature`
 and, if its `evidence` asks, maximises the evidence in ``alpha`` and
-``beta`` ([`bnn_zoo.methods.laplace_evidence`][]). With points held out
+``beta`` ([`bnn_zoo.methods.laplace._evidence`][]). With points held out
 (`validation`), the MAP, the curvature and the evidence use the
 others, and ``alpha`` is then scaled by the factor of a grid whose GLM predictive gives the
-held-out points the highest likelihood ([`bnn_zoo.methods.laplace_validation`][]).
+held-out points the highest likelihood ([`bnn_zoo.methods.laplace._validation`][]).
 
 The fitted ``alpha`` and ``beta`` live in the returned posterior only: nothing is written
 into the model that ``build_model`` returned. The posterior's Pyro pair is the
-[`LinearizedModel`][bnn_zoo.guides.laplace.LinearizedModel] (``predictive="glm"``, the GLM
+[`LinearizedModel`][bnn_zoo.methods.laplace.LinearizedModel] (``predictive="glm"``, the GLM
 predictive of Immer et al. 2021, "Improving predictions of Bayesian neural nets via local
-linearization") or the [`NonlinearModel`][bnn_zoo.guides.laplace.NonlinearModel] (``"mc"``), each
+linearization") or the [`NonlinearModel`][bnn_zoo.methods.laplace.NonlinearModel] (``"mc"``), each
 with the posterior's ``alpha`` and noise ``beta^-1/2``, and the guide sampling
 ``N(w_MAP, A^-1)``. [`LaplaceFit.state_dict`][bnn_zoo.methods.laplace.LaplaceFit.state_dict] holds
 the posterior (MAP, ``alpha``, ``beta``, the blocks' tensors, the evidence history) and
@@ -44,18 +44,14 @@ from bnn_zoo.core.checks import check_choice, check_positive
 from bnn_zoo.core.elbo import MeanFieldELBO
 from bnn_zoo.core.predictive import predict
 from bnn_zoo.core.training import FitResult
-from bnn_zoo.guides.laplace import (
-    LaplaceGuide,
-    LaplacePosterior,
-    LinearizedModel,
-    Link,
-    NonlinearModel,
-)
-from bnn_zoo.guides.layouts import layout_of
 from bnn_zoo.methods.base import Budget, Method, ModelFactory, Predictive
-from bnn_zoo.methods.laplace_evidence import EvidenceSettings
-from bnn_zoo.methods.laplace_posterior import CurvatureSettings, laplace_posterior
-from bnn_zoo.methods.laplace_validation import ValidationSettings, tune_on_held_out
+from bnn_zoo.methods.laplace._evidence import EvidenceSettings
+from bnn_zoo.methods.laplace._guide import LaplaceGuide
+from bnn_zoo.methods.laplace._layouts import layout_of
+from bnn_zoo.methods.laplace._linearized import LinearizedModel, NonlinearModel
+from bnn_zoo.methods.laplace._posterior import LaplacePosterior, Link
+from bnn_zoo.methods.laplace._problem import CurvatureSettings, laplace_posterior
+from bnn_zoo.methods.laplace._validation import ValidationSettings, tune_on_held_out
 from bnn_zoo.methods.state import load_module_state, module_state, result_from_state, result_state
 
 __all__ = ["Laplace", "LaplaceFit", "PredictiveKind", "check_budget", "predictive_model"]
@@ -90,12 +86,12 @@ class Laplace(Method):
     Its fields are the settings of its steps, each checked as a whole:
 
     curvature : the structure of ``H`` and its options
-    ([`CurvatureSettings`][bnn_zoo.methods.laplace_posterior.CurvatureSettings]; default the full
+    ([`CurvatureSettings`][bnn_zoo.methods.laplace.CurvatureSettings]; default the full
     GGN). evidence : the MAP refits and the evidence tuning of ``alpha`` and ``beta``
-        ([`EvidenceSettings`][bnn_zoo.methods.laplace_evidence.EvidenceSettings]; default refits, no
+        ([`EvidenceSettings`][bnn_zoo.methods.laplace.EvidenceSettings]; default refits, no
         tuning).
     validation : the points held out to choose ``alpha`` on a grid
-        ([`ValidationSettings`][bnn_zoo.methods.laplace_validation.ValidationSettings]; default
+        ([`ValidationSettings`][bnn_zoo.methods.laplace.ValidationSettings]; default
         none).
     prior_precision : ``None`` (default: the model's isotropic prior), one number, one
         per layer (a sequence of ``L``) or one per weight (a (P,) tensor; no evidence
@@ -103,7 +99,7 @@ class Laplace(Method):
     prior_mean : the prior mean, a number (default 0) or a (P,) tensor.
     predictive : a [`PredictiveKind`][], ``"glm"`` (default) or ``"mc"``.
     link : how the GLM predictive averages the softmax over the Gaussian logits of a
-        classifier ([`Link`][bnn_zoo.guides.laplace.Link]): ``"probit"`` (default) or
+        classifier ([`Link`][bnn_zoo.methods.laplace.Link]): ``"probit"`` (default) or
         ``"mc"`` (``num_samples`` draws).
     bias_scale : standard deviation of the guide's initial biases (default 1); the method
         builds its own guide and takes no ``guide_options``.
@@ -257,7 +253,7 @@ class Laplace(Method):
 
     def with_guide_options(self, options: Mapping[str, Any]) -> Laplace:
         """``self`` for no options, else a ``ValueError``: the method builds its own
-        [`LaplaceGuide`][bnn_zoo.guides.laplace.LaplaceGuide], whose one option is
+        [`LaplaceGuide`][bnn_zoo.methods.laplace.LaplaceGuide], whose one option is
         ``bias_scale``."""
         if options:
             raise ValueError("The Laplace method builds its own LaplaceGuide and takes no "
@@ -285,8 +281,9 @@ class LaplaceFit:
     [`Laplace`][].
 
     ``model`` and ``guide`` are the Pyro pair of the predictive (``predictive="glm"``: the
-    [`LinearizedModel`][bnn_zoo.guides.laplace.LinearizedModel], whose Monte Carlo predictive is the
-    GLM predictive; ``"mc"``: the [`NonlinearModel`][bnn_zoo.guides.laplace.NonlinearModel]), and
+    [`LinearizedModel`][bnn_zoo.methods.laplace.LinearizedModel], whose Monte Carlo
+    predictive is the GLM predictive; ``"mc"``: the
+    [`NonlinearModel`][bnn_zoo.methods.laplace.NonlinearModel]), and
     [`predict`][] gives the GLM predictive in closed form (classification: by ``link``),
     or the Monte Carlo one.
 
@@ -337,7 +334,7 @@ class LaplaceFit:
 
     def state_dict(self) -> dict:
         """The posterior's state
-        ([`state_dict`][bnn_zoo.guides.laplace.posterior.LaplacePosterior.state_dict]), the
+        ([`state_dict`][bnn_zoo.methods.laplace.LaplacePosterior.state_dict]), the
         predictive's name and link, the MAP fit's result and the state dicts of the Pyro pair,
         for [`Laplace.restore`][bnn_zoo.methods.laplace.Laplace.restore]."""
         return {"laplace": self.laplace.state_dict(), "predictive": str(self.predictive),

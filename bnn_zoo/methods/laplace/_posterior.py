@@ -10,8 +10,8 @@ per layer or per weight. With ``w_MAP`` a mode of the log joint, the posterior i
 .. math::  q(w) = N(w | w_MAP, A^{-1}),   A = diag(\alpha) + \beta H,
 
 where ``H`` is a curvature of the unit-precision negative log-likelihood ``E_D(w)``
-(`bnn_zoo.guides.curvature`) held in the structures of
-`bnn_zoo.guides.laplace.blocks`.
+(`bnn_zoo.methods.laplace._curvature`) held in the structures of
+`bnn_zoo.methods.laplace._structures`.
 
 GLM predictive (the linearised network, PRML 5.7.1):
 ``y(x, w) ~ y(x, w_MAP) + g^T (w - w_MAP)``, so
@@ -21,7 +21,7 @@ probabilities ``E[softmax(logits)]`` are either the probit approximation
 ``softmax(f_k / sqrt(1 + pi/8 g_k^T A^-1 g_k))`` (``link="probit"``; PRML 4.153, applied
 per class, MacKay 1992) or a Monte Carlo average over the Gaussian logits
 (``link="mc"``). The same predictive as a Pyro model whose weights the guide samples is
-[`LinearizedModel`][bnn_zoo.guides.laplace.linearized.LinearizedModel].
+[`LinearizedModel`][bnn_zoo.methods.laplace.LinearizedModel].
 
 Evidence (PRML 5.175, with ``W`` the number of weights; with
 ``alpha`` a vector, ``alpha/2 ||w||^2`` reads ``1/2 sum_i alpha_i (w_i - m_i)^2`` and
@@ -52,7 +52,7 @@ sigma_n`` and the evidence ``-E_D - alpha/2 ||w||^2 - 1/2 log|A| + W/2 log alpha
 log(2 pi)``. Its GLM predictive linearises the mean head and plugs in the scale head at
 the MAP: ``N(mu(x), sigma(x)^2 + g_mu^T A^-1 g_mu)``, with ``sigma(x)`` at the MAP rather
 than averaged over the posterior (the Pyro model
-[`LinearizedModel`][bnn_zoo.guides.laplace.LinearizedModel] samples both heads linearised).
+[`LinearizedModel`][bnn_zoo.methods.laplace.LinearizedModel] samples both heads linearised).
 
 Each of these is one `Likelihood` object, which gives
 the posterior its evidence's data terms and its GLM predictive.
@@ -69,10 +69,10 @@ from torch import Tensor
 
 from bnn_zoo.core.checks import check_choice, check_data, check_positive_int
 from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.guides.curvature import check_dense_fits, jacobian
-from bnn_zoo.guides.laplace.blocks import Block, block_from_state
-from bnn_zoo.guides.laplace.output_blocks import output_effective_parameters
-from bnn_zoo.guides.layouts import Layout
+from bnn_zoo.methods.laplace._curvature import check_dense_fits, jacobian
+from bnn_zoo.methods.laplace._layouts import Layout
+from bnn_zoo.methods.laplace._outputs import output_effective_parameters
+from bnn_zoo.methods.laplace._structures import Block, block_from_state
 from bnn_zoo.models.likelihood import Likelihood, laplace_likelihood
 
 __all__ = ["LaplacePosterior", "Link"]
@@ -95,7 +95,7 @@ class LaplacePosterior:
     Attributes
     ----------
     layout : where each weight tensor sits in ``theta`` (P,), and the network as a function
-        of it ([`bnn_zoo.guides.layouts`][]: an MLP's or any torch module's).
+        of it ([`bnn_zoo.methods.laplace._layouts`][]: an MLP's or any torch module's).
     theta : (P,) the MAP.
     blocks : the precision structure; weights outside every block stay at the MAP.
     alpha : prior precision, (L,) one per layer (all equal unless fitted per layer) or

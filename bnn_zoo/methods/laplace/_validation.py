@@ -30,7 +30,7 @@ from torch import Tensor
 from bnn_zoo.core.batches import is_loader
 from bnn_zoo.core.checks import check_choice, check_fraction
 from bnn_zoo.core.data import holdout
-from bnn_zoo.guides.laplace import LaplacePosterior
+from bnn_zoo.methods.laplace._posterior import LaplacePosterior
 from bnn_zoo.methods.options import OptionGroup
 
 __all__ = ["AUTO_HOLDOUT", "BETA_GRID", "GRID", "ValidationSettings", "held_out_log_likelihood",
