@@ -22,10 +22,10 @@ from collections.abc import Sequence
 import pyro
 
 from bnn_zoo import data, zoo
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.compare import split_indices
-from bnn_zoo.harness.summary import aggregate
-from bnn_zoo.harness.tables import run_line, write_tables
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.compare import split_indices
+from bnn_zoo._harness.summary import aggregate
+from bnn_zoo._harness.tables import run_line, write_tables
 from bnn_zoo.models import GaussianPrior, ScaleMixturePrior
 
 PRIORS = {"gaussian_0.05": GaussianPrior(0.05), "gaussian_1": GaussianPrior(1.0),

@@ -2,14 +2,14 @@
 can hold, and unpacked back into a cache on the other side.
 
 A sweep (``uci.py``, ``classification.py``, ``compare``) caches every finished run under
-``<out>/runs/`` (:mod:`bnn_zoo.harness.runs`). That folder is not committed: with the
+``<out>/runs/`` (:mod:`bnn_zoo._harness.runs`). That folder is not committed: with the
 predictive's moments at every test point, the runs of the UCI protocol weigh hundreds of
 megabytes. The committed ``<name>_summary.json`` restores the runs of a *finished* sweep; a
 sweep longer than one machine's lease (the whole UCI protocol is about 20 fit-hours) needs
 its finished runs carried over before it ends.
 
 ``--out OUT`` writes ``OUT/checkpoint.jsonl``: one line per cached run of today's code
-(:func:`bnn_zoo.harness.provenance.code_version`) that finished or was skipped, sorted by
+(:func:`bnn_zoo._harness.provenance.code_version`) that finished or was skipped, sorted by
 entry, data set, split and seed, less what the tables do not read:
 
 * the thinned loss curve (``losses``, kept empty, as a restored run has it);
@@ -21,7 +21,7 @@ entry, data set, split and seed, less what the tables do not read:
   ``classification.py`` runs) drops them everywhere.
 
 ``--out OUT --unpack`` writes every run of the file of today's code back into ``OUT/runs/`` where
-its cache file is missing (:func:`bnn_zoo.harness.runs.cache_record`); the sweep's next
+its cache file is missing (:func:`bnn_zoo._harness.runs.cache_record`); the sweep's next
 command then fits only what is missing. ``reproduce.py`` unpacks a sweep folder's
 checkpoint before it runs the sweep.
 
@@ -38,12 +38,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bnn_zoo.core.files import read_json, write_text_atomic
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.cli import run_command
-from bnn_zoo.harness.provenance import code_version, run_code
-from bnn_zoo.harness.runs import cache_record
-from bnn_zoo.harness.summary import REFERENCE
+from bnn_zoo._core.files import read_json, write_text_atomic
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.cli import run_command
+from bnn_zoo._harness.provenance import code_version, run_code
+from bnn_zoo._harness.runs import cache_record
+from bnn_zoo._harness.summary import REFERENCE
 
 #: The file a sweep's cache is packed into, under its ``--out``.
 CHECKPOINT = "checkpoint.jsonl"

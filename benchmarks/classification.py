@@ -1,7 +1,7 @@
 """Classification benchmark: every classification entry of the zoo on every classification set.
 
 For each (data set, entry) pair: fit on the training split with the entry's own
-budget (``entry.fit``, through :func:`bnn_zoo.harness.compare.run_comparison`, which
+budget (``entry.fit``, through :func:`bnn_zoo._harness.compare.run_comparison`, which
 caches finished runs under ``--out/runs``), then on the held-out split report
 accuracy, NLL per point, Brier score, ECE (15 bins), mean predictive entropy (nats) and
 its epistemic part, the mutual information between label and weights (``mi``; the JSON
@@ -18,7 +18,7 @@ Writes, under ``--out``:
 
 Finished runs are cached in ``--out/runs``; ``classification.json`` keeps every run's
 record, and each run first restores the cache files it lacks from the one in ``--out``
-(:func:`bnn_zoo.harness.runs.restore_cache`), so that on a fresh checkout a run fits only
+(:func:`bnn_zoo._harness.runs.restore_cache`), so that on a fresh checkout a run fits only
 what that file lacks, or holds under other settings (e.g. an entry that batches its
 splits as replicas, which joins the cache key, where the file's runs were fitted one by
 one). A restored run whose record holds no reliability bins has no diagram (its panel
@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from bnn_zoo import zoo
-from bnn_zoo.harness import compare, flags, runs
-from bnn_zoo.harness.figures import draw_reliability, save_figure
+from bnn_zoo._harness import compare, flags, runs
+from bnn_zoo._harness.figures import draw_reliability, save_figure
 
 DATASETS = ("two_moons", "breast_cancer", "digits", "wine")
 #: MNIST-1D needs the optional ``mnist1d`` package, so it is a choice, not a default.

@@ -1,7 +1,7 @@
 """Milliseconds per Bayes-by-Backprop step of the digits CNN through the zoo, against plain
 PyTorch (the goal: the zoo's step at most 1.2x the hand-written one).
 
-The network is :func:`bnn_zoo.models.module.digits_cnn` (``Conv2d(1, C, 3) -> ReLU ->
+The network is :func:`bnn_zoo.models._module.digits_cnn` (``Conv2d(1, C, 3) -> ReLU ->
 Linear(C * 36, 10)`` on scikit-learn's 8x8 digits), minibatches of ``--batch`` out of the
 first ``B * floor(1797 / B)`` digits (so every minibatch is full; all steps walk them alike,
 a fresh permutation every epoch), ``N(0, 1)`` prior, fused Adam (as ``SVIStep``), Pyro's
@@ -13,7 +13,7 @@ validation off (as ``bnn_zoo.fit`` trains). Timed in the same run, interleaved, 
   eps``, closed-form KL) of the same CNN with the same estimator as the zoo step;
 * ``zoo_<estimator>``: :class:`~bnn_zoo.models.BayesianModule` with the ``bbb`` entry's
   guide (:class:`~bnn_zoo.guides.BayesByBackpropGuide`) through
-  :class:`~bnn_zoo.core.step.SVIStep` (what ``bnn_zoo.fit`` runs, without validation)
+  :class:`~bnn_zoo._core.step.SVIStep` (what ``bnn_zoo.fit`` runs, without validation)
   with the estimator's ELBO and the loss traced as the ``bbb`` entry trains (``jit``);
   ``zoo_<estimator>_eager``: the same untraced.
 
@@ -23,7 +23,7 @@ and ``flipout`` (:class:`FlipoutELBO`). ``cnn.md``, ``.csv`` and ``.json`` under
 give each step's time, its ratio to ``torch_map``, the zoo-to-hand-written ratio and its
 peak memory (``*_mib``: after the timing, ``--inner`` more calls of each step alone, the
 largest peak of a call above what was in use before it, by
-:func:`~bnn_zoo.harness.memory.step_peaks`: the resident set size on the CPU, the CUDA
+:func:`~bnn_zoo._harness.memory.step_peaks`: the resident set size on the CPU, the CUDA
 allocator's count on a GPU)::
 
     python benchmarks/cnn.py --out results/cnn
@@ -41,13 +41,13 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from bnn_zoo import zoo
-from bnn_zoo.core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFieldELBO
-from bnn_zoo.core.step import SVIStep
-from bnn_zoo.guides.bbb import softplus_inverse
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.memory import step_peaks
-from bnn_zoo.harness.tables import write_tables
-from bnn_zoo.harness.timing import epoch_batches, interleaved_medians
+from bnn_zoo._core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFieldELBO
+from bnn_zoo._core.step import SVIStep
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.memory import step_peaks
+from bnn_zoo._harness.tables import write_tables
+from bnn_zoo._harness.timing import epoch_batches, interleaved_medians
+from bnn_zoo.guides._bbb import softplus_inverse
 from bnn_zoo.models import BayesianModule, digits_cnn
 
 ESTIMATORS = {"sample": MeanFieldELBO, "lrt": LocalReparameterizationELBO,

@@ -15,7 +15,7 @@ reliability diagrams, ELBO curves). Finished runs
 are cached in ``--out/runs``.
 
 The UCI sets (``uci/yacht``, ...) run under the protocol of ``benchmarks/uci.py``
-(:func:`bnn_zoo.harness.compare.data_overrides`): one hidden layer of 50 units (100 on
+(:func:`bnn_zoo._harness.compare.data_overrides`): one hidden layer of 50 units (100 on
 protein), standardisation inside ``entry.fit``, the data's own splits (split ``k`` with
 seed ``k``), and the noise of every entry with a single learned noise scale tuned on 10%
 of the training split (``--validation``).
@@ -31,8 +31,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from bnn_zoo.harness import compare, flags
-from bnn_zoo.harness.summary import REFERENCE
+from bnn_zoo._harness import compare, flags
+from bnn_zoo._harness.summary import REFERENCE
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 import torch.distributed as dist
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core import distributed
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo._core import distributed
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.tables import write_tables
 
 ENTRY = "bbb"
 

@@ -59,11 +59,11 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core.files import read_json
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.cli import run_command
-from bnn_zoo.harness.provenance import commit_column, provenance
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo._core.files import read_json
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.cli import run_command
+from bnn_zoo._harness.provenance import commit_column, provenance
+from bnn_zoo._harness.tables import write_tables
 
 #: The file name under ``--out``.
 NAME = "fingerprints"

@@ -25,10 +25,10 @@ from sklearn.datasets import load_digits
 from torch import Tensor, nn
 
 from bnn_zoo import zoo
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.figures import reliability_diagram, save_figure
-from bnn_zoo.harness.summary import aggregate
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.figures import reliability_diagram, save_figure
+from bnn_zoo._harness.summary import aggregate
+from bnn_zoo._harness.tables import write_tables
 
 ENTRIES = ("map", "laplace", "laplace_full", "laplace_ggn", "laplace_diag", "laplace_kron",
            "laplace_last_layer")

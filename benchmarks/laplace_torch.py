@@ -43,12 +43,12 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core.predictive import GaussianMixturePredictive
-from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.evaluation.metrics import regression_metrics
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.tables import write_tables
-from bnn_zoo.harness.timing import epoch_batches
+from bnn_zoo._core.predictive import GaussianMixturePredictive
+from bnn_zoo._core.scaling import Standardizer
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.tables import write_tables
+from bnn_zoo._harness.timing import epoch_batches
+from bnn_zoo.evaluation._metrics import regression_metrics
 
 #: The MAP budget of the zoo's `laplace` entry, which both pipelines train with.
 BUDGET = zoo.get("laplace").budget

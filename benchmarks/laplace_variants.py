@@ -12,7 +12,7 @@ the predictive bands of every tuned variant on the first 1-D data set.
     python benchmarks/laplace_variants.py --out results/laplace
     BNN_ZOO_DATA=../shared/data/uci python benchmarks/laplace_variants.py   # adds uci/concrete
 
-Fits go through :func:`bnn_zoo.harness.compare.run_comparison` (the evidence setting as
+Fits go through :func:`bnn_zoo._harness.compare.run_comparison` (the evidence setting as
 ``method_options``), which caches them under ``--out/runs``. Writes ``laplace.md``,
 ``.csv``, ``.json`` (with the fitted ``alpha`` and ``beta`` where the posterior reports
 them in its diagnostics) and ``laplace_bands.png`` under ``--out``.
@@ -24,10 +24,10 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from bnn_zoo.harness import compare, flags
-from bnn_zoo.harness.figures import predictive_bands, save_figure
-from bnn_zoo.harness.summary import aggregate
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo._harness import compare, flags
+from bnn_zoo._harness.figures import predictive_bands, save_figure
+from bnn_zoo._harness.summary import aggregate
+from bnn_zoo._harness.tables import write_tables
 
 VARIANTS = ("laplace_full", "laplace_ggn", "laplace_diag", "laplace_kron", "laplace_last_layer")
 #: ``None``: alpha from the prior, beta from the MAP's noise; else the evidence tuning.

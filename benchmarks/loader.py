@@ -4,7 +4,7 @@ from in-memory tensors (the goal: at most 1.2 x).
 Both fit the ``bbb`` entry for ``--epochs`` epochs of minibatches of ``--batch`` points on
 ``--points`` synthetic regression points with ``--features`` inputs: the tensors with
 ``batch_size=B`` (the fit indexes them itself), the loaders with ``entry.fit(loader)``
-(:mod:`bnn_zoo.core.batches`): ``dataloader``, a shuffled ``DataLoader`` over a
+(:mod:`bnn_zoo._core.batches`): ``dataloader``, a shuffled ``DataLoader`` over a
 ``TensorDataset`` as users write it (one ``__getitem__`` per point, then collated), and
 ``batch_sampler``, a ``DataLoader`` whose sampler is a shuffled ``BatchSampler`` with
 ``batch_size=None`` (one indexing per batch). Fits are interleaved, ``--repeats`` of
@@ -25,8 +25,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 from bnn_zoo import zoo
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.tables import write_tables
 
 FLOOR = 1.2
 KINDS = ("tensors", "dataloader", "batch_sampler")

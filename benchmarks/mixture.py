@@ -28,13 +28,13 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data, fit
-from bnn_zoo.core.elbo import MixtureELBO, elbo_estimate
-from bnn_zoo.core.step import TrainingDiverged
-from bnn_zoo.guides.mixture import MixtureGuide
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.figures import save_figure
-from bnn_zoo.harness.tables import write_tables
-from bnn_zoo.models.targets import TARGETS, UnnormalisedModel, bnn_posterior, target
+from bnn_zoo._core.elbo import MixtureELBO, elbo_estimate
+from bnn_zoo._core.step import TrainingDiverged
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.figures import save_figure
+from bnn_zoo._harness.tables import write_tables
+from bnn_zoo.guides._mixture import MixtureGuide
+from bnn_zoo.models._targets import TARGETS, UnnormalisedModel, bnn_posterior, target
 
 ESTIMATORS = {"score": ("score", False), "score_baseline": ("score", True),
               "pathwise": ("pathwise", False), "enumerate": ("enumerate", False)}

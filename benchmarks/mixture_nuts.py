@@ -2,7 +2,7 @@
 
 The target: the weight posterior of a 1-5-1 tanh net (16 weights, prior N(0, 1), noise
 fixed at 0.2) on 20 random training points of ``sine`` and of ``gap``, in float64
-(:func:`bnn_zoo.models.targets.bnn_posterior`). The reference: Pyro's NUTS on its log
+(:func:`bnn_zoo.models._targets.bnn_posterior`). The reference: Pyro's NUTS on its log
 density (``--warmup`` + ``--samples`` draws, tree depth ``--depth``), started uniformly in
 (-1, 1)^16. The guides: K = 1 fitted ``--steps`` steps of the enumerated mixture ELBO, then
 split into K antithetic copies (offsets 0.05 sqrt(D)) and fitted ``--steps`` more, so that
@@ -11,7 +11,7 @@ every K starts where K = 1 stands.
 Per (data, K): ``w2``, the mean over x in [-3.5, 3.5] (71 points, across ``gap``'s gap) of
 the 2-Wasserstein distance between the Gaussian moment-matched predictives
 f(x) + N(0, 0.2^2) of the guide (4000 draws) and of NUTS
-(:func:`bnn_zoo.harness.summary.gaussian_w2`); ``w2_diff_se``, the Monte Carlo standard
+(:func:`bnn_zoo._harness.summary.gaussian_w2`); ``w2_diff_se``, the Monte Carlo standard
 error of ``w2 - w2(K=1)`` (a bootstrap of the NUTS draws, which the guides share, and batch
 means over the guide's draws, in quadrature); the ELBO with its standard error (8 batches
 of 256 particles); and the effective number of components exp(H(pi)). Writes
@@ -33,13 +33,13 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_uniform, init_to_value
 
 from bnn_zoo import data, fit
-from bnn_zoo.core.elbo import MixtureELBO, elbo_estimate
-from bnn_zoo.core.nn import mlp_forward
-from bnn_zoo.guides.mixture import MixtureGuide
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.summary import gaussian_w2
-from bnn_zoo.harness.tables import write_tables
-from bnn_zoo.models.targets import UnnormalisedModel, bnn_posterior
+from bnn_zoo._core.elbo import MixtureELBO, elbo_estimate
+from bnn_zoo._core.nn import mlp_forward
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.summary import gaussian_w2
+from bnn_zoo._harness.tables import write_tables
+from bnn_zoo.guides._mixture import MixtureGuide
+from bnn_zoo.models._targets import UnnormalisedModel, bnn_posterior
 
 #: The inputs where the predictives are compared; they cover ``gap``'s gap.
 GRID = torch.linspace(-3.5, 3.5, 71, dtype=torch.float64)[:, None]

@@ -42,11 +42,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from bnn_zoo.core.files import read_json
-from bnn_zoo.harness.cli import run_command
-from bnn_zoo.harness.provenance import run_columns, versions
-from bnn_zoo.harness.summary import mean_se
-from bnn_zoo.harness.tables import markdown_table, write_tables
+from bnn_zoo._core.files import read_json
+from bnn_zoo._harness.cli import run_command
+from bnn_zoo._harness.provenance import run_columns, versions
+from bnn_zoo._harness.summary import mean_se
+from bnn_zoo._harness.tables import markdown_table, write_tables
 
 KEYS = ("data", "entry", "metric")
 COLUMNS = ("old", "new", "change", "paired_z", "moved")
@@ -92,7 +92,7 @@ def finished(document: Mapping, metrics: Sequence[str]) -> pd.DataFrame:
 def moves(old: Mapping, new: Mapping, metrics: Sequence[str]) -> list[dict]:
     """One row per (data, entry, metric) with paired splits in both versions, in the new
     document's order: ``runs`` (pairs), ``old``, ``new`` and ``change`` (each with its
-    ``_se``, :func:`~bnn_zoo.harness.summary.mean_se` as the comparison's tables),
+    ``_se``, :func:`~bnn_zoo._harness.summary.mean_se` as the comparison's tables),
     ``paired_z`` (:func:`paired_z`) and ``moved`` (``|change|`` above the new cell's
     standard error)."""
     pairs = finished(new, metrics).merge(finished(old, metrics), on=[*KEYS, "split"],

@@ -33,13 +33,13 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.compare import default_entries, split_indices
-from bnn_zoo.harness.figures import save_figure
-from bnn_zoo.harness.prior_command import width_sweep
-from bnn_zoo.harness.runs import run_one
-from bnn_zoo.harness.summary import aggregate
-from bnn_zoo.harness.tables import Table, run_line, write_table_group
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.compare import default_entries, split_indices
+from bnn_zoo._harness.figures import save_figure
+from bnn_zoo._harness.prior_command import width_sweep
+from bnn_zoo._harness.runs import run_one
+from bnn_zoo._harness.summary import aggregate
+from bnn_zoo._harness.tables import Table, run_line, write_table_group
 
 METRICS = ("ll", "rmse", "coverage_90", "fit_seconds")
 

@@ -6,7 +6,7 @@ regression set of boston's size (455 training points, 13 inputs): one ``entry.fi
 (standardisation, building, JIT tracing, training), after a warm-up, alternated
 ``--repeats`` times; medians. Beside the times, the peak memory of each (``one_fit_mib``,
 ``replicas_mib``: the largest over the repeats of the peak above what was in use before the
-fit, by :class:`~bnn_zoo.harness.memory.PeakMemory`: the resident set size on the CPU, the
+fit, by :class:`~bnn_zoo._harness.memory.PeakMemory`: the resident set size on the CPU, the
 CUDA allocator's count on a GPU). The goal: 20 replicas cost at most 3x one fit
 (``ratio`` <= 3), i.e. a replica costs at most 3/20 of a fit done alone.
 
@@ -18,7 +18,7 @@ lower bound, up to the zoo's overhead, on what R replicas of a fit can cost agai
 
 Each run measures one setting, ``--threads`` and the allocator (the shared flag
 ``--retain-freed-memory``: glibc keeps freed memory for reuse,
-:func:`~bnn_zoo.harness.memory.retain_freed_memory`), and writes its row into the table of
+:func:`~bnn_zoo._harness.memory.retain_freed_memory`), and writes its row into the table of
 ``--out``, keeping the rows of other settings:
 
     python benchmarks/replicas.py --out results/replicas --threads 1
@@ -36,10 +36,10 @@ import pyro
 import torch
 
 from bnn_zoo import zoo
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.memory import PeakMemory
-from bnn_zoo.harness.tables import merge_summary, write_tables
-from bnn_zoo.harness.timing import interleaved_medians
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.memory import PeakMemory
+from bnn_zoo._harness.tables import merge_summary, write_tables
+from bnn_zoo._harness.timing import interleaved_medians
 
 #: The goal: R = 20 replicas of ``bbb`` in at most this many one-fit times.
 FLOOR = 3.0

@@ -4,7 +4,7 @@
 repository root, each with today's code) and what kind of run it is:
 
 * a *sweep* (a comparison over entries, data sets and splits, through
-  :func:`bnn_zoo.harness.compare.run_comparison`): its numbers do not depend on the machine's
+  :func:`bnn_zoo._harness.compare.run_comparison`): its numbers do not depend on the machine's
   load, so it takes ``--jobs`` and ``--scheduler`` and runs on every core or a cluster;
 * a *timing* (``speed``, ``throughput``, ...): its numbers are wall times and ratios of them,
   so it runs alone, on an idle machine, with the threads its command sets;
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bnn_zoo.harness import flags
+from bnn_zoo._harness import flags
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = "benchmarks/results"

@@ -23,12 +23,12 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data, zoo
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.compare import split_indices
-from bnn_zoo.harness.figures import save_figure
-from bnn_zoo.harness.summary import aggregate
-from bnn_zoo.harness.tables import run_line, write_tables
-from bnn_zoo.methods.logitnormal import OBJECTIVES, objective_elbo
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.compare import split_indices
+from bnn_zoo._harness.figures import save_figure
+from bnn_zoo._harness.summary import aggregate
+from bnn_zoo._harness.tables import run_line, write_tables
+from bnn_zoo.methods._logitnormal import OBJECTIVES, objective_elbo
 
 METRICS = ("ll", "rmse", "fit_seconds", "elbo_var", "grad_var")
 

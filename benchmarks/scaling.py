@@ -1,8 +1,8 @@
 """Scaling of a sweep with Dask workers: one data set's entries on 1, 2, ... workers.
 
-The comparison of ``benchmarks/uci.py`` (its protocol, :func:`bnn_zoo.harness.compare.
+The comparison of ``benchmarks/uci.py`` (its protocol, :func:`bnn_zoo._harness.compare.
 data_overrides`) of every chosen entry on ``--splits`` splits of ``--data``, run through
-the sweep engine (:mod:`bnn_zoo.harness.sweep`) on a local Dask cluster of ``J``
+the sweep engine (:mod:`bnn_zoo._harness.sweep`) on a local Dask cluster of ``J``
 single-threaded worker processes for each ``J`` of ``--workers``, each time into an empty
 cache (every run fitted). Per ``J``: the wall time of the sweep (the cluster started, the
 package imported on every worker and the cache emptied before the clock starts), the
@@ -34,10 +34,10 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from bnn_zoo.harness import compare, flags
-from bnn_zoo.harness.figures import save_figure
-from bnn_zoo.harness.sweep import local_cluster
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo._harness import compare, flags
+from bnn_zoo._harness.figures import save_figure
+from bnn_zoo._harness.sweep import local_cluster
+from bnn_zoo._harness.tables import write_tables
 
 OUT = "benchmarks/results/scaling"
 #: What ``--tiny`` runs: a toy set, two cheap entries, a few steps.
@@ -54,7 +54,7 @@ def peak_rss_mib() -> float:
 
 def import_package() -> None:
     """Import what a worker runs, so that the sweep's clock does not count it."""
-    importlib.import_module("bnn_zoo.harness.sweep")
+    importlib.import_module("bnn_zoo._harness.sweep")
 
 
 def results(records: Sequence[dict]) -> list[tuple]:

@@ -7,24 +7,24 @@ the same ``10 B`` points in minibatches of ``B`` (a fresh permutation every epoc
   ``N / B`` plus the ``N(0, 1)`` prior's ``|w|^2 / 2``, Adam);
 * ``torch_bbb``: a hand-written Bayes-by-Backprop step (one weight sample ``w = mu +
   softplus(rho) * eps`` for the minibatch, closed-form KL, Adam) -- what the zoo's pair
-  computes under :class:`~bnn_zoo.core.elbo.MeanFieldELBO`, without Pyro;
+  computes under :class:`~bnn_zoo._core.elbo.MeanFieldELBO`, without Pyro;
 * ``torch_bbb_lrt``: the hand-written step with the local reparameterisation trick
   (Kingma et al. 2015): each layer's pre-activations drawn from their Gaussian, mean
   ``h @ M + m``, variance ``h^2 @ S^2 + s^2``, one noise draw per point and unit;
 * ``zoo_bbb``: ``BayesianMLP`` + ``BayesByBackpropGuide`` through
-  :class:`~bnn_zoo.core.step.SVIStep` (what ``bnn_zoo.fit`` runs) with ``MeanFieldELBO``;
+  :class:`~bnn_zoo._core.step.SVIStep` (what ``bnn_zoo.fit`` runs) with ``MeanFieldELBO``;
 * ``zoo_bbb_jit``: the same with the JIT-traced loss;
 * ``zoo_bbb_lrt_jit``: the JIT-traced loss with :class:`LocalReparameterizationELBO`, as
   the ``bbb`` entry trains.
 
 All with Pyro's validation off, as ``bnn_zoo.fit`` trains by default, and
-``torch.optim.Adam(fused=True)``, as :class:`~bnn_zoo.core.step.SVIStep` steps. Ratios
+``torch.optim.Adam(fused=True)``, as :class:`~bnn_zoo._core.step.SVIStep` steps. Ratios
 to ``torch_map`` and the zoo-to-hand-written ratios of like estimators
 (``zoo_lrt_jit_vs_hand``: the goal is at most 1.1) are printed and written as
 ``speed.md``, ``.csv``, ``.json`` and a bar chart ``speed.png`` under ``--out``, with each
 step's peak memory (``<step>_mib``): after the timing, ``--inner`` more calls of each step
 alone, the largest peak of a call above what was in use before it (beyond the step's
-parameters and optimiser state), by :func:`~bnn_zoo.harness.memory.step_peaks` (the
+parameters and optimiser state), by :func:`~bnn_zoo._harness.memory.step_peaks` (the
 process's resident set size).
 
     python benchmarks/speed.py --out results/speed
@@ -42,16 +42,16 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from torch.nn import functional as F
 
-from bnn_zoo.core.elbo import LocalReparameterizationELBO, MeanFieldELBO
-from bnn_zoo.core.nn import mlp_forward
-from bnn_zoo.core.step import SVIStep
+from bnn_zoo._core.elbo import LocalReparameterizationELBO, MeanFieldELBO
+from bnn_zoo._core.nn import mlp_forward
+from bnn_zoo._core.step import SVIStep
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.figures import save_figure
+from bnn_zoo._harness.memory import step_peaks
+from bnn_zoo._harness.tables import write_tables
+from bnn_zoo._harness.timing import epoch_batches, interleaved_medians
 from bnn_zoo.guides import BayesByBackpropGuide
-from bnn_zoo.guides.bbb import softplus_inverse
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.figures import save_figure
-from bnn_zoo.harness.memory import step_peaks
-from bnn_zoo.harness.tables import write_tables
-from bnn_zoo.harness.timing import epoch_batches, interleaved_medians
+from bnn_zoo.guides._bbb import softplus_inverse
 from bnn_zoo.models import BayesianMLP
 
 STEPS = ("torch_map", "torch_bbb", "torch_bbb_lrt", "zoo_bbb", "zoo_bbb_jit", "zoo_bbb_lrt_jit")

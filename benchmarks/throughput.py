@@ -3,13 +3,13 @@ a plain-PyTorch step, all at the same global batch.
 
 * ``torch``: one process, a deterministic ``nn.Sequential`` MLP of the same widths,
   Gaussian negative log-likelihood, ``torch.optim.Adam``;
-* ``bbb xW``: the ``bbb`` entry's model and guide through :class:`bnn_zoo.core.step.SVIStep`
+* ``bbb xW``: the ``bbb`` entry's model and guide through :class:`bnn_zoo._core.step.SVIStep`
   (traced, as the entry trains), on ``W`` processes of ``torch.distributed`` (gloo on
   the CPU over loopback, nccl on GPUs), each stepping on ``batch / W`` rows of its
   shard with the gradients averaged over the processes. ``W = 1`` runs in this
   process without a process group;
 * ``bbb rR``: ``R = --replicas`` independent fits of the same entry as replicas of one
-  vectorised step (:class:`bnn_zoo.core.replicas.ReplicaSVIStep`), each on ``batch`` rows
+  vectorised step (:class:`bnn_zoo._core.replicas.ReplicaSVIStep`), each on ``batch`` rows
   of its own copy of the data, in one process.
 
 Samples per second are ``batch * replicas * steps / seconds`` (medians over ``--repeats``);
@@ -36,12 +36,12 @@ import torch.multiprocessing as mp
 from matplotlib.figure import Figure
 
 from bnn_zoo import zoo
-from bnn_zoo.core import distributed
-from bnn_zoo.core.replicas import ReplicaSVIStep
-from bnn_zoo.core.step import SVIStep
-from bnn_zoo.harness import flags
-from bnn_zoo.harness.figures import save_figure
-from bnn_zoo.harness.tables import write_tables
+from bnn_zoo._core import distributed
+from bnn_zoo._core.replicas import ReplicaSVIStep
+from bnn_zoo._core.step import SVIStep
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.figures import save_figure
+from bnn_zoo._harness.tables import write_tables
 
 
 def problem(n: int, in_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,9 +8,9 @@ Every entry runs with its own fixed budget (the same for every data set; nothing
 tuned on the test splits). An entry with a single learned noise scale
 (``Entry.tunable_noise``: the SVI entries) fits on 90% of the training split and
 takes the noise that maximises the log-likelihood of the other 10%
-(``--validation``; see :mod:`bnn_zoo.evaluation.noise_tuning`); the others keep their own noise
+(``--validation``; see :mod:`bnn_zoo.evaluation._noise_tuning`); the others keep their own noise
 model (Laplace's evidence, the GP's marginal likelihood). The protocol's settings are
-:func:`bnn_zoo.harness.compare.data_overrides`, which ``benchmarks/compare_guides.py`` applies
+:func:`bnn_zoo._harness.compare.data_overrides`, which ``benchmarks/compare_guides.py`` applies
 to the UCI sets too.
 
 Writes under ``--out``:
@@ -18,7 +18,7 @@ Writes under ``--out``:
 * ``uci.csv``: one row per (entry, data set, split): ``entry, dataset, split, seed, status,
   ll, rmse, coverage_50, coverage_90, coverage_95, fit_seconds, reason`` (why a run was
   skipped or failed, e.g. a data set too large for an exact GP), ``code, commit`` (the
-  code version and git commit of the run: :mod:`bnn_zoo.harness.provenance`);
+  code version and git commit of the run: :mod:`bnn_zoo._harness.provenance`);
 * ``uci_summary.md``/``.csv``/``.json``: per data set, every entry's mean ± standard error
   over splits and the number of splits, the published VI, PBP, MC dropout and
   deep-ensembles rows beside them, and in ``notes`` why runs are missing;
@@ -33,14 +33,14 @@ Writes under ``--out``:
 * with ``--reference nuts``: ``reference.md``/``.csv``/``.json``, every entry's distance to
   the reference predictive (2-Wasserstein between moment-matched Gaussians, log-likelihood
   gap) and the reference's convergence diagnostics, split by split and over the splits
-  (:func:`bnn_zoo.harness.compare.write_reference`, as ``compare`` writes them).
+  (:func:`bnn_zoo._harness.compare.write_reference`, as ``compare`` writes them).
 
 Finished (entry, data set, split) runs are cached in ``--out/runs`` and skipped on a
 rerun. The cache is not committed, but ``uci_summary.json`` keeps every run's record: each
 run starts by restoring the missing cache files from the ``uci_summary.json`` in ``--out``
-(:func:`bnn_zoo.harness.runs.restore_cache`), so on a fresh checkout of the committed
+(:func:`bnn_zoo._harness.runs.restore_cache`), so on a fresh checkout of the committed
 results a run fits only what they lack, and ``--cached-only`` rewrites them as they are. The
-cache key holds the code version (:mod:`bnn_zoo.harness.provenance`): a committed run of
+cache key holds the code version (:mod:`bnn_zoo._harness.provenance`): a committed run of
 other code than the checkout's is fitted again (``--cached-only`` lists it as not cached;
 ``python -m bnn_zoo stale`` lists such cells).
 With ``--replicas auto`` (the default) the splits of a data set are fitted together,
@@ -51,7 +51,7 @@ posterior alone), and
 one by one by the others; ``--replicas off`` fits every split alone.
 
 The unit of work is one (entry, data set) batch of splits (the splits of a data set stay
-together, so that they batch as replicas; :mod:`bnn_zoo.harness.sweep`). ``--jobs J`` runs
+together, so that they batch as replicas; :mod:`bnn_zoo._harness.sweep`). ``--jobs J`` runs
 the batches on a local Dask cluster of ``J`` single-threaded worker processes (each torch
 with ``--threads`` threads), the longest first; ``--scheduler ADDRESS`` sends them to a
 running Dask cluster (``dask scheduler``/``dask worker``, or dask-jobqueue's
@@ -90,10 +90,10 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bnn_zoo.core.data import UCI_GAP_PREFIX, UCI_PREFIX, UCI_SETS, uci_set
-from bnn_zoo.harness import compare, flags, provenance, published, runs
-from bnn_zoo.harness.figures import save_figure
-from bnn_zoo.harness.tables import write_csv, write_tables
+from bnn_zoo._core.data import UCI_GAP_PREFIX, UCI_PREFIX, UCI_SETS, uci_set
+from bnn_zoo._harness import compare, flags, provenance, published, runs
+from bnn_zoo._harness.figures import save_figure
+from bnn_zoo._harness.tables import write_csv, write_tables
 
 DEFAULT_SETS = UCI_SETS
 #: The default results folders of the standard splits and of the gap splits (``--gap``).
@@ -149,7 +149,7 @@ def method_rows(summary: Sequence[dict]) -> list[dict]:
 
 def tidy_rows(records: Sequence[dict]) -> list[dict]:
     """One row per run: its keys, status, metrics, if it did not finish why, and the code
-    version and commit it comes from (:func:`~bnn_zoo.harness.provenance.run_columns`)."""
+    version and commit it comes from (:func:`~bnn_zoo._harness.provenance.run_columns`)."""
     return [{"entry": r["entry"], "dataset": uci_set(r["data"]), "split": r["split"],
              "seed": r["seed"], "status": r["status"],
              **{k: r.get("metrics", {}).get(k) for k in METRICS}, "reason": r.get("reason", ""),

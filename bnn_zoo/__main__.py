@@ -1,5 +1,5 @@
-"""``python -m bnn_zoo``: see `bnn_zoo.harness.cli`."""
+"""``python -m bnn_zoo``: see `bnn_zoo._harness.cli`."""
 
-from bnn_zoo.harness.cli import main
+from bnn_zoo._harness.cli import main
 
 raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Results as data: the runs kept in a results folder or file as a pandas DataFrame.
 
 A comparison keeps every run it summarises in its results JSON file, under ``"runs"``
-(`bnn_zoo.harness.compare.write_comparison`: every ``compare.json``,
+(`bnn_zoo._harness.compare.write_comparison`: every ``compare.json``,
 ``uci_summary.json``, ``classification.json`` of ``benchmarks/results/``); the other
 scripts of ``benchmarks/`` keep their runs there as flat rows, or only their summary rows.
 [`load`][bnn_zoo.results.load] reads them into one table, a run per row:
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bnn_zoo.core.files import read_json, results_jsons
-from bnn_zoo.harness.provenance import run_columns
+from bnn_zoo._core.files import read_json, results_jsons
+from bnn_zoo._harness.provenance import run_columns
 
 __all__ = ["load", "run_row"]
 
@@ -38,7 +38,7 @@ def run_row(run: Mapping, origin: Mapping | None = None) -> dict:
     diagnostics as ``diag_<name>``, its settings (``num_samples``, ``dtype``, ``overrides``...)
     and its provenance (``version``, ``torch``, ``pyro``, ``device``, ``threads``,
     ``date``...), with ``code`` and ``commit`` as the tables show them
-    (`bnn_zoo.harness.provenance.run_columns`). A flat run (as the benchmark
+    (`bnn_zoo._harness.provenance.run_columns`). A flat run (as the benchmark
     scripts keep them) keeps its fields. ``origin``: the provenance of the process that
     wrote the file, for runs that keep none of their own."""
     if not any(key in run for key in NESTED):

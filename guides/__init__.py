@@ -1,11 +1,16 @@
-"""Custom guides of the zoo (installed as ``bnn_zoo.guides``)."""
+"""Custom guides of the zoo (installed as ``bnn_zoo.guides``): each a Pyro guide for the
+zoo's models, trained by SVI. The Laplace guide lives with its method in
+[`bnn_zoo.methods.laplace`][]."""
 
-from bnn_zoo.guides.bbb import BayesByBackpropGuide as BayesByBackpropGuide
-from bnn_zoo.guides.flow import AffineShiftedFlow as AffineShiftedFlow
-from bnn_zoo.guides.mean_field import MeanFieldGuide as MeanFieldGuide
-from bnn_zoo.guides.mixture import MixtureGuide as MixtureGuide
-from bnn_zoo.guides.params import LowRankMultivariateNormal as LowRankMultivariateNormal
-from bnn_zoo.guides.params import MultivariateNormal as MultivariateNormal
+from bnn_zoo.guides._bbb import BayesByBackpropGuide
+from bnn_zoo.guides._dropout import MCDropoutGuide
+from bnn_zoo.guides._flow import AffineShiftedFlow
+from bnn_zoo.guides._logitnormal import LogitNormalGuide, plot_relevance
+from bnn_zoo.guides._mean_field import MeanFieldGuide, diagonal_gaussian_kl
+from bnn_zoo.guides._mixture import MixtureGuide
+from bnn_zoo.guides._params import LowRankMultivariateNormal, MultivariateNormal
+from bnn_zoo.guides._swag import SWAGGuide
 
-__all__ = ["AffineShiftedFlow", "BayesByBackpropGuide",
-           "LowRankMultivariateNormal", "MeanFieldGuide", "MixtureGuide", "MultivariateNormal"]
+__all__ = ["AffineShiftedFlow", "BayesByBackpropGuide", "LogitNormalGuide",
+           "LowRankMultivariateNormal", "MCDropoutGuide", "MeanFieldGuide", "MixtureGuide",
+           "MultivariateNormal", "SWAGGuide", "diagonal_gaussian_kl", "plot_relevance"]

@@ -16,22 +16,28 @@
   its results file.
 * The README has at most 300 lines, and every file it links exists.
 * ``mkdocs build --strict`` builds the site (skipped where mkdocs is not installed;
-  ``.ci/run`` installs the ``docs`` extra and builds it too).
+  ``.ci/run`` installs the ``docs`` extra and builds it too), and its API reference reads
+  for a user: at most 150 classes and functions, each under a public path, and every
+  public name of every public module among them.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import inspect
 import math
 import os
+import pkgutil
 import re
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
 
-from bnn_zoo.harness.readme_tables import (
+from bnn_zoo._harness.readme_tables import (
     BLOCK,
     ENTRIES,
     documents,
@@ -157,7 +163,7 @@ def test_results_figures_the_docs_show_exist():
 
 
 def test_tables_render_filters_and_refuse_bad_markers(tmp_path):
-    from bnn_zoo.harness.tables import Table, write_table_group, write_tables
+    from bnn_zoo._harness.tables import Table, write_table_group, write_tables
 
     rows = [{"data": "a", "entry": "x", "runs": 2, "ll": 1.0, "ll_se": 0.5},
             {"data": "b", "entry": "x", "runs": 2, "ll": -2.0, "ll_se": 0.25}]
@@ -185,8 +191,8 @@ def test_tables_render_filters_and_refuse_bad_markers(tmp_path):
 
 
 def test_the_command_rewrites_every_document_and_checks_them(tmp_path):
-    from bnn_zoo.harness.cli import main
-    from bnn_zoo.harness.tables import write_tables
+    from bnn_zoo._harness.cli import main
+    from bnn_zoo._harness.tables import write_tables
 
     write_tables(tmp_path, "t", [{"entry": "x", "runs": 1, "ll": 1.5}], keys=("entry",),
                  columns=("ll",))
@@ -215,3 +221,72 @@ def test_the_site_builds_strictly(tmp_path):
     raw = [str(page.relative_to(tmp_path)) for page in (tmp_path / "site").rglob("*.html")
            if roles.search(page.read_text())]
     assert not raw, f"raw reST roles in {raw}"
+    check_reference(tmp_path / "site" / "objects.inv")
+
+#: The modules a user imports; every other module is private (an underscored name).
+PUBLIC_MODULES = ("bnn_zoo", "bnn_zoo.data", "bnn_zoo.distributed", "bnn_zoo.elbo",
+                  "bnn_zoo.evaluation", "bnn_zoo.guides", "bnn_zoo.handlers", "bnn_zoo.methods",
+                  "bnn_zoo.methods.laplace", "bnn_zoo.models", "bnn_zoo.results", "bnn_zoo.zoo")
+MAX_DOCUMENTED = 150
+
+
+def inventory(path: Path) -> list[tuple[str, str, str]]:
+    """``(name, role, location)`` of each object in a Sphinx inventory (``objects.inv``):
+    four lines of header, then zlib-compressed lines ``name role priority location ...``."""
+    data = path.read_bytes()
+    start = 0
+    for _ in range(4):
+        start = data.index(b"\n", start) + 1
+    rows = [line.split(" ", 4) for line in zlib.decompress(data[start:]).decode().splitlines()]
+    return [(name, role, location.replace("$", name)) for name, role, _, location, *_ in rows]
+
+
+def is_private(path: str) -> bool:
+    return any(part.startswith("_") for part in path.split("."))
+
+
+def public_names(module_name: str) -> set[str]:
+    """The classes and functions a public module offers: its ``__all__``."""
+    module = importlib.import_module(module_name)
+    return {f"{module_name}.{name}" for name in module.__all__
+            if inspect.isclass(getattr(module, name)) or inspect.isfunction(getattr(module, name))}
+
+
+def unlisted_public_modules() -> list[str]:
+    """Modules of the public packages whose names are public but which are not in
+    `PUBLIC_MODULES`, with the classes or functions they define."""
+    found = []
+    for package in PUBLIC_MODULES:
+        module = importlib.import_module(package)
+        for info in pkgutil.iter_modules(getattr(module, "__path__", [])):
+            name = f"{package}.{info.name}"
+            if info.name.startswith("_") or name in PUBLIC_MODULES:
+                continue
+            sub = importlib.import_module(name)
+            defined = [key for key, value in vars(sub).items() if not key.startswith("_")
+                       and (inspect.isclass(value) or inspect.isfunction(value))
+                       and value.__module__ == name]
+            if defined:
+                found.append(f"{name}: {defined}")
+    return found
+
+
+def check_reference(objects_inv: Path) -> None:
+    entries = inventory(objects_inv)
+    documented = {location for _, role, location in entries
+                  if role in ("py:class", "py:function")}
+    assert len(documented) <= MAX_DOCUMENTED, f"{len(documented)} classes and functions"
+    private = sorted(location for location in documented if is_private(location.split("#")[1]))
+    assert not private, f"documented under private paths: {private}"
+    names = {name for name, _, _ in entries}
+    missing = sorted(set().union(*map(public_names, PUBLIC_MODULES)) - names)
+    assert not missing, f"public but not in the API reference: {missing}"
+    assert not unlisted_public_modules()
+
+
+def test_the_reference_check_can_fail(tmp_path):
+    fake = tmp_path / "objects.inv"
+    rows = "".join(f"bnn_zoo._core.f{i} py:function 1 api/#$ -\n" for i in range(3))
+    fake.write_bytes(b"# header\n# p\n# v\n# z\n" + zlib.compress(rows.encode()))
+    with pytest.raises(AssertionError, match="private paths"):
+        check_reference(fake)

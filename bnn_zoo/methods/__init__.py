@@ -1,10 +1,24 @@
-"""Inference methods (layer 3), each a frozen dataclass behind the protocol of
-[`bnn_zoo.methods.base`][]: fit on standardised data, return a posterior that predicts.
+"""Inference methods (layer 3), each a frozen dataclass behind the
+[`Method`][bnn_zoo.methods.Method] protocol: fit on standardised data, return a
+[`Posterior`][bnn_zoo.methods.Posterior] that predicts and is a Pyro model and guide.
 
-[`svi`][bnn_zoo.methods.svi] (``SVI``), [`nuts`][bnn_zoo.methods.nuts] (``NUTS``),
-[`sgmcmc`][bnn_zoo.methods.sgmcmc] (``SGMCMC``, SGLD and SGHMC),
-[`ensemble`][bnn_zoo.methods.ensemble] (``Ensemble``), [`gp`][bnn_zoo.methods.gp] (``ExactGP``),
-[`logitnormal`][bnn_zoo.methods.logitnormal] (``LogitNormalSVI``).
+[`SVI`][bnn_zoo.methods.SVI], [`Laplace`][bnn_zoo.methods.laplace.Laplace] (its own package,
+[`bnn_zoo.methods.laplace`][]), [`NUTS`][bnn_zoo.methods.NUTS],
+[`SGMCMC`][bnn_zoo.methods.SGMCMC] (SGLD and SGHMC), [`SWAG`][bnn_zoo.methods.SWAG],
+[`Ensemble`][bnn_zoo.methods.Ensemble], [`ExactGP`][bnn_zoo.methods.ExactGP] and
+[`LogitNormalSVI`][bnn_zoo.methods.LogitNormalSVI]; the training
+[`Budget`][bnn_zoo.methods.Budget] they share.
 """
 
-__all__ = ["base", "ensemble", "gp", "logitnormal", "nuts", "sgmcmc", "svi"]
+from bnn_zoo.methods._base import Budget, Method, Posterior, UnsupportedProblem
+from bnn_zoo.methods._ensemble import Ensemble
+from bnn_zoo.methods._gp import ExactGP
+from bnn_zoo.methods._logitnormal import LogitNormalSVI
+from bnn_zoo.methods._nuts import NUTS, PosteriorSamples, chain_diagnostics
+from bnn_zoo.methods._sgmcmc import SGMCMC, sgmcmc_samples
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.methods._swag import SWAG
+
+__all__ = ["NUTS", "SGMCMC", "SVI", "SWAG", "Budget", "Ensemble", "ExactGP", "LogitNormalSVI",
+           "Method", "Posterior", "PosteriorSamples", "UnsupportedProblem", "chain_diagnostics",
+           "sgmcmc_samples"]

@@ -23,8 +23,8 @@ import pkgutil
 
 import torch
 
-from bnn_zoo.core.files import load_plain
-from bnn_zoo.methods.base import Budget, UnsupportedProblem
+from bnn_zoo._core.files import load_plain
+from bnn_zoo.methods._base import Budget, UnsupportedProblem
 from bnn_zoo.zoo._entry import TINY_BUDGET, Entry, batches_replicas
 from bnn_zoo.zoo._fitted import FILE_FORMAT, Fitted
 from bnn_zoo.zoo._networks import NETWORK_CHOICES, NETWORKS, NamedNetwork, Network

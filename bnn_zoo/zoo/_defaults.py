@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 
 from pyro.infer.autoguide import AutoDelta
 
-from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.options import factory
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.methods.swag import SWAG
-from bnn_zoo.models.mlp import BayesianMLP, init_to_fan_in
-from bnn_zoo.models.module import BayesianModule
-from bnn_zoo.models.priors import GaussianPrior, ScaleMixturePrior
+from bnn_zoo._core.elbo import MeanFieldELBO
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._options import factory
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.methods._swag import SWAG
+from bnn_zoo.models._mlp import BayesianMLP, init_to_fan_in
+from bnn_zoo.models._module import BayesianModule
+from bnn_zoo.models._priors import GaussianPrior, ScaleMixturePrior
 from bnn_zoo.zoo._entry import TINY_BUDGET
 
 __all__ = ["ARBEL_NOTES", "LAPLACE_BUDGET", "MAP_BUDGET", "SAMPLER_BUDGET", "SAMPLER_TINY",
@@ -62,7 +62,7 @@ def init_loc_fn(model: Callable) -> Callable[[dict], object]:
     """Where the zoo's autoguides start: a user's network
     ([`BayesianModule`][bnn_zoo.models.BayesianModule], ``entry.fit(..., net=...)``) at its own
     weights (``model.init_to_net``: torch's initialisation in torch's ``(out, in, *kernel)``
-    layout), the zoo's MLP at [`init_to_fan_in`][bnn_zoo.models.mlp.init_to_fan_in].
+    layout), the zoo's MLP at [`init_to_fan_in`][bnn_zoo.models._mlp.init_to_fan_in].
 
     The net's values are copied: an autoguide may keep the tensor it is given as its
     parameter and train it in place, which would change the user's network.

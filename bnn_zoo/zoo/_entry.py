@@ -1,7 +1,7 @@
 """Zoo entries: an [`Entry`][] declares a model factory, an inference method
 (`bnn_zoo.methods`), a budget, and the paper it implements.
 
-[`Entry.fit`][bnn_zoo.zoo._entry.Entry.fit] prepares the data (`bnn_zoo.zoo._preparation`: checked,
+[`Entry.fit`][bnn_zoo.zoo.Entry.fit] prepares the data (`bnn_zoo.zoo._preparation`: checked,
 standardised with the training statistics), fits the method on it and wraps the posterior in a
 [`Fitted`][bnn_zoo.zoo.Fitted], which maps predictions back to the caller's units.
 """
@@ -19,14 +19,14 @@ import pyro
 import torch
 from torch import Tensor, nn
 
-from bnn_zoo.core.batches import first_inputs, is_loader
-from bnn_zoo.core.checks import check_bool, check_fraction, check_seed
-from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior, tune_noise
-from bnn_zoo.methods.base import Budget, Method, ModelFactory, UnsupportedProblem
-from bnn_zoo.methods.ensemble import Ensemble
-from bnn_zoo.methods.options import as_factory, check_keywords, keywords
-from bnn_zoo.models.module import BayesianModule
+from bnn_zoo._core.batches import first_inputs, is_loader
+from bnn_zoo._core.checks import check_bool, check_fraction, check_seed
+from bnn_zoo._core.scaling import Standardizer
+from bnn_zoo.evaluation._noise_tuning import NoiseTunedPosterior, tune_noise
+from bnn_zoo.methods._base import Budget, Method, ModelFactory, UnsupportedProblem
+from bnn_zoo.methods._ensemble import Ensemble
+from bnn_zoo.methods._options import as_factory, check_keywords, keywords
+from bnn_zoo.models._module import BayesianModule
 from bnn_zoo.zoo._fitted import Fitted
 from bnn_zoo.zoo._networks import (
     NET_MODEL_OPTIONS,
@@ -202,52 +202,26 @@ class Entry:
             **budget_overrides: Any) -> Fitted:
         """Standardise with the training statistics, fit the method, and wrap the result.
 
-        ``model_options`` go to the model factory, ``guide_options`` to the guide factory,
-        ``method`` (an instance of the entry's method class, e.g.
-        ``Laplace(curvature="kron")``) replaces the entry's method, ``method_options``
-        replace fields of the method (e.g. ``members=3``), and ``budget_overrides`` replace
-        [`Budget`][] fields (``steps``, ``lr``, ...). ``validation > 0`` (regression,
-        entries with ``tunable_noise``) holds that fraction of the training points out of
-        the fit and sets the predictive's noise scale to the one that maximises their
-        log-likelihood (see [`bnn_zoo.evaluation.noise_tuning`][]); the method never sees
-        them.
-        Everything runs on the device and in the dtype of ``x``. With
-        ``distributed=True`` (see `bnn_zoo.core.distributed`) ``x`` and ``y`` are
-        this process's shard, and the standardisation statistics and the number of
-        classes are those of all the shards together.
+        ``x``, ``y``: tensors (or numpy arrays) of the training set in its own units
+        (regression targets floats of shape (N,) or (N, D); class labels integers 0..C-1),
+        or ``x`` a loader of ``(x, y)`` batches with ``y=None``, for data that does not fit
+        in memory. Everything runs on the device and in the dtype of ``x``.
 
-        ``x`` may be a loader in place of ``x``, ``y`` (``y`` then ``None``): a
-        ``torch.utils.data.DataLoader``, or any re-iterable of ``(x, y)`` batches, for data
-        that does not fit in memory. One pass over it checks every batch and gathers the
-        standardisation statistics and the number of points ``N`` (``num_data``, where
-        given, must equal it); the method then draws the batches as the loader yields them,
-        each standardised as it is drawn, its likelihood scaled by ``N / B`` (SVI), or sums
-        over one pass (the Laplace curvature). The fit runs on the device and in the dtype
-        of the first batch's ``x``; the loader sets the batches (no ``batch_size``), and
-        ``validation`` and ``distributed`` need tensors. An entry whose method needs all the
-        data at once (NUTS, an exact GP) refuses a loader with
-        [`UnsupportedProblem`][].
+        ``method``: an instance of the entry's method class (``Laplace(curvature="kron")``)
+        in place of its own; ``method_options``, ``model_options`` and ``guide_options``:
+        fields of the method and options of the model and guide factories, by name;
+        ``budget_overrides``: fields of [`Budget`][bnn_zoo.methods.Budget] (``steps``,
+        ``lr``, ...). ``validation > 0`` (regression, entries with ``tunable_noise``) holds
+        that fraction of the points out of the fit and tunes the predictive's noise scale on
+        them ([`bnn_zoo.evaluation.tune_noise`][]). ``net`` (entries with ``accepts_net``):
+        a ``torch.nn.Module``, or a factory of one, that the entry makes Bayesian as a
+        [`BayesianModule`][bnn_zoo.models.BayesianModule]. ``distributed=True``: ``x`` and
+        ``y`` are this process's shard of a data-parallel fit ([`bnn_zoo.distributed`][]).
 
-        ``x`` and ``y`` may be numpy arrays. Regression targets must be floats of shape
-        (N,), or (N, D) for D >= 2 outputs (the zoo's MLP, one noise scale per output);
-        classification labels integers 0..C-1 of shape (N,) (float labels only when
-        exactly integral, then cast). ``seed`` is an int >= 0, ``progress`` a bool or
-        ``None``; every budget override is checked by [`Budget`][].
-
-        ``net`` (entries with ``accepts_net``; others raise [`UnsupportedProblem`][]):
-        a ``torch.nn.Module`` mapping inputs (N, ...) to outputs (N, 1) (regression) or
-        (N, C) class logits (``C`` at least the number of classes of ``y``), or a
-        zero-argument factory returning one; a network whose output has another shape is
-        refused before any training. The model is then
-        [`BayesianModule`][bnn_zoo.models.BayesianModule] ``(net, task=task, **model_options)``
-        (options ``prior``, ``noise_scale``, ``init_noise_scale``; the entry's own prior by
-        default), ``x`` may have any shape (N, ...) and is standardised elementwise (each
-        pixel of an image with its own training mean and standard deviation). A module is
-        used as given, not copied, and never changed: its parameter values are where the
-        guides start. It must be on ``x``'s device and
-        dtype. A factory is called for every model built (each fit, each ensemble member,
-        each restore) and its network moved to ``x``'s device and dtype; an ensemble needs
-        one, so that its members start apart.
+        Every value is checked before any work; what an entry cannot honour (a loader for
+        NUTS, ``net`` for an entry without ``accepts_net``) raises
+        [`UnsupportedProblem`][bnn_zoo.methods.UnsupportedProblem]. The user guide's pages
+        on fitting, loaders and your own network hold the details.
         """
         if net is not None and not self.accepts_net:
             raise UnsupportedProblem(
@@ -364,7 +338,7 @@ class Entry:
     def restore(self, state: dict, *, source: str = "<state>",
                 net: Network | None = None) -> Fitted:
         """The [`Fitted`][] of a saved ``state`` (see
-        [`Fitted.save`][bnn_zoo.zoo._fitted.Fitted.save]), rebuilt through this entry's factories,
+        [`Fitted.save`][bnn_zoo.zoo.Fitted.save]), rebuilt through this entry's factories,
         or on ``net`` (a module or a factory of the network the fit was saved from) for a fit with
         ``net=``; ``source`` names the file
         in errors."""
@@ -417,7 +391,7 @@ def batches_replicas(entry: Entry, *, model_options: Mapping[str, Any] | None = 
                      method: Method | None = None, validation: float = 0.0,
                      **budget_overrides: Any) -> bool:
     """Whether ``entry.fit_many`` with these options (those of
-    [`Entry.fit`][bnn_zoo.zoo._entry.Entry.fit]) trains
+    [`Entry.fit`][bnn_zoo.zoo.Entry.fit]) trains
     its fits as replicas in one pass rather than one by one."""
     _, _, method, budget = entry.settings(model_options, guide_options, method_options,
                                           budget_overrides, method=method,

@@ -1,6 +1,6 @@
 """A fitted zoo entry ([`Fitted`][]): the posterior of a fit with the training
 statistics that map the caller's units to the standardised ones it was fitted in, and its
-file format ([`Fitted.save`][bnn_zoo.zoo._fitted.Fitted.save]; read back by
+file format ([`Fitted.save`][bnn_zoo.zoo.Fitted.save]; read back by
 [`bnn_zoo.zoo.load`][])."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import Any
 
 from torch import Tensor
 
-from bnn_zoo.core.batches import is_loader
-from bnn_zoo.core.checks import check_data, check_device, check_positive_int
-from bnn_zoo.core.files import save_atomic
-from bnn_zoo.core.predictive import predict_batches
-from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.core.training import FitResult
-from bnn_zoo.evaluation.metrics import evaluate_batches, metrics
-from bnn_zoo.evaluation.noise_tuning import NoiseTunedPosterior
-from bnn_zoo.methods.base import Posterior, Predictive
+from bnn_zoo._core.batches import is_loader
+from bnn_zoo._core.checks import check_data, check_device, check_positive_int
+from bnn_zoo._core.files import save_atomic
+from bnn_zoo._core.predictive import predict_batches
+from bnn_zoo._core.scaling import Standardizer
+from bnn_zoo._core.training import FitResult
+from bnn_zoo.evaluation._metrics import evaluate_batches, metrics
+from bnn_zoo.evaluation._noise_tuning import NoiseTunedPosterior
+from bnn_zoo.methods._base import Posterior, Predictive
 
 __all__ = ["FILE_FORMAT", "Fitted"]
 
@@ -95,7 +95,7 @@ class Fitted:
         """`diagnostics`, and those the posterior computes at inputs ``x`` (N, D) in
         original units where it has any (``nuts``: the R-hat and effective sample size of
         the network output at ``x``,
-        [`predictive_diagnostics`][bnn_zoo.methods.nuts.NUTSPosterior.predictive_diagnostics])."""
+        `predictive_diagnostics`)."""
         at_inputs = getattr(self.posterior, "predictive_diagnostics", None)
         if at_inputs is None:
             return dict(self.diagnostics)
@@ -122,7 +122,7 @@ class Fitted:
         fit's (float64 inputs of a float32 fit) are cast to the fit's dtype. Or a loader
         (a ``DataLoader``, any re-iterable of ``x`` or ``(x, y)`` batches): the posterior
         then predicts batch by batch and the predictives of the batches are joined
-        ([`predict_batches`][bnn_zoo.core.predictive.predict_batches]).
+        (`predict_batches`).
         """
         check_positive_int("num_samples", num_samples)
         if is_loader(x):
@@ -134,12 +134,12 @@ class Fitted:
 
     def evaluate(self, x: Tensor | Iterable, y: Tensor | None = None,
                  num_samples: int = 200) -> dict[str, float]:
-        """Test metrics in original units (see [`bnn_zoo.evaluation.metrics`][]) plus
+        """Test metrics in original units (see [`bnn_zoo.evaluation`][]) plus
         ``fit_seconds``. ``x``, ``y`` may be numpy arrays; regression targets must have
         shape (N,); class labels must be integers in ``0..out_dim-1`` (float labels only
         when exactly integral, then cast). Or ``x`` a loader of ``(x, y)`` batches (``y``
         ``None``): the metrics are accumulated batch by batch, so memory stays that of one
-        batch ([`evaluate_batches`][bnn_zoo.evaluation.metrics.evaluate_batches])."""
+        batch (`evaluate_batches`)."""
         if is_loader(x, y):
             if y is not None:
                 raise ValueError("Expected y=None with a loader for x: the loader yields the "

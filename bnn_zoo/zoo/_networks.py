@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from bnn_zoo.core.checks import same_device
-from bnn_zoo.methods.options import as_factory
-from bnn_zoo.models.module import digits_cnn
-from bnn_zoo.models.module_options import net_mode
+from bnn_zoo._core.checks import same_device
+from bnn_zoo.methods._options import as_factory
+from bnn_zoo.models._module import digits_cnn
+from bnn_zoo.models._module_options import net_mode
 from bnn_zoo.zoo._preparation import TARGETS
 
 __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cnn",

@@ -16,13 +16,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from bnn_zoo.core import distributed
-from bnn_zoo.core.batches import Batches, Moments, as_batches
-from bnn_zoo.core.checks import check_choice, check_class_labels, check_data
-from bnn_zoo.core.data import holdout
-from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.methods.base import Budget, UnsupportedProblem
-from bnn_zoo.models.mlp import TASKS
+from bnn_zoo._core import distributed
+from bnn_zoo._core.batches import Batches, Moments, as_batches
+from bnn_zoo._core.checks import check_choice, check_class_labels, check_data
+from bnn_zoo._core.data import holdout
+from bnn_zoo._core.scaling import Standardizer
+from bnn_zoo.methods._base import Budget, UnsupportedProblem
+from bnn_zoo.models._mlp import TASKS
 
 __all__ = ["TARGETS", "ClassificationTargets", "RegressionTargets", "Targets", "TrainingData",
            "check_inputs", "check_targets", "loader_training_data", "output_dim",
@@ -197,11 +197,11 @@ def loader_training_data(entry: str, tasks: tuple[str, ...], loader: object, y: 
                          task: str | None, budget: Budget, validation: float, *, net: bool,
                          num_data: int | None) -> tuple[str, TrainingData, int]:
     """The task, the `TrainingData` and the number of outputs of a fit of entry
-    ``entry`` on ``loader`` (see [`as_batches`][bnn_zoo.core.batches.as_batches]): one pass over
+    ``entry`` on ``loader`` (see [`as_batches`][bnn_zoo._core.batches.as_batches]): one pass over
     it checks every batch (inputs as those of the first, targets by
     `check_targets`) and gathers the standardisation statistics
-    ([`Moments`][bnn_zoo.core.batches.Moments]), the number of points and of classes; the
-    data is then the loader's [`Batches`][bnn_zoo.core.batches.Batches] of ``N`` points,
+    ([`Moments`][bnn_zoo._core.batches.Moments]), the number of points and of classes; the
+    data is then the loader's [`Batches`][bnn_zoo._core.batches.Batches] of ``N`` points,
     each batch checked and standardised as it is drawn. ``num_data``, where given, must
     be that count. Validation and distributed training need the data as tensors."""
     if y is not None:

@@ -1,9 +1,9 @@
 """The training sets of ``Entry.fit_many``: R sets of equal size (or one set that R seeds
-fit), checked and stacked as the replicas of one pass ([`bnn_zoo.core.replicas`][]).
+fit), checked and stacked as the replicas of one pass ([`bnn_zoo._core.replicas`][]).
 
 Whether an entry batches is declared by its method, not tried: a method with
-``replicas=True`` ([`SVI`][bnn_zoo.methods.svi.SVI] of the zoo's MLP with the ``map``,
-``mean_field`` and ``bbb`` guides; [`Ensemble`][bnn_zoo.methods.ensemble.Ensemble] of such
+``replicas=True`` ([`SVI`][bnn_zoo.methods.SVI] of the zoo's MLP with the ``map``,
+``mean_field`` and ``bbb`` guides; [`Ensemble`][bnn_zoo.methods.Ensemble] of such
 members, whose R fits of M members train as R x M replicas;
 [`Laplace`][bnn_zoo.methods.laplace.Laplace], for its MAP phases) trains them in one pass;
 every other method (NUTS, exact GP) and a data-parallel budget (``distributed=True``) fit
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_data, check_seed
+from bnn_zoo._core.checks import check_data, check_seed
 
 __all__ = ["training_sets"]
 

@@ -2,7 +2,7 @@
 Networks"; Thakur's notes on it).
 
 A diagonal Gaussian over every weight, ``w = mu + softplus(rho) * eps``
-([`BayesByBackpropGuide`][bnn_zoo.guides.bbb.BayesByBackpropGuide]), trained on the ELBO with one
+([`BayesByBackpropGuide`][bnn_zoo.guides.BayesByBackpropGuide]), trained on the ELBO with one
 particle and the local reparameterisation trick (Kingma et al. 2015), whose gradient has a lower
 variance than several particles of sampled weights.
 
@@ -24,11 +24,11 @@ and on standardised data a unit scale is the natural one. The others are one opt
 
 from __future__ import annotations
 
-from bnn_zoo.core.elbo import LocalReparameterizationELBO
-from bnn_zoo.guides.bbb import BayesByBackpropGuide
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.options import Factory
-from bnn_zoo.methods.svi import SVI
+from bnn_zoo._core.elbo import LocalReparameterizationELBO
+from bnn_zoo.guides._bbb import BayesByBackpropGuide
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._options import Factory
+from bnn_zoo.methods._svi import SVI
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import mlp
 

@@ -16,8 +16,8 @@ results on UCI use, and it matters where the noise varies with the inputs.
 
 from __future__ import annotations
 
-from bnn_zoo.methods.ensemble import Ensemble
-from bnn_zoo.methods.svi import SVI
+from bnn_zoo.methods._ensemble import Ensemble
+from bnn_zoo.methods._svi import SVI
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import MAP_BUDGET, fan_in_mlp, map_guide
 

@@ -1,7 +1,7 @@
 """Zoo entry ``ensemble``: a deep ensemble of MAP fits, the non-Bayesian yardstick.
 
 Five independently initialised MAP networks (the ``map`` entry's model, guide and budget;
-see [`bnn_zoo.methods.ensemble`][]), trained as replicas in one pass (``entry.fit_many``:
+see [`bnn_zoo.methods._ensemble`][]), trained as replicas in one pass (``entry.fit_many``:
 the members of every fit together, e.g. 20 UCI splits x 5 members = 100 replicas), their
 predictive the equal-weight mixture
 (Lakshminarayanan et al. 2017, without adversarial training):
@@ -12,8 +12,8 @@ predictive the equal-weight mixture
 
 from __future__ import annotations
 
-from bnn_zoo.methods.ensemble import Ensemble
-from bnn_zoo.methods.svi import SVI
+from bnn_zoo.methods._ensemble import Ensemble
+from bnn_zoo.methods._svi import SVI
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
 from bnn_zoo.zoo._defaults import MAP_BUDGET, fan_in_mlp, map_guide
 

@@ -1,7 +1,7 @@
 """Zoo entry ``fullrank``: a full-covariance Gaussian over all the weights,
 ``q(w) = N(mu, L L^T)`` (full-rank ADVI, Kucukelbir et al. 2017, "Automatic
 Differentiation Variational Inference"; Pyro's ``AutoMultivariateNormal``, its parameters
-as ``PyroParam`` s: [`MultivariateNormal`][bnn_zoo.guides.params.MultivariateNormal]).
+as ``PyroParam`` s: [`MultivariateNormal`][bnn_zoo.guides.MultivariateNormal]).
 
 The reference between the mean-field and the low-rank guides and NUTS: every correlation
 between weights is free, at ``P (P + 3) / 2`` parameters for ``P`` weights, so it is exact
@@ -11,11 +11,11 @@ for a linear-Gaussian model and affordable for the zoo's small nets (``P = 151``
 
 from __future__ import annotations
 
-from bnn_zoo.guides.params import MultivariateNormal
-from bnn_zoo.methods.options import factory
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP
-from bnn_zoo.models.module import BayesianModule
+from bnn_zoo.guides._params import MultivariateNormal
+from bnn_zoo.methods._options import factory
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.models._mlp import BayesianMLP
+from bnn_zoo.models._module import BayesianModule
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import STRUCTURED_BUDGET, init_loc_fn, mlp
 

@@ -48,7 +48,7 @@ Every field of [`Laplace`][bnn_zoo.methods.laplace.Laplace] can be replaced thro
 from __future__ import annotations
 
 from bnn_zoo.methods.laplace import Laplace
-from bnn_zoo.models.mlp import TASKS
+from bnn_zoo.models._mlp import TASKS
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
 from bnn_zoo.zoo._defaults import ARBEL_NOTES, LAPLACE_BUDGET, mlp
 
@@ -56,7 +56,7 @@ from bnn_zoo.zoo._defaults import ARBEL_NOTES, LAPLACE_BUDGET, mlp
 TINY = {**TINY_BUDGET, "method_options": {"refine": False}}
 
 
-def laplace_entry(name: str, description: str, method: Laplace, source: str) -> Entry:
+def _laplace_entry(name: str, description: str, method: Laplace, source: str) -> Entry:
     """A Laplace entry on the zoo's MLP (or a user's network) with the shared budget, notes
     and tiny fit."""
     return register(Entry(name=name, description=description, tasks=TASKS, model=mlp,
@@ -68,23 +68,23 @@ REDUX = 'Daxberger et al. 2021, "Laplace Redux -- Effortless Bayesian Deep Learn
 
 TUNED = {"evidence": "fixed_point", "holdout": "auto", "refine": "auto"}
 
-laplace_entry("laplace", "GGN Laplace, GLM predictive, alpha and beta by evidence fixed point",
+_laplace_entry("laplace", "GGN Laplace, GLM predictive, alpha and beta by evidence fixed point",
               Laplace(curvature="ggn", **TUNED),
               'MacKay 1992, "A Practical Bayesian Framework for Backpropagation Networks"')
-laplace_entry("laplace_full", "Laplace with the exact Hessian (PSD-projected), GLM predictive, "
+_laplace_entry("laplace_full", "Laplace with the exact Hessian (PSD-projected), GLM predictive, "
               "alpha and beta by evidence",
               Laplace(curvature="hessian", indefinite="clip", **TUNED),
               'Bishop 2006, "Pattern Recognition and Machine Learning", section 5.7')
-laplace_entry("laplace_ggn", "Laplace with the generalised Gauss-Newton, GLM predictive, one "
+_laplace_entry("laplace_ggn", "Laplace with the generalised Gauss-Newton, GLM predictive, one "
               "alpha per layer and beta by evidence",
               Laplace(curvature="ggn", per_layer_alpha=True, **TUNED), REDUX)
-laplace_entry("laplace_diag", "Laplace with the diagonal GGN, GLM predictive, alpha and beta by "
+_laplace_entry("laplace_diag", "Laplace with the diagonal GGN, GLM predictive, alpha and beta by "
               "evidence", Laplace(curvature="diag", **TUNED), REDUX)
-laplace_entry("laplace_kron",
+_laplace_entry("laplace_kron",
               "Laplace with a Kronecker-factored GGN per layer (K-FAC), GLM predictive, alpha "
               "and beta by evidence", Laplace(curvature="kron", **TUNED),
               'Ritter et al. 2018, "A Scalable Laplace Approximation for Neural Networks"')
-laplace_entry("laplace_last_layer", "Laplace on the last layer's weights (GGN), GLM predictive, "
+_laplace_entry("laplace_last_layer", "Laplace on the last layer's weights (GGN), GLM predictive, "
               "alpha and beta by evidence and held-out points",
               Laplace(curvature="last_layer", evidence="fixed_point", refine=False,
                       holdout=0.1),

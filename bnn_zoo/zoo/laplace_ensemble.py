@@ -5,7 +5,7 @@ notes "Bayesian NN under a Laplace approximation" (2021)).
 
 Five ``laplace`` fits (GGN curvature, ``alpha`` and ``beta`` by MacKay's evidence fixed
 point, the ``laplace`` budget) from different seeds, their MAP phases trained as
-replicas in one pass ([`bnn_zoo.methods.ensemble.Ensemble.fit_many`][]), each with its
+replicas in one pass ([`bnn_zoo.methods._ensemble.Ensemble.fit_many`][]), each with its
 own Gaussian posterior ``q_m(theta) = N(theta_m, A_m^-1)``. The predictive is the
 equal-weight mixture of the members' GLM predictives
 
@@ -17,9 +17,9 @@ ensemble covers several modes, each Laplace component the spread around its own.
 
 from __future__ import annotations
 
-from bnn_zoo.methods.ensemble import Ensemble
+from bnn_zoo.methods._ensemble import Ensemble
 from bnn_zoo.methods.laplace import Laplace
-from bnn_zoo.models.mlp import TASKS
+from bnn_zoo.models._mlp import TASKS
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
 from bnn_zoo.zoo._defaults import ARBEL_NOTES, LAPLACE_BUDGET, mlp
 

@@ -2,7 +2,7 @@
 Approximation: Representing Model Uncertainty in Deep Learning").
 
 The zoo's MLP with its unit prior ``N(0, 1)`` and learned noise
-(`mlp`) under [`MCDropoutGuide`][bnn_zoo.guides.dropout.MCDropoutGuide]:
+(`mlp`) under [`MCDropoutGuide`][bnn_zoo.guides.MCDropoutGuide]:
 point masses ``M`` over the weights, the inputs of every layer but the first dropped at rate
 ``p = 0.05`` (Gal's rate on most UCI sets; ``guide_options={"dropout": p}``),
 ``W = M diag(z) / (1 - p)``, ``z_j ~ Bernoulli(1 - p)``, trained on the ELBO, which is
@@ -22,19 +22,19 @@ so the point masses settle at the end of training instead of moving in the noise
 masks and minibatches; on the UCI protocol that lowers the test RMSE (on power most). On a
 user's network (``net=``) the inputs of every ``nn.Linear`` and convolution but the first
 drop (a convolution's by whole channels; see
-[`dropout_masks`][bnn_zoo.guides.dropout.dropout_masks]). In the UCI protocol the noise scale is
+[`dropout_masks`][bnn_zoo.guides._dropout.dropout_masks]). In the UCI protocol the noise scale is
 tuned on held-out points (``validation``), as Gal tunes ``tau``.
 """
 
 from __future__ import annotations
 
-from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.guides.dropout import MCDropoutGuide
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.options import factory
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import TASKS, BayesianMLP
-from bnn_zoo.models.module import BayesianModule
+from bnn_zoo._core.elbo import MeanFieldELBO
+from bnn_zoo.guides._dropout import MCDropoutGuide
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._options import factory
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.models._mlp import TASKS, BayesianMLP
+from bnn_zoo.models._module import BayesianModule
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import init_loc_fn, mlp
 

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 import pyro.infer
 
-from bnn_zoo.core.checks import check_positive
-from bnn_zoo.guides.mean_field import MeanFieldGuide
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.options import Factory, factory
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP
-from bnn_zoo.models.priors import GaussianPrior
+from bnn_zoo._core.checks import check_positive
+from bnn_zoo.guides._mean_field import MeanFieldGuide
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._options import Factory, factory
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.models._mlp import BayesianMLP
+from bnn_zoo.models._priors import GaussianPrior
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import mlp
 

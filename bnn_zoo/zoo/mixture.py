@@ -2,17 +2,17 @@
 Jordan 1998, "Improving the Mean Field Approximation via the Use of Mixture Distributions";
 after the notes on fitting an unnormalised posterior by a mixture of diagonal Gaussians),
 its ELBO's gradient by the score function, the pathwise estimator or an exact sum over the
-components ([`MixtureELBO`][bnn_zoo.core.elbo.MixtureELBO])."""
+components ([`MixtureELBO`][bnn_zoo.elbo.MixtureELBO])."""
 
 from __future__ import annotations
 
-from bnn_zoo.core.elbo import MixtureELBO
-from bnn_zoo.guides.mixture import MixtureGuide
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.options import factory
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP
-from bnn_zoo.models.module import BayesianModule
+from bnn_zoo._core.elbo import MixtureELBO
+from bnn_zoo.guides._mixture import MixtureGuide
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._options import factory
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.models._mlp import BayesianMLP
+from bnn_zoo.models._module import BayesianModule
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import init_loc_fn, mlp
 
@@ -21,7 +21,7 @@ from bnn_zoo.zoo._defaults import init_loc_fn, mlp
 def mixture_guide(model: BayesianMLP | BayesianModule, *, num_components: int = 2,
                   estimator: str = "enumerate", baseline: bool = False, init_scale: float = 0.02,
                   init_spread: float = 0.1) -> MixtureGuide:
-    """[`MixtureGuide`][bnn_zoo.guides.mixture.MixtureGuide] centred on a fan-in initialisation,
+    """[`MixtureGuide`][bnn_zoo.guides.MixtureGuide] centred on a fan-in initialisation,
     its components offset by ``init_spread`` so that they can settle in different modes."""
     return MixtureGuide(model, num_components, estimator=estimator, baseline=baseline,
                         init_scale=init_scale, init_spread=init_spread,

@@ -2,25 +2,25 @@
 hidden layers (one by default) as exact GP regression (Neal 1996; Lee et al. 2018 for
 depth; the second half of Arbel's lecture notes "Bayesian NN under a Laplace approximation"
 (2021)), hyperparameters by type-II maximum likelihood
-([`ExactGP`][bnn_zoo.methods.gp.ExactGP]); e.g. ``fit(x, y, model_options={"depth": 3})``."""
+([`ExactGP`][bnn_zoo.methods.ExactGP]); e.g. ``fit(x, y, model_options={"depth": 3})``."""
 
 from __future__ import annotations
 
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.gp import ExactGP
-from bnn_zoo.methods.options import Factory
-from bnn_zoo.models.nngp import NNGPRegression
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._gp import ExactGP
+from bnn_zoo.methods._options import Factory
+from bnn_zoo.models._nngp import NNGPRegression
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import ARBEL_NOTES
 
-__all__ = ["MAX_TRAINING_POINTS", "nngp"]
+__all__ = ["MAX_TRAINING_POINTS"]
 
 #: Exact GP regression costs O(N^3) per step; above this many training points the entry
 #: declines (a benchmark lists it as skipped) instead of running for hours.
 MAX_TRAINING_POINTS = 3000
 
 
-def nngp(in_dim: int, out_dim: int, *, task: str = "regression", activation: str = "relu",
+def _nngp_model(in_dim: int, out_dim: int, *, task: str = "regression", activation: str = "relu",
          depth: int = 1, noise_scale: float | None = None, num_features: int | None = None,
          **kernel_options: float) -> NNGPRegression:
     """The NNGP regression model of a net with ``depth`` hidden layers; ``kernel_options``
@@ -46,8 +46,8 @@ for _name, (_activation, _source) in _KERNELS.items():
         tasks=("regression",),
         source=_source,
         notes=ARBEL_NOTES,
-        # Any option: those nngp does not name go on to the model and its kernel.
-        model=Factory(nngp, None, {"activation": _activation}),
+        # Any option: those _nngp_model does not name go on to the model and its kernel.
+        model=Factory(_nngp_model, None, {"activation": _activation}),
         method=ExactGP(max_points=MAX_TRAINING_POINTS),
         budget=Budget(steps=300, lr=0.05, batch_size=None),
     ))

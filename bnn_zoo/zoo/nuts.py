@@ -1,5 +1,5 @@
 """Zoo entry ``nuts``: the No-U-Turn sampler on the zoo's Bayesian MLP, the gold standard
-every guide is measured against (see [`bnn_zoo.methods.nuts`][]).
+every guide is measured against (see [`bnn_zoo.methods._nuts`][]).
 
 A MAP fit (the ``map`` entry's guide, with the fan-in prior) gives every chain's start and
 the fixed noise; then 2 chains of 300 warmup steps and 300 draws. Data sets above 1000
@@ -8,9 +8,9 @@ training points raise [`UnsupportedProblem`][bnn_zoo.zoo.UnsupportedProblem].
 
 from __future__ import annotations
 
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.nuts import NUTS
-from bnn_zoo.methods.svi import SVI
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._nuts import NUTS
+from bnn_zoo.methods._svi import SVI
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
 from bnn_zoo.zoo._defaults import fan_in_mlp, map_guide
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from pyro.infer.autoguide import AutoNormal
 
-from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.options import factory
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP
-from bnn_zoo.models.module import BayesianModule
+from bnn_zoo._core.elbo import MeanFieldELBO
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._options import factory
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.models._mlp import BayesianMLP
+from bnn_zoo.models._module import BayesianModule
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import MAP_BUDGET, fan_in_mlp, init_loc_fn, map_guide
 

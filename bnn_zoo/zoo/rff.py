@@ -7,21 +7,21 @@ equal to the collapsed ELBO), ``"alg3_literal"`` (Algorithm 3 as Coker writes it
 likelihood minus ``KL(q(s))`` alone: it overfits where the features can interpolate the
 data), ``"alg1"`` (with ``inner_steps``) or ``"collapsed"``; ``feature_seed`` fixes the
 random features (by default the fit's seed draws them). See
-[`LogitNormalSVI`][bnn_zoo.methods.logitnormal.LogitNormalSVI].
+[`LogitNormalSVI`][bnn_zoo.methods.LogitNormalSVI].
 
 The fitted guide exposes the learned input relevances,
 ``fitted.guide.relevance()`` (``E_q[s_d]`` and a 90% interval), and
-[`bnn_zoo.guides.logitnormal.plot_relevance`][] draws them. Training runs on the
+[`bnn_zoo.guides._logitnormal.plot_relevance`][] draws them. Training runs on the
 full batch: the full conditional of ``beta`` needs every training point anyway.
 """
 
 from __future__ import annotations
 
-from bnn_zoo.core.checks import check_choice
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.logitnormal import LogitNormalSVI
-from bnn_zoo.methods.options import factory
-from bnn_zoo.models.rff import RandomFeatureRegression
+from bnn_zoo._core.checks import check_choice
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._logitnormal import LogitNormalSVI
+from bnn_zoo.methods._options import factory
+from bnn_zoo.models._rff import RandomFeatureRegression
 from bnn_zoo.zoo import Entry, register
 
 __all__ = ["rff_model"]
@@ -33,7 +33,7 @@ def rff_model(in_dim: int, out_dim: int = 1, *, task: str = "regression",
               num_features: int = 100, bandwidth: float = 3.0, prior_loc: float = 0.0,
               prior_scale: float = 1.0, prior_variance: float = 1.0,
               noise_scale: float | None = None, feature_seed: int = 0) -> RandomFeatureRegression:
-    """[`RandomFeatureRegression`][bnn_zoo.models.rff.RandomFeatureRegression] with K = 100
+    """[`RandomFeatureRegression`][bnn_zoo.models.RandomFeatureRegression] with K = 100
     features,
     ``W ~ N(0, 3^2)``, ``s_d ~ LogitNormal(0, 1)``, ``Var f = 1`` a priori, learned noise."""
     check_choice("task", task, ("regression",))

@@ -1,5 +1,5 @@
 """Zoo entry ``sghmc``: stochastic gradient Hamiltonian Monte Carlo (Chen, Fox & Guestrin
-2014) on the zoo's Bayesian MLP or a user's network (see [`bnn_zoo.methods.sgmcmc`][]).
+2014) on the zoo's Bayesian MLP or a user's network (see [`bnn_zoo.methods._sgmcmc`][]).
 
 As ``nuts``: a MAP fit (``map``'s guide, fan-in prior) gives the chain's start and the
 fixed noise; then SGHMC with friction 0.05 and the preconditioner adapted over the
@@ -11,8 +11,8 @@ cyclical step size of Zhang et al. (2020) instead.
 
 from __future__ import annotations
 
-from bnn_zoo.methods.sgmcmc import SGMCMC
-from bnn_zoo.methods.svi import SVI
+from bnn_zoo.methods._sgmcmc import SGMCMC
+from bnn_zoo.methods._svi import SVI
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import SAMPLER_BUDGET, SAMPLER_TINY, fan_in_mlp, map_guide
 

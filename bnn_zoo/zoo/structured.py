@@ -1,7 +1,7 @@
 """Reference entries with correlated Gaussian and flow posteriors: ``lowrank`` and ``iaf``.
 
 * ``lowrank``: Pyro's ``AutoLowRankMultivariateNormal`` with its parameters as ``PyroParam``s
-  ([`LowRankMultivariateNormal`][bnn_zoo.guides.params.LowRankMultivariateNormal]), ``q(w) = N(mu, D
+  ([`LowRankMultivariateNormal`][bnn_zoo.guides.LowRankMultivariateNormal]), ``q(w) = N(mu, D
   + W W^T)`` with ``W`` of rank ``r`` (default 10) over all the weights at once (a factor
   covariance, Ong, Nott & Smith 2018).
 * ``iaf``: one affine inverse autoregressive flow (Kingma et al. 2016) on a standard
@@ -9,7 +9,7 @@
   as in ``AutoIAFNormal``), its hidden width set to the number of weights (the smallest
   MADE allows; Pyro's default ``3 d + 1`` makes the flow several times larger for no gain),
   then ``w = loc + scale * u`` started at a fan-in point and scale 0.01
-  ([`AffineShiftedFlow`][bnn_zoo.guides.flow.AffineShiftedFlow]). The plain flow, started at the
+  ([`AffineShiftedFlow`][bnn_zoo.guides.AffineShiftedFlow]). The plain flow, started at the
   prior, stays there; the shifted one starts as a narrow cloud around a sensible network,
   as the other guides do.
 
@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from pyro.distributions.transforms import affine_autoregressive
 
-from bnn_zoo.core.checks import check_positive_int
-from bnn_zoo.guides.flow import AffineShiftedFlow
-from bnn_zoo.guides.params import LowRankMultivariateNormal
-from bnn_zoo.methods.options import factory
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP
-from bnn_zoo.models.module import BayesianModule
+from bnn_zoo._core.checks import check_positive_int
+from bnn_zoo.guides._flow import AffineShiftedFlow
+from bnn_zoo.guides._params import LowRankMultivariateNormal
+from bnn_zoo.methods._options import factory
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.models._mlp import BayesianMLP
+from bnn_zoo.models._module import BayesianModule
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import STRUCTURED_BUDGET, init_loc_fn, mlp
 
@@ -46,7 +46,7 @@ def low_rank(model: BayesianMLP | BayesianModule, *, rank: int = 10,
 def iaf(model: BayesianMLP | BayesianModule, *, init_scale: float = 0.01) -> AffineShiftedFlow:
     """One affine IAF layer (MADE hidden width = number of weights) on ``N(0, I)``, then
     ``w = loc + scale * IAF(z)`` with ``loc`` at a fan-in initialisation and ``scale``
-    at ``init_scale`` ([`AffineShiftedFlow`][bnn_zoo.guides.flow.AffineShiftedFlow]): the flow
+    at ``init_scale`` ([`AffineShiftedFlow`][bnn_zoo.guides.AffineShiftedFlow]): the flow
     starts as a narrow cloud around a sensible network, like the other guides.
     """
     return AffineShiftedFlow(model, lambda dim: affine_autoregressive(

@@ -1,5 +1,5 @@
 """Zoo entry ``swag``: SWAG (Maddox et al. 2019, "A Simple Baseline for Bayesian Uncertainty
-in Deep Learning"; see [`bnn_zoo.methods.swag`][]).
+in Deep Learning"; see [`bnn_zoo.methods._swag`][]).
 
 The ``map`` entry's model, guide and budget give the MAP start; the optimisation then goes
 on at a constant learning rate ``1e-2``, collecting the weights once an epoch, 40 times,
@@ -10,7 +10,7 @@ UCI protocol, ``validation``).
 
 from __future__ import annotations
 
-from bnn_zoo.models.mlp import TASKS
+from bnn_zoo.models._mlp import TASKS
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
 from bnn_zoo.zoo._defaults import MAP_BUDGET, SWAG_METHOD, fan_in_mlp
 

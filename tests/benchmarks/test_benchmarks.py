@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bnn_zoo.harness import tables
+from bnn_zoo._harness import tables
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TESTS = Path(__file__).resolve().parents[1]

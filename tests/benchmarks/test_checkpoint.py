@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from bnn_zoo.harness import compare, runs
+from bnn_zoo._harness import compare, runs
 
 TINY = dict(overrides={"steps": 20}, num_samples=20, replicas="off")
 

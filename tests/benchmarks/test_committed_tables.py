@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bnn_zoo.core.files import read_json
-from bnn_zoo.harness import compare
-from bnn_zoo.harness.summary import summarise
+from bnn_zoo._core.files import read_json
+from bnn_zoo._harness import compare
+from bnn_zoo._harness.summary import summarise
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 SUFFIXES = (".md", ".csv", ".json")

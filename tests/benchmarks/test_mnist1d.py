@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core import data as data_module
-from bnn_zoo.harness import cli
+from bnn_zoo._core import data as data_module
+from bnn_zoo._harness import cli
 from bnn_zoo.zoo._networks import mnist1d_cnn
 
 CLASSIFICATION_BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "classification.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bnn_zoo.harness import cli
+from bnn_zoo._harness import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 REPRODUCE = runpy.run_path(str(ROOT / "benchmarks" / "reproduce.py"), run_name="reproduce")

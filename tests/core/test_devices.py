@@ -16,12 +16,12 @@ from pyro import poutine
 from pyro.distributions import ExpandedDistribution, Independent
 
 import bnn_zoo
-import bnn_zoo.core.elbo.mean_field
+import bnn_zoo._core.elbo.mean_field
 from bnn_zoo import zoo
-from bnn_zoo.core.checks import check_device
-from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.core.predictive import sample_predictive
-from bnn_zoo.core.step import SVIStep
+from bnn_zoo._core.checks import check_device
+from bnn_zoo._core.elbo import MeanFieldELBO
+from bnn_zoo._core.predictive import sample_predictive
+from bnn_zoo._core.step import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP
 
@@ -59,7 +59,7 @@ def tensors_of(trace) -> list[tuple[str, torch.Tensor]]:
 def meta_without_value_reads(monkeypatch):
     """Meta tensors have no values: turn off the checks that read them (validation,
     the ELBO's NaN warning)."""
-    monkeypatch.setattr(bnn_zoo.core.elbo.mean_field, "warn_if_nan", lambda value, msg="": value)
+    monkeypatch.setattr(bnn_zoo._core.elbo.mean_field, "warn_if_nan", lambda value, msg="": value)
     with pyro.validation_enabled(False):
         yield torch.device("meta")
 

@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 
 import bnn_zoo
 from bnn_zoo import zoo
-from bnn_zoo.core import distributed
-from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.core.step import SVIStep
+from bnn_zoo._core import distributed
+from bnn_zoo._core.elbo import MeanFieldELBO
+from bnn_zoo._core.step import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP
 

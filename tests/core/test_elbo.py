@@ -1,7 +1,7 @@
 """The mean-field ELBO's own closed-form Gaussian KL and its loss against torch's
 ``kl_divergence`` and Pyro's ``TraceMeanField_ELBO``, in float64: the same values and
 gradients up to rounding (``MeanFieldELBO`` computes the same objective with fewer tensor
-operations; see :mod:`bnn_zoo.core.elbo.mean_field`)."""
+operations; see :mod:`bnn_zoo._core.elbo.mean_field`)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from pyro import poutine
 from pyro.infer.autoguide import AutoDelta, init_to_sample
 from torch.distributions import Normal, kl_divergence
 
-from bnn_zoo.core.elbo import (
+from bnn_zoo._core.elbo import (
     LocalReparameterizationELBO,
     MeanFieldELBO,
     gaussian_kl,
     gaussian_log_density,
 )
-from bnn_zoo.core.handlers import scale_global_sites, subsample_data
-from bnn_zoo.core.nn import affine
+from bnn_zoo._core.handlers import scale_global_sites, subsample_data
+from bnn_zoo._core.nn import affine
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP, BayesianModule, GaussianPrior, ScaleMixturePrior
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core import files
-from bnn_zoo.harness.outputs import check_writable
+from bnn_zoo._core import files
+from bnn_zoo._harness.outputs import check_writable
 
 KEEP = b"an earlier fit\n"
 CHILD = Path(__file__).with_name("write_past_size_limit.py")

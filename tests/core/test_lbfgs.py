@@ -1,4 +1,4 @@
-"""The compact L-BFGS of the Laplace refits (``bnn_zoo.core.lbfgs``): its direction is the
+"""The compact L-BFGS of the Laplace refits (``bnn_zoo._core.lbfgs``): its direction is the
 two-loop recursion's, its line search meets the strong Wolfe conditions, and it reaches
 closed-form and known minima, in float64."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from bnn_zoo.core.lbfgs import CompactMemory, cubic_minimizer, minimize_lbfgs, strong_wolfe
+from bnn_zoo._core.lbfgs import CompactMemory, cubic_minimizer, minimize_lbfgs, strong_wolfe
 
 D = torch.float64
 

@@ -12,7 +12,7 @@ at most 2). The jitter a decomposition reports is at most ``JITTER_MAX`` times t
 import pytest
 import torch
 
-from bnn_zoo.core.linalg import JITTER_MAX, cholesky_with_jitter, symmetric_eigh, thin_svd
+from bnn_zoo._core.linalg import JITTER_MAX, cholesky_with_jitter, symmetric_eigh, thin_svd
 from bnn_zoo.methods.laplace import DenseBlock, DiagBlock, KronBlock, LowRankBlock
 
 DTYPES = (torch.float32, torch.float64)

@@ -1,4 +1,4 @@
-"""Fits from a loader (:mod:`bnn_zoo.core.batches`, :class:`~bnn_zoo.core.batch_step.
+"""Fits from a loader (:mod:`bnn_zoo._core.batches`, :class:`~bnn_zoo._core.batch_step.
 LoaderStep`): the same fit as from the tensors in float64 where the batches are the same
 (full batch, or the in-memory minibatch order), streaming moments against the in-memory
 statistics, predictions and metrics of a loader against the tensors', and bad loaders
@@ -15,10 +15,10 @@ from pyro.infer.autoguide import AutoDelta
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
 import bnn_zoo
-from bnn_zoo.core.batch_step import LoaderStep
-from bnn_zoo.core.batches import Moments, as_batches, chunks, tensor_batches
-from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.guides.bbb import BayesByBackpropGuide
+from bnn_zoo._core.batch_step import LoaderStep
+from bnn_zoo._core.batches import Moments, as_batches, chunks, tensor_batches
+from bnn_zoo._core.scaling import Standardizer
+from bnn_zoo.guides._bbb import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP
 
 N, B = 48, 16
@@ -31,7 +31,7 @@ def problem(n: int = N) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class EpochOrder(Sampler):
-    """The minibatch order of :class:`~bnn_zoo.core.step.SVIStep` with ``seed``: a fresh
+    """The minibatch order of :class:`~bnn_zoo._core.step.SVIStep` with ``seed``: a fresh
     permutation from one CPU generator per epoch. The first pass, in which the fit checks
     the loader by its first batch, is in order and draws nothing."""
 

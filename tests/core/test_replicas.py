@@ -1,4 +1,4 @@
-"""Replicas: R independent fits in one vectorised pass (bnn_zoo.core.replicas,
+"""Replicas: R independent fits in one vectorised pass (bnn_zoo._core.replicas,
 Entry.fit_many) equal R separate fits, each on its own data only."""
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
 from bnn_zoo import zoo
-from bnn_zoo.core.elbo import LocalReparameterizationELBO
-from bnn_zoo.core.predictive import predict
-from bnn_zoo.core.replicas import (
+from bnn_zoo._core.elbo import LocalReparameterizationELBO
+from bnn_zoo._core.predictive import predict
+from bnn_zoo._core.replicas import (
     ReplicaSVIStep,
     fit_replicas,
     predict_replicas,
     split_replicas,
     weight_replicas,
 )
-from bnn_zoo.core.step import TrainingDiverged
-from bnn_zoo.guides.bbb import BayesByBackpropGuide
-from bnn_zoo.harness import compare
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo._core.step import TrainingDiverged
+from bnn_zoo._harness import compare
+from bnn_zoo.guides._bbb import BayesByBackpropGuide
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.models._mlp import BayesianMLP
 from bnn_zoo.zoo._defaults import map_guide
 
 SMALL = {"model_options": {"hidden": (8,)}, "steps": 40, "jit": False}

@@ -15,13 +15,13 @@ from pyro.infer.autoguide import AutoDelta, AutoNormal
 
 import bnn_zoo
 from bnn_zoo import data, zoo
-from bnn_zoo.core import loop
-from bnn_zoo.core.loop import run_steps
-from bnn_zoo.core.lr_schedule import lr_factor
-from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.core.step import SVIStep, TrainingDiverged, _fusable, _grad_norm
-from bnn_zoo.evaluation.metrics import expected_calibration_error, metrics
+from bnn_zoo._core import loop
+from bnn_zoo._core.loop import run_steps
+from bnn_zoo._core.lr_schedule import lr_factor
+from bnn_zoo._core.predictive import CategoricalPredictive, GaussianMixturePredictive
+from bnn_zoo._core.scaling import Standardizer
+from bnn_zoo._core.step import SVIStep, TrainingDiverged, _fusable, _grad_norm
+from bnn_zoo.evaluation._metrics import expected_calibration_error, metrics
 from bnn_zoo.models import BayesianMLP, GaussianPrior
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from bnn_zoo.core import data
-from bnn_zoo.harness import compare
+from bnn_zoo._core import data
+from bnn_zoo._harness import compare
 
 
 def _raw(name: str) -> tuple[np.ndarray, np.ndarray]:

@@ -19,8 +19,8 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core import files
-from bnn_zoo.harness.figures import save_figure
+from bnn_zoo._core import files
+from bnn_zoo._harness.figures import save_figure
 
 KEEP = b"an earlier fit\n"
 

@@ -1,5 +1,5 @@
 """The split of the predictive entropy into its aleatoric part and the mutual information
-(bnn_zoo.evaluation.metrics.entropy_parts), and their place among the classification
+(bnn_zoo.evaluation._metrics.entropy_parts), and their place among the classification
 metrics."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.evaluation.metrics import classification_metrics, entropy_parts
+from bnn_zoo._core.predictive import CategoricalPredictive, GaussianMixturePredictive
+from bnn_zoo.evaluation._metrics import classification_metrics, entropy_parts
 
 F64 = torch.float64
 

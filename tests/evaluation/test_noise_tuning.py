@@ -1,4 +1,4 @@
-"""Observation noise tuned on held-out training data (bnn_zoo.evaluation.noise_tuning,
+"""Observation noise tuned on held-out training data (bnn_zoo.evaluation._noise_tuning,
 Entry.fit(..., validation=...))."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from pyro import poutine
 
 from bnn_zoo import zoo
-from bnn_zoo.core.data import holdout
-from bnn_zoo.evaluation.noise_tuning import validated_noise_scale, with_noise_scale
-from bnn_zoo.harness import compare
+from bnn_zoo._core.data import holdout
+from bnn_zoo._harness import compare
+from bnn_zoo.evaluation._noise_tuning import validated_noise_scale, with_noise_scale
 
 
 def test_one_component_optimum_is_the_rms_residual():
@@ -63,7 +63,7 @@ def test_holdout_rejects_a_fraction_outside_the_unit_interval(fraction):
 
 
 def test_with_noise_scale_keeps_the_means():
-    from bnn_zoo.core.predictive import GaussianMixturePredictive
+    from bnn_zoo._core.predictive import GaussianMixturePredictive
 
     pred = with_noise_scale(GaussianMixturePredictive(torch.ones(2, 3), torch.ones(2, 3)), 0.5)
     torch.testing.assert_close(pred.loc, torch.ones(2, 3))

@@ -18,14 +18,14 @@ import torch
 from pyro import poutine
 
 from bnn_zoo import data, fit, zoo
-from bnn_zoo.core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFieldELBO
-from bnn_zoo.core.handlers import local_reparameterization
-from bnn_zoo.core.nn import affine, local_reparameterized_affine
-from bnn_zoo.core.step import SVIStep, kl_weights
+from bnn_zoo._core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFieldELBO
+from bnn_zoo._core.handlers import local_reparameterization
+from bnn_zoo._core.nn import affine, local_reparameterized_affine
+from bnn_zoo._core.step import SVIStep, kl_weights
 from bnn_zoo.guides import BayesByBackpropGuide, MeanFieldGuide
-from bnn_zoo.guides.bbb import deep_getattr, softplus_inverse
+from bnn_zoo.guides._bbb import deep_getattr, softplus_inverse
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
-from bnn_zoo.models.priors import ScaleMixtureNormal
+from bnn_zoo.models._priors import ScaleMixtureNormal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -208,7 +208,7 @@ def test_svi_reaches_mean_field_optimum_for_linear_regression(runner):
 def test_minibatch_elbo_is_unbiased():
     """The loss on a random minibatch (likelihood scaled by N/B) averages to the full-batch
     loss: same guide state, 4 standard errors."""
-    from bnn_zoo.core.step import SVIStep
+    from bnn_zoo._core.step import SVIStep
 
     model, x, y, mean, var = blr_problem(n=40)
     guide = BayesByBackpropGuide(model).double()

@@ -10,10 +10,10 @@ import torch
 from pyro import poutine
 from torch import nn
 
-from bnn_zoo.core.predictive import predict
-from bnn_zoo.guides.dropout import MCDropoutGuide, dropout_masks
+from bnn_zoo._core.predictive import predict
+from bnn_zoo.guides._dropout import MCDropoutGuide, dropout_masks
 from bnn_zoo.models import BayesianMLP, BayesianModule
-from bnn_zoo.models.mlp import init_to_fan_in
+from bnn_zoo.models._mlp import init_to_fan_in
 
 S, N, P = 6, 7, 0.3
 

@@ -20,8 +20,9 @@ from pyro import poutine
 from torch.distributions import Normal, kl_divergence
 
 from bnn_zoo import data, predict, zoo
-from bnn_zoo.core.predictive import CategoricalPredictive
-from bnn_zoo.evaluation.metrics import (
+from bnn_zoo._core.predictive import CategoricalPredictive
+from bnn_zoo._harness.figures import reliability_diagram
+from bnn_zoo.evaluation._metrics import (
     auroc,
     classification_metrics,
     expected_calibration_error,
@@ -29,9 +30,8 @@ from bnn_zoo.evaluation.metrics import (
     shifted_inputs,
 )
 from bnn_zoo.guides import MeanFieldGuide
-from bnn_zoo.guides.bbb import deep_getattr
-from bnn_zoo.guides.mean_field import diagonal_gaussian_kl
-from bnn_zoo.harness.figures import reliability_diagram
+from bnn_zoo.guides._bbb import deep_getattr
+from bnn_zoo.guides._mean_field import diagonal_gaussian_kl
 from bnn_zoo.models import BayesianMLP, GaussianPrior, ScaleMixturePrior
 
 F64 = torch.float64

@@ -19,10 +19,10 @@ import torch
 from pyro.infer.autoguide import AutoDiagonalNormal
 
 from bnn_zoo import data, fit, zoo
-from bnn_zoo.core.elbo import MixtureELBO, elbo_estimate
-from bnn_zoo.guides.mixture import DiagonalNormalMixture, MixtureGuide, component_log_densities
-from bnn_zoo.models.targets import UnnormalisedModel, banana, bnn_posterior, ring, target
-from bnn_zoo.models.targets import two_component as two_component_target
+from bnn_zoo._core.elbo import MixtureELBO, elbo_estimate
+from bnn_zoo.guides._mixture import DiagonalNormalMixture, MixtureGuide, component_log_densities
+from bnn_zoo.models._targets import UnnormalisedModel, banana, bnn_posterior, ring, target
+from bnn_zoo.models._targets import two_component as two_component_target
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_DATA = (torch.zeros(1, 1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64))

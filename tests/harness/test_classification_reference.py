@@ -1,5 +1,5 @@
 """The NUTS reference for classification: the agreement of the predicted classes and the
-total variation between predictive distributions (bnn_zoo.harness.summary), split by split
+total variation between predictive distributions (bnn_zoo._harness.summary), split by split
 beside the chains' diagnostics, and ``compare --reference nuts`` on a classification set."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bnn_zoo import zoo
-from bnn_zoo.harness import cli
-from bnn_zoo.harness.summary import class_agreement, reference_rows, total_variation
+from bnn_zoo._harness import cli
+from bnn_zoo._harness.summary import class_agreement, reference_rows, total_variation
 
 F64 = torch.float64
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from bnn_zoo import data, zoo
-from bnn_zoo.harness import cli
+from bnn_zoo._harness import cli
 
 
 def test_list_shows_every_entry(capsys):

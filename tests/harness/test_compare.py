@@ -14,11 +14,11 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core import files
-from bnn_zoo.core.predictive import GaussianMixturePredictive
-from bnn_zoo.evaluation.metrics import metrics
-from bnn_zoo.harness import compare, flags, runs, summary, tables
-from bnn_zoo.harness.figures import save_figure, write_figures
+from bnn_zoo._core import files
+from bnn_zoo._core.predictive import GaussianMixturePredictive
+from bnn_zoo._harness import compare, flags, runs, summary, tables
+from bnn_zoo._harness.figures import save_figure, write_figures
+from bnn_zoo.evaluation._metrics import metrics
 
 TINY = {"steps": 20}
 

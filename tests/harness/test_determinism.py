@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bnn_zoo.harness import compare, provenance, summary
+from bnn_zoo._harness import compare, provenance, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The metrics that measure time, not the fit.

@@ -1,4 +1,4 @@
-"""``bnn_zoo.harness.memory``: a known tensor allocated in a block shows up in its peak, a
+"""``bnn_zoo._harness.memory``: a known tensor allocated in a block shows up in its peak, a
 block that allocates nothing reports about zero, on the CPU by both methods and on CUDA."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from bnn_zoo.harness.memory import (
+from bnn_zoo._harness.memory import (
     PAGE,
     PeakMemory,
     _malloc_trim,
@@ -135,7 +135,7 @@ def test_cuda_peak_is_the_allocators_exact_count():
 
 RSS_AFTER_FREE = """
 import sys, torch
-from bnn_zoo.harness.memory import MIB, _rss_bytes, retain_freed_memory
+from bnn_zoo._harness.memory import MIB, _rss_bytes, retain_freed_memory
 if sys.argv[1] == "retain":
     assert retain_freed_memory(256)
 blocks = [torch.ones(2 * MIB) for _ in range(8)]  # eight blocks of 8 MiB, then all freed

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import bnn_zoo
-from bnn_zoo.harness import cli, compare, provenance, readme_tables, runs, stale
+from bnn_zoo._harness import cli, compare, provenance, readme_tables, runs, stale
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(overrides={"steps": 20}, num_samples=10)
@@ -176,7 +176,7 @@ def test_a_table_of_this_process_names_its_code_and_keeps_its_provenance(tmp_pat
     """A benchmark that writes its own numbers (no runs behind them: a timing, say) gets
     the process's code version and commit in the line under its Markdown, and its whole
     provenance (versions, device, threads, date) in the JSON."""
-    from bnn_zoo.harness.tables import write_tables
+    from bnn_zoo._harness.tables import write_tables
     table = write_tables(tmp_path, "timing", [{"step": "torch", "seconds": 1.5}],
                          keys=("step",), columns=("seconds",))
     document = json.loads((tmp_path / "timing.json").read_text())

@@ -1,6 +1,6 @@
 """The NUTS reference beyond ``sine``: split R-hat and ESS over the predictive
-(bnn_zoo.methods.nuts), the per-split distance tables (bnn_zoo.harness.summary) and the UCI
-protocol in ``benchmarks/compare_guides.py`` (bnn_zoo.harness.compare)."""
+(bnn_zoo.methods._nuts), the per-split distance tables (bnn_zoo._harness.summary) and the UCI
+protocol in ``benchmarks/compare_guides.py`` (bnn_zoo._harness.compare)."""
 
 from __future__ import annotations
 
@@ -17,17 +17,17 @@ import torch
 from pyro import poutine
 
 from bnn_zoo import zoo
-from bnn_zoo.core import data
-from bnn_zoo.harness import compare
-from bnn_zoo.harness.summary import reference_rows
-from bnn_zoo.methods.nuts import (
+from bnn_zoo._core import data
+from bnn_zoo._harness import compare
+from bnn_zoo._harness.summary import reference_rows
+from bnn_zoo.methods._nuts import (
     NUTSPosterior,
     PosteriorSamples,
     _average_ranks,
     bulk_ess,
     r_hat_ess,
 )
-from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo.models._mlp import BayesianMLP
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 

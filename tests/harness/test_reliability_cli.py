@@ -22,9 +22,9 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_zoo import data
-from bnn_zoo.core import files
-from bnn_zoo.harness import cli, compare, flags, runs, tables
-from bnn_zoo.harness.figures import save_figure
+from bnn_zoo._core import files
+from bnn_zoo._harness import cli, compare, flags, runs, tables
+from bnn_zoo._harness.figures import save_figure
 from bnn_zoo.zoo import Entry
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bnn_zoo import results
-from bnn_zoo.core.files import read_json
+from bnn_zoo._core.files import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bnn_zoo.harness import compare, flags, runs, sweep
+from bnn_zoo._harness import compare, flags, runs, sweep
 
 TINY = {"steps": 5}
 

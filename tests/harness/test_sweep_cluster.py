@@ -18,7 +18,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from bnn_zoo.harness import compare, sweep  # noqa: E402
+from bnn_zoo._harness import compare, sweep  # noqa: E402
 
 TINY = {"steps": 20}
 #: What a run's timing measures, which differs from one fit to the next.

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from bnn_zoo import zoo
-from bnn_zoo.core.replicas import REPLICA_CHECK_EVERY
-from bnn_zoo.methods import base, gp
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.gp import fit_evidence
-from bnn_zoo.models.nngp import NNGPRegression
+from bnn_zoo._core.replicas import REPLICA_CHECK_EVERY
+from bnn_zoo.methods import _base as base
+from bnn_zoo.methods import _gp as gp
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._gp import fit_evidence
+from bnn_zoo.models._nngp import NNGPRegression
 
 #: A value of each field other than the one in BASE.
 VALUES = {"steps": 3, "lr": 0.02, "lr_schedule": "cosine", "batch_size": 8,

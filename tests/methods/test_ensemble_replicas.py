@@ -1,5 +1,5 @@
 """Ensemble.fit_many: R ensembles of M members trained as R x M replicas in one pass equal
-R separate ensemble fits, each on its own data only (bnn_zoo.methods.ensemble)."""
+R separate ensemble fits, each on its own data only (bnn_zoo.methods._ensemble)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from bnn_zoo import zoo
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.ensemble import Ensemble
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.mlp import BayesianMLP
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._ensemble import Ensemble
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.models._mlp import BayesianMLP
 from bnn_zoo.zoo._defaults import map_guide
 
 # Full batches: MAP members are deterministic, so batched and separate fits follow the same

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core.step import TrainingDiverged
-from bnn_zoo.methods.gp import fit_evidence
-from bnn_zoo.models.nngp import NNGPRegression, NotPositiveDefinite
-from bnn_zoo.models.nngp_kernel import NNGPKernel
+from bnn_zoo._core.step import TrainingDiverged
+from bnn_zoo.methods._gp import fit_evidence
+from bnn_zoo.models._nngp import NNGPRegression, NotPositiveDefinite
+from bnn_zoo.models._nngp_kernel import NNGPKernel
 from bnn_zoo.zoo import UnsupportedProblem
 
 

@@ -22,10 +22,11 @@ from pyro.infer import SVI, Predictive, Trace_ELBO
 from scipy.optimize import minimize
 
 from bnn_zoo import data, predict, zoo
-from bnn_zoo.core.nn import ACTIVATIONS, mlp_forward
-from bnn_zoo.core.scaling import Standardizer
-from bnn_zoo.evaluation.metrics import metrics
-from bnn_zoo.methods.base import Budget, Posterior
+from bnn_zoo._core.nn import ACTIVATIONS, mlp_forward
+from bnn_zoo._core.scaling import Standardizer
+from bnn_zoo.evaluation._metrics import metrics
+from bnn_zoo.methods._base import Budget, Posterior
+from bnn_zoo.methods._options import keywords
 from bnn_zoo.methods.laplace import (
     CurvatureName,
     DenseBlock,
@@ -57,9 +58,8 @@ from bnn_zoo.methods.laplace._evidence import (
 from bnn_zoo.methods.laplace._problem import CurvatureSettings, laplace_posterior
 from bnn_zoo.methods.laplace._structures import block_from_state
 from bnn_zoo.methods.laplace._validation import ValidationSettings
-from bnn_zoo.methods.options import keywords
 from bnn_zoo.models import BayesianMLP, GaussianPrior
-from bnn_zoo.models.likelihood import Categorical, Gaussian
+from bnn_zoo.models._likelihood import Categorical, Gaussian
 
 ROOT = Path(__file__).resolve().parents[2]
 D = torch.float64
@@ -903,7 +903,7 @@ def test_method_writes_nothing_into_the_model():
 def test_map_phase_reads_back_as_the_budget_says(monkeypatch):
     """The single fit's MAP phase passes the budget's ``check_every`` to the SVI loop (as
     ``SVI.fit`` does): 1 when unset, otherwise the budget's."""
-    import bnn_zoo.methods.base as runner_module
+    import bnn_zoo.methods._base as runner_module
 
     d, xs, ys, x, y, _ = standardized("sine")
     seen = []

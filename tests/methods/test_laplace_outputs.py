@@ -15,7 +15,7 @@ import torch
 from pyro import poutine
 
 from bnn_zoo import zoo
-from bnn_zoo.evaluation.metrics import regression_metrics
+from bnn_zoo.evaluation._metrics import regression_metrics
 from bnn_zoo.methods.laplace._curvature import (
     energy_and_gradient,
     ggn,
@@ -25,8 +25,8 @@ from bnn_zoo.methods.laplace._evidence import EvidenceSettings, fixed_point_upda
 from bnn_zoo.methods.laplace._layouts import layout_of
 from bnn_zoo.methods.laplace._problem import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP
-from bnn_zoo.models.likelihood import Heteroscedastic, heteroscedastic_scale
-from bnn_zoo.models.priors import GaussianPrior
+from bnn_zoo.models._likelihood import Heteroscedastic, heteroscedastic_scale
+from bnn_zoo.models._priors import GaussianPrior
 
 ALPHA, BETA = 2.0, torch.tensor([4.0, 0.5, 9.0])
 HETERO = Heteroscedastic()

@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from bnn_zoo import zoo
-from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods._base import Budget
 from bnn_zoo.methods.laplace import Laplace, LaplaceGuide
 from bnn_zoo.methods.laplace._curvature import ParameterLayout
 from bnn_zoo.methods.laplace._problem import refine_map
 from bnn_zoo.models import BayesianMLP, BayesianModule
-from bnn_zoo.models.likelihood import Gaussian
+from bnn_zoo.models._likelihood import Gaussian
 
 D = torch.float64
 SMALL = {"model_options": {"hidden": (8,)}, "steps": 60, "batch_size": None, "jit": False}

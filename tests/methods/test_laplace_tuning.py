@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core.lbfgs import minimize_lbfgs
-from bnn_zoo.core.nn import mlp_forward
-from bnn_zoo.methods.base import Budget
+from bnn_zoo._core.lbfgs import minimize_lbfgs
+from bnn_zoo._core.nn import mlp_forward
+from bnn_zoo.methods._base import Budget
 from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.methods.laplace import _evidence as laplace_evidence
 from bnn_zoo.methods.laplace._curvature import ParameterLayout
@@ -34,7 +34,7 @@ from bnn_zoo.methods.laplace._validation import (
     tune_on_held_out,
 )
 from bnn_zoo.models import BayesianMLP
-from bnn_zoo.models.likelihood import Categorical, Gaussian
+from bnn_zoo.models._likelihood import Categorical, Gaussian
 
 D = torch.float64
 STRUCTURES = ("hessian", "ggn", "kron", "kron_separate", "diag", "low_rank", "last_layer",

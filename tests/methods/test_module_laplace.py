@@ -20,7 +20,7 @@ from torch import nn
 from torch.func import functional_call
 
 from bnn_zoo import predict, zoo
-from bnn_zoo.methods.base import Budget
+from bnn_zoo.methods._base import Budget
 from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.methods.laplace._curvature import (
     diagonal_ggn,
@@ -34,7 +34,7 @@ from bnn_zoo.methods.laplace._evidence import EvidenceSettings
 from bnn_zoo.methods.laplace._layouts import ModuleLayout, layout_of
 from bnn_zoo.methods.laplace._problem import CurvatureSettings, laplace_posterior
 from bnn_zoo.models import BayesianMLP, BayesianModule, GaussianPrior, digits_cnn
-from bnn_zoo.models.likelihood import Categorical, Gaussian
+from bnn_zoo.models._likelihood import Categorical, Gaussian
 
 D = torch.float64
 LIK = {"regression": Gaussian(), "classification": Categorical()}

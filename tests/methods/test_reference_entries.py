@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core.predictive import GaussianMixturePredictive
-from bnn_zoo.methods.ensemble import mixture
-from bnn_zoo.methods.nuts import PosteriorSamples
+from bnn_zoo._core.predictive import GaussianMixturePredictive
+from bnn_zoo.methods._ensemble import mixture
+from bnn_zoo.methods._nuts import PosteriorSamples
 
 
 def linear_data(n: int = 20):
@@ -116,7 +116,7 @@ def test_structured_guides_fit_and_start_narrow(name):
 
 
 def test_elementwise_affine_inverse_and_log_det_match_autograd():
-    from bnn_zoo.guides.flow import ElementwiseAffine
+    from bnn_zoo.guides._flow import ElementwiseAffine
 
     t = ElementwiseAffine(torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64), 0.3)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""SGLD and SGHMC (:mod:`bnn_zoo.methods.sgmcmc`) on Bayesian linear regression, whose
+"""SGLD and SGHMC (:mod:`bnn_zoo.methods._sgmcmc`) on Bayesian linear regression, whose
 posterior is Gaussian in closed form: the draws' mean and covariance equal the exact ones
 within Monte Carlo error (a tolerance of four standard errors, from the draws' effective
 sample size), full batch and with minibatches; the cyclical schedule equals its formula;
@@ -14,8 +14,8 @@ import pytest
 import torch
 from pyro.ops.stats import effective_sample_size
 
-from bnn_zoo.methods.nuts import PosteriorSamples
-from bnn_zoo.methods.sgmcmc import (
+from bnn_zoo.methods._nuts import PosteriorSamples
+from bnn_zoo.methods._sgmcmc import (
     SGMCMC,
     cyclical_step_size,
     sghmc_step,
@@ -23,7 +23,7 @@ from bnn_zoo.methods.sgmcmc import (
     sgmcmc_samples,
     step_plan,
 )
-from bnn_zoo.methods.svi import SVI
+from bnn_zoo.methods._svi import SVI
 from bnn_zoo.zoo._defaults import map_guide
 
 N, D, NOISE, PRIOR = 40, 2, 0.5, 0.3
@@ -194,7 +194,7 @@ def test_the_halves_estimate_the_empirical_fisher_diagonal_without_bias():
     """The starting ``V``, ``((g_A - g_B)/2)^2`` over random halvings of the data, averages to
     ``sum_n (g_n - g_bar)^2`` (the per-point gradients of Bayesian linear regression in
     closed form) at the mode, where the full gradient, and so its square, vanishes."""
-    from bnn_zoo.methods.sgmcmc import _Potential
+    from bnn_zoo.methods._sgmcmc import _Potential
     x, y = blr_problem()
     w = exact_posterior(x, y)[0]
     potential = _Potential(blr_model, x, y, {"w": w})
@@ -209,7 +209,7 @@ def test_the_halves_estimate_the_empirical_fisher_diagonal_without_bias():
 
 
 def test_the_prior_curvature_is_a_gaussian_priors_precision():
-    from bnn_zoo.methods.sgmcmc import _Potential
+    from bnn_zoo.methods._sgmcmc import _Potential
     x, y = blr_problem()
     potential = _Potential(blr_model, x, y, None)
     curvature = potential.prior_curvature({"w": torch.tensor([0.3, -2.0], dtype=x.dtype)})
@@ -249,7 +249,7 @@ def test_chains_on_a_small_classification_set_agree_and_predict(entry):
     prior's curvature alone: without it the two chains drift apart (predictive R-hat in
     the thousands, test accuracy 0.44 for SGLD on this split)."""
     from bnn_zoo import zoo
-    from bnn_zoo.core import data
+    from bnn_zoo._core import data
     split = data.load("wine", 0)
     fitted = zoo.get(entry).fit(split.x_train, split.y_train, task="classification", seed=0,
                                 progress=False)

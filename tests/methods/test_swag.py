@@ -10,11 +10,11 @@ import torch
 from pyro import poutine
 
 from bnn_zoo import data, zoo
-from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.guides.swag import SWAGGuide
-from bnn_zoo.methods import swag as swag_module
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.methods.swag import SWAG, SWAGMoments
+from bnn_zoo._core.elbo import MeanFieldELBO
+from bnn_zoo.guides._swag import SWAGGuide
+from bnn_zoo.methods import _swag as swag_module
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.methods._swag import SWAG, SWAGMoments
 from bnn_zoo.zoo._defaults import map_guide
 
 

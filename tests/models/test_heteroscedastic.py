@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from bnn_zoo import zoo
-from bnn_zoo.core.nn import mlp_forward
-from bnn_zoo.core.predictive import predict
+from bnn_zoo._core.nn import mlp_forward
+from bnn_zoo._core.predictive import predict
 from bnn_zoo.models import BayesianMLP
-from bnn_zoo.models.likelihood import MIN_SCALE
+from bnn_zoo.models._likelihood import MIN_SCALE
 
 
 def test_log_likelihood_is_the_gaussian_with_each_points_scale():

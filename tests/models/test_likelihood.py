@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bnn_zoo.models.likelihood import (
+from bnn_zoo.models._likelihood import (
     LIKELIHOODS,
     Categorical,
     Gaussian,

@@ -15,10 +15,10 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import bnn_zoo
-from bnn_zoo.guides.bbb import BayesByBackpropGuide, deep_getattr
-from bnn_zoo.guides.mean_field import MeanFieldGuide
+from bnn_zoo.guides._bbb import BayesByBackpropGuide, deep_getattr
+from bnn_zoo.guides._mean_field import MeanFieldGuide
 from bnn_zoo.models import BayesianMLP, BayesianModule, GaussianPrior, ScaleMixturePrior
-from bnn_zoo.models.module import TorchFanInPrior, digits_cnn
+from bnn_zoo.models._module import TorchFanInPrior, digits_cnn
 
 PRIORS = [GaussianPrior(), GaussianPrior(0.7, fan_in=True), ScaleMixturePrior()]
 

@@ -24,10 +24,10 @@ from torch import nn
 from torch.func import functional_call
 
 import bnn_zoo
-from bnn_zoo.core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFieldELBO
-from bnn_zoo.core.handlers import flipout, local_reparameterization
-from bnn_zoo.core.nn import flipout_affine, local_reparameterization_noise
-from bnn_zoo.core.step import SVIStep
+from bnn_zoo._core.elbo import FlipoutELBO, LocalReparameterizationELBO, MeanFieldELBO
+from bnn_zoo._core.handlers import flipout, local_reparameterization
+from bnn_zoo._core.nn import flipout_affine, local_reparameterization_noise
+from bnn_zoo._core.step import SVIStep
 from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianModule, digits_cnn
 

@@ -16,9 +16,9 @@ from torch import nn
 
 import bnn_zoo
 from bnn_zoo import zoo
-from bnn_zoo.guides.mean_field import MeanFieldGuide
+from bnn_zoo.guides._mean_field import MeanFieldGuide
 from bnn_zoo.models import BayesianModule, GaussianPrior, ScaleMixturePrior
-from bnn_zoo.models.priors import SitePriors, TorchFanInPrior, prior_of_site
+from bnn_zoo.models._priors import SitePriors, TorchFanInPrior, prior_of_site
 
 
 def bn_cnn() -> nn.Sequential:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bnn_zoo import data, zoo
-from bnn_zoo.harness.prior_diagnostics import (
+from bnn_zoo._harness.prior_diagnostics import (
     excess_kurtosis,
     fan_in_prior_outputs,
     log_moment_norms,
@@ -27,8 +27,8 @@ from bnn_zoo.harness.prior_diagnostics import (
     tail_table,
 )
 from bnn_zoo.models import BayesianMLP, GaussianPrior
-from bnn_zoo.models.nngp import GaussianEvidence, NNGPRegression
-from bnn_zoo.models.nngp_kernel import NNGPKernel, expected_product
+from bnn_zoo.models._nngp import GaussianEvidence, NNGPRegression
+from bnn_zoo.models._nngp_kernel import NNGPKernel, expected_product
 
 ROOT = Path(__file__).resolve().parents[2]
 F64 = torch.float64
@@ -276,7 +276,7 @@ def test_nngp_on_concrete(uci_data):
 
 
 def test_priors_command_writes_tables_and_figures(tmp_path):
-    from bnn_zoo.harness.cli import main
+    from bnn_zoo._harness.cli import main
 
     main(["priors", "--widths", "1", "10", "--depth", "3", "--samples", "2000",
                      "--out", str(tmp_path)])
@@ -412,7 +412,7 @@ def test_nngp_entry_takes_the_depth():
 
 
 def test_priors_command_takes_the_nngp_depth(tmp_path):
-    from bnn_zoo.harness.cli import main
+    from bnn_zoo._harness.cli import main
 
     main(["priors", "--widths", "50", "--nngp-depth", "2", "--depth", "2", "--samples", "2000",
           "--out", str(tmp_path)])

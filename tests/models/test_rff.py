@@ -19,16 +19,16 @@ import torch
 from pyro import poutine
 
 from bnn_zoo import data, predict, zoo
-from bnn_zoo.core.elbo import (
+from bnn_zoo._core.elbo import (
     Algorithm1ELBO,
     CollapsedELBO,
     ExpectedLikelihoodELBO,
     MeanFieldELBO,
 )
-from bnn_zoo.core.step import SVIStep
-from bnn_zoo.guides.logitnormal import LogitNormalGuide, plot_relevance
-from bnn_zoo.methods.logitnormal import OBJECTIVES
-from bnn_zoo.models.rff import (
+from bnn_zoo._core.step import SVIStep
+from bnn_zoo.guides._logitnormal import LogitNormalGuide, plot_relevance
+from bnn_zoo.methods._logitnormal import OBJECTIVES
+from bnn_zoo.models._rff import (
     LogitNormal,
     RandomFeatureRegression,
     _jittered_cholesky,

@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from bnn_zoo import data, zoo
-from bnn_zoo.methods.ensemble import Ensemble
-from bnn_zoo.methods.nuts import NUTS
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.priors import ScaleMixturePrior
+from bnn_zoo.methods._ensemble import Ensemble
+from bnn_zoo.methods._nuts import NUTS
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.models._priors import ScaleMixturePrior
 from bnn_zoo.zoo.reference import auto_normal
 
 REGRESSION_METRICS = {"rmse", "ll", "coverage_50", "coverage_90", "coverage_95", "fit_seconds"}

@@ -15,12 +15,12 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from bnn_zoo import zoo
-from bnn_zoo.core.batches import as_batches
+from bnn_zoo._core.batches import as_batches
 from bnn_zoo.methods.laplace._evidence import EvidenceSettings
 from bnn_zoo.methods.laplace._layouts import layout_of
 from bnn_zoo.methods.laplace._problem import CurvatureSettings, laplace_posterior, refine_map
 from bnn_zoo.models import BayesianMLP
-from bnn_zoo.models.likelihood import Gaussian
+from bnn_zoo.models._likelihood import Gaussian
 
 N = 40
 FAST = dict(steps=15, jit=False)

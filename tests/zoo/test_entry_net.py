@@ -13,9 +13,9 @@ from torch import nn
 
 import bnn_zoo
 from bnn_zoo import data, zoo
-from bnn_zoo.core.step import SVIStep
+from bnn_zoo._core.step import SVIStep
+from bnn_zoo._harness import cli
 from bnn_zoo.guides import BayesByBackpropGuide
-from bnn_zoo.harness import cli
 from bnn_zoo.models import BayesianMLP, BayesianModule
 from bnn_zoo.zoo import UnsupportedProblem, _defaults
 

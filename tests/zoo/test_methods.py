@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from bnn_zoo import zoo
-from bnn_zoo.core.elbo import LocalReparameterizationELBO
-from bnn_zoo.methods.base import Budget
-from bnn_zoo.methods.ensemble import Ensemble
+from bnn_zoo._core.elbo import LocalReparameterizationELBO
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._ensemble import Ensemble
+from bnn_zoo.methods._options import Factory
+from bnn_zoo.methods._svi import SVI
 from bnn_zoo.methods.laplace import Laplace
-from bnn_zoo.methods.options import Factory
-from bnn_zoo.methods.svi import SVI
-from bnn_zoo.models.module import BayesianModule
+from bnn_zoo.models._module import BayesianModule
 from bnn_zoo.zoo import TINY_BUDGET
 from bnn_zoo.zoo._defaults import map_guide
 from bnn_zoo.zoo._networks import NET_MODEL_OPTIONS

@@ -23,10 +23,10 @@ from pyro.infer.autoguide import (
 from pyro.optim import Adam
 
 from bnn_zoo import zoo
-from bnn_zoo.guides.params import LowRankMultivariateNormal
-from bnn_zoo.methods.svi import SVI as SVIMethod
+from bnn_zoo.guides._params import LowRankMultivariateNormal
+from bnn_zoo.methods._svi import SVI as SVIMethod
 from bnn_zoo.models import BayesianMLP
-from bnn_zoo.models.mlp import init_to_fan_in
+from bnn_zoo.models._mlp import init_to_fan_in
 
 # (entry, task, out_dim) of every entry whose method is SVI on a guide factory (the others,
 # Laplace, NUTS, ensembles, the exact GP, are checked as Pyro pairs after fitting, in
@@ -35,7 +35,7 @@ PAIRS = [(name, zoo.get(name).tasks[0], 1 if zoo.get(name).tasks[0] == "regressi
          for name in zoo.names() if isinstance(zoo.get(name).method, SVIMethod)]
 # Guides that are mean-field Gaussian over a Gaussian prior: the closed-form-KL ELBO applies.
 MEAN_FIELD = {"bbb", "mean_field", "mean_field_clf"}
-# Pyro 1.9.2's autoguides holding plain nn.Parameters (see bnn_zoo.guides.params).
+# Pyro 1.9.2's autoguides holding plain nn.Parameters (see bnn_zoo.guides._params).
 PYRO_NN_PARAMETER_GUIDES = (AutoLowRankMultivariateNormal, AutoMultivariateNormal)
 MODES = [pytest.param(True, id="module_local"), pytest.param(False, id="global_store")]
 N, IN_DIM, NUM_SAMPLES = 12, 2, 7
@@ -65,7 +65,7 @@ def build(name: str, task: str, out_dim: int):
     if type(guide) in PYRO_NN_PARAMETER_GUIDES and pyro.settings.get("module_local_params"):
         pytest.xfail(f"{name!r} builds Pyro's {type(guide).__name__}, whose nn.Parameters "
                      "Pyro's SVI cannot step under module_local_params=True; "
-                     "bnn_zoo.guides.params.LowRankMultivariateNormal can")
+                     "bnn_zoo.guides._params.LowRankMultivariateNormal can")
     return model, guide
 
 
@@ -154,7 +154,7 @@ AUTOGUIDES = {
     "LowRankMultivariateNormal": lambda model: LowRankMultivariateNormal(
         model, init_loc_fn=init_to_fan_in, init_scale=0.01, rank=2),
 }
-# Pyro's default mode only: these hold nn.Parameters (see bnn_zoo.guides.params).
+# Pyro's default mode only: these hold nn.Parameters (see bnn_zoo.guides._params).
 DEFAULT_MODE_ONLY = {guide.__name__ for guide in PYRO_NN_PARAMETER_GUIDES}
 
 

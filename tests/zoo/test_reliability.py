@@ -17,12 +17,12 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 
 import bnn_zoo
-import bnn_zoo.methods.base
+import bnn_zoo.methods._base
 from bnn_zoo import data, zoo
-from bnn_zoo.core.checkpoint import CheckpointWarning
-from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.evaluation.metrics import NonFiniteMetricWarning, metrics
-from bnn_zoo.methods.base import Budget, UnsupportedProblem
+from bnn_zoo._core.checkpoint import CheckpointWarning
+from bnn_zoo._core.predictive import CategoricalPredictive, GaussianMixturePredictive
+from bnn_zoo.evaluation._metrics import NonFiniteMetricWarning, metrics
+from bnn_zoo.methods._base import Budget, UnsupportedProblem
 from bnn_zoo.models import BayesianMLP
 
 SOURCE = Path(__file__).resolve().parents[3] / "shared" / "data" / "uci"
@@ -305,7 +305,7 @@ NET_OUTPUT_CASES = {
 def test_network_output_that_does_not_fit_the_task_is_refused_before_training(
         name, case, monkeypatch):
     y, net, words = NET_OUTPUT_CASES[case]
-    monkeypatch.setattr(bnn_zoo.methods.base, "fit", lambda *a, **k: pytest.fail("a fit ran"))
+    monkeypatch.setattr(bnn_zoo.methods._base, "fit", lambda *a, **k: pytest.fail("a fit ran"))
     expect(lambda: zoo.get(name).fit(X, y, net=net, steps=2), ValueError, words)
 
 

@@ -62,12 +62,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.batches import Batches, chunks
-from bnn_zoo.core.checks import check_data
-from bnn_zoo.core.nn import ACTIVATION_BACKWARD
+from bnn_zoo._core.batches import Batches, chunks
+from bnn_zoo._core.checks import check_data
+from bnn_zoo._core.nn import ACTIVATION_BACKWARD
 from bnn_zoo.methods.laplace._layouts import Layout
 from bnn_zoo.methods.laplace._layouts import ParameterLayout as ParameterLayout
-from bnn_zoo.models.likelihood import Gaussian, Likelihood
+from bnn_zoo.models._likelihood import Gaussian, Likelihood
 
 __all__ = ["MAX_DENSE_BYTES", "ParameterLayout", "check_dense_fits", "diagonal_ggn",
            "energy_and_gradient", "full_hessian", "ggn", "jacobian", "kron_ggn", "last_layer_ggn",
@@ -139,8 +139,8 @@ def energy_and_gradient(theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
 def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: Layout):
     """``x`` and ``y`` checked (``x`` of the shape the layout's network takes) and
     the length of ``theta``; ``x`` may be a loader's
-    [`Batches`][bnn_zoo.core.batches.Batches] (``y`` ``None``), checked batch by batch, whose
-    sums go over one pass ([`chunks`][bnn_zoo.core.batches.chunks])."""
+    [`Batches`][bnn_zoo._core.batches.Batches] (``y`` ``None``), checked batch by batch, whose
+    sums go over one pass ([`chunks`][bnn_zoo._core.batches.chunks])."""
     if not isinstance(x, Batches):
         x, y = check_data(x, y, any_shape=True)
     layout.check_input(x.first[0] if isinstance(x, Batches) else x)

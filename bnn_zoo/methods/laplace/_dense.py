@@ -1,6 +1,6 @@
 """Laplace precision blocks that hold their curvature entry by entry: dense (p, p)
 ([`DenseBlock`][]) and diagonal (p,) ([`DiagBlock`][]), with the jittered Cholesky
-factorisation the dense one uses (`bnn_zoo.core.linalg`; Bishop 2006, *Pattern
+factorisation the dense one uses (`bnn_zoo._core.linalg`; Bishop 2006, *Pattern
 Recognition and Machine Learning*, 5.7; MacKay 1992, "Bayesian Interpolation", for the
 evidence in the eigenvalues of the curvature)."""
 
@@ -11,8 +11,8 @@ from enum import StrEnum
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_choice
-from bnn_zoo.core.linalg import cholesky_with_jitter, symmetric_eigh
+from bnn_zoo._core.checks import check_choice
+from bnn_zoo._core.linalg import cholesky_with_jitter, symmetric_eigh
 from bnn_zoo.methods.laplace._block_base import TraceFromDiagonal, index_from, index_state
 
 __all__ = ["DenseBlock", "DiagBlock", "Indefinite", "NotPositiveDefiniteError"]

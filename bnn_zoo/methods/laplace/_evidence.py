@@ -8,8 +8,8 @@ parameters is ``gamma = sum_i lambda_i / (alpha + lambda_i) = W - alpha tr(A^-1)
 the evidence is stationary where ``alpha = gamma / ||w - m||^2`` and
 ``1 / beta = 2 E_D / (N - gamma)`` (PRML 5.178-5.180, with the prior mean ``m``). With a
 prior precision per layer, ``gamma_l = W_l - alpha_l tr_l(A^-1)`` and
-``alpha_l = gamma_l / ||w_l - m_l||^2``. [`fixed_point_update`][] gives these targets;
-[`gradient_update`][] (also where a fixed-point target is not positive, or the fixed
+``alpha_l = gamma_l / ||w_l - m_l||^2``. `fixed_point_update` gives these targets;
+`gradient_update` (also where a fixed-point target is not positive, or the fixed
 point cycles) maximises the evidence
 ([`log_evidence`][bnn_zoo.methods.laplace.LaplacePosterior.log_evidence]) in ``log alpha`` and
 ``log beta`` by L-BFGS at the current MAP.
@@ -34,10 +34,10 @@ from enum import StrEnum
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_bool, check_choice, check_positive, check_positive_int
-from bnn_zoo.core.lbfgs import minimize_lbfgs
+from bnn_zoo._core.checks import check_bool, check_choice, check_positive, check_positive_int
+from bnn_zoo._core.lbfgs import minimize_lbfgs
+from bnn_zoo.methods._options import OptionGroup
 from bnn_zoo.methods.laplace._posterior import LaplacePosterior
-from bnn_zoo.methods.options import OptionGroup
 
 __all__ = ["AUTO_REFINE", "DAMPING", "HYPER_BOUNDS", "MAX_LOG_STEP", "EvidenceMethod",
            "EvidenceSettings",
@@ -48,7 +48,7 @@ __all__ = ["AUTO_REFINE", "DAMPING", "HYPER_BOUNDS", "MAX_LOG_STEP", "EvidenceMe
 
 class EvidenceMethod(StrEnum):
     """How the evidence is maximised in ``alpha`` and ``beta``: MacKay's fixed-point updates
-    ([`fixed_point_update`][]) or L-BFGS on it ([`gradient_update`][])."""
+    (`fixed_point_update`) or L-BFGS on it (`gradient_update`)."""
 
     FIXED_POINT = "fixed_point"
     GRADIENT = "gradient"
@@ -77,8 +77,8 @@ class EvidenceSettings(OptionGroup):
     Attributes
     ----------
     evidence : ``None`` (``alpha`` and ``beta`` stay as given), ``"fixed_point"``
-        (MacKay's updates, [`fixed_point_update`][]) or ``"gradient"``
-        ([`gradient_update`][]).
+        (MacKay's updates, `fixed_point_update`) or ``"gradient"``
+        (`gradient_update`).
     per_layer_alpha : one prior precision per layer instead of one shared.
     refine : refit the MAP by full-batch L-BFGS before each curvature, the first
         included (`refine_map`); ``"auto"``:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_positive_int
-from bnn_zoo.core.linalg import symmetric_eigh, thin_svd
+from bnn_zoo._core.checks import check_positive_int
+from bnn_zoo._core.linalg import symmetric_eigh, thin_svd
 from bnn_zoo.methods.laplace._block_base import TraceFromDiagonal, index_from, index_state
 
 __all__ = ["KronBlock", "LowRankBlock"]

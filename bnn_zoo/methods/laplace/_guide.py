@@ -11,8 +11,8 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 from torch import Tensor, nn
 
-from bnn_zoo.core.checks import check_positive
-from bnn_zoo.core.replicas import replica_plate
+from bnn_zoo._core.checks import check_positive
+from bnn_zoo._core.replicas import replica_plate
 from bnn_zoo.methods.laplace._layouts import layout_of
 from bnn_zoo.methods.laplace._posterior import LaplacePosterior
 
@@ -41,7 +41,7 @@ class LaplaceGuide(PyroModule):
     their spread is a parameter, ``bias_scale``.
 
     For a model of R replicas (its ``replicas`` attribute, e.g.
-    ``BayesianMLP.replicated(R)``; [`bnn_zoo.core.replicas`][]) every location gets the
+    ``BayesianMLP.replicated(R)``; `bnn_zoo._core.replicas`) every location gets the
     leading shape (R, 1), one point mass per replica (drawn independently per replica),
     sampled in the replica plate: the MAPs of R fits train in one pass. Such a guide
     takes no posterior (each replica's is fitted from its own single-fit guide).
@@ -83,7 +83,7 @@ class LaplaceGuide(PyroModule):
         if self.replicas is not None:
             raise ValueError(f"Expected a single-fit guide for a posterior, but this one holds "
                              f"{self.replicas} replicas; split them first "
-                             "(bnn_zoo.core.replicas.split_replicas).")
+                             "(bnn_zoo._core.replicas.split_replicas).")
         if posterior.layout != self.layout:
             raise ValueError("Expected a posterior of the guide's network "
                              f"{self.layout.description}, but got one of "

@@ -50,10 +50,10 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
-from bnn_zoo.core.nn import mlp_forward
-from bnn_zoo.guides.flat_sites import flatten_sites, unflatten_sites
+from bnn_zoo._core.nn import mlp_forward
+from bnn_zoo.guides._flat_sites import flatten_sites, unflatten_sites
 from bnn_zoo.methods.laplace._conv_patches import conv_patches
-from bnn_zoo.models.module_options import net_mode
+from bnn_zoo.models._module_options import net_mode
 
 __all__ = ["KRON_LAYERS", "Layout", "ModuleLayout", "ParameterLayout", "layout_of"]
 
@@ -159,7 +159,7 @@ class ParameterLayout(_FlatWeights):
         return [(index, True) for index in self.layer_slices]
 
     def network(self, theta: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """The ``(W, b)`` list of `bnn_zoo.core.nn.mlp_forward` for ``theta`` (*S, P)."""
+        """The ``(W, b)`` list of `bnn_zoo._core.nn.mlp_forward` for ``theta`` (*S, P)."""
         values = list(self.unflatten(theta).values())
         return list(zip(values[::2], values[1::2]))
 

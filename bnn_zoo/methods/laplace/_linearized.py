@@ -34,7 +34,7 @@ from pyro.nn import PyroModule
 from torch import Tensor
 
 from bnn_zoo.methods.laplace._posterior import LaplacePosterior
-from bnn_zoo.models.mlp import drop_plate_dim
+from bnn_zoo.models._mlp import drop_plate_dim
 
 __all__ = ["LinearizedModel", "NonlinearModel"]
 

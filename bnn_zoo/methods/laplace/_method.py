@@ -2,9 +2,9 @@
 Machine Learning*, 5.7; MacKay 1992, "A Practical Bayesian Framework for Backpropagation
 Networks").
 
-[`Laplace`][] finds the MAP by SVI ([`bnn_zoo.core.training.fit`][] with a
+[`Laplace`][] finds the MAP by SVI ([`bnn_zoo._core.training.fit`][] with a
 [`LaplaceGuide`][bnn_zoo.methods.laplace.LaplaceGuide] as point mass, under
-[`MeanFieldELBO`][bnn_zoo.core.elbo.MeanFieldELBO], which for a point mass is ``log p(y | w) +
+[`MeanFieldELBO`][bnn_zoo.elbo.MeanFieldELBO], which for a point mass is ``log p(y | w) +
 log p(w)`` in as few operations as it can), then chains the steps of a
 [`LaplaceProblem`][bnn_zoo.methods.laplace.LaplaceProblem] around it: it refines the MAP
 by full-batch L-BFGS, builds the curvature in the structure of its `curvature`
@@ -39,12 +39,13 @@ import pyro
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.batches import first_inputs
-from bnn_zoo.core.checks import check_choice, check_positive
-from bnn_zoo.core.elbo import MeanFieldELBO
-from bnn_zoo.core.predictive import predict
-from bnn_zoo.core.training import FitResult
-from bnn_zoo.methods.base import Budget, Method, ModelFactory, Predictive
+from bnn_zoo._core.batches import first_inputs
+from bnn_zoo._core.checks import check_choice, check_positive
+from bnn_zoo._core.elbo import MeanFieldELBO
+from bnn_zoo._core.predictive import predict
+from bnn_zoo._core.training import FitResult
+from bnn_zoo.methods._base import Budget, Method, ModelFactory, Predictive
+from bnn_zoo.methods._state import load_module_state, module_state, result_from_state, result_state
 from bnn_zoo.methods.laplace._evidence import EvidenceSettings
 from bnn_zoo.methods.laplace._guide import LaplaceGuide
 from bnn_zoo.methods.laplace._layouts import layout_of
@@ -52,7 +53,6 @@ from bnn_zoo.methods.laplace._linearized import LinearizedModel, NonlinearModel
 from bnn_zoo.methods.laplace._posterior import LaplacePosterior, Link
 from bnn_zoo.methods.laplace._problem import CurvatureSettings, laplace_posterior
 from bnn_zoo.methods.laplace._validation import ValidationSettings, tune_on_held_out
-from bnn_zoo.methods.state import load_module_state, module_state, result_from_state, result_state
 
 __all__ = ["Laplace", "LaplaceFit", "PredictiveKind", "check_budget", "predictive_model"]
 
@@ -81,7 +81,7 @@ class PredictiveKind(StrEnum):
 class Laplace(Method):
     """The Laplace approximation (Bishop 2006, PRML 5.7; MacKay 1992 for the evidence; the
     curvature structures and the GLM predictive as in Daxberger et al. 2021, "Laplace
-    Redux: Effortless Bayesian Deep Learning") as a [`Method`][bnn_zoo.methods.base.Method].
+    Redux: Effortless Bayesian Deep Learning") as a [`Method`][bnn_zoo.methods.Method].
 
     Its fields are the settings of its steps, each checked as a whole:
 
@@ -123,7 +123,7 @@ class Laplace(Method):
     link: Link
     bias_scale: float
     replicas: bool
-    #: Fits from a loader's batches ([`bnn_zoo.core.batches`][]): the MAP by SVI, one
+    #: Fits from a loader's batches ([`bnn_zoo._core.batches`][]): the MAP by SVI, one
     #: batch per step; the refits, curvature and energies as sums over one pass.
     streams: ClassVar[bool] = True
 
@@ -169,7 +169,7 @@ class Laplace(Method):
                  seeds: Sequence[int], budget: Budget, progress: bool | None
                  ) -> list[LaplaceFit]:
         """R fits, fit ``r`` on ``x[r]`` (N, D), ``y[r]`` (N,) from ``seeds[r]``: the MAP
-        phases of all R as replicas in one vectorised pass ([`bnn_zoo.core.replicas`][]),
+        phases of all R as replicas in one vectorised pass (`bnn_zoo._core.replicas`),
         then each replica's posterior (refits, curvature, evidence) as [`fit`][] builds it.
 
         Replica ``r``'s guide starts where [`fit`][] with ``seeds[r]`` starts it; every
@@ -277,7 +277,7 @@ def predictive_model(post: LaplacePosterior, predictive: str) -> LinearizedModel
 
 @dataclass
 class LaplaceFit:
-    """A fitted Laplace approximation: the [`Posterior`][bnn_zoo.methods.base.Posterior] of
+    """A fitted Laplace approximation: the [`Posterior`][bnn_zoo.methods.Posterior] of
     [`Laplace`][].
 
     ``model`` and ``guide`` are the Pyro pair of the predictive (``predictive="glm"``: the

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_choice
+from bnn_zoo._core.checks import check_choice
 from bnn_zoo.methods.laplace._block_base import index_from, index_state
 from bnn_zoo.methods.laplace._dense import DenseBlock, DiagBlock, Indefinite
 from bnn_zoo.methods.laplace._factored import KronBlock, LowRankBlock

@@ -67,13 +67,13 @@ from enum import StrEnum
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_choice, check_data, check_positive_int
-from bnn_zoo.core.predictive import CategoricalPredictive, GaussianMixturePredictive
+from bnn_zoo._core.checks import check_choice, check_data, check_positive_int
+from bnn_zoo._core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo.methods.laplace._curvature import check_dense_fits, jacobian
 from bnn_zoo.methods.laplace._layouts import Layout
 from bnn_zoo.methods.laplace._outputs import output_effective_parameters
 from bnn_zoo.methods.laplace._structures import Block, block_from_state
-from bnn_zoo.models.likelihood import Likelihood, laplace_likelihood
+from bnn_zoo.models._likelihood import Likelihood, laplace_likelihood
 
 __all__ = ["LaplacePosterior", "Link"]
 
@@ -95,7 +95,7 @@ class LaplacePosterior:
     Attributes
     ----------
     layout : where each weight tensor sits in ``theta`` (P,), and the network as a function
-        of it ([`bnn_zoo.methods.laplace._layouts`][]: an MLP's or any torch module's).
+        of it (`bnn_zoo.methods.laplace._layouts`: an MLP's or any torch module's).
     theta : (P,) the MAP.
     blocks : the precision structure; weights outside every block stay at the MAP.
     alpha : prior precision, (L,) one per layer (all equal unless fitted per layer) or
@@ -103,7 +103,7 @@ class LaplacePosterior:
     beta : noise precision (1 for classification and heteroscedastic regression), or (D,)
         one per output for regression on targets (N, D) (then ``blocks`` are
         `OutputBlock` s).
-    likelihood : the likelihood of the outputs (`bnn_zoo.models.likelihood`).
+    likelihood : the likelihood of the outputs (`bnn_zoo.models._likelihood`).
     energy : ``E_D(theta)``, the unit-precision negative log-likelihood at the MAP ((D,),
         one per output, with ``beta`` (D,)).
     num_outputs : ``N K``, the number of observed numbers (regression: ``N``, or ``N D``

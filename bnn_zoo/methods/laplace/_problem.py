@@ -4,7 +4,7 @@ Recognition and Machine Learning*, 5.7; MacKay 1992, "A Practical Bayesian Frame
 for Backpropagation Networks").
 
 [`laplace_posterior`][] builds ``N(w_MAP, A^-1)`` with ``A = diag(alpha) + beta H``:
-it refits the MAP by full-batch L-BFGS ([`refine_map`][]), computes the curvature ``H``
+it refits the MAP by full-batch L-BFGS (`refine_map`), computes the curvature ``H``
 in the structure [`CurvatureSettings`][] chooses (`bnn_zoo.methods.laplace._curvature`,
 `bnn_zoo.methods.laplace._structures`) and, as
 [`EvidenceSettings`][bnn_zoo.methods.laplace.EvidenceSettings] asks, maximises the evidence
@@ -34,24 +34,24 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.batches import Batches, first_inputs, num_targets, summed
-from bnn_zoo.core.checks import check_data, check_positive, check_positive_int
-from bnn_zoo.core.lbfgs import minimize_lbfgs
+from bnn_zoo._core.batches import Batches, first_inputs, num_targets, summed
+from bnn_zoo._core.checks import check_data, check_positive, check_positive_int
+from bnn_zoo._core.lbfgs import minimize_lbfgs
+from bnn_zoo.methods._options import OptionGroup
 from bnn_zoo.methods.laplace._curvature import MAX_DENSE_BYTES, energy_and_gradient
 from bnn_zoo.methods.laplace._dense import Indefinite
 from bnn_zoo.methods.laplace._evidence import EvidenceSettings, checked, maximize_evidence
 from bnn_zoo.methods.laplace._layouts import Layout, layout_of
 from bnn_zoo.methods.laplace._posterior import LaplacePosterior
 from bnn_zoo.methods.laplace._structures import Block, CurvatureName, Structure, curvature_structure
-from bnn_zoo.methods.options import OptionGroup
-from bnn_zoo.models.likelihood import (
+from bnn_zoo.models._likelihood import (
     Categorical,
     Gaussian,
     GaussianOutputs,
     Heteroscedastic,
     Likelihood,
 )
-from bnn_zoo.models.priors import GaussianPrior
+from bnn_zoo.models._priors import GaussianPrior
 
 __all__ = ["CurvatureSettings", "LaplaceProblem", "laplace_posterior", "model_alpha",
            "model_likelihood",
@@ -92,7 +92,7 @@ class CurvatureSettings(OptionGroup):
 
     def structure(self) -> Structure:
         """The structure `curvature` names, with these options
-        ([`curvature_structure`][bnn_zoo.methods.laplace.curvature_structure])."""
+        (`curvature_structure`)."""
         return curvature_structure(self.curvature, indefinite=self.indefinite,
                                    max_bytes=self.max_bytes, rank=self.rank,
                                    subnetwork=self.subnetwork)
@@ -127,7 +127,7 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
     every weight, by less than ``rtol`` times the starting objective, or after
     ``max_iter`` iterations.
 
-    ``x`` may be a loader's [`Batches`][bnn_zoo.core.batches.Batches] (``y`` ``None``): the
+    ``x`` may be a loader's `Batches` (``y`` ``None``): the
     objective and its gradient are then sums over one pass, batch by batch.
 
     ``rtol`` defaults to ``1e-6`` in single (or lower) precision and to ``eps`` in double.
@@ -164,7 +164,7 @@ def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Lay
 
 
 def model_likelihood(model, targets: Tensor) -> Likelihood:
-    """The likelihood (`bnn_zoo.models.likelihood`) of ``model`` on ``targets``:
+    """The likelihood (`bnn_zoo.models._likelihood`) of ``model`` on ``targets``:
     ``Categorical`` for a classifier, ``Heteroscedastic`` for a regression model whose
     network gives each point its own noise scale (``noise="heteroscedastic"``; targets
     (N,)), ``GaussianOutputs`` for targets (N, D), ``Gaussian`` otherwise."""
@@ -246,7 +246,7 @@ class LaplaceProblem:
     ([`glm_predictive`][bnn_zoo.methods.laplace.LaplacePosterior.glm_predictive]).
 
     Build it with [`of`][]; ``refine`` refits the MAP by full-batch L-BFGS
-    ([`refine_map`][]) before each curvature.
+    (`refine_map`) before each curvature.
     """
 
     model: Any
@@ -265,7 +265,7 @@ class LaplaceProblem:
         """The problem of ``model`` (a [`BayesianMLP`][bnn_zoo.models.BayesianMLP] or
         [`BayesianModule`][bnn_zoo.models.BayesianModule], read, never written) on ``x`` (N, D) (a
         module's inputs of any shape (N, ...)), ``y`` (N,) or (N, D), or a loader's
-        [`Batches`][bnn_zoo.core.batches.Batches] (``y`` ``None``); ``curvature`` chooses the
+        `Batches` (``y`` ``None``); ``curvature`` chooses the
         structure of ``H`` (default: the full GGN); ``prior_mean`` is a number or (P,)."""
         curvature = CurvatureSettings() if curvature is None else curvature
         if not isinstance(curvature, CurvatureSettings):

@@ -52,7 +52,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.checks import check_choice
+from bnn_zoo._core.checks import check_choice
 from bnn_zoo.methods.laplace._curvature import (
     MAX_DENSE_BYTES,
     diagonal_ggn,
@@ -67,7 +67,7 @@ from bnn_zoo.methods.laplace._dense import DenseBlock, DiagBlock, Indefinite
 from bnn_zoo.methods.laplace._factored import KronBlock, LowRankBlock
 from bnn_zoo.methods.laplace._layouts import Layout
 from bnn_zoo.methods.laplace._outputs import OutputBlock
-from bnn_zoo.models.likelihood import GaussianPrecision, Likelihood
+from bnn_zoo.models._likelihood import GaussianPrecision, Likelihood
 
 __all__ = ["OUTPUT_CURVATURES", "STRUCTURES", "Block", "CurvatureName", "Diag", "Ggn",
            "Hessian", "Kron", "KronSeparate", "LastLayer", "LowRank", "Structure", "Subnetwork",

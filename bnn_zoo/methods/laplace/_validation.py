@@ -27,11 +27,11 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from bnn_zoo.core.batches import is_loader
-from bnn_zoo.core.checks import check_choice, check_fraction
-from bnn_zoo.core.data import holdout
+from bnn_zoo._core.batches import is_loader
+from bnn_zoo._core.checks import check_choice, check_fraction
+from bnn_zoo._core.data import holdout
+from bnn_zoo.methods._options import OptionGroup
 from bnn_zoo.methods.laplace._posterior import LaplacePosterior
-from bnn_zoo.methods.options import OptionGroup
 
 __all__ = ["AUTO_HOLDOUT", "BETA_GRID", "GRID", "ValidationSettings", "held_out_log_likelihood",
            "tune_on_held_out"]

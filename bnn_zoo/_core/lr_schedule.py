@@ -1,0 +1,43 @@
+"""Learning-rate schedules of the SVI runner.
+
+A schedule gives the learning rate of step ``t`` of a run of ``T`` steps as a fraction of
+the run's ``lr``; the loop (`bnn_zoo._core.loop.run_steps`) sets it on the optimiser
+before each step. It is a function of the step count and the run's length alone, so a run
+resumed from a checkpoint (to the same number of steps) goes on with exactly the rates of an
+uninterrupted one.
+
+- ``"constant"``: ``lr`` at every step.
+- ``"cosine"``: ``lr (1 + cos(pi t / T)) / 2``, cosine annealing (Loshchilov and Hutter
+  2017, "SGDR: Stochastic Gradient Descent with Warm Restarts", without restarts): ``lr`` at
+  the first step, falling smoothly to nearly 0 at the last. With minibatches and sampled
+  weights, a constant rate leaves the last iterate moving about the optimum in the
+  gradient noise; the annealed rate lets it settle, which is what a point-mass guide keeps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from bnn_zoo._core.checks import check_choice
+
+__all__ = ["LR_SCHEDULES", "lr_factor", "set_lr"]
+
+#: The schedules [`lr_factor`][] knows.
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def lr_factor(schedule: str, step: int, steps: int) -> float:
+    """The learning rate of step ``step`` (0-based) of ``steps`` under ``schedule``, as a
+    fraction of the base rate (module doc)."""
+    check_choice("lr_schedule", schedule, LR_SCHEDULES)
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * step / steps))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate of every parameter group of ``optimizer`` to ``lr``."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr

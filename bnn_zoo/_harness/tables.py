@@ -1,0 +1,208 @@
+"""The one table writer of the harness: Markdown, CSV and JSON of summary rows.
+
+A summary row (as from `bnn_zoo._harness.summary.aggregate`) holds its key
+fields (e.g. ``data`` and ``entry``), the number of runs ``runs``, and per metric
+``<metric>`` (the mean) with ``<metric>_se`` (its standard error); the Markdown shows
+them as ``mean ± se``. Every file is written atomically
+(`bnn_zoo._core.files`). The comparison, the command line and every script in
+``benchmarks/`` write their results through `write_tables`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bnn_zoo._core.files import read_json, write_text_atomic
+from bnn_zoo._harness.provenance import commit_column, note
+from bnn_zoo._harness.provenance import provenance as process_provenance
+from bnn_zoo._harness.summary import RUNS
+
+__all__ = ["Table", "format_value", "markdown_table", "merge_summary", "run_line",
+           "write_csv", "write_table_group", "write_tables"]
+
+
+def _number(value: float, digits: int) -> str:
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        return f"{value:.3g}"
+    return f"{value:.{digits}f}"
+
+
+def run_line(row: dict) -> str:
+    """One finished run as a progress line: numbers to 4 decimals, text as it is."""
+    return str({k: v if isinstance(v, str) else round(v, 4) for k, v in row.items()})
+
+
+def format_value(mean: object, se: object = None) -> str:
+    """``mean ± se`` (3 decimals, 1 from 100 on, 3 significant digits for very small or
+    large values); ``-`` for a missing or ``nan`` mean; text and integers as they are."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    if isinstance(mean, bool) or not isinstance(mean, (int, float)):
+        return str(mean)
+    if isinstance(mean, int):
+        return str(mean)
+    digits = 3 if abs(mean) < 100 else 1
+    text = _number(mean, digits)
+    if isinstance(se, (int, float)) and not math.isnan(se):
+        text += f" ± {_number(float(se), digits)}"
+    return text
+
+
+def _table(rows: Sequence[dict], keys: Sequence[str], columns: Sequence[str],
+           notes: Callable[[dict], str] | None) -> list[str]:
+    cols = [c for c in columns if any(c in r for r in rows)]
+    counted = any(RUNS in r for r in rows)
+    if notes is not None and not any(notes(r) for r in rows):
+        notes = None
+    header = [*keys, *([RUNS] if counted else []), *cols, *(["notes"] if notes else [])]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [format_value(row.get(k)) for k in keys]
+        if counted:
+            cells.append(format_value(row.get(RUNS)))
+        cells += [format_value(row.get(c), row.get(f"{c}_se")) for c in cols]
+        if notes:
+            cells.append(notes(row))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown_table(rows: Sequence[dict], *, keys: Sequence[str], columns: Sequence[str],
+                   section: str | None = None, notes: Callable[[dict], str] | None = None,
+                   ) -> str:
+    """Markdown of summary rows: one column per key, ``runs``, one per metric in
+    ``columns`` that some row has (``mean ± se``), and ``notes(row)`` if given.
+
+    With ``section`` (one of the row fields, e.g. ``"data"``) there is one table per
+    value of that field under a ``### <value>`` heading, without the field as a column.
+    """
+    if not rows:
+        return ""
+    if section is None:
+        return "\n".join(_table(rows, keys, columns, notes)) + "\n"
+    shown = [k for k in keys if k != section]
+    lines: list[str] = []
+    for value in dict.fromkeys(row[section] for row in rows):
+        part = [row for row in rows if row[section] == value]
+        lines += [f"### {value}", "", *_table(part, shown, columns, notes), ""]
+    return "\n".join(lines)
+
+
+def _json_safe(value: object) -> object:
+    """``nan`` and infinities as ``null`` (JSON has neither), containers recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _csv(rows: Sequence[dict]) -> str:
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def write_csv(path: str | Path, rows: Sequence[dict]) -> Path:
+    """Write ``rows`` as CSV to ``path`` atomically (a column per field of any row, in order
+    of first appearance; a missing field is an empty cell); return the path."""
+    write_text_atomic(Path(path), _csv(rows))
+    return Path(path)
+
+
+def _json(document: object) -> str:
+    return json.dumps(_json_safe(document), indent=1, allow_nan=False, default=str)
+
+
+def write_tables(out: str | Path, name: str, rows: Sequence[dict], *, keys: Sequence[str],
+                 columns: Sequence[str], section: str | None = None,
+                 notes: Callable[[dict], str] | None = None, runs: Sequence[dict] | None = None,
+                 markdown_rows: Sequence[dict] = (), preamble: str = "",
+                 provenance: Mapping[str, Sequence[str]] | None = None) -> str:
+    """Write ``<name>.md``, ``<name>.csv`` and ``<name>.json`` under ``out``; return the
+    Markdown.
+
+    Parameters
+    ----------
+    rows : summary rows (see `markdown_table`); the CSV has one line per row and
+        a column per field of any row, the JSON holds them under ``"summary"``.
+    keys, columns, section, notes : what the Markdown shows (`markdown_table`).
+    runs : the runs behind the summary (one dict each), kept in the JSON under ``"runs"``.
+    markdown_rows : rows shown in the Markdown only, after the measured ones (e.g.
+        published numbers, which are not measurements of this run).
+    preamble : text printed above the Markdown tables (e.g. the settings).
+    provenance : the code versions and commits of the numbers (as from
+        `versions`), kept in the JSON under
+        ``"provenance"`` and named in a line under the Markdown
+        (`note`); ``None``: the numbers are this
+        process's, and the JSON also keeps its whole
+        `provenance` under ``"provenance"``,
+        ``"process"`` (versions, device, threads, date).
+    """
+    if provenance is None:
+        process = process_provenance()
+        provenance = {"code": [process["code"]], "commit": [commit_column(process)],
+                      "process": process}
+    out = Path(out)
+    table = markdown_table([*rows, *markdown_rows], keys=keys, columns=columns,
+                           section=section, notes=notes)
+    if preamble:
+        table = f"{preamble}\n\n{table}"
+    if note(provenance):
+        table = f"{table}\n{note(provenance)}\n"
+    write_text_atomic(out / f"{name}.md", table)
+    write_text_atomic(out / f"{name}.csv", _csv(rows))
+    document = {"summary": list(rows), **({"runs": list(runs)} if runs is not None else {}),
+                "provenance": dict(provenance)}
+    write_text_atomic(out / f"{name}.json", _json(document))
+    return table
+
+
+def merge_summary(out: str | Path, name: str, rows: Sequence[dict], *, keys: Sequence[str]
+                  ) -> list[dict]:
+    """The summary rows of ``<name>.json`` under ``out`` (none if there is no such file),
+    each replaced by the row of ``rows`` with the same values of ``keys``, followed by the
+    rows of ``rows`` that replace none: what to pass to `write_tables` when one run
+    measures some rows of a table (one setting of a benchmark) and keeps the others."""
+    path = Path(out) / f"{name}.json"
+    old = read_json(path)["summary"] if path.exists() else []
+    new = {tuple(row.get(k) for k in keys): row for row in rows}
+    merged = [new.pop(tuple(row.get(k) for k in keys), row) for row in old]
+    return merged + list(new.values())
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table of a group written together by `write_table_group`: its ``key`` (in
+    the JSON and the CSV's name), its ``heading`` and what `markdown_table` needs."""
+
+    key: str
+    heading: str
+    rows: Sequence[dict]
+    keys: Sequence[str]
+    columns: Sequence[str]
+
+
+def write_table_group(out: str | Path, name: str, tables: Sequence[Table]) -> str:
+    """Write several tables of one study: ``<name>.md`` (a ``## heading`` per table),
+    ``<name>_<key>.csv`` per table and ``<name>.json`` (``{key: rows}``); return the
+    Markdown."""
+    out = Path(out)
+    text = "\n".join(f"## {t.heading}\n\n" + markdown_table(t.rows, keys=t.keys, columns=t.columns)
+                     for t in tables)
+    write_text_atomic(out / f"{name}.md", text)
+    for t in tables:
+        write_text_atomic(out / f"{name}_{t.key}.csv", _csv(t.rows))
+    write_text_atomic(out / f"{name}.json", _json({t.key: list(t.rows) for t in tables}))
+    return text
