@@ -74,8 +74,7 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
         should run on (one that holds data: ``meta`` tensors are refused). Or ``x`` a
         loader and ``y`` ``None``: a ``torch.utils.data.DataLoader`` (or any re-iterable
         of ``(x, y)`` batches) of a data set of ``num_data`` points (default
-        ``len(loader.dataset)``), one batch per step (see
-        `LoaderStep`: each batch's likelihood scaled by
+        ``len(loader.dataset)``), one batch per step (each batch's likelihood scaled by
         ``N / B``, an epoch one pass in the loader's order), used on the device its
         batches come on; the loader sets the batches, so ``batch_size`` stays ``None``,
         and ``distributed`` ``False``.
@@ -83,13 +82,12 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
     lr : Adam learning rate; one fused ``torch.optim.Adam`` over all parameters
         of the model and the guide.
     lr_schedule : the learning rate of each step as a fraction of ``lr``: ``"constant"``
-        or ``"cosine"`` (annealed to nearly 0 at the last step; see
-        `bnn_zoo._core.lr_schedule`).
+        or ``"cosine"`` (annealed to nearly 0 at the last step).
     batch_size : minibatch size ``B`` (``None``: the full data every step).
     num_particles : ELBO particles, vectorised (``vectorize_particles=True``).
     elbo : the ELBO class, e.g. ``Trace_ELBO`` or ``TraceMeanField_ELBO``.
-    kl_weighting : ``"uniform"`` or ``"graves"`` (see
-        `kl_weights`).
+    kl_weighting : ``"uniform"``, or ``"graves"``: minibatch ``i`` of ``M`` weights the KL
+        by ``2^(M-i) / (2^M - 1)`` (Blundell et al. 2015, section 3.4).
     seed : seeds Pyro, torch and the minibatch order.
     progress : show a tqdm bar (default: only when stderr is a terminal).
     checkpoint : file holding the parameters, optimiser and data-order state as tensors
@@ -103,8 +101,7 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
         applied to the resumed optimiser with a
         `CheckpointWarning`.
     max_plate_nesting : plates nested in the model (1: the data plate).
-    jit : trace the loss once with ``torch.jit.trace`` (see
-        `compiled_loss`); for models without
+    jit : trace the loss once with ``torch.jit.trace``; for models without
         data-dependent Python control flow. On small nets this removes most of Pyro's
         per-step overhead.
     validate : run Pyro's and torch's argument validation while training (it checks
@@ -112,7 +109,7 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
         only when the environment variable ``BNN_ZOO_VALIDATE`` is ``1``, as the test
         suite sets it.
     distributed : data-parallel training in an initialised ``torch.distributed``
-        process group (see `bnn_zoo._core.distributed`): ``x``, ``y`` are this
+        process group (see [`bnn_zoo.distributed`][]): ``x``, ``y`` are this
         process's shard, ``batch_size`` is per process, the ELBO is that of the
         union of the shards, gradients are averaged over the processes before each
         step, and only rank 0 shows progress and writes ``checkpoint`` (which every
@@ -123,12 +120,11 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
         stay on the device (a GPU step never waits for the host) and are read back, and
         the NaN guard checked, every ``k`` steps, before a checkpoint and at the end; a
         non-finite step's gradients are zeroed, and the parameters are restored to those
-        of the last check (see `advance`,
-        `check`).
+        of the last check.
 
     Raises
     ------
-    ~bnn_zoo._core.step.TrainingDiverged : if the loss or a gradient turns NaN/inf; the
+    ~bnn_zoo.TrainingDiverged : if the loss or a gradient turns NaN/inf; the
         parameters are restored to the last values whose loss and gradient were finite
         (with ``check_every > 1``, to those of the last check).
     ValueError : if ``y`` (or any observed value) does not have the shape of its
