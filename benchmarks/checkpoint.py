@@ -132,14 +132,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Pack (or with ``--unpack``, unpack) and print how many runs; the exit code, 0."""
     args = parse_args(argv)
     if args.unpack:
-        count = unpack(args.out)
-        print(f"Unpacked {count} runs into {args.out / 'runs'}")
+        print(f"Unpacked {unpack(args.out)} runs into {args.out / 'runs'}")
     else:
-        count = pack(args.out, args.reference)
-        print(f"Packed {count} runs into {args.out / CHECKPOINT}")
-    return count
+        print(f"Packed {pack(args.out, args.reference)} runs into {args.out / CHECKPOINT}")
+    return 0
 
 
 if __name__ == "__main__":

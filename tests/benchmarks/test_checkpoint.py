@@ -24,21 +24,26 @@ def test_a_packed_sweep_resumes_from_a_fresh_cache(tmp_path, capsys, checkpoint_
     cache is left out, and one in the file is not unpacked. Unpacked into a fresh folder,
     a cached-only sweep reads both runs with the same metrics and moments."""
     main = checkpoint_script["main"]
+
+    def runs_moved(*argv: str) -> int:
+        """What ``main`` reports it packed or unpacked; it exits with 0."""
+        assert main(list(argv)) == 0
+        return int(capsys.readouterr().out.splitlines()[-1].split()[1])
+
     first, fresh = tmp_path / "first", tmp_path / "fresh"
     records = compare.run_comparison(["sine"], ["map"], splits=2, out=first, **TINY)
     other = json.loads(next((first / "runs" / "map").glob("*.json")).read_text())
     other["settings"]["code"] = other["provenance"]["code"] = "0ld"
     runs.cache_record(first, other)
-    assert main(["--out", str(first)]) == 2
+    assert runs_moved("--out", str(first)) == 2
     lines = (first / "checkpoint.jsonl").read_text().splitlines()
     packed = [json.loads(line) for line in lines]
     assert [(r["entry"], r["split"], r["losses"]) for r in packed] == [("map", 0, []),
                                                                        ("map", 1, [])]
     fresh.mkdir()
     (fresh / "checkpoint.jsonl").write_text("\n".join([*lines, json.dumps(other)]) + "\n")
-    assert main(["--out", str(fresh), "--unpack"]) == 2
-    assert main(["--out", str(fresh), "--unpack"]) == 0  # none missing
-    capsys.readouterr()
+    assert runs_moved("--out", str(fresh), "--unpack") == 2
+    assert runs_moved("--out", str(fresh), "--unpack") == 0  # none missing
     again = compare.run_comparison(["sine"], ["map"], splits=2, out=fresh, cached_only=True,
                                    **TINY)
     assert capsys.readouterr().out.count("[cached]") == 2
@@ -46,7 +51,7 @@ def test_a_packed_sweep_resumes_from_a_fresh_cache(tmp_path, capsys, checkpoint_
         assert (new["metrics"], new["moments"]) == (old["metrics"], old["moments"])
     shutil.rmtree(fresh / "runs")
     (fresh / "checkpoint.jsonl").unlink()
-    assert main(["--out", str(fresh), "--unpack"]) == 0  # no file, nothing to write
+    assert runs_moved("--out", str(fresh), "--unpack") == 0  # no file, nothing to write
 
 
 def _record(entry: str, data: str, status: str = "ok") -> dict:
