@@ -46,10 +46,10 @@ def _leftovers(folder: Path) -> list[Path]:
 def test_a_write_past_a_size_limit_names_the_path_and_keeps_the_old_file(writer,
                                                                           past_size_limit):
     outcome = past_size_limit[writer]
-    assert re.fullmatch(f"OSError: .*Cannot write '.*/{writer}/result.(pt|png)': "
+    assert re.fullmatch(f"OSError: .*Cannot write '.*/{writer}/{outcome['file']}': "
                         "File too large", outcome["error"])
     assert outcome["kept"]
-    assert outcome["left"] == ["result.pt"]
+    assert outcome["left"] == [outcome["file"]]
 
 
 def _fifo(path: Path) -> None:

@@ -4,8 +4,8 @@ files may grow to at most 4 KiB, as a full disk would stop them.
 The limit is set here, after the imports and a warm-up figure (matplotlib may write its
 font cache), and never in the test process: pytest's own output may go to a file larger
 than the limit. Python ignores ``SIGXFSZ``, so a write past the limit fails with
-``EFBIG``. Prints one JSON object: for each writer, the error it raised and the files it
-left in its folder."""
+``EFBIG``. Prints one JSON object: for each writer, the error it raised, whether its file kept
+the earlier version, and the files it left in its folder."""
 
 from __future__ import annotations
 
@@ -29,27 +29,26 @@ def main(root: Path) -> None:
     d = data.load("sine")
     fitted = zoo.get("map").fit(d.x_train, d.y_train, seed=0, steps=5)
     Figure().savefig(io.BytesIO())
-    writers = {
-        "fit": lambda p: fitted.save(p),
-        "text": lambda p: files.write_text_atomic(p, "x" * 10_000),
-        "torch": lambda p: files.save_atomic({"w": torch.zeros(5_000)}, p),
-        "figure": lambda p: save_figure(Figure(figsize=(20, 20)), p.with_suffix(".png")),
+    writers = {  # each writer's file, which already holds an earlier version
+        "fit": ("result.pt", lambda p: fitted.save(p)),
+        "text": ("result.txt", lambda p: files.write_text_atomic(p, "x" * 10_000)),
+        "torch": ("result.pt", lambda p: files.save_atomic({"w": torch.zeros(5_000)}, p)),
+        "figure": ("result.png", lambda p: save_figure(Figure(figsize=(20, 20)), p)),
     }
-    for name in writers:
+    for name, (file, _) in writers.items():
         (root / name).mkdir()
-        (root / name / "result.pt").write_bytes(KEEP)
+        (root / name / file).write_bytes(KEEP)
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     outcome = {}
-    for name, write in writers.items():
-        folder = root / name
+    for name, (file, write) in writers.items():
+        target = root / name / file
         try:
-            write(folder / "result.pt")
+            write(target)
             error = None
         except Exception as e:  # noqa: BLE001 - the parent asserts on the type and message
             error = f"{type(e).__name__}: {e}"
-        outcome[name] = {"error": error,
-                         "kept": (folder / "result.pt").read_bytes() == KEEP,
-                         "left": sorted(p.name for p in folder.iterdir())}
+        outcome[name] = {"error": error, "file": file, "kept": target.read_bytes() == KEEP,
+                         "left": sorted(p.name for p in target.parent.iterdir())}
     print(json.dumps(outcome))
 
 
