@@ -308,11 +308,6 @@ def _uci_indices(name: str, file: str, size: int) -> np.ndarray:
                           size)
 
 
-def _check_uci_name(name: str) -> None:
-    if name not in UCI_SETS:
-        raise ValueError(f"Unknown UCI data set {name!r}; expected one of: {', '.join(UCI_SETS)}.")
-
-
 def _uci_dataset(name: str, x: np.ndarray, y: np.ndarray, train: np.ndarray,
                  test: np.ndarray, dtype: torch.dtype) -> Dataset:
     tensors = _tensors([x[train], y[train], x[test], y[test]], dtype, "regression")
@@ -320,7 +315,6 @@ def _uci_dataset(name: str, x: np.ndarray, y: np.ndarray, train: np.ndarray,
 
 
 def _uci(name: str, split: int, dtype: torch.dtype) -> Dataset:
-    _check_uci_name(name)
     n_splits = int(_read(name, "n_splits.txt", ndim=0, integer=True))
     if not 0 <= split < n_splits:
         raise ValueError(f"Expected 0 <= split < {n_splits} for uci/{name}, but got {split}.")
@@ -351,7 +345,6 @@ def _input_dims(name: str) -> int:
 
 
 def _uci_gap(name: str, split: object, dtype: torch.dtype) -> Dataset:
-    _check_uci_name(name)
     dims = _input_dims(name)
     if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split < dims:
         raise ValueError(f"Expected split of {UCI_GAP_PREFIX}{name} to be an input dimension, "
@@ -364,10 +357,10 @@ def _uci_gap(name: str, split: object, dtype: torch.dtype) -> Dataset:
 def num_splits(name: str) -> int:
     """How many standard splits ``name`` has (20 for UCI, 5 for protein; for a gap split
     ``uci_gap/<name>``, one per input dimension; toy sets: any)."""
+    check_name(name)
     if name.startswith(UCI_PREFIX):
         return int(_read(name.removeprefix(UCI_PREFIX), "n_splits.txt", ndim=0, integer=True))
     if name.startswith(UCI_GAP_PREFIX):
-        _check_uci_name(name.removeprefix(UCI_GAP_PREFIX))
         return _input_dims(name.removeprefix(UCI_GAP_PREFIX))
     return 20
 

@@ -127,9 +127,7 @@ def _check_names(data: Sequence[str], entries: Sequence[str] | None,
     """Unknown data sets and entries, and data sets a bundled network does not take (or
     ``net``, a mapping, names none for), fail before any fit."""
     for name in data:
-        if name not in data_module.names():
-            raise ValueError(f"Unknown data set {name!r}; expected one of: "
-                             f"{', '.join(data_module.names())}.")
+        data_module.check_name(name)
         if isinstance(net, Mapping) and name not in net:
             known = ", ".join(f"{d} ({getattr(n, 'name', n)!r})" for d, n in net.items())
             raise ValueError(f"net has networks for {known}, not for {name!r}.")
