@@ -311,7 +311,7 @@ class Entry:
         check_bool("progress", progress, allow_none=True)
         options, model_kw, method, budget = self.settings(
             model_options, guide_options, method_options, budget_overrides, method=method,
-            validation=validation)
+            validation=validation, net=net is not None)
         if not _batches(method, budget) or net is not None:
             return [self.fit(x, y, task=task, seed=seed, progress=progress, net=net,
                              validation=validation, **options, **budget_overrides)

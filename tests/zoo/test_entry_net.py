@@ -202,6 +202,17 @@ def test_fit_many_of_a_network_on_images(name):
             entry.fit(xr, y, seed=seed, **options), x))
 
 
+def test_fit_many_of_a_network_takes_the_options_of_a_network_model():
+    """``deterministic`` is an option of the network's model, not of the entry's MLP:
+    ``fit_many`` takes it as ``fit`` does, and fits as ``fit`` does."""
+    x, y = images(40)
+    entry = zoo.get("map")
+    options = {**entry.tiny, "net": tiny_cnn, "model_options": {"deterministic": ["0"]}}
+    [fitted] = entry.fit_many(x, y, seeds=[0], **options)
+    torch.testing.assert_close(seeded_predictive_mean(fitted, x),
+                               seeded_predictive_mean(entry.fit(x, y, seed=0, **options), x))
+
+
 def test_a_bare_module_is_a_network_for_laplace():
     """A network that is one layer (parameters ``weight`` and ``bias``, no dots in their
     names) fits under the Laplace guide, whose locations are not named as the sites."""
