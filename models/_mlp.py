@@ -34,12 +34,12 @@ from bnn_zoo._core.checks import check_choice, check_positive_int
 from bnn_zoo._core.nn import activation as activation_fn
 from bnn_zoo._core.nn import layer_names, layer_sizes, mlp_forward
 from bnn_zoo._core.replicas import replica_plate
-from bnn_zoo._core.tasks import TASKS, task_named
+from bnn_zoo._core.tasks import task_named
 from bnn_zoo.models._likelihood import observe
 from bnn_zoo.models._noise import ObservationNoise
 from bnn_zoo.models._priors import GaussianPrior, ScaleMixturePrior
 
-__all__ = ["NOISE_MODELS", "TASKS", "BayesianMLP", "fan_in_init", "init_to_fan_in"]
+__all__ = ["NOISE_MODELS", "BayesianMLP", "fan_in_init", "init_to_fan_in"]
 
 NOISE_MODELS = ("homoscedastic", "heteroscedastic")
 

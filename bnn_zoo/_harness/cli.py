@@ -41,12 +41,12 @@ from pathlib import Path
 
 from bnn_zoo import zoo
 from bnn_zoo._core import data as data_module
+from bnn_zoo._core.tasks import TASKS
 from bnn_zoo._harness import compare, flags, prior_command, readme_tables, stale
 from bnn_zoo._harness.outputs import check_writable
 from bnn_zoo._harness.provenance import run_columns, versions
 from bnn_zoo._harness.runs import run_one
 from bnn_zoo._harness.tables import write_tables
-from bnn_zoo.models._mlp import TASKS
 
 __all__ = ["NET_ENTRIES", "QUICK_ENTRIES", "build_parser", "main", "run_command"]
 

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from bnn_zoo._core.batches import first_inputs, is_loader
 from bnn_zoo._core.checks import check_bool, check_fraction, check_seed
 from bnn_zoo._core.scaling import Standardizer
+from bnn_zoo._core.tasks import task_named
 from bnn_zoo.evaluation._noise_tuning import NoiseTunedPosterior, tune_noise
 from bnn_zoo.methods._base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods._ensemble import Ensemble
@@ -36,7 +37,6 @@ from bnn_zoo.zoo._networks import (
     network_builder,
 )
 from bnn_zoo.zoo._preparation import (
-    TARGETS,
     TrainingData,
     check_inputs,
     check_targets,
@@ -359,7 +359,7 @@ class Entry:
         in_shape = None if state.get("in_shape") is None else tuple(state["in_shape"])
         like = torch.zeros(2, *(in_shape or (state["in_dim"],)), dtype=dtype,
                            device=x_scaler.mean.device)
-        y_like = TARGETS[state["task"]].like(like)
+        y_like = task_named(state["task"]).like(like)
         net_sites = None
         if net is None:
             build_model = self.model_factory(state["in_dim"], state["out_dim"], state["task"],

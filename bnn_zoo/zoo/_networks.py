@@ -18,10 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo._core.checks import same_device
+from bnn_zoo._core.tasks import task_named
 from bnn_zoo.methods._options import as_factory
 from bnn_zoo.models._module import digits_cnn
 from bnn_zoo.models._module_options import net_mode
-from bnn_zoo.zoo._preparation import TARGETS
 
 __all__ = ["NETWORKS", "NETWORK_CHOICES", "NamedNetwork", "Network", "mnist1d_cnn",
            "net_model_defaults", "net_outputs", "network_builder"]
@@ -84,7 +84,7 @@ def net_outputs(net: nn.Module, x: Tensor, task: str, classes: int) -> int:
                          f"{', '.join(map(str, x.shape[1:]))}), but applied to the first "
                          f"{len(probe)} points it fails: {error}") from None
     shape = tuple(out.shape) if isinstance(out, Tensor) else None
-    expected, ok = TARGETS[task].net_output(shape, len(probe), classes)
+    expected, ok = task_named(task).net_output(shape, len(probe), classes)
     if not ok:
         got = shape if shape is not None else type(out).__name__
         raise ValueError(f"Expected net to map inputs {tuple(probe.shape)} (the first "

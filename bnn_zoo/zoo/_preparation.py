@@ -10,22 +10,19 @@ units with the same statistics.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
-import torch
 from torch import Tensor
 
 from bnn_zoo._core import distributed
 from bnn_zoo._core.batches import Batches, Moments, as_batches
-from bnn_zoo._core.checks import check_choice, check_class_labels, check_data
+from bnn_zoo._core.checks import check_data
 from bnn_zoo._core.data import holdout
 from bnn_zoo._core.scaling import Standardizer
+from bnn_zoo._core.tasks import task_named
 from bnn_zoo.methods._base import Budget, UnsupportedProblem
-from bnn_zoo.models._mlp import TASKS
 
-__all__ = ["TARGETS", "ClassificationTargets", "RegressionTargets", "Targets", "TrainingData",
-           "check_inputs", "check_targets", "loader_training_data", "output_dim",
+__all__ = ["TrainingData", "check_inputs", "check_targets", "loader_training_data", "output_dim",
            "training_data"]
 
 
@@ -40,101 +37,6 @@ class TrainingData(NamedTuple):
     x: Tensor | Batches
     y: Tensor | None
     validation: tuple[Tensor, Tensor] | None
-
-
-class RegressionTargets:
-    """Regression targets: floats of shape (N,) (one output) or (N, D) (D >= 2 outputs),
-    standardised with their training statistics, one model output per column; the only
-    targets whose noise scale held-out points can tune."""
-
-    tunes_noise = True
-
-    def check(self, y: Tensor, name: str) -> Tensor:
-        if not y.is_floating_point() or y.dim() not in (1, 2) or (
-                y.dim() == 2 and y.shape[1] < 2):
-            raise ValueError(f"Expected {name} to be floats of shape (N,) (one output) or "
-                             f"(N, D) with D >= 2 outputs for regression, got {y.dtype} of "
-                             f"shape {tuple(y.shape)}.")
-        return y
-
-    def scaler(self, y: Tensor, fit: Callable[[Tensor], Standardizer]) -> Standardizer:
-        return fit(y)
-
-    def outputs(self, y: Tensor, *, distributed_fit: bool = False) -> int:
-        return 1 if y.dim() == 1 else y.shape[1]
-
-    def statistics(self) -> Moments:
-        """What a pass over a loader's targets gathers: their moments."""
-        return Moments()
-
-    def loader_scaler(self, moments: Moments) -> Standardizer:
-        return Standardizer.from_mean_std(moments.mean, moments.std)
-
-    def loader_outputs(self, moments: Moments) -> int:
-        return 1
-
-    def like(self, x: Tensor) -> Tensor:
-        """Two targets of ``x``'s dtype and device (a restore's lazy guides run on them)."""
-        return x.new_zeros(2)
-
-    def net_output(self, shape: tuple[int, ...] | None, n: int, classes: int
-                   ) -> tuple[str, bool]:
-        """What a network's output on ``n`` points must be, and whether ``shape`` is it."""
-        return "(n, 1) for regression", shape == (n, 1)
-
-
-class _Classes:
-    """The number of classes of the labels seen: ``max + 1``."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def update(self, y: Tensor) -> None:
-        self.count = max(self.count, int(y.max()) + 1)
-
-
-class ClassificationTargets:
-    """Class labels 0..C-1 of shape (N,), not standardised, one model output (logit) per
-    class."""
-
-    tunes_noise = False
-
-    def check(self, y: Tensor, name: str) -> Tensor:
-        if y.dim() != 1:
-            raise ValueError(f"Expected {name} to be class labels 0..C-1 of shape (N,) for "
-                             f"classification, got shape {tuple(y.shape)}.")
-        return check_class_labels(name, y)
-
-    def scaler(self, y: Tensor, fit: Callable[[Tensor], Standardizer]) -> None:
-        return None
-
-    def outputs(self, y: Tensor, *, distributed_fit: bool = False) -> int:
-        classes = int(y.max()) + 1
-        return distributed.global_max(classes, y.device) if distributed_fit else classes
-
-    def statistics(self) -> _Classes:
-        return _Classes()
-
-    def loader_scaler(self, classes: _Classes) -> None:
-        return None
-
-    def loader_outputs(self, classes: _Classes) -> int:
-        return classes.count
-
-    def like(self, x: Tensor) -> Tensor:
-        return x.new_zeros(2, dtype=torch.long)
-
-    def net_output(self, shape: tuple[int, ...] | None, n: int, classes: int
-                   ) -> tuple[str, bool]:
-        least = max(classes, 2)
-        return (f"(n, K) class logits with K >= {least} (the classes of y)",
-                shape is not None and len(shape) == 2 and shape[0] == n and shape[1] >= least)
-
-
-Targets = RegressionTargets | ClassificationTargets
-#: The targets of each task.
-TARGETS: dict[str, Targets] = {"regression": RegressionTargets(),
-                               "classification": ClassificationTargets()}
 
 
 def check_inputs(entry: str, x: object, y: object, *, net: bool) -> tuple[Tensor, Tensor]:
@@ -158,12 +60,12 @@ def check_targets(entry: str, tasks: tuple[str, ...], y: Tensor, task: str | Non
     (N,) for classification; a task outside ``tasks``, those entry ``entry`` supports,
     raises [`UnsupportedProblem`][]."""
     if task is not None:
-        check_choice("task", task, TASKS)
+        task_named(task)
     task = task or ("classification" if not y.is_floating_point() else "regression")
     if task not in tasks:
         raise UnsupportedProblem(
             f"Entry {entry!r} supports {', '.join(tasks)}, not {task!r}.")
-    return task, TARGETS[task].check(y, name)
+    return task, task_named(task).check(y, name)
 
 
 def training_data(x: Tensor, y: Tensor, task: str, budget: Budget, validation: float,
@@ -174,10 +76,10 @@ def training_data(x: Tensor, y: Tensor, task: str, budget: Budget, validation: f
     of entry ``entry`` needs ``tunable_noise`` (one noise scale to tune)."""
     fit_scaler = distributed.fit_standardizer if budget.distributed else Standardizer.fit
     x_scaler = fit_scaler(x)
-    y_scaler = TARGETS[task].scaler(y, fit_scaler)
+    y_scaler = task_named(task).scaler(y, fit_scaler)
     xs = x_scaler.transform(x)
     ys = y_scaler.transform(y) if y_scaler is not None else y
-    if validation == 0 or not TARGETS[task].tunes_noise:
+    if validation == 0 or not task_named(task).noisy:
         return TrainingData(x_scaler, y_scaler, xs, ys, None)
     if not tunable_noise:
         raise ValueError(f"Entry {entry!r} has no single noise scale to tune: "
@@ -190,7 +92,7 @@ def output_dim(task: str, y: Tensor, *, distributed_fit: bool = False) -> int:
     """The number of outputs of the model: for regression 1 (``y`` (N,)) or D (``y``
     (N, D)), for classification the number of classes ``max(y) + 1`` (of all the shards
     together with ``distributed_fit``)."""
-    return TARGETS[task].outputs(y, distributed_fit=distributed_fit)
+    return task_named(task).outputs(y, distributed_fit=distributed_fit)
 
 
 def loader_training_data(entry: str, tasks: tuple[str, ...], loader: object, y: object,
@@ -225,7 +127,7 @@ def loader_training_data(entry: str, tasks: tuple[str, ...], loader: object, y: 
         return x, check_targets(entry, tasks, y, task)[1]
 
     raw = Batches(loader, 1, first).map(checked)
-    targets = TARGETS[task]
+    targets = task_named(task)
     x_moments, y_statistics = Moments(), targets.statistics()
     for x, y in raw:
         x_moments.update(x)

@@ -47,8 +47,8 @@ Every field of [`Laplace`][bnn_zoo.methods.laplace.Laplace] can be replaced thro
 
 from __future__ import annotations
 
+from bnn_zoo._core.tasks import TASKS
 from bnn_zoo.methods.laplace import Laplace
-from bnn_zoo.models._mlp import TASKS
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
 from bnn_zoo.zoo._defaults import ARBEL_NOTES, LAPLACE_BUDGET, mlp
 

@@ -29,11 +29,12 @@ tuned on held-out points (``validation``), as Gal tunes ``tau``.
 from __future__ import annotations
 
 from bnn_zoo._core.elbo import MeanFieldELBO
+from bnn_zoo._core.tasks import TASKS
 from bnn_zoo.guides._dropout import MCDropoutGuide
 from bnn_zoo.methods._base import Budget
 from bnn_zoo.methods._options import factory
 from bnn_zoo.methods._svi import SVI
-from bnn_zoo.models._mlp import TASKS, BayesianMLP
+from bnn_zoo.models._mlp import BayesianMLP
 from bnn_zoo.models._module import BayesianModule
 from bnn_zoo.zoo import Entry, register
 from bnn_zoo.zoo._defaults import init_loc_fn, mlp

@@ -13,8 +13,8 @@ the ensemble covers several modes, each SWAG Gaussian the spread around its own.
 
 from __future__ import annotations
 
+from bnn_zoo._core.tasks import TASKS
 from bnn_zoo.methods._ensemble import Ensemble
-from bnn_zoo.models._mlp import TASKS
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
 from bnn_zoo.zoo._defaults import MAP_BUDGET, SWAG_METHOD, fan_in_mlp
 

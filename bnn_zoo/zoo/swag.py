@@ -10,7 +10,7 @@ UCI protocol, ``validation``).
 
 from __future__ import annotations
 
-from bnn_zoo.models._mlp import TASKS
+from bnn_zoo._core.tasks import TASKS
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
 from bnn_zoo.zoo._defaults import MAP_BUDGET, SWAG_METHOD, fan_in_mlp
 

@@ -65,6 +65,19 @@ def test_a_full_batch_loader_fits_as_the_tensors(name, task, method_options):
                                                              rel=1e-10)
 
 
+def test_a_loader_of_several_outputs_fits_as_the_tensors():
+    """Targets (N, 2): the loader's fit has two outputs, each standardised with its own
+    statistics, and fits as the tensors' fit."""
+    x, y = problem()
+    y = torch.stack([y, 2 * y.cos()], dim=1)
+    a = zoo.get("map").fit(x, y, batch_size=None, **FAST)
+    b = zoo.get("map").fit(full_batch(x, y), **FAST)
+    assert a.out_dim == b.out_dim == 2
+    torch.testing.assert_close(b.y_scaler.std, a.y_scaler.std, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(b.predict(x, num_samples=2).mean,
+                               a.predict(x, num_samples=2).mean, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("curvature", ["ggn", "hessian", "diag", "kron", "kron_separate",
                                        "last_layer", "low_rank"])
 @pytest.mark.parametrize("task", ["regression", "classification"])
