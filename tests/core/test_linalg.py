@@ -109,8 +109,32 @@ def test_symmetric_eigh_shifts_when_lapack_fails(monkeypatch):
     evals, evecs, jitter = symmetric_eigh(matrix)
     scale = float(matrix.diagonal().abs().mean())
     assert len(calls) == 4
-    assert jitter == pytest.approx(1e-11 * scale)
+    assert jitter == pytest.approx(1e-11 * scale, rel=1e-6, abs=0)  # scale read in float32
     assert_reconstructs(matrix, evals, evecs, jitter)
+
+
+def test_a_dense_blocks_spectral_shortcut_reports_the_shift_it_needed(monkeypatch):
+    """The evidence loop's second ``(alpha, beta)`` takes the eigenvalues of ``H``; where
+    they needed a shift, the block's ``jitter`` reports it, as a Kronecker factor's does."""
+    matrix = psd(30, 10, seed=4, dtype=torch.float64)
+    block = DenseBlock.from_hessian(slice(0, 30), matrix)
+    alpha, beta = torch.ones(30, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    block.log_det(alpha, beta)  # the first pair: a Cholesky
+    assert block.jitter == 0.0
+    eigvalsh = torch.linalg.eigvalsh
+    calls = []
+
+    def failing(source):
+        calls.append(1)
+        if len(calls) < 2:
+            raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+        return eigvalsh(source)
+
+    monkeypatch.setattr(torch.linalg, "eigvalsh", failing)
+    block.log_det(2 * alpha, beta)
+    assert len(calls) == 2
+    assert block.jitter == pytest.approx(1e-12 * float(matrix.diagonal().abs().mean()),
+                                         rel=1e-9, abs=0)
 
 
 def test_symmetric_eigh_names_a_non_finite_matrix():

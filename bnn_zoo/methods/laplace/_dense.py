@@ -45,11 +45,12 @@ class DenseBlock(TraceFromDiagonal):
 
     The factorisation is a Cholesky, with a jitter ``j I`` escalated from ``10^-12`` to
     ``10^-6`` times the precision's mean diagonal where the plain one fails
-    (`cholesky_with_jitter`); the last jitter used is
-    ``jitter``. Only where no jitter helps is ``H`` eigendecomposed: with
-    ``indefinite="clip"`` it is projected onto the positive semi-definite cone once
-    (negative eigenvalues set to zero, the nearest PSD matrix in Frobenius norm; their
-    number is ``clipped``), otherwise [`NotPositiveDefiniteError`][] is raised.
+    (`cholesky_with_jitter`); the last jitter used (or the shift the eigendecomposition of
+    the spectral shortcut needed, `symmetric_eigh`) is ``jitter``. Only where no jitter
+    helps is ``H`` eigendecomposed: with ``indefinite="clip"`` it is projected onto the
+    positive semi-definite cone once (negative eigenvalues set to zero, the nearest PSD
+    matrix in Frobenius norm; their number is ``clipped``), otherwise
+    [`NotPositiveDefiniteError`][] is raised.
 
     Spectral shortcut (MacKay 1992; PRML 5.177-5.178, which write the evidence in the
     eigenvalues ``lambda_i`` of ``beta H``): once a second ``(alpha, beta)`` is asked
@@ -86,6 +87,8 @@ class DenseBlock(TraceFromDiagonal):
         #: ``lambda`` and ``V`` of ``H``, each once the spectral shortcut needs it (see
         #: `_spectrum`).
         self._eigenvalues: Tensor | None = None
+        #: The shift the eigendecomposition of ``H`` needed (`symmetric_eigh`), 0 mostly.
+        self._eigen_shift = 0.0
         self._eigenvectors: Tensor | None = None
 
     @classmethod
@@ -123,7 +126,8 @@ class DenseBlock(TraceFromDiagonal):
                                 self.jitter)
             return chol
         if self.indefinite == "clip" and not self.clipped:
-            evals, evecs, _ = symmetric_eigh(self.hessian, "the Laplace curvature")
+            evals, evecs, self._eigen_shift = symmetric_eigh(self.hessian,
+                                                             "the Laplace curvature")
             self.clipped = max(int((evals < 0).sum()), 1)
             self._eigenvalues, self._eigenvectors = evals.clamp_min(0), evecs
             self.hessian = (evecs * self._eigenvalues) @ evecs.T
@@ -163,15 +167,15 @@ class DenseBlock(TraceFromDiagonal):
                 or self._factor is None or self._factorised(alpha, beta)):
             return None
         if vectors and self._eigenvectors is None:
-            self._eigenvalues, self._eigenvectors, _ = symmetric_eigh(
+            self._eigenvalues, self._eigenvectors, self._eigen_shift = symmetric_eigh(
                 self.hessian, "the Laplace curvature")
         elif self._eigenvalues is None:
-            self._eigenvalues = symmetric_eigh(self.hessian, "the Laplace curvature",
-                                               vectors=False)[0]
+            self._eigenvalues, _, self._eigen_shift = symmetric_eigh(
+                self.hessian, "the Laplace curvature", vectors=False)
         precision = alpha[0].double() + beta.double() * self._eigenvalues
         if not bool((precision > 0).all()):
             return None
-        self.jitter = 0.0
+        self.jitter = self._eigen_shift
         return precision, self._eigenvectors
 
     def log_det(self, alpha: Tensor, beta: Tensor) -> Tensor:
