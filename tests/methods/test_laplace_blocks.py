@@ -14,12 +14,13 @@ import torch
 from bnn_zoo.methods.laplace import (
     STRUCTURES,
     CurvatureName,
+    CurvatureSettings,
     DenseBlock,
     DiagBlock,
     KronBlock,
     LowRankBlock,
 )
-from bnn_zoo.methods.laplace._structures import OUTPUT_CURVATURES, curvature_structure
+from bnn_zoo.methods.laplace._structures import OUTPUT_CURVATURES
 
 D = torch.float64
 
@@ -86,17 +87,17 @@ def test_the_registry_names_each_structure_once_and_refuses_other_names():
                                     "last_layer", "low_rank", "subnetwork")
     assert OUTPUT_CURVATURES == tuple(n for n in CurvatureName if n != "kron_separate")
     for name, cls in STRUCTURES.items():
-        structure = curvature_structure(name, rank=3, subnetwork=[0, 2])
+        structure = CurvatureSettings(name, rank=3, subnetwork=[0, 2]).structure()
         assert type(structure) is cls and structure.name == name and structure.rank == 3
     with pytest.raises(ValueError, match="Unknown curvature 'kfac'; expected one of: hessian"):
-        curvature_structure("kfac")
+        CurvatureSettings("kfac")
     with pytest.raises(ValueError, match="curvature='full' is ambiguous"):
-        curvature_structure("full")
+        CurvatureSettings("full")
     with pytest.raises(ValueError, match="needs the subnetwork's weight indices"):
-        curvature_structure("subnetwork")
+        CurvatureSettings("subnetwork")
     with pytest.raises(ValueError, match="Unknown indefinite 'skip'"):
-        curvature_structure("hessian", indefinite="skip")
+        CurvatureSettings("hessian", indefinite="skip")
     x, y = torch.zeros(2, 1), torch.zeros(2, 2)
     with pytest.raises(ValueError, match=r"Unknown curvature \(for D outputs with a noise "
                        r"precision each\) 'kron_separate'"):
-        curvature_structure("kron_separate").output_blocks(torch.zeros(3), x, y, None)
+        CurvatureSettings("kron_separate").structure().output_blocks(torch.zeros(3), x, y, None)

@@ -320,6 +320,21 @@ def test_bad_validation_settings_are_refused_by_name(field, value, match):
     assert len(GRID) == 25 and GRID[0] == pytest.approx(1e-3) and GRID[-1] == pytest.approx(1e3)
 
 
+def test_a_problem_without_refits_keeps_its_curvature_through_the_evidence_loop(monkeypatch):
+    """The problem owns ``refine``: built with ``refine=False``, the evidence loop never
+    rebuilds the curvature, whatever ``EvidenceSettings.refine`` says."""
+    model, _, theta, x, y = problem("regression")
+    steps = LaplaceProblem.of(model, x, y, curvature=CurvatureSettings("kron"), refine=False)
+    post = steps.fit(theta, alpha=3.0)
+    rebuilt = []
+    monkeypatch.setattr(LaplaceProblem, "posterior",
+                        lambda self, *args: rebuilt.append(args) or post)
+    tuned = steps.maximize_evidence(post, EvidenceSettings("fixed_point", refine=True,
+                                                           iterations=3))
+    assert not rebuilt
+    assert torch.equal(tuned.theta, theta)
+
+
 @pytest.mark.parametrize("task", ["regression", "classification"])
 def test_the_steps_a_user_calls_are_those_laplace_posterior_chains(task):
     """``LaplaceProblem.of(...).fit`` then ``maximize_evidence`` give ``laplace_posterior``'s

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -43,7 +43,13 @@ from bnn_zoo.methods.laplace._dense import Indefinite
 from bnn_zoo.methods.laplace._evidence import EvidenceSettings, checked, maximize_evidence
 from bnn_zoo.methods.laplace._layouts import Layout, layout_of
 from bnn_zoo.methods.laplace._posterior import LaplacePosterior
-from bnn_zoo.methods.laplace._structures import Block, CurvatureName, Structure, curvature_structure
+from bnn_zoo.methods.laplace._structures import (
+    STRUCTURES,
+    Block,
+    CurvatureName,
+    Structure,
+    check_curvature,
+)
 from bnn_zoo.models._likelihood import (
     Categorical,
     Gaussian,
@@ -84,28 +90,26 @@ class CurvatureSettings(OptionGroup):
     max_bytes: int = MAX_DENSE_BYTES
 
     def __post_init__(self) -> None:
-        structure = self.structure()  # the name, indefinite and the subnetwork checked
+        # Built once, here, where it checks every option; held beside the fields.
+        structure = STRUCTURES[check_curvature(self.curvature)](
+            indefinite=self.indefinite, max_bytes=self.max_bytes, rank=self.rank,
+            subnetwork=self.subnetwork)
         object.__setattr__(self, "curvature", CurvatureName(structure.name))
         object.__setattr__(self, "indefinite", structure.indefinite)
-        check_positive_int("rank", self.rank)
-        check_positive_int("max_bytes", self.max_bytes)
+        object.__setattr__(self, "_structure", structure)
 
     def structure(self) -> Structure:
-        """The structure `curvature` names, with these options
-        (`curvature_structure`)."""
-        return curvature_structure(self.curvature, indefinite=self.indefinite,
-                                   max_bytes=self.max_bytes, rank=self.rank,
-                                   subnetwork=self.subnetwork)
+        """The structure `curvature` names (in `STRUCTURES`), with these options."""
+        return self._structure
 
     def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                likelihood: Likelihood) -> list[Block]:
         """The precision blocks of this curvature at ``theta`` (P,) on ``x`` (N, D), ``y``
         ([`blocks`][bnn_zoo.methods.laplace.Structure.blocks]; for a likelihood with a curvature
         per output, [`output_blocks`][bnn_zoo.methods.laplace.Structure.output_blocks])."""
-        structure = self.structure()
         if likelihood.per_output:
-            return structure.output_blocks(theta, x, y, layout)
-        return structure.blocks(theta, x, y, layout, likelihood)
+            return self._structure.output_blocks(theta, x, y, layout)
+        return self._structure.blocks(theta, x, y, layout, likelihood)
 
 
 def refine_map(theta: Tensor, x: Tensor | Batches, y: Tensor | None, layout: Layout,
@@ -321,15 +325,14 @@ class LaplaceProblem:
     def maximize_evidence(self, post: LaplacePosterior,
                           settings: EvidenceSettings) -> LaplacePosterior:
         """``post`` with ``alpha`` (shared or per layer) and ``beta`` that maximise the
-        evidence, the MAP refitted and the curvature recomputed between updates where
-        ``settings.refine`` asks
-        (`maximize_evidence`;
-        ``refine="auto"`` as the model's task asks)."""
+        evidence by ``settings`` (`maximize_evidence`), the MAP refitted and the curvature
+        recomputed between updates where this problem's `refine` asks (the problem owns
+        it: ``settings.refine`` is the default `laplace_posterior` builds it with)."""
         if post.alpha.numel() == self.layout.num_parameters != self.layout.num_layers:
             raise ValueError("Evidence tuning fits alpha shared or per layer; expected alpha "
                              "as one number or one per layer with evidence, but got one per "
                              "weight.")
-        return maximize_evidence(post, settings.for_task(self.model.task), self.posterior)
+        return maximize_evidence(post, replace(settings, refine=self.refine), self.posterior)
 
 
 def laplace_posterior(model, theta: Tensor, x: Tensor, y: Tensor, *,

@@ -23,8 +23,9 @@ in `STRUCTURES`: it builds the blocks of its curvature for one likelihood
 ([`Structure.blocks`][bnn_zoo.methods.laplace.Structure.blocks]) and, for a Gaussian with a
 noise precision per output, the `OutputBlock` s of each output's curvature
 ([`Structure.output_blocks`][bnn_zoo.methods.laplace.Structure.output_blocks]). A new
-structure is one class and one line in `STRUCTURES`; [`curvature_structure`][] turns a name into its
-structure.
+structure is one class and one line in `STRUCTURES`;
+[`CurvatureSettings`][bnn_zoo.methods.laplace.CurvatureSettings] turns a name and its options
+into the structure.
 
 A block's ``index`` is a slice of ``theta``, or for ``subnetwork`` an int64 tensor of
 positions. Memory for ``p`` weights: [`DenseBlock`][] ``p^2`` (``hessian``, ``ggn``,
@@ -52,7 +53,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from bnn_zoo._core.checks import check_choice
+from bnn_zoo._core.checks import check_choice, check_positive_int
 from bnn_zoo.methods.laplace._curvature import (
     MAX_DENSE_BYTES,
     diagonal_ggn,
@@ -71,7 +72,7 @@ from bnn_zoo.models._likelihood import GaussianPrecision, Likelihood
 
 __all__ = ["OUTPUT_CURVATURES", "STRUCTURES", "Block", "CurvatureName", "Diag", "Ggn",
            "Hessian", "Kron", "KronSeparate", "LastLayer", "LowRank", "Structure", "Subnetwork",
-           "block_from_state", "check_curvature", "curvature_structure"]
+           "block_from_state", "check_curvature"]
 
 Block = DenseBlock | DiagBlock | KronBlock | LowRankBlock | OutputBlock
 _KINDS = {cls.kind: cls for cls in (DenseBlock, DiagBlock, KronBlock, LowRankBlock,
@@ -118,6 +119,8 @@ class Structure:
     def __post_init__(self) -> None:
         object.__setattr__(self, "indefinite", Indefinite(
             check_choice("indefinite", self.indefinite, tuple(Indefinite))))
+        check_positive_int("rank", self.rank)
+        check_positive_int("max_bytes", self.max_bytes)
 
     def blocks(self, theta: Tensor, x: Tensor, y: Tensor, layout: Layout,
                likelihood: Likelihood) -> list[Block]:
@@ -310,11 +313,3 @@ def check_curvature(curvature: str) -> CurvatureName:
                          "curvature='hessian', and the full GGN (laplace-torch's 'full') is "
                          "curvature='ggn'.")
     return CurvatureName(check_choice("curvature", curvature, tuple(CurvatureName)))
-
-
-def curvature_structure(curvature: str, *, indefinite: str = "raise",
-                        max_bytes: int = MAX_DENSE_BYTES, rank: int = 10,
-                        subnetwork: Sequence[int] | Tensor | None = None) -> Structure:
-    """The structure named ``curvature`` (a `CurvatureName`) with its options."""
-    return STRUCTURES[check_curvature(curvature)](indefinite=indefinite, max_bytes=max_bytes,
-                                                  rank=rank, subnetwork=subnetwork)
