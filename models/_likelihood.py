@@ -46,8 +46,6 @@ __all__ = ["LIKELIHOODS", "MIN_SCALE", "Categorical", "Gaussian", "GaussianOutpu
            "GaussianPrecision", "Heteroscedastic", "Likelihood", "NoiseStatistics",
            "heteroscedastic_scale", "laplace_likelihood", "observe"]
 
-#: The names of the likelihoods, as a Laplace posterior saves them.
-LIKELIHOODS = ("gaussian", "categorical", "heteroscedastic")
 
 #: The floor of a heteroscedastic noise scale, in the units of the (standardised) targets.
 MIN_SCALE = 1e-3
@@ -375,8 +373,9 @@ class Categorical(Likelihood):
 def laplace_likelihood(name: str, noise_shape: tuple[int, ...] = ()) -> Likelihood:
     """The likelihood ``name`` (one of `LIKELIHOODS`) with a noise precision of
     ``noise_shape``: a Gaussian with ``beta`` (D,) is `GaussianOutputs`."""
-    check_choice("likelihood", name, LIKELIHOODS)
-    if noise_shape:
-        return GaussianOutputs(noise_shape[0])
-    return {"gaussian": Gaussian, "categorical": Categorical,
-            "heteroscedastic": Heteroscedastic}[name]()
+    cls = LIKELIHOODS[check_choice("likelihood", name, tuple(LIKELIHOODS))]
+    return GaussianOutputs(noise_shape[0]) if noise_shape else cls()
+
+
+#: The likelihoods by name, as a Laplace posterior saves them.
+LIKELIHOODS = {cls.name: cls for cls in (Gaussian, Categorical, Heteroscedastic)}

@@ -168,7 +168,7 @@ class Ensemble:
         ``x[r]`` (N, D), ``y[r]`` (N,) with ``members`` members from the seeds
         ``members * seeds[r] + m``, the seeds [`fit`][] with ``seeds[r]`` uses, so all
         ``R * members`` members train as replicas of one
-        [`fit_many`][bnn_zoo.methods.LogitNormalSVI.fit_many] (member ``m`` of fit ``r`` is replica
+        [`fit_many`][bnn_zoo.methods.SVI.fit_many] (member ``m`` of fit ``r`` is replica
         ``r * members + m``, on its fit's data only). Every replica takes the minibatch
         order of the first member's seed ``members * seeds[0]``, so on full batches
         (deterministic MAP members) ensemble ``r`` equals [`fit`][] with ``seeds[r]`` up

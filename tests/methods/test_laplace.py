@@ -45,7 +45,6 @@ from bnn_zoo.methods.laplace._curvature import (
     energy_and_gradient,
     full_hessian,
     ggn,
-    jacobian,
     kron_ggn,
     last_layer_ggn,
 )
@@ -398,7 +397,7 @@ def test_structured_curvatures_agree_with_a_naive_dense_ggn(task):
     last = layout.layer_slices[-1]
     torch.testing.assert_close(last_layer_ggn(theta, x, y, layout, lik),
                                dense[last, last])
-    f, jac = jacobian(theta, x, layout)
+    f, jac = layout.jacobian(theta, x)
     torch.testing.assert_close(jac, naive_jacobian(model, layout, theta, x))
     torch.testing.assert_close(f, mlp_forward(x, layout.network(theta), model.act))
 

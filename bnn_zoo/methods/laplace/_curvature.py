@@ -70,7 +70,7 @@ from bnn_zoo.methods.laplace._layouts import ParameterLayout as ParameterLayout
 from bnn_zoo.models._likelihood import Gaussian, Likelihood
 
 __all__ = ["MAX_DENSE_BYTES", "ParameterLayout", "check_dense_fits", "diagonal_ggn",
-           "energy_and_gradient", "full_hessian", "ggn", "jacobian", "kron_ggn", "last_layer_ggn",
+           "energy_and_gradient", "full_hessian", "ggn", "kron_ggn", "last_layer_ggn",
            "subnetwork_ggn", "subnetwork_indices"]
 
 MAX_DENSE_BYTES = 2 * 1024**3
@@ -148,16 +148,6 @@ def _checked(theta: Tensor, x: Tensor, y: Tensor, layout: Layout):
         raise ValueError(f"Expected theta of shape ({layout.num_parameters},), "
                          f"but got {tuple(theta.shape)}.")
     return x, y
-
-
-def jacobian(theta: Tensor, x: Tensor, layout: Layout,
-             layers: list[int] | None = None) -> tuple[Tensor, Tensor]:
-    """Output ``f`` (N, K) and its Jacobian ``g = df/dtheta`` (N, K, P) at ``theta``.
-
-    With ``layers`` given, only those layers' columns, concatenated in order.
-    This is PRML's ``g = grad_w y(x, w)`` at ``w_MAP``, one row per output.
-    """
-    return layout.jacobian(theta, x, layers)
 
 
 def _whitened_rows(theta, x, layout, likelihood, layers=None) -> Tensor:

@@ -69,7 +69,7 @@ from torch import Tensor
 
 from bnn_zoo._core.checks import check_choice, check_data, check_positive_int
 from bnn_zoo._core.predictive import CategoricalPredictive, GaussianMixturePredictive
-from bnn_zoo.methods.laplace._curvature import check_dense_fits, jacobian
+from bnn_zoo.methods.laplace._curvature import check_dense_fits
 from bnn_zoo.methods.laplace._layouts import Layout
 from bnn_zoo.methods.laplace._outputs import output_effective_parameters
 from bnn_zoo.methods.laplace._structures import Block, block_from_state
@@ -273,7 +273,7 @@ class LaplacePosterior:
     def function_covariance(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Output ``f`` (N, K) at the MAP and the GLM covariances ``J_n A^-1 J_n^T`` (N, K, K),
         from the whitened Jacobian rows of each block."""
-        f, g = jacobian(self.theta, x, self.layout)
+        f, g = self.layout.jacobian(self.theta, x)
         a = self.alpha_vector()
         parts = [block.whiten(g.flatten(0, 1)[:, block.index], a[block.index], self.beta)
                  for block in self.blocks]
