@@ -38,7 +38,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bnn_zoo._core.files import read_json, write_text_atomic
+from bnn_zoo._core.files import parse_json, read_json, write_text_atomic
 from bnn_zoo._harness import flags
 from bnn_zoo._harness.cli import run_command
 from bnn_zoo._harness.provenance import code_version, run_code
@@ -59,11 +59,7 @@ def _key(record: dict) -> tuple:
 
 def _record(path: Path, number: int, line: str) -> dict:
     """The run record on line ``number`` of the checkpoint ``path``."""
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"Cannot read checkpoint {str(path)!r}: line {number} is not a JSON "
-                         f"run record ({error.msg}).") from None
+    return parse_json(line, what="checkpoint", source=f"{str(path)!r} (run record {number})")
 
 
 def cached_records(out: Path) -> list[dict]:

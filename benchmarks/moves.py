@@ -33,7 +33,6 @@ the new runs' code versions, and prints the moved rows.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bnn_zoo._core.files import read_json
+from bnn_zoo._core.files import parse_json, read_json
 from bnn_zoo._harness.cli import run_command
 from bnn_zoo._harness.provenance import run_columns, versions
 from bnn_zoo._harness.summary import mean_se
@@ -69,11 +68,7 @@ def read_old(path: Path, since: str, old: Path | None) -> dict:
     if shown.returncode != 0:
         raise ValueError(f"Expected {relative} at revision since={since!r}, but git says: "
                          f"{shown.stderr.strip()}")
-    try:
-        return json.loads(shown.stdout)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"Cannot read results file {relative!r} at revision {since}: "
-                         f"{error.msg} at line {error.lineno}.") from None
+    return parse_json(shown.stdout, what="results file", source=f"{relative!r} at revision {since}")
 
 
 def finished(document: Mapping, metrics: Sequence[str]) -> pd.DataFrame:

@@ -26,8 +26,8 @@ from typing import Any, BinaryIO
 
 import torch
 
-__all__ = ["NEW_FILE_MODE", "atomic_path", "load_plain", "read_json", "results_jsons",
-           "save_atomic", "write_target", "write_text_atomic"]
+__all__ = ["NEW_FILE_MODE", "atomic_path", "load_plain", "parse_json", "read_json",
+           "results_jsons", "save_atomic", "write_target", "write_text_atomic"]
 
 
 def _umask() -> int:
@@ -170,12 +170,21 @@ def read_json(path: str | os.PathLike, *, what: str = "results file") -> Any:
     ``what`` it was expected to be, the file and the cause."""
     _check_regular(path, what)
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        cause = f"{error.msg} at line {error.lineno}, column {error.colno}"
+        text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         cause = getattr(error, "strerror", None) or str(error)
-    raise ValueError(f"Cannot read {what} {str(path)!r}: {cause}.")
+        raise ValueError(f"Cannot read {what} {str(path)!r}: {cause}.") from None
+    return parse_json(text, what=what, source=repr(str(path)))
+
+
+def parse_json(text: str, *, what: str, source: str) -> Any:
+    """The JSON document ``text``; one that cannot be parsed raises a ``ValueError`` naming
+    ``what`` it was expected to be, its ``source`` and where the parse stopped."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"Cannot read {what} {source}: {error.msg} at line {error.lineno}, "
+                         f"column {error.colno}.") from None
 
 
 def load_plain(path: str | os.PathLike, *, what: str,
