@@ -15,11 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 #: and the public faces of the core (``bnn_zoo.data``, ``elbo``, ``handlers``,
 #: ``distributed``) sit in its layer.
 LAYERS = {"_core": 1, "data": 1, "elbo": 1, "handlers": 1, "distributed": 1, "models": 2,
-          "guides": 2, "methods": 3, "evaluation": 4, "zoo": 5, "_harness": 6}
+          "guides": 2, "methods": 3, "evaluation": 4, "zoo": 5, "_harness": 6, "results": 6}
 FOLDERS = {"_core": "bnn_zoo/_core", "data": "bnn_zoo/data.py", "elbo": "bnn_zoo/elbo.py",
            "handlers": "bnn_zoo/handlers.py", "distributed": "bnn_zoo/distributed.py",
            "models": "models", "guides": "guides", "methods": "bnn_zoo/methods",
-           "evaluation": "bnn_zoo/evaluation", "zoo": "bnn_zoo/zoo", "_harness": "bnn_zoo/_harness"}
+           "evaluation": "bnn_zoo/evaluation", "zoo": "bnn_zoo/zoo", "_harness": "bnn_zoo/_harness",
+           "results": "bnn_zoo/results.py"}
 
 
 def imported_parts(path: Path) -> set[str]:
@@ -52,3 +53,13 @@ def test_module_imports_only_earlier_layers(part: str, path: Path):
 
 def test_every_layer_has_modules():
     assert {part for part, _ in MODULES} == set(LAYERS)
+
+
+def test_every_module_is_in_a_layer():
+    """All but the package's entry points (its ``__init__``, which gathers the layers'
+    public names, and ``__main__``) belong to a layer, so their imports are checked."""
+    layered = {path for _, path in MODULES}
+    top = {ROOT / "bnn_zoo" / "__init__.py", ROOT / "bnn_zoo" / "__main__.py"}
+    every = {path for folder in ("bnn_zoo", "models", "guides")
+             for path in (ROOT / folder).rglob("*.py")}
+    assert sorted(map(str, every - layered - top)) == []
