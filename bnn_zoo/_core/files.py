@@ -192,15 +192,16 @@ def load_plain(path: str | os.PathLike, *, what: str,
     """The tensors and plain data saved in ``path``, loaded with ``weights_only=True``.
 
     A truncated, corrupt or foreign file, one holding pickled objects other than tensors
-    and plain Python data, or a path that is no regular file (a FIFO would block the read)
-    raises a ``ValueError`` naming the file and ``what`` it was expected to be.
+    and plain Python data, a missing file, or a path that is no regular file (a FIFO would
+    block the read) raises a ``ValueError`` naming the file and ``what`` it was expected to
+    be.
     """
     _check_regular(path, what)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"Cannot read {what} {str(path)!r}: no such file.") from None
     except (OSError, MemoryError) as error:
-        if isinstance(error, FileNotFoundError):
-            raise
         raise ValueError(f"Cannot read {what} {str(path)!r}: {error}") from None
     except Exception as error:  # noqa: BLE001 - unpickling and zip errors of any type
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__

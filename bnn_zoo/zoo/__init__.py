@@ -78,8 +78,6 @@ def load(path: str | os.PathLike, *, map_location: str | torch.device | None = N
     ``net=`` holds no code of the network: ``net`` gives it again (a module or a factory,
     on the device and in the dtype of the saved fit), and its parameter names and shapes
     must be those saved."""
-    if not os.path.exists(path):
-        raise ValueError(f"Cannot read a saved fit {os.fspath(path)!r}: no such file.")
     state = load_plain(path, what="a saved fit", map_location=map_location)
     if not isinstance(state, dict) or state.get("format") != FILE_FORMAT:
         raise ValueError(f"{os.fspath(path)!r} is not a fitted zoo entry (expected format "

@@ -117,3 +117,9 @@ def test_save_below_a_file_names_it(fitted, tmp_path):
     with pytest.raises(NotADirectoryError, match=f"'{below}' is a file, not a folder"):
         fitted.save(below / "fit.pt")
     assert below.read_bytes() == KEEP
+
+
+def test_loading_a_missing_file_names_it(tmp_path):
+    path = tmp_path / "fit.pt"
+    with pytest.raises(ValueError, match=f"Cannot read a saved fit '{path}': no such file"):
+        zoo.load(path)
