@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -59,10 +58,10 @@ import torch
 from torch import Tensor, nn
 
 from bnn_zoo import data, zoo
-from bnn_zoo._core.files import read_json
+from bnn_zoo._core.files import load_plain, read_json
 from bnn_zoo._harness import flags
 from bnn_zoo._harness.cli import run_command
-from bnn_zoo._harness.provenance import commit_column, provenance
+from bnn_zoo._harness.provenance import provenance
 from bnn_zoo._harness.tables import write_tables
 
 #: The file name under ``--out``.
@@ -226,7 +225,7 @@ def state_digest(fitted: zoo.Fitted) -> str:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "fit.pt"
         fitted.save(path)
-        state = torch.load(path, weights_only=True)
+        state = load_plain(path, what="a saved fit")
     saved = [state[k] for k in ("posterior", "x_scaler", "y_scaler", "validated_noise_scale")]
     digests = sorted(_tensor_digest([leaf]) for leaf in _leaves(saved))
     return hashlib.sha256("".join(digests).encode()).hexdigest()
@@ -276,17 +275,6 @@ def _joined(digests: Sequence[str]) -> str:
                                                                  ).hexdigest()
 
 
-def cpu_name() -> str:
-    """The processor's model name (from ``/proc/cpuinfo`` on Linux), else what
-    ``platform`` knows of it."""
-    info = Path("/proc/cpuinfo")
-    if info.exists():
-        for line in info.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def differences(rows: Sequence[dict], baseline: Sequence[dict]) -> list[str]:
     """One line per case whose outcome or digests differ between ``rows`` and ``baseline``,
     or that only one of them holds."""
@@ -328,14 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{row.get('fingerprint', row['outcome'])}", flush=True)
         rows.append(row)
         runs.append(run)
-    process = {**provenance(), "cpu": cpu_name()}
+    process = provenance()
     if args.out is not None:
         write_tables(args.out, NAME, rows, keys=KEYS, columns=("outcome", "fingerprint"),
                      runs=runs, preamble=f"Fits of every zoo entry, digested "
                      f"(`benchmarks/{NAME}.py`): float32 on {process['cpu']} (torch "
-                     f"{process['torch']}, threads={process['threads']}).",
-                     provenance={"code": [process["code"]],
-                                 "commit": [commit_column(process)], "process": process})
+                     f"{process['torch']}, threads={process['threads']}).")
     if baseline is None:
         return 0
     taken = {k: baseline["provenance"].get("process", {}).get(k) for k in ("cpu", "threads")}

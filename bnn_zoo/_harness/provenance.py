@@ -36,8 +36,8 @@ import bnn_zoo.guides
 import bnn_zoo.models
 
 __all__ = ["CODE_PACKAGES", "NOT_RESULTS", "UNKNOWN", "code_digest", "code_version",
-           "commit_column", "git_state", "note", "provenance", "run_code", "run_columns",
-           "versions"]
+           "commit_column", "cpu_name", "git_state", "note", "provenance", "run_code",
+           "run_columns", "versions"]
 
 #: The packages whose source computes results, hashed by `code_version`.
 CODE_PACKAGES = (bnn_zoo, bnn_zoo.models, bnn_zoo.guides)
@@ -106,19 +106,32 @@ def git_state() -> tuple[str | None, bool | None]:
     return commit, bool(changes)
 
 
+def cpu_name() -> str:
+    """The processor's model name (from ``/proc/cpuinfo`` on Linux), else what
+    ``platform`` knows of it."""
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 @cache
 def _fixed() -> dict:
     commit, dirty = git_state()
     return {"version": bnn_zoo.__version__, "code": code_version(), "commit": commit,
             "dirty": dirty, "torch": torch.__version__, "pyro": pyro.__version__,
-            "numpy": numpy.__version__, "python": platform.python_version()}
+            "numpy": numpy.__version__, "python": platform.python_version(),
+            "cpu": cpu_name()}
 
 
 def provenance(device: str | torch.device = "cpu") -> dict:
     """Where a run's numbers come from: ``version`` (of ``bnn_zoo``), ``code``
     (`code_version`), ``commit`` and ``dirty`` (`git_state`), the ``torch``,
-    ``pyro``, ``numpy`` and ``python`` versions, ``device``, ``threads`` (torch's intra-op
-    thread count) and ``date`` (UTC, ISO 8601, to the second)."""
+    ``pyro``, ``numpy`` and ``python`` versions, ``cpu`` (`cpu_name`), ``device``,
+    ``threads`` (torch's intra-op thread count) and ``date`` (UTC, ISO 8601, to the
+    second)."""
     return {**_fixed(), "device": str(device), "threads": torch.get_num_threads(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
