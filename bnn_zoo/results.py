@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from bnn_zoo._core.files import read_json, results_jsons
+from bnn_zoo._core.files import read_json
 from bnn_zoo._harness.provenance import run_columns
+from bnn_zoo._harness.runs import results_jsons
 
 __all__ = ["load", "run_row"]
 

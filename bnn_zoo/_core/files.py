@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import torch
 
 __all__ = ["NEW_FILE_MODE", "atomic_path", "load_plain", "parse_json", "read_json",
-           "results_jsons", "save_atomic", "write_target", "write_text_atomic"]
+           "save_atomic", "write_target", "write_text_atomic"]
 
 
 def _umask() -> int:
@@ -155,13 +155,6 @@ def _check_regular(path: str | os.PathLike, what: str) -> None:
     if os.path.exists(path) and not os.path.isfile(path):
         raise ValueError(f"Cannot read {what} {str(path)!r}: it is {_kind(Path(path))}, not a "
                          "file.")
-
-
-def results_jsons(folder: Path) -> list[Path]:
-    """The ``*.json`` files under ``folder``, sorted, searched recursively but for the run
-    cache (a ``runs/`` folder), whose records the results files keep."""
-    return [f for f in sorted(folder.rglob("*.json"))
-            if f.is_file() and "runs" not in f.relative_to(folder).parts[:-1]]
 
 
 def read_json(path: str | os.PathLike, *, what: str = "results file") -> Any:

@@ -37,6 +37,7 @@ from bnn_zoo._harness import flags
 from bnn_zoo._harness.figures import FIGURE_KINDS, figure_path, write_figures
 from bnn_zoo._harness.outputs import check_writable
 from bnn_zoo._harness.provenance import run_columns, versions
+from bnn_zoo._harness.runs import CACHE
 from bnn_zoo._harness.summary import REFERENCE, REFERENCE_COLUMNS, reference_rows, summarise
 from bnn_zoo._harness.sweep import Batch, run_batches
 from bnn_zoo._harness.tables import write_tables
@@ -200,7 +201,7 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
     _check_names(data, entries, reference, net)
     plan = {name: split_indices(name, splits) for name in data}
     cached = [*(entries if entries is not None else zoo.names()), *filter(None, [reference])]
-    check_writable("out", out, folders=["runs", *(f"runs/{e}" for e in cached)])
+    check_writable("out", out, folders=[CACHE, *(f"{CACHE}/{e}" for e in cached)])
     # A worker started elsewhere (--scheduler) finds the same folder on a shared file system.
     common = {"num_samples": num_samples, "out": str(Path(out).absolute()), "device": str(device),
               "cached_only": cached_only, "threads": threads, "log": log}
@@ -345,7 +346,7 @@ def run_from_args(args: argparse.Namespace, *, validation: float | None = 0.0) -
     entries with a tunable noise tune it; ``None``: the UCI protocol's on UCI sets, none
     elsewhere); the batches run where ``--jobs`` and ``--scheduler`` say
     (`records_from_args`)."""
-    check_writable("--out", args.out, files=output_files(args.data), folders=["runs"])
+    check_writable("--out", args.out, files=output_files(args.data), folders=[CACHE])
     net = flags.network(args)
     records = records_from_args(args, validation=validation, net=net)
     preamble = "" if net is None else (

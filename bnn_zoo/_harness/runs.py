@@ -55,8 +55,11 @@ from bnn_zoo._harness.provenance import code_version, provenance, run_code
 from bnn_zoo.evaluation._metrics import auroc, reliability_bins, shifted_inputs
 from bnn_zoo.zoo import UnsupportedProblem
 
-__all__ = ["CacheWarning", "cache_path", "cache_record", "cached_run", "cached_runs", "data_digest",
-           "restore_cache", "run_many", "run_one", "run_settings"]
+__all__ = ["CACHE", "CacheWarning", "cache_path", "cache_record", "cached_run", "cached_runs",
+           "data_digest", "restore_cache", "results_jsons", "run_many", "run_one", "run_settings"]
+
+#: The folder of a comparison's output that caches its runs, one record each.
+CACHE = "runs"
 
 GRID_POINTS = 200
 #: How far a band figure reaches beyond the training inputs, as a fraction of their range.
@@ -210,7 +213,14 @@ def cache_path(out: str | Path, entry: str, data: str, split: int, seed: int,
     <digest>.json``, the digest over ``settings`` (see `run_settings`)."""
     digest = hashlib.sha1(_canonical(settings).encode()).hexdigest()[:12]
     name = f"{data.replace('/', '_')}_split{split}_seed{seed}_{digest}.json"
-    return Path(out) / "runs" / entry / name
+    return Path(out) / CACHE / entry / name
+
+
+def results_jsons(folder: Path) -> list[Path]:
+    """The ``*.json`` files under ``folder``, sorted, searched recursively but for the run
+    cache (`CACHE`), whose records the results files keep."""
+    return [f for f in sorted(folder.rglob("*.json"))
+            if f.is_file() and CACHE not in f.relative_to(folder).parts[:-1]]
 
 
 def _read_cached(path: Path, expected: dict) -> dict | None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from bnn_zoo._core.files import read_json, results_jsons
+from bnn_zoo._core.files import read_json
 from bnn_zoo._harness.provenance import code_version, run_code
-from bnn_zoo._harness.runs import NOT_CACHED
+from bnn_zoo._harness.runs import NOT_CACHED, results_jsons
 
 __all__ = ["RUN_FIELDS", "kept_runs", "results_files", "run", "stale_cells"]
 
