@@ -23,6 +23,8 @@ derivative (`output_effective_parameters`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -33,7 +35,13 @@ from bnn_zoo.methods.laplace._factored import KronBlock, LowRankBlock
 
 __all__ = ["OutputBlock", "output_effective_parameters"]
 
-_INNER = ("dense", "diag", "kron", "low_rank")
+#: How each inner structure builds its block from the summed curvature ``h``.
+_BUILD: dict[str, Callable[[OutputBlock, Tensor], object]] = {
+    "dense": lambda out, h: DenseBlock.from_hessian(out.index, h, out.indefinite),
+    "diag": lambda out, h: DiagBlock(out.index, h),
+    "kron": lambda out, h: KronBlock.from_factors(out.index, out.q, h),
+    "low_rank": lambda out, h: LowRankBlock.from_hessian(out.index, h, out.rank),
+}
 
 
 class OutputBlock:
@@ -47,7 +55,7 @@ class OutputBlock:
     def __init__(self, index: slice | Tensor, inner: str, parts: Tensor, *,
                  q: Tensor | None = None, rank: int = 10, indefinite: str = "clip") -> None:
         self.index = index
-        self.inner = check_choice("inner", inner, _INNER)
+        self.inner = check_choice("inner", inner, tuple(_BUILD))
         self.parts, self.q, self.rank = parts, q, rank
         self.indefinite = Indefinite(check_choice("indefinite", indefinite, tuple(Indefinite)))
         self._last: tuple[Tensor, object] | None = None
@@ -69,14 +77,7 @@ class OutputBlock:
         if not tracked and self._last is not None and torch.equal(self._last[0], beta):
             return self._last[1]
         summed = torch.tensordot(beta.to(self.parts.dtype), self.parts, 1)
-        if self.inner == "dense":
-            out = DenseBlock.from_hessian(self.index, summed, self.indefinite)
-        elif self.inner == "diag":
-            out = DiagBlock(self.index, summed)
-        elif self.inner == "kron":
-            out = KronBlock.from_factors(self.index, self.q, summed)
-        else:
-            out = LowRankBlock.from_hessian(self.index, summed, self.rank)
+        out = _BUILD[self.inner](self, summed)
         if not tracked:
             self._last = (beta.detach().clone(), out)
         return out

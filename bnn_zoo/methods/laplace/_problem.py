@@ -281,7 +281,7 @@ class LaplaceProblem:
         layout.check_input(first_inputs(x))
         targets = y if y is not None else x.first[1]  # a loader's: its first batch's
         likelihood = model_likelihood(model, targets)
-        if y is None and targets.dim() == 2:
+        if y is None and likelihood.per_output:
             raise ValueError("Laplace on targets (N, D) holds one curvature per output, summed "
                              "over tensors in memory: expected x and y as tensors, not a "
                              "loader.")
