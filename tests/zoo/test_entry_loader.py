@@ -78,6 +78,14 @@ def test_a_loader_of_several_outputs_fits_as_the_tensors():
                                a.predict(x, num_samples=2).mean, rtol=1e-9, atol=1e-12)
 
 
+def test_laplace_refuses_a_loader_of_several_outputs():
+    """Laplace on (N, D) targets holds a curvature per output over tensors in memory."""
+    x, y = problem()
+    y = torch.stack([y, 2 * y.cos()], dim=1)
+    with pytest.raises(ValueError, match="one curvature per output"):
+        zoo.get("laplace").fit(full_batch(x, y), **FAST)
+
+
 @pytest.mark.parametrize("curvature", ["ggn", "hessian", "diag", "kron", "kron_separate",
                                        "last_layer", "low_rank"])
 @pytest.mark.parametrize("task", ["regression", "classification"])
