@@ -26,7 +26,6 @@ from bnn_zoo.methods.laplace._curvature import (
     diagonal_ggn,
     full_hessian,
     ggn,
-    jacobian,
     kron_ggn,
     last_layer_ggn,
 )
@@ -122,7 +121,7 @@ def test_module_curvatures_equal_a_dense_naive_ggn(make_net, task):
     assert last.stop - last.start == net[-1].weight.numel() + net[-1].bias.numel()
     torch.testing.assert_close(last_layer_ggn(theta, x, y, layout, lik, chunk=4),
                                dense[last, last])
-    f, jac = jacobian(theta, x, layout)
+    f, jac = layout.jacobian(theta, x)
     torch.testing.assert_close(jac, naive_jacobian(net, theta, x))
     torch.testing.assert_close(f, functional_call(net, params_of(net, theta), (x,)))
 
