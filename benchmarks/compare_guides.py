@@ -1,16 +1,17 @@
-"""Compare the zoo's guides on small data sets, against a NUTS reference.
+"""Compare the zoo's guides on small data sets, against the HMC reference.
 
 Runs the chosen zoo entries (default: every entry that supports the data's task)
-on the chosen data sets and splits, plus the ``nuts`` reference on the same
+on the chosen data sets and splits, plus the ``hmc`` reference on the same
 splits, and writes under ``--out``: ``compare.md`` (mean ± standard error over
 splits of test RMSE, log-likelihood, 90% coverage, the mean 2-Wasserstein distance
-of each predictive to NUTS's and the log-likelihood gap, fit time and SVI steps per
-second; for classification accuracy, NLL, ECE, Brier, the predictive entropy and its
-mutual information, the agreement of the predicted classes with NUTS's and the total
-variation to its predictive), ``compare.csv``, ``compare.json``,
-``reference.md``/``.csv``/``.json`` (the distances to NUTS and NUTS's split R-hat and
-effective sample size over the predictive at the test inputs and over the weights, split
-by split and over all splits), and figures (predictive bands side by side for 1-D data,
+of each predictive to the reference's and the log-likelihood gap, fit time and SVI steps
+per second; for classification accuracy, NLL, ECE, Brier, the predictive entropy and its
+mutual information, the agreement of the predicted classes with the reference's and the
+total variation to its predictive), ``compare.csv``, ``compare.json``,
+``reference.md``/``.csv``/``.json`` (the distances to the reference and its split R-hat
+and effective sample size over the predictive at the test inputs and over the weights, and
+whether it passes the convergence gate, split by split and over all splits: nothing is
+measured against a split that fails it), and figures (predictive bands side by side for 1-D data,
 reliability diagrams, ELBO curves). Finished runs
 are cached in ``--out/runs``.
 

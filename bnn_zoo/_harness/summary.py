@@ -10,7 +10,7 @@ does not depend on the order of its runs and a metric equal over its runs has a 
 error of exactly 0 (pandas' own ``mean`` and ``sem`` round otherwise: ``1e-16`` for fit
 seconds shared by the splits of one batch).
 
-Distance to a reference predictive (the ``nuts`` entry by default, when it was run) on the
+Distance to a reference predictive (the ``hmc`` entry by default, when it was run) on the
 same split. Regression: at every test input the two predictives are moment-matched by
 Gaussians ``N(m_1, s_1^2)`` and ``N(m_2, s_2^2)``, whose 2-Wasserstein distance is
 
@@ -37,13 +37,18 @@ from torch import Tensor
 
 from bnn_zoo._core.checks import check_tensor
 from bnn_zoo._harness.provenance import run_columns
+from bnn_zoo.methods._nuts import ConvergenceGate
 
-__all__ = ["REFERENCE", "REFERENCE_COLUMNS", "REFERENCE_DIAGNOSTICS", "RUNS", "aggregate",
-           "class_agreement", "gaussian_w2", "mean_se", "reference_distances", "reference_rows",
-           "summarise", "total_variation"]
+__all__ = ["GATE", "REFERENCE", "REFERENCE_COLUMNS", "REFERENCE_DIAGNOSTICS", "RUNS", "SAMPLED",
+           "aggregate", "class_agreement", "gaussian_w2", "mean_se", "reference_distances",
+           "reference_rows", "summarise", "total_variation"]
 
 #: The entry whose predictive the others are measured against, when it was run.
-REFERENCE = "nuts"
+REFERENCE = "hmc"
+#: The gate every sampled reference split must pass for distances to be measured to it.
+GATE = ConvergenceGate()
+#: The diagnostics that mark a record as a sampler's (chains whose convergence is gated).
+SAMPLED = frozenset({"chains", "r_hat_pred_max"})
 #: The column that counts the runs behind a summary row.
 RUNS = "runs"
 #: The reference's convergence diagnostics that `reference_rows` shows, each with how
@@ -55,7 +60,7 @@ REFERENCE_DIAGNOSTICS = {"r_hat_pred_max": max, "ess_pred_min": min, "r_hat_f_ma
 #: The metrics of `reference_rows` (regression's, then classification's), then the
 #: diagnostics.
 REFERENCE_COLUMNS = ("ll", "rmse", "w2_to_ref", "ll_gap", "accuracy", "nll", "agreement",
-                     "tv_to_ref", *REFERENCE_DIAGNOSTICS)
+                     "tv_to_ref", *REFERENCE_DIAGNOSTICS, "gates")
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -167,9 +172,20 @@ def reference_distances(records: Sequence[dict], reference: str) -> None:
     ``ok`` record (as from `bnn_zoo._harness.runs.run_one`): ``w2_to_ref`` and
     ``ll_gap`` where both records keep their predictive's moments (regression),
     ``agreement`` and ``tv_to_ref`` where both keep their class probabilities
-    (classification); a record restored without them gets none."""
-    refs = {(r["data"], r["split"]): r for r in records
-            if r["entry"] == reference and r["status"] == "ok"}
+    (classification); a record restored without them gets none. A sampler's reference split
+    (one with chain diagnostics, `SAMPLED`) that fails `GATE` is measured against by nobody:
+    its record gets ``gate_failures``, the reasons, and its diagnostics ``converged`` 0 (1
+    where it passes). A reference without chains (a point estimate, a variational fit) is
+    not gated."""
+    refs = {}
+    for r in records:
+        if r["entry"] == reference and r["status"] == "ok":
+            diagnostics = r.setdefault("diagnostics", {})
+            if SAMPLED.intersection(diagnostics):
+                r["gate_failures"] = GATE.failures(diagnostics)
+                diagnostics["converged"] = float(not r["gate_failures"])
+            if not r.get("gate_failures"):
+                refs[(r["data"], r["split"])] = r
     for r in records:
         ref = refs.get((r["data"], r["split"]))
         if ref is not None and r["status"] == "ok":
@@ -205,21 +221,28 @@ def reference_rows(records: Sequence[dict], reference: str) -> list[dict]:
     entry) one row per finished split (``split`` its index) with the metrics of
     `REFERENCE_COLUMNS` and the reference's diagnostics of
     `REFERENCE_DIAGNOSTICS`, then a row ``split="all"`` with the metrics' mean and
-    standard error over those splits and each diagnostic's worst value over them."""
+    standard error over those splits and each diagnostic's worst value over them. The
+    reference's rows say in ``gates`` whether the split passes `GATE` (``pass``, or why
+    not: no distances are measured to it), and over all splits how many pass."""
     reference_distances(records, reference)
-    metrics = [c for c in REFERENCE_COLUMNS if c not in REFERENCE_DIAGNOSTICS]
+    metrics = [c for c in REFERENCE_COLUMNS if c not in REFERENCE_DIAGNOSTICS and c != "gates"]
     per_split = [{"data": r["data"], "entry": r["entry"], "split": r["split"],
                   **{k: r["metrics"][k] for k in metrics if k in r["metrics"]},
                   **{k: r["diagnostics"][k] for k in REFERENCE_DIAGNOSTICS
-                     if k in r.get("diagnostics", {})}}
+                     if k in r.get("diagnostics", {})},
+                  **({"gates": "; ".join(r["gate_failures"]) or "pass"}
+                     if "gate_failures" in r else {})}
                  for r in records if r["status"] == "ok"]
     rows = []
-    for over in aggregate(per_split, ("data", "entry"), ignore=("split",)):
+    for over in aggregate(per_split, ("data", "entry"), ignore=("split", "gates")):
         group = [row for row in per_split
                  if (row["data"], row["entry"]) == (over["data"], over["entry"])]
         for name, worst in REFERENCE_DIAGNOSTICS.items():
             over.pop(f"{name}_se", None)
             if name in over:
                 over[name] = worst(row[name] for row in group if name in row)
+        gated = [row["gates"] for row in group if "gates" in row]
+        if gated:
+            over["gates"] = f"{gated.count('pass')}/{len(gated)} pass"
         rows += [*group, {**over, "split": "all"}]
     return rows

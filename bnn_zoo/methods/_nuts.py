@@ -47,8 +47,9 @@ from bnn_zoo.methods._base import Budget, Method, ModelFactory, Predictive, Unsu
 from bnn_zoo.methods._state import module_state
 from bnn_zoo.methods._svi import SVI
 
-__all__ = ["NUTS", "NUTSPosterior", "PosteriorSamples", "bulk_ess", "chain_diagnostics",
-           "output_draws", "pooled_posterior", "r_hat_ess", "sampler_start"]
+__all__ = ["NUTS", "ConvergenceGate", "NUTSPosterior", "PosteriorSamples", "bulk_ess",
+           "chain_diagnostics", "output_draws", "pooled_posterior", "r_hat_ess", "rank_r_hat",
+           "restore_samples", "sampler_start"]
 
 
 class PosteriorSamples:
@@ -110,36 +111,53 @@ def _average_ranks(draws: Tensor) -> Tensor:
     return torch.empty_like(draws).scatter_(0, order, average)
 
 
-def bulk_ess(stacked: Tensor) -> Tensor:
-    """Bulk effective sample size of every quantity of the draws ``stacked`` (C, S, P)
-    (Vehtari et al. 2021, eq. 13): the draws of all chains are replaced by their normal
-    scores ``z = Phi^-1((r - 3/8) / (C S + 1/4))`` (``r`` the rank among all ``C S`` draws,
-    ties averaged), every chain is split in halves (the middle draw dropped for odd S),
-    and the ESS of those ``2C`` sequences is ``2C n / (1 + 2 sum_t rho_t)`` with Geyer's
-    initial positive sequence (BDA3 11.5; `pyro.ops.stats.effective_sample_size`).
-    Unchanged by any increasing transform of the draws."""
+def _normal_scores(stacked: Tensor) -> Tensor:
+    """The draws ``stacked`` (C, S, P) replaced by their normal scores
+    ``z = Phi^-1((r - 3/8) / (C S + 1/4))``, ``r`` the rank of a draw among all ``C S``
+    draws of its quantity, ties averaged (Vehtari et al. 2021, eq. 14)."""
     c, s, p = stacked.shape
     ranks = _average_ranks(stacked.reshape(c * s, p)).reshape(c, s, p)
-    scores = torch.special.ndtri((ranks - 0.375) / (c * s + 0.25))
-    half = s // 2
-    split = torch.cat([scores[:, :half], scores[:, s - half:]])
-    return effective_sample_size(split, chain_dim=0, sample_dim=1)
+    return torch.special.ndtri((ranks - 0.375) / (c * s + 0.25))
+
+
+def _split_halves(stacked: Tensor) -> Tensor:
+    """Every chain of ``stacked`` (C, S, P) cut in halves: (2C, S // 2, P), the middle draw
+    dropped for odd S."""
+    half = stacked.shape[1] // 2
+    return torch.cat([stacked[:, :half], stacked[:, stacked.shape[1] - half:]])
+
+
+def bulk_ess(stacked: Tensor) -> Tensor:
+    """Bulk effective sample size of every quantity of the draws ``stacked`` (C, S, P)
+    (Vehtari et al. 2021, eq. 13): the ESS of the normal scores of the draws, every chain
+    split in halves, ``2C n / (1 + 2 sum_t rho_t)`` with Geyer's initial positive sequence
+    (BDA3 11.5; `pyro.ops.stats.effective_sample_size`). Unchanged by any increasing
+    transform of the draws."""
+    return effective_sample_size(_split_halves(_normal_scores(stacked)), chain_dim=0,
+                                 sample_dim=1)
+
+
+def rank_r_hat(stacked: Tensor) -> Tensor:
+    """Rank-normalised split R-hat of every quantity of the draws ``stacked`` (C, S, P)
+    (Vehtari et al. 2021, eq. 14-15): the larger of the split R-hat of the draws' normal
+    scores (the bulk) and of the normal scores of their distances to the median (the
+    folded draws: the tails). Split R-hat (BDA3 11.4): ``m = 2C`` half chains of ``n``
+    draws with within-sequence variance ``W`` and between-sequence variance ``B``,
+    ``R = sqrt(((n-1)/n W + B/n) / W)``, 1 for chains that agree."""
+    folded = (stacked - stacked.flatten(0, 1).median(0).values).abs()
+    return torch.maximum(
+        split_gelman_rubin(_normal_scores(stacked), chain_dim=0, sample_dim=1),
+        split_gelman_rubin(_normal_scores(folded), chain_dim=0, sample_dim=1))
 
 
 def r_hat_ess(stacked: Tensor) -> tuple[float, float]:
-    """Largest split R-hat and smallest bulk effective sample size ([`bulk_ess`][]) over
-    the quantities of the draws ``stacked`` (C chains, S draws, P quantities).
-
-    Split R-hat (BDA3 11.4; `pyro.ops.stats.split_gelman_rubin`): each chain is cut
-    in halves, giving ``m = 2C`` sequences of ``n = S/2`` draws with within-sequence
-    variance ``W`` and between-sequence variance ``B`` (``n`` times the variance of their
-    means); ``R = sqrt(((n-1)/n W + B/n) / W)``, 1 for chains that agree.
-    """
+    """Largest rank-normalised split R-hat ([`rank_r_hat`][]) and smallest bulk effective
+    sample size ([`bulk_ess`][]) over the quantities of the draws ``stacked`` (C chains,
+    S draws, P quantities)."""
     if stacked.dim() != 3 or stacked.shape[1] < 4:
         raise ValueError(f"Expected draws of shape (chains, draws >= 4, quantities), got "
                          f"{tuple(stacked.shape)}.")
-    return (float(split_gelman_rubin(stacked, chain_dim=0, sample_dim=1).max()),
-            float(bulk_ess(stacked).min()))
+    return float(rank_r_hat(stacked).max()), float(bulk_ess(stacked).min())
 
 
 def output_draws(chains: list[dict[str, Tensor]], model: Callable, x: Tensor) -> Tensor:
@@ -167,6 +185,43 @@ def chain_diagnostics(chains: list[dict[str, Tensor]], model: Callable,
     r_hat_f, ess_f = r_hat_ess(output_draws(chains, model, x[:50]))
     return {"r_hat_max": max(r for r, _ in per_site), "ess_min": min(e for _, e in per_site),
             "r_hat_f_max": r_hat_f, "ess_f_min": ess_f}
+
+
+@dataclass(frozen=True)
+class ConvergenceGate:
+    """What a reference's chains must show before anything is measured against them
+    (Vehtari et al. 2021, "Rank-normalization, folding, and localization"): at least
+    ``chains`` chains, and over the network outputs at the test inputs
+    (``NUTSPosterior.predictive_diagnostics``, as ``Fitted.diagnostics_at`` reports them)
+    a rank-normalised split R-hat of at most ``r_hat`` and a bulk effective sample size of
+    at least ``ess``. The weights' R-hat is not gated: a network's posterior is symmetric
+    under permutations of its hidden units, so chains in permuted modes disagree on the
+    weights and agree on the function."""
+
+    r_hat: float = 1.01
+    ess: float = 400.0
+    chains: int = 4
+
+    def failures(self, diagnostics: Mapping[str, float]) -> list[str]:
+        """Why ``diagnostics`` (a sampler's, with ``chains``, ``r_hat_pred_max`` and
+        ``ess_pred_min``) fail the gate: one phrase per failed gate, none when it passes."""
+        chains = diagnostics.get("chains")
+        r_hat = diagnostics.get("r_hat_pred_max")
+        ess = diagnostics.get("ess_pred_min")
+        out = []
+        if chains is None:
+            out.append("chains unknown")
+        elif not chains >= self.chains:
+            out.append(f"chains {int(chains)} < {self.chains}")
+        if r_hat is None:
+            out.append("R-hat unknown")
+        elif not r_hat <= self.r_hat:
+            out.append(f"R-hat {r_hat:.3f} > {self.r_hat:g}")
+        if ess is None:
+            out.append("ESS unknown")
+        elif not ess >= self.ess:
+            out.append(f"ESS {ess:.0f} < {self.ess:g}")
+        return out
 
 
 @dataclass
@@ -239,7 +294,7 @@ def pooled_posterior(model: Callable, chains: list[dict[str, Tensor]], x: Tensor
     samples = PosteriorSamples({k: torch.cat([c[k] for c in chains]) for k in chains[0]})
     return NUTSPosterior(model, samples, noise, {
         **chain_diagnostics(chains, model, x), **diagnostics, "sampling_seconds": seconds,
-        **noise}, chains=len(chains))
+        "chains": float(len(chains)), **noise}, chains=len(chains))
 
 
 @dataclass(frozen=True)
@@ -295,11 +350,14 @@ class NUTS(Method):
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> NUTSPosterior:
         """The posterior of `NUTSPosterior.state_dict`."""
-        model = build_model(**state["model_options"])
-        model.load_state_dict(state["model"])
-        samples = {k: v.to(device=x.device) for k, v in state["samples"].items()}
-        # A state without "chains" holds its draws as one chain.
-        return NUTSPosterior(model, PosteriorSamples(samples), state["model_options"],
-                             state["diagnostics"], chains=state.get("chains", 1))
+        return restore_samples(build_model, state, x)
 
 
+def restore_samples(build_model: ModelFactory, state: dict, x: Tensor) -> NUTSPosterior:
+    """The posterior of a sampler's `NUTSPosterior.state_dict`, its draws on ``x``'s device."""
+    model = build_model(**state["model_options"])
+    model.load_state_dict(state["model"])
+    samples = {k: v.to(device=x.device) for k, v in state["samples"].items()}
+    # A state without "chains" holds its draws as one chain.
+    return NUTSPosterior(model, PosteriorSamples(samples), state["model_options"],
+                         state["diagnostics"], chains=state.get("chains", 1))

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from bnn_zoo import zoo
-from bnn_zoo._harness import cli
+from bnn_zoo._harness import cli, summary
 from bnn_zoo._harness.summary import class_agreement, reference_rows, total_variation
+from bnn_zoo.methods._nuts import ConvergenceGate
 
 F64 = torch.float64
 
@@ -56,8 +57,10 @@ def record(entry, split, probs, **diagnostics):
 
 def test_reference_rows_give_agreement_and_total_variation_split_by_split():
     records = [
-        record("nuts", 0, [[0.9, 0.1], [0.3, 0.7]], r_hat_pred_max=1.01, ess_pred_min=300.0),
-        record("nuts", 1, [[0.5, 0.5], [0.2, 0.8]], r_hat_pred_max=1.10, ess_pred_min=80.0),
+        record("nuts", 0, [[0.9, 0.1], [0.3, 0.7]], r_hat_pred_max=1.004, ess_pred_min=900.0,
+               chains=4.0),
+        record("nuts", 1, [[0.5, 0.5], [0.2, 0.8]], r_hat_pred_max=1.008, ess_pred_min=450.0,
+               chains=4.0),
         record("map", 0, [[0.6, 0.4], [0.6, 0.4]]),  # agree 1, 0; TV 0.3, 0.3
         record("map", 1, [[0.5, 0.5], [0.2, 0.8]]),  # the same predictive: 1, 0
         {**record("map", 2, None), "status": "failed", "reason": "boom"},
@@ -72,8 +75,9 @@ def test_reference_rows_give_agreement_and_total_variation_split_by_split():
     assert rows["map", "all"]["agreement_se"] == pytest.approx(0.25)  # sd 0.5/sqrt(2), 2 runs
     assert rows["map", "all"]["tv_to_ref"] == pytest.approx(0.15)
     assert rows["nuts", "all"]["agreement"] == 1.0 and rows["nuts", "all"]["tv_to_ref"] == 0.0
-    assert rows["nuts", "all"]["r_hat_pred_max"] == 1.10
-    assert rows["nuts", "all"]["ess_pred_min"] == 80.0
+    assert rows["nuts", "all"]["r_hat_pred_max"] == 1.008
+    assert rows["nuts", "all"]["ess_pred_min"] == 450.0
+    assert rows["nuts", "all"]["gates"] == "2/2 pass"
     assert "agreement" not in rows["bbb", 0] and rows["bbb", 0]["accuracy"] == 1.0
     assert ("map", 2) not in rows
 
@@ -86,6 +90,11 @@ def test_compare_with_the_nuts_reference_on_a_classification_set(tmp_path, monke
     nuts = zoo.get("nuts")
     monkeypatch.setitem(zoo._REGISTRY, "nuts", replace(
         nuts, method=replace(nuts.method, **TINY_NUTS)))
+    # A few draws cannot pass the gate, which test_reference_diagnostics checks; here a
+    # gate that passes everything lets the distances through.
+    # (four draws a chain give an R-hat far above one and an ESS that can be negative).
+    monkeypatch.setattr(summary, "GATE", ConvergenceGate(r_hat=math.inf, ess=-math.inf,
+                                                         chains=1))
     code = cli.main(["compare", "--data", "two_moons", "--entries", "map", "bbb",
                      "--reference", "nuts", "--steps", "5", "--num-samples", "8",
                      "--splits", "1", "--threads", "1", "--out", str(tmp_path)])

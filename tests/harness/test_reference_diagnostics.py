@@ -15,17 +15,21 @@ import pyro
 import pytest
 import torch
 from pyro import poutine
+from pyro.ops.stats import split_gelman_rubin
 
 from bnn_zoo import zoo
 from bnn_zoo._core import data
-from bnn_zoo._harness import compare
+from bnn_zoo._harness import compare, summary
 from bnn_zoo._harness.summary import reference_rows
 from bnn_zoo.methods._nuts import (
+    ConvergenceGate,
     NUTSPosterior,
     PosteriorSamples,
     _average_ranks,
+    _normal_scores,
     bulk_ess,
     r_hat_ess,
+    rank_r_hat,
 )
 from bnn_zoo.models._mlp import BayesianMLP
 
@@ -37,6 +41,22 @@ def white_noise(chains: int, draws: int, quantities: int = 1, seed: int = 0) -> 
     return torch.randn(chains, draws, quantities, generator=g, dtype=torch.float64)
 
 
+def _rank_r_hat_of_shifted_normals(d: float) -> float:
+    """The large-n rank-normalised split R-hat of two chains N(+d, 1) and N(-d, 1), by
+    quadrature: the draws' normal scores are z(x) = Phi^-1(F(x)), F the pooled mixture's
+    CDF; chain 1's scores have mean m and variance v, chain 2's -m and v (symmetry), so the
+    four half-chain means are (m, m, -m, -m), B/n = 4 m^2 / 3 and R^2 = 1 + 4 m^2 / (3 v).
+    The folded draws |x| have one distribution in both chains: their R-hat is 1."""
+    x = torch.linspace(-12, 12, 200_001, dtype=torch.float64)
+    normal = torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0)
+    mixture = 0.5 * (normal.cdf(x - d) + normal.cdf(x + d))
+    z = torch.special.ndtri(mixture.clamp(1e-300, 1 - 1e-16))
+    density = normal.log_prob(x - d).exp() * (x[1] - x[0])
+    m = (z * density).sum()
+    v = (z.square() * density).sum() - m**2
+    return math.sqrt(1 + 4 * m**2 / (3 * v))
+
+
 def test_r_hat_of_identical_chains_is_one_and_of_shifted_chains_closed_form():
     # Two chains of 2n iid N(0, 1) draws; split R-hat cuts them into four halves of n.
     # Identical chains: within variance W ~ 1, between B/n ~ 1/n, so R = sqrt(((n-1)/n W +
@@ -45,18 +65,28 @@ def test_r_hat_of_identical_chains_is_one_and_of_shifted_chains_closed_form():
     draws = white_noise(1, 2 * n).expand(2, 2 * n, 1)
     r_hat, _ = r_hat_ess(draws)
     assert abs(r_hat - 1.0) < 1e-2
-    # Chains shifted by +d and -d: the half-chain means are (d, d, -d, -d) plus noise of
-    # variance 1/n, their sample variance B/n = 4 d^2 / 3 + 1/n, so R^2 = 1 + 4 d^2 / 3.
-    # Monte Carlo error: W has relative sd sqrt(2 / (4n)) = 1.6%, the half-chain means add
-    # ~2 sqrt(1/n) d / (4 d^2 / 3) = 3% to B/n; 5% on R covers both with room.
+    # Chains shifted by +d and -d: R-hat of the normal scores, by quadrature. Monte Carlo
+    # error: W has relative sd sqrt(2 / (4n)) = 1.6%, the half-chain means add ~3% to B/n;
+    # 5% on R covers both with room.
     d = 1.0
     shift = torch.tensor([d, -d], dtype=torch.float64)[:, None, None]
     shifted = white_noise(2, 2 * n, seed=1) + shift
     r_hat, _ = r_hat_ess(shifted)
-    assert r_hat == pytest.approx(math.sqrt(1 + 4 * d**2 / 3), rel=0.05)
+    assert r_hat == pytest.approx(_rank_r_hat_of_shifted_normals(d), rel=0.05)
     # the largest over quantities: a converged quantity beside a shifted one
     both = torch.cat([white_noise(2, 2 * n, seed=2), shifted], -1)
     assert r_hat_ess(both)[0] == pytest.approx(r_hat)
+
+
+def test_rank_r_hat_sees_chains_that_differ_in_scale_only_through_the_folded_draws():
+    # N(0, 1) and N(0, 3^2): the bulk's half-chain means all agree (R-hat of the normal
+    # scores within 1% of one at n = 2000 draws a half), while the folded draws |x| differ
+    # in location between the chains, which the rank-normalised R-hat reports.
+    scale = torch.tensor([1.0, 3.0], dtype=torch.float64)[:, None, None]
+    draws = white_noise(2, 4000, seed=6) * scale
+    bulk = split_gelman_rubin(_normal_scores(draws), chain_dim=0, sample_dim=1)
+    assert float(bulk) < 1.01
+    assert float(rank_r_hat(draws)) > 1.1
 
 
 def test_ess_of_white_noise_and_of_an_ar1_chain_match_their_closed_forms():
@@ -124,14 +154,17 @@ def test_predictive_diagnostics_are_those_of_the_outputs_chain_by_chain():
     r_hat, ess = r_hat_ess(by_hand)
     assert got == pytest.approx({"r_hat_pred_max": r_hat, "ess_pred_min": ess}, rel=1e-10)
     # the same draws in both chains agree (R-hat near one: 4 halves of 20 iid draws give
-    # R^2 = 1 + O(1/20)); the second chain's output bias shifted by 10 prior sds does not
+    # R^2 = 1 + O(1/20)); the second chain's output bias shifted by 10 prior sds does not:
+    # chains whose draws never overlap have normal scores in the lower and upper half of
+    # N(0, 1), means -+sqrt(2/pi) and variance 1 - 2/pi each, so R^2 -> 1 + 4 (2/pi) /
+    # (3 (1 - 2/pi)) = 3.34, R = 1.83 (a rank-normalised R-hat is bounded)
     same = {k: torch.cat([first[k], first[k]]) for k in first}
     agreed = NUTSPosterior(model, PosteriorSamples(same), {}, chains=2).predictive_diagnostics(x)
     assert agreed["r_hat_pred_max"] < 1.2
     apart = {**same, "layers.1.bias": torch.cat([first["layers.1.bias"],
                                                  first["layers.1.bias"] + 10.0])}
     shifted = NUTSPosterior(model, PosteriorSamples(apart), {}, chains=2).predictive_diagnostics(x)
-    assert shifted["r_hat_pred_max"] > 3.0
+    assert shifted["r_hat_pred_max"] > 1.7
     with pytest.raises(ValueError, match="3 chains of equal length"):
         NUTSPosterior(model, PosteriorSamples(pooled), {}, chains=3)
 
@@ -160,25 +193,50 @@ def record(entry, split, ll, mean, std, **diagnostics):
 
 
 def test_reference_rows_give_distances_split_by_split_and_the_worst_diagnostics():
+    passing = {"r_hat_pred_max": 1.005, "ess_pred_min": 800.0, "chains": 4.0}
     records = [
-        record("nuts", 0, -1.0, [0.0, 0.0], [1.0, 1.0], r_hat_pred_max=1.01, ess_pred_min=300.0),
-        record("nuts", 1, -2.0, [0.0, 0.0], [1.0, 1.0], r_hat_pred_max=1.20, ess_pred_min=50.0),
+        record("nuts", 0, -1.0, [0.0, 0.0], [1.0, 1.0], **passing),
+        record("nuts", 1, -2.0, [0.0, 0.0], [1.0, 1.0], **{**passing, "ess_pred_min": 500.0}),
+        record("nuts", 2, -2.0, [0.0, 0.0], [1.0, 1.0], r_hat_pred_max=1.20, ess_pred_min=50.0,
+               chains=2.0),
         record("map", 0, -1.5, [3.0, 0.0], [1.0, 5.0]),  # W2: 3 and 4, mean 3.5
         record("map", 1, -1.0, [0.0, 0.0], [2.0, 1.0]),  # W2: 1 and 0, mean 0.5
-        {"entry": "map", "data": "uci/toy", "task": "regression", "split": 2,
+        record("map", 2, -1.0, [9.0, 9.0], [2.0, 1.0]),  # against a failing split: none
+        {"entry": "map", "data": "uci/toy", "task": "regression", "split": 3,
          "status": "failed", "reason": "boom"},
     ]
     rows = reference_rows(records, "nuts")
     assert [(r["entry"], r["split"]) for r in rows] == [
-        ("nuts", 0), ("nuts", 1), ("nuts", "all"), ("map", 0), ("map", 1), ("map", "all")]
-    nuts_all, map0, map1, map_all = rows[2], rows[3], rows[4], rows[5]
+        ("nuts", 0), ("nuts", 1), ("nuts", 2), ("nuts", "all"),
+        ("map", 0), ("map", 1), ("map", 2), ("map", "all")]
+    nuts_2, nuts_all, map0, map1, map2, map_all = rows[2:]
     assert map0["w2_to_ref"] == pytest.approx(3.5) and map0["ll_gap"] == pytest.approx(-0.5)
     assert map1["w2_to_ref"] == pytest.approx(0.5) and map1["ll_gap"] == pytest.approx(1.0)
+    assert "w2_to_ref" not in map2 and "ll_gap" not in map2
     assert map_all["w2_to_ref"] == pytest.approx(2.0)
     assert map_all["w2_to_ref_se"] == pytest.approx(1.5)  # sd 3/sqrt(2) over sqrt(2) runs
-    assert map_all["runs"] == 2 and "r_hat_pred_max" not in map_all
+    assert map_all["runs"] == 3 and "r_hat_pred_max" not in map_all
     assert nuts_all["r_hat_pred_max"] == 1.20 and nuts_all["ess_pred_min"] == 50.0
     assert "r_hat_pred_max_se" not in nuts_all and nuts_all["w2_to_ref"] == 0.0
+    assert rows[0]["gates"] == rows[1]["gates"] == "pass"
+    assert nuts_2["gates"] == "chains 2 < 4; R-hat 1.200 > 1.01; ESS 50 < 400"
+    assert nuts_all["gates"] == "2/3 pass" and "gates" not in map_all
+
+
+def test_a_reference_without_chains_is_not_gated():
+    # A point estimate as the reference (no chain diagnostics): every split is measured.
+    records = [record("map", 0, -1.0, [0.0], [1.0]), record("bbb", 0, -1.2, [3.0], [1.0])]
+    rows = {(r["entry"], r["split"]): r for r in reference_rows(records, "map")}
+    assert rows["bbb", 0]["w2_to_ref"] == pytest.approx(3.0)
+    assert "gates" not in rows["map", 0]
+
+
+def test_the_gate_names_each_failure_and_passes_converged_chains():
+    gate = ConvergenceGate()
+    assert gate.failures({"chains": 8.0, "r_hat_pred_max": 1.01, "ess_pred_min": 400.0}) == []
+    assert gate.failures({"chains": 8.0, "r_hat_pred_max": math.nan,
+                          "ess_pred_min": 400.0}) == ["R-hat nan > 1.01"]
+    assert gate.failures({}) == ["chains unknown", "R-hat unknown", "ESS unknown"]
 
 
 def test_uci_sets_get_the_uci_protocol_and_other_sets_keep_their_overrides():
@@ -199,10 +257,14 @@ def test_uci_sets_get_the_uci_protocol_and_other_sets_keep_their_overrides():
 
 def test_compare_guides_on_uci_writes_the_reference_tables(uci_data, tmp_path, monkeypatch,
                                                            capsys):
-    # The command of the README on one yacht split with a tiny budget and a tiny NUTS.
-    nuts = zoo.get("nuts")
-    monkeypatch.setitem(zoo._REGISTRY, "nuts", replace(
-        nuts, method=replace(nuts.method, **TINY_NUTS)))
+    # The command of the README on one yacht split with a tiny budget and a tiny HMC, whose
+    # few draws cannot pass the convergence gate: a gate that passes everything lets the
+    # distances through (four draws a chain can give a negative ESS).
+    hmc = zoo.get("hmc")
+    monkeypatch.setitem(zoo._REGISTRY, "hmc", replace(
+        hmc, method=replace(hmc.method, warmup=4, samples=4, chains=2, map_iterations=5)))
+    monkeypatch.setattr(summary, "GATE", ConvergenceGate(r_hat=math.inf, ess=-math.inf,
+                                                         chains=1))
     monkeypatch.setattr(sys, "argv", [
         "compare_guides.py", "--data", "uci/yacht", "--splits", "1", "--entries", "map",
         "ensemble", "--steps", "5", "--num-samples", "5", "--threads", "1",
@@ -211,15 +273,16 @@ def test_compare_guides_on_uci_writes_the_reference_tables(uci_data, tmp_path, m
     assert "[failed]" not in capsys.readouterr().out
     document = json.loads((tmp_path / "reference.json").read_text())
     rows = {(r["entry"], r["split"]): r for r in document["summary"]}
-    assert set(rows) == {(e, s) for e in ("nuts", "map", "ensemble") for s in (0, "all")}
-    assert {"r_hat_pred_max", "ess_pred_min", "r_hat_max", "ess_min"} <= set(rows["nuts", 0])
+    assert set(rows) == {(e, s) for e in ("hmc", "map", "ensemble") for s in (0, "all")}
+    assert {"r_hat_pred_max", "ess_pred_min", "r_hat_max", "ess_min"} <= set(rows["hmc", 0])
+    assert rows["hmc", 0]["gates"] == "pass" and rows["hmc", "all"]["gates"] == "1/1 pass"
     assert all(math.isfinite(rows[e, 0][k]) for e in ("map", "ensemble")
                for k in ("w2_to_ref", "ll_gap"))
     assert "r_hat_pred_max" in (tmp_path / "reference.md").read_text()
     runs = json.loads((tmp_path / "compare.json").read_text())["runs"]
     settings = {r["entry"]: r["settings"]["overrides"] for r in runs}
     assert settings["map"]["validation"] == settings["ensemble"]["validation"] == 0.1
-    assert "validation" not in settings["nuts"]
+    assert "validation" not in settings["hmc"]
 
 
 def test_nuts_starts_from_its_own_map_fit_whatever_the_global_param_store_holds():

@@ -1,0 +1,243 @@
+"""Hamiltonian Monte Carlo with many chains in one vectorised pass: the zoo's reference.
+
+The chains are replicas of one model (`bnn_zoo._core.replicas`): chain ``c``'s weights are
+index ``c`` of every site of ``model.replicated(C)``, so one full-batch evaluation of the
+potential ``U_c(theta_c) = -log p(theta_c) - sum_n log p(y_n | x_n, theta_c)`` and its
+gradient serves all ``C`` chains ([`ChainPotential`][], traced once by ``torch.jit.trace``).
+The sampler, ChEES-HMC ([`bnn_zoo.methods._chees`][]), moves all chains in lockstep: one
+step size, one mass matrix and one number of leapfrog steps per iteration, so a GPU runs 64
+chains for little more than the cost of one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.distributions import constraints
+from pyro.poutine.util import site_is_subsample
+from torch import Tensor
+
+from bnn_zoo._core.checks import check_bool, check_fraction, check_positive_int
+from bnn_zoo._core.lbfgs import LBFGSResult, minimize_lbfgs
+from bnn_zoo.methods._base import Budget, Method, ModelFactory
+from bnn_zoo.methods._chees import HMCRun, chees_hmc
+from bnn_zoo.methods._nuts import NUTSPosterior, pooled_posterior, restore_samples
+from bnn_zoo.methods._svi import SVI
+
+__all__ = ["HMC", "ChainPotential", "draw_chunks", "full_batch_map"]
+
+
+def _scored(site: dict) -> bool:
+    """Whether a trace's site adds to the log joint: a sample site, not a plate's
+    subsample site nor a ``pyro.deterministic`` record."""
+    return (site["type"] == "sample" and not site_is_subsample(site)
+            and not site["infer"].get("_deterministic"))
+
+
+class ChainPotential:
+    """``theta (C, P) -> (U (C,), grad U (C, P))``: the potential of ``C`` chains of
+    ``model`` (a model with ``replicated``, such as
+    [`BayesianMLP`][bnn_zoo.models.BayesianMLP]) on the full data ``x`` (N, D), ``y``.
+
+    ``theta`` holds every latent sample site of the model, flattened in the order of
+    [`sites`][] (name and event shape); every site must be real-valued (an unconstrained
+    prior). The log density sums the sites' log densities except over the chain (replica)
+    dimension. With ``jit=True`` the potential is traced once by ``torch.jit.trace``.
+    """
+
+    def __init__(self, model: Callable, x: Tensor, y: Tensor, chains: int, *,
+                 jit: bool = True) -> None:
+        check_positive_int("chains", chains)
+        if not hasattr(model, "replicated"):
+            raise TypeError(f"Expected a model with replicated() (a BayesianMLP), got "
+                            f"{type(model).__name__}.")
+        self.chains = chains
+        self.model = model.replicated(chains)
+        self.x = x.expand(chains, *x.shape)
+        self.y = y.expand(chains, *y.shape)
+        with pyro.get_param_store().scope(), torch.no_grad():
+            trace = poutine.trace(self.model).get_trace(self.x, self.y)
+        self.sites: list[tuple[str, torch.Size]] = []
+        for name, site in trace.nodes.items():
+            if not _scored(site) or site["is_observed"]:
+                continue
+            support = site["fn"].support
+            while isinstance(support, constraints.independent):
+                support = support.base_constraint
+            if support is not constraints.real:
+                raise ValueError(f"Expected real-valued latent sites, but {name!r} has "
+                                 f"support {site['fn'].support}.")
+            self.sites.append((name, site["value"].shape[2:]))
+        self.sizes = [math.prod(shape) for _, shape in self.sites]
+        self.dim = sum(self.sizes)
+        self.jit = jit
+        self._compiled: Callable[[Tensor], Tensor] | None = None
+
+    def unflatten(self, theta: Tensor) -> dict[str, Tensor]:
+        """The sites' values ``(C, 1, *event)`` (the replica plate's shape) of ``theta``."""
+        values = theta.split(self.sizes, dim=-1)
+        return {name: v.reshape(theta.shape[0], 1, *shape)
+                for (name, shape), v in zip(self.sites, values)}
+
+    def flatten(self, values: dict[str, Tensor]) -> Tensor:
+        """``theta`` (C, P) of per-chain site values ``name -> (C, *event)``."""
+        return torch.cat([values[name].reshape(self.chains, -1) for name, _ in self.sites], 1)
+
+    def energy(self, theta: Tensor) -> Tensor:
+        """``U (C,)``: minus each chain's log joint density at ``theta``; ``inf`` or NaN
+        where a chain's trajectory diverged (Pyro's validation, off here, would raise
+        there, while the sampler rejects the proposal)."""
+        conditioned = poutine.condition(self.model, data=self.unflatten(theta))
+        with pyro.get_param_store().scope(), pyro.validation_enabled(False):
+            trace = poutine.trace(conditioned).get_trace(self.x, self.y)
+            trace.compute_log_prob()
+        total = torch.zeros(self.chains, dtype=theta.dtype, device=theta.device)
+        for name, site in trace.nodes.items():
+            if not _scored(site):
+                continue
+            log_prob = site["log_prob"]
+            if log_prob.dim() == 0 or log_prob.shape[0] != self.chains:
+                raise ValueError(f"Expected site {name!r} inside the replica plate, with a "
+                                 f"leading dimension {self.chains}, but its log density has "
+                                 f"shape {tuple(log_prob.shape)}.")
+            total = total + log_prob.reshape(self.chains, -1).sum(1)
+        return -total
+
+    def __call__(self, theta: Tensor) -> tuple[Tensor, Tensor]:
+        theta = theta.detach().requires_grad_(True)
+        if self.jit and self._compiled is None:
+            with warnings.catch_warnings():
+                # torch.jit.trace is deprecated in favour of torch.compile, which cannot
+                # trace through Pyro's effect handlers.
+                warnings.filterwarnings("ignore", ".*torch.jit.trace.* is deprecated",
+                                        DeprecationWarning)
+                warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+                self._compiled = torch.jit.trace(self.energy, (theta,), check_trace=False)
+        energy = (self._compiled or self.energy)(theta)
+        grad, = torch.autograd.grad(energy.sum(), theta)
+        return energy.detach(), grad
+
+
+def draw_chunks(run: HMCRun, potential: ChainPotential) -> Iterator[dict[str, Tensor]]:
+    """Each chain's draws as site values ``name -> (S, *event)``."""
+    for chain in run.draws:
+        values = chain.split(potential.sizes, dim=-1)
+        yield {name: v.reshape(v.shape[0], *shape)
+               for (name, shape), v in zip(potential.sites, values)}
+
+
+def full_batch_map(model: Callable, init: dict[str, Tensor], x: Tensor, y: Tensor, *,
+                   max_iter: int) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
+    """The MAP point of ``model`` on all of ``x``, ``y``, from the site values ``init``
+    (``name -> event``): full-batch L-BFGS ([`minimize_lbfgs`][bnn_zoo._core.lbfgs.minimize_lbfgs])
+    on ``-log p(theta, y | x)`` over the weights and, jointly, the model's learned
+    parameters (a regression's noise scale). Returns the refined site values, the model
+    options that fix the noise at its MAP value (empty for classification) and L-BFGS's
+    result."""
+    potential = ChainPotential(model, x, y, 1, jit=False)
+    params = list(potential.model.parameters())
+    theta = potential.flatten({k: v[None] for k, v in init.items()})
+    start = torch.cat([theta.reshape(-1)] + [p.detach().reshape(-1) for p in params])
+    sizes = [potential.dim] + [p.numel() for p in params]
+
+    def objective(z: Tensor) -> tuple[Tensor, Tensor]:
+        chunks = z.split(sizes)
+        with torch.no_grad():
+            for param, value in zip(params, chunks[1:]):
+                param.copy_(value.reshape(param.shape))
+        weights = chunks[0].reshape(1, -1).detach().requires_grad_(True)
+        energy = potential.energy(weights).sum()
+        grads = torch.autograd.grad(energy, [weights, *params])
+        return energy.detach(), torch.cat([g.reshape(-1) for g in grads])
+
+    result = minimize_lbfgs(objective, start, max_iter=max_iter, tolerance_grad=1e-5)
+    objective(result.x)  # leave the parameters at the optimum
+    values = {k: v[0, 0] for k, v in potential.unflatten(result.x[:potential.dim][None]).items()}
+    noise = {}
+    if getattr(model, "learn_noise", False):
+        with pyro.get_param_store().scope(), torch.no_grad():
+            noise["noise_scale"] = float(potential.model.observation_scale())
+    return values, noise, result
+
+
+@dataclass(frozen=True)
+class HMC(Method):
+    """``chains`` chains of ChEES-HMC (Hoffman, Radul & Sountsov 2021, "An Adaptive-MCMC
+    Scheme for Setting Trajectory Lengths in Hamiltonian Monte Carlo") on the entry's model,
+    run as the replicas of one vectorised, JIT-traced full-batch potential
+    ``U_c(w_c) = -log p(w_c) - sum_n log p(y_n | x_n, w_c)``, so that many chains cost
+    little more than one on a GPU.
+
+    ``start`` (an [`SVI`][bnn_zoo.methods.SVI] MAP fit under the budget) is refined by
+    full-batch L-BFGS over the weights and, jointly, the regression noise scale; the noise
+    is then fixed at that MAP value and every chain starts at the MAP weights, running
+    ``warmup`` adapting iterations (step size by dual averaging to ``target_accept``,
+    trajectory length by ChEES, mass matrix in Stan's windows: diagonal, or dense with
+    ``dense=True``) and then ``samples`` kept draws, at most ``max_leapfrog`` leapfrog steps
+    each. The posterior replays the pooled draws
+    ([`PosteriorSamples`][bnn_zoo.methods.PosteriorSamples]); its diagnostics add to those
+    of [`chain_diagnostics`][bnn_zoo.methods.chain_diagnostics] the divergent transitions,
+    the step size, the trajectory length, the leapfrog steps per draw, the acceptance rate
+    and the MAP's L-BFGS iterations, and the fitted entry's ``diagnostics_at(x_test)`` the
+    rank-normalised R-hat and bulk ESS that [`ConvergenceGate`][bnn_zoo.methods.ConvergenceGate]
+    judges."""
+
+    start: SVI
+    warmup: int = 500
+    samples: int = 1000
+    chains: int = 8
+    target_accept: float = 0.8
+    max_leapfrog: int = 256
+    dense: bool = False
+    map_iterations: int = 2000
+    jit: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("warmup", "samples", "chains", "max_leapfrog", "map_iterations"):
+            check_positive_int(name, getattr(self, name))
+        check_fraction("target_accept", self.target_accept)
+        check_bool("dense", self.dense)
+        check_bool("jit", self.jit)
+
+    def with_guide_options(self, options: Mapping[str, Any]) -> HMC:
+        """This method with ``options`` for the guide of its start."""
+        return replace(self, start=self.start.with_guide_options(options))
+
+    def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
+            budget: Budget, progress: bool | None) -> NUTSPosterior:
+        budget.check_supported("HMC", distributed=False)
+        started = time.perf_counter()
+        fit = self.start.fit(build_model, x, y, task=task, seed=seed, budget=budget,
+                             progress=progress)
+        with pyro.get_param_store().scope():
+            init = {k: v.detach() for k, v in fit.guide.median().items()}
+        values, noise, result = full_batch_map(fit.model, init, x, y,
+                                               max_iter=self.map_iterations)
+        map_seconds = time.perf_counter() - started
+        model = build_model(**noise)
+        potential = ChainPotential(model, x, y, self.chains, jit=self.jit)
+        theta = potential.flatten({k: v.expand(self.chains, *v.shape) for k, v in values.items()})
+        generator = torch.Generator(x.device).manual_seed(seed)
+        started = time.perf_counter()
+        run = chees_hmc(potential, theta, warmup=self.warmup, samples=self.samples,
+                        target_accept=self.target_accept, max_leapfrog=self.max_leapfrog,
+                        dense=self.dense, progress=progress, generator=generator)
+        return pooled_posterior(
+            model, list(draw_chunks(run, potential)), x, noise,
+            time.perf_counter() - started, divergences=float(run.divergences.sum()),
+            step_size=run.step_size, trajectory_length=run.trajectory_length,
+            leapfrog_steps=run.leapfrog_steps, acceptance=run.acceptance,
+            map_iterations=float(result.iterations), map_seconds=map_seconds)
+
+    def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
+                y: Tensor) -> NUTSPosterior:
+        """The posterior of `NUTSPosterior.state_dict`."""
+        return restore_samples(build_model, state, x)

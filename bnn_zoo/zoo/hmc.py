@@ -1,0 +1,29 @@
+"""Zoo entry ``hmc``: many chains of Hamiltonian Monte Carlo on the zoo's Bayesian MLP, run
+as replicas of one vectorised pass, the reference every guide is measured against (see
+[`bnn_zoo.methods._hmc`][]).
+
+A MAP fit (the ``map`` entry's guide, with the fan-in prior), refined by full-batch L-BFGS
+until converged, gives every chain's start and the noise scale, which the chains keep
+fixed; then 8 chains of ChEES-HMC, 500 warmup iterations and 1000 draws each.
+"""
+
+from __future__ import annotations
+
+from bnn_zoo.methods._base import Budget
+from bnn_zoo.methods._hmc import HMC
+from bnn_zoo.methods._svi import SVI
+from bnn_zoo.zoo import TINY_BUDGET, Entry, register
+from bnn_zoo.zoo._defaults import fan_in_mlp, map_guide
+
+register(Entry(
+    name="hmc",
+    description="ChEES-HMC, 8 vectorised chains x 1000 draws from a full-batch MAP",
+    tasks=("regression", "classification"),
+    source='Hoffman, Radul & Sountsov 2021, "An Adaptive-MCMC Scheme for Setting '
+           'Trajectory Lengths in Hamiltonian Monte Carlo"',
+    model=fan_in_mlp,
+    method=HMC(start=SVI(map_guide), warmup=500, samples=1000, chains=8),
+    budget=Budget(steps=2000, lr=3e-2, batch_size=256, jit=True),  # the MAP start's
+    tiny={**TINY_BUDGET, "method_options": {"warmup": 4, "samples": 4, "chains": 2,
+                                            "map_iterations": 5}},
+))

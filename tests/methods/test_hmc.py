@@ -1,0 +1,182 @@
+"""ChEES-HMC with vectorised chains (bnn_zoo.methods._hmc): the chains' potential against a
+closed form and Pyro's own, the sampler against the exact posterior of Bayesian linear
+regression and against Pyro's NUTS, and its adaptation schedule."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pyro
+import pytest
+import torch
+from pyro.infer.autoguide.initialization import init_to_value
+from pyro.infer.mcmc.util import initialize_model
+
+from bnn_zoo.methods._chees import chees_hmc, mass_windows, van_der_corput
+from bnn_zoo.methods._hmc import ChainPotential, draw_chunks, full_batch_map
+from bnn_zoo.methods._nuts import bulk_ess, output_draws
+from bnn_zoo.models._mlp import BayesianMLP
+from bnn_zoo.models._priors import GaussianPrior
+
+NOISE = 0.25  # exact in float32, as the model stores it before .double()
+
+
+def linear_problem(n: int = 40, d: int = 3, seed: int = 0):
+    """Data of a linear model, the network without hidden layers under N(0, 1) priors and
+    fixed noise (Bayesian linear regression), and its exact posterior of ``[w, b]``:
+    precision ``I + X^T X / s^2``, mean ``cov X^T y / s^2`` (Bishop 2006, eq. 3.53-3.54)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = x @ torch.linspace(-1, 1, d, dtype=torch.float64) + NOISE * torch.randn(
+        n, generator=g, dtype=torch.float64)
+    model = BayesianMLP(d, 1, hidden=(), noise_scale=NOISE, prior=GaussianPrior()).double()
+    features = torch.cat([x, torch.ones(n, 1, dtype=torch.float64)], 1)
+    precision = torch.eye(d + 1, dtype=torch.float64) + features.T @ features / NOISE**2
+    cov = torch.linalg.inv(precision)
+    return x, y, model, cov @ features.T @ y / NOISE**2, precision, cov
+
+
+def test_chain_potential_is_the_closed_form_energy_of_each_chain_and_its_gradient():
+    x, y, model, mean, precision, _ = linear_problem()
+    potential = ChainPotential(model, x, y, chains=5, jit=False)
+    assert [name for name, _ in potential.sites] == ["layers.0.weight", "layers.0.bias"]
+    theta = torch.randn(5, 4, dtype=torch.float64)
+    energy, grad = potential(theta)
+    # U = (theta - m)^T A (theta - m) / 2 + const, the const the same for every chain
+    quadratic = 0.5 * ((theta - mean) @ precision * (theta - mean)).sum(1)
+    torch.testing.assert_close(energy - quadratic, (energy - quadratic)[:1].expand(5))
+    torch.testing.assert_close(grad, (theta - mean) @ precision)
+    jitted = ChainPotential(model, x, y, chains=5, jit=True)
+    for got, want in zip(jitted(theta), (energy, grad)):
+        torch.testing.assert_close(got, want)
+
+
+def test_chain_potential_matches_pyros_potential_of_a_hidden_layer_net_chain_by_chain():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(30, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(x.sum(1))
+    model = BayesianMLP(2, 1, (4,), noise_scale=0.2).double()
+    potential = ChainPotential(model, x, y, chains=3, jit=False)
+    _, pyro_potential, _, _ = initialize_model(model, model_args=(x, y))
+    theta = 0.5 * torch.randn(3, potential.dim, generator=g, dtype=torch.float64)
+    energy, _ = potential(theta)
+    values = potential.unflatten(theta)
+    for chain in range(3):
+        torch.testing.assert_close(energy[chain],
+                                   pyro_potential({k: v[chain, 0] for k, v in values.items()}))
+
+
+def test_chain_potential_refuses_a_model_without_replicas_by_name():
+    with pytest.raises(TypeError, match="replicated"):
+        ChainPotential(lambda x, y: None, torch.zeros(2, 1), torch.zeros(2), chains=2)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["diagonal", "dense"])
+def test_hmc_samples_the_exact_posterior_of_bayesian_linear_regression(dense):
+    # Mean and variance of every coordinate within Monte Carlo error: the mean's standard
+    # error is sd / sqrt(ESS), the variance's relative one sqrt(2 / ESS) (Gaussian draws);
+    # 4.5 standard errors over 4 coordinates x 2 statistics keep a false alarm below 1e-4.
+    x, y, model, mean, _, cov = linear_problem()
+    potential = ChainPotential(model, x, y, chains=8)
+    run = chees_hmc(potential, torch.zeros(8, 4, dtype=torch.float64), warmup=300,
+                    samples=400, dense=dense, progress=False,
+                    generator=torch.Generator().manual_seed(0))
+    ess = bulk_ess(run.draws)
+    draws = run.draws.reshape(-1, 4)
+    sd = cov.diagonal().sqrt()
+    assert bool(((draws.mean(0) - mean).abs() < 4.5 * sd / ess.sqrt()).all())
+    relative = draws.var(0) / cov.diagonal() - 1
+    assert bool((relative.abs() < 4.5 * (2 / ess).sqrt()).all())
+    assert int(run.divergences.sum()) == 0
+    assert 0.6 < run.acceptance < 1.0
+    chains = list(draw_chunks(run, potential))
+    assert len(chains) == 8 and chains[0]["layers.0.weight"].shape == (400, 3, 1)
+
+
+def test_full_batch_map_of_a_linear_model_is_the_closed_form_posterior_mode():
+    x, y, model, mean, _, _ = linear_problem()
+    init = {"layers.0.weight": torch.zeros(3, 1, dtype=torch.float64),
+            "layers.0.bias": torch.zeros(1, dtype=torch.float64)}
+    values, noise, result = full_batch_map(model, init, x, y, max_iter=200)
+    assert noise == {}  # the noise is fixed, so not estimated
+    got = torch.cat([values["layers.0.weight"].reshape(-1), values["layers.0.bias"]])
+    torch.testing.assert_close(got, mean, atol=1e-6, rtol=0)
+    assert result.reason in ("gradient", "change")
+
+
+def test_full_batch_map_estimates_a_learned_noise_jointly_with_the_weights():
+    # With the weights at their MAP, the MAP noise of a flat-prior sigma is the root mean
+    # squared residual (d/d sigma of N log sigma + RSS / (2 sigma^2) vanishes there).
+    x, y, _, _, _, _ = linear_problem(n=200)
+    model = BayesianMLP(3, 1, hidden=(), prior=GaussianPrior()).double()
+    init = {"layers.0.weight": torch.zeros(3, 1, dtype=torch.float64),
+            "layers.0.bias": torch.zeros(1, dtype=torch.float64)}
+    values, noise, _ = full_batch_map(model, init, x, y, max_iter=500)
+    residual = y - (x @ values["layers.0.weight"]).squeeze(-1) - values["layers.0.bias"]
+    assert noise["noise_scale"] == pytest.approx(float(residual.square().mean().sqrt()),
+                                                 rel=1e-4)
+
+
+@pytest.mark.slow
+def test_hmc_and_pyro_nuts_give_the_same_predictive_of_a_small_network():
+    # A 2-4-1 tanh network on 20 points: both samplers start at the same point and must
+    # agree on the predictive mean at 5 test inputs within 4.5 standard errors of their
+    # difference, each from its own bulk ESS (2 NUTS chains, JIT-compiled: about a minute).
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(20, 2, generator=g, dtype=torch.float64)
+    y = torch.tanh(x[:, 0] - x[:, 1]) + 0.2 * torch.randn(20, generator=g, dtype=torch.float64)
+    x_test = torch.randn(5, 2, generator=g, dtype=torch.float64)
+    model = BayesianMLP(2, 1, (4,), activation="tanh", noise_scale=0.2,
+                        prior=GaussianPrior(fan_in=True)).double()
+    potential = ChainPotential(model, x, y, chains=4)
+    run = chees_hmc(potential, torch.zeros(4, potential.dim, dtype=torch.float64),
+                    warmup=300, samples=700, progress=False,
+                    generator=torch.Generator().manual_seed(3))
+    ours = output_draws(list(draw_chunks(run, potential)), model, x_test)
+    theirs = []
+    start = {k: v[0, 0] for k, v in potential.unflatten(
+        torch.zeros(1, potential.dim, dtype=torch.float64)).items()}
+    for chain in range(2):
+        pyro.set_rng_seed(chain)
+        kernel = pyro.infer.NUTS(model, jit_compile=True, ignore_jit_warnings=True,
+                                 max_tree_depth=6, init_strategy=init_to_value(values=start))
+        mcmc = pyro.infer.MCMC(kernel, num_samples=700, warmup_steps=300,
+                               disable_progbar=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*torch.jit.trace.* is deprecated",
+                                    DeprecationWarning)
+            mcmc.run(x, y)
+        theirs.append(mcmc.get_samples())
+    theirs = output_draws(theirs, model, x_test)
+    error = (ours.flatten(0, 1).var(0) / bulk_ess(ours)
+             + theirs.flatten(0, 1).var(0) / bulk_ess(theirs)).sqrt()
+    gap = (ours.flatten(0, 1).mean(0) - theirs.flatten(0, 1).mean(0)).abs()
+    assert bool((gap < 4.5 * error).all()), (gap, error)
+
+
+def test_chees_hmc_refuses_bad_settings_by_name():
+    x, y, model, _, _, _ = linear_problem()
+    potential = ChainPotential(model, x, y, chains=2, jit=False)
+    start = torch.zeros(2, 4, dtype=torch.float64)
+    for name, value in [("warmup", 0), ("samples", -1), ("max_leapfrog", 0)]:
+        with pytest.raises(ValueError, match=name):
+            chees_hmc(potential, start, **{"warmup": 2, "samples": 2, name: value})
+    with pytest.raises(ValueError, match="target_accept"):
+        chees_hmc(potential, start, warmup=2, samples=2, target_accept=1.5)
+    with pytest.raises(ValueError, match="finite potential"):
+        chees_hmc(potential, torch.full((2, 4), math.nan, dtype=torch.float64), warmup=2,
+                  samples=2)
+
+
+def test_van_der_corput_mirrors_the_binary_digits():
+    assert [van_der_corput(n) for n in range(1, 8)] == [0.5, 0.25, 0.75, 0.125, 0.625,
+                                                        0.375, 0.875]
+
+
+def test_mass_windows_are_stans_expanding_windows():
+    # warmup 1000: 150 iterations of step size alone, windows of 25, 50 and 100, then the
+    # rest (575: a window of 200 would leave less than the 400 of the next) up to
+    # iteration 900, then 100 of step size alone.
+    assert mass_windows(1000) == [174, 224, 324, 899]
+    assert mass_windows(10) == []
