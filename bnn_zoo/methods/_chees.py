@@ -13,8 +13,8 @@ matrix (``L L^T`` its inverse, [`Metric`][]; ``v`` the velocity).
 
 The step size follows the dual averaging of Hoffman & Gelman (2014, "The No-U-Turn Sampler",
 Algorithm 5) on the harmonic mean of the chains' acceptance probabilities (ChEES-HMC's
-choice: one stuck chain pulls it down), and the inverse mass matrix is the within-chain
-variance (or covariance) of the draws in Stan's expanding windows (Stan Reference Manual,
+choice: one stuck chain pulls it down), and the inverse mass matrix is the variance (or
+covariance) of the draws of all chains in Stan's expanding windows (Stan Reference Manual,
 "HMC algorithm parameters"), regularised towards ``1e-3`` as Stan does; after each window
 the step size restarts and the trajectory length keeps its leapfrog steps. A transition
 whose energy error exceeds ``DIVERGENCE`` is divergent (Stan's threshold) and rejected.
@@ -154,18 +154,16 @@ class Metric:
 
     @classmethod
     def estimate(cls, window: Tensor, *, dense: bool) -> Metric:
-        """The within-chain covariance (or variances) of a window of draws (W, C, P),
-        regularised as Stan does, ``n/(n+5) S + 1e-3 * 5/(n+5) I`` over ``n`` draws. Within
-        the chains, not pooled: chains that drift apart along the flat directions of a
-        network's posterior would otherwise widen the metric beyond what each chain sees,
-        and shrink the step size with it."""
+        """The covariance (or variances) of a window of draws (W, C, P) of all chains
+        pooled, regularised as Stan does, ``n/(n+5) S + 1e-3 * 5/(n+5) I`` over ``n``
+        draws. Pooled over the chains, as ChEES-HMC's metric is: ChEES measures the chains'
+        jumps against their spread, in the coordinates this metric whitens."""
         n = window.shape[0] * window.shape[1]
-        centred = (window - window.mean(0)).reshape(n, -1)
+        centred = (window - window.mean((0, 1))).reshape(n, -1)
         shrink, floor = n / (n + 5.0), 1e-3 * 5.0 / (n + 5.0)
-        degrees = n - window.shape[1]
         if not dense:
-            return cls((shrink * centred.square().sum(0) / degrees + floor).sqrt())
-        cov = shrink * centred.T @ centred / degrees
+            return cls((shrink * centred.square().sum(0) / (n - 1) + floor).sqrt())
+        cov = shrink * centred.T @ centred / (n - 1)
         cov.diagonal().add_(floor)
         return cls(torch.linalg.cholesky(cov))
 
