@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks in one call: the tests that need CUDA,
 # then benchmarks/throughput.py (bbb against a plain-torch step at batch 1024, and 20
-# replicas against one fit) and benchmarks/replicas.py (20 bbb fits as replicas against
-# one, end to end) on the GPU. Eight files come back: tests.log, throughput/* and
-# replicas/*, under $OUT (the device tool's folder) or benchmarks/results/gpu.
+# replicas against one fit), benchmarks/replicas.py (20 bbb fits as replicas against
+# one, end to end) and benchmarks/hmc_chains.py (the hmc reference's potential for 8, 64
+# and 512 chains against one) on the GPU. Eleven files come back: tests.log,
+# throughput/*, replicas/* and hmc_chains/*, under $OUT (the device tool's folder) or
+# benchmarks/results/gpu.
 #
 # A lent GPU machine has PyTorch but neither Pyro nor a network. Fetch Pyro's wheels into
 # the checkout first, on this side, and carry them:
@@ -36,4 +38,5 @@ fi
 # The benchmarks run whatever the tests said; the script's status is the tests'.
 python3 benchmarks/throughput.py --device "$device" --processes 1 --out "$out/throughput"
 python3 benchmarks/replicas.py --device "$device" --repeats 3 --out "$out/replicas"
+python3 benchmarks/hmc_chains.py --device "$device" --out "$out/hmc_chains"
 exit "$tests"

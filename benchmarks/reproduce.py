@@ -103,6 +103,9 @@ RESULTS: tuple[Result, ...] = (
     _result("uci_gap", "sweep",
             f"{BENCH}/uci.py --gap --data yacht energy --threads 1 --reference nuts"),
     _result("uci", "sweep", f"{BENCH}/uci.py --splits 20 --threads 1 --reference nuts"),
+    _result("reference_hmc", "sweep",
+            "-m bnn_zoo compare --data uci/bostonHousing --entries map --reference hmc "
+            "--splits 5 --threads 2"),
     _result("speed", "timing", f"{BENCH}/speed.py"),
     _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),
     _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),

@@ -216,7 +216,7 @@ class ConvergenceGate:
         if r_hat is None:
             out.append("R-hat unknown")
         elif not r_hat <= self.r_hat:
-            out.append(f"R-hat {r_hat:.3f} > {self.r_hat:g}")
+            out.append(f"R-hat {r_hat:.4f} > {self.r_hat:g}")
         if ess is None:
             out.append("ESS unknown")
         elif not ess >= self.ess:

@@ -39,6 +39,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
                           "test_compare_guides_writes_a_row_per_entry"),
     "distributed_fit.py": ("benchmarks/test_scale_scripts.py",
                            "test_distributed_example_runs_as_one_process"),
+    "hmc_chains.py": ("benchmarks/test_benchmarks.py",
+                      "test_hmc_chains_writes_the_time_of_each_chain_count_and_its_ratio"),
     "laplace_cnn.py": ("benchmarks/test_benchmarks.py",
                        "test_laplace_cnn_writes_a_row_per_entry_and_the_reliability_diagrams"),
     "laplace_torch.py": ("benchmarks/test_laplace_torch_benchmark.py",
@@ -382,3 +384,15 @@ def test_loader_benchmark_writes_the_times_and_ratios(tmp_path, monkeypatch, ben
         assert row[f"{kind}_ratio"] == pytest.approx(row[f"{kind}_s"] / row["tensors_s"])
     (saved,) = json.loads((tmp_path / "loader.json").read_text())["summary"]
     assert saved == pytest.approx(row)
+
+
+def test_hmc_chains_writes_the_time_of_each_chain_count_and_its_ratio(tmp_path,
+                                                                      benchmark_script):
+    rows = benchmark_script("hmc_chains.py")["main"](
+        ["--chains", "3", "--points", "20", "--repeats", "1", "--inner", "1",
+         "--out", str(tmp_path)])
+    assert [r["chains"] for r in rows] == [1, 3]
+    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] == rows[1]["ms"] / rows[0]["ms"]
+    assert rows[1]["per_chain_ms"] == pytest.approx(rows[1]["ms"] / 3)
+    summary = json.loads((tmp_path / "hmc_chains.json").read_text())["summary"]
+    assert [r["chains"] for r in summary] == [1, 3]

@@ -219,7 +219,7 @@ def test_reference_rows_give_distances_split_by_split_and_the_worst_diagnostics(
     assert nuts_all["r_hat_pred_max"] == 1.20 and nuts_all["ess_pred_min"] == 50.0
     assert "r_hat_pred_max_se" not in nuts_all and nuts_all["w2_to_ref"] == 0.0
     assert rows[0]["gates"] == rows[1]["gates"] == "pass"
-    assert nuts_2["gates"] == "chains 2 < 4; R-hat 1.200 > 1.01; ESS 50 < 400"
+    assert nuts_2["gates"] == "chains 2 < 4; R-hat 1.2000 > 1.01; ESS 50 < 400"
     assert nuts_all["gates"] == "2/3 pass" and "gates" not in map_all
 
 

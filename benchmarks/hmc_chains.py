@@ -1,0 +1,70 @@
+"""What many HMC chains cost against one: the ``hmc`` reference's potential and gradient
+for C chains in one vectorised pass (``bnn_zoo.methods._hmc.ChainPotential``), against one
+chain, in one run.
+
+The problem is boston's size (455 training points, 13 inputs, the 13-50-1 network of the
+UCI protocol under the fan-in prior, noise 0.2), synthetic. For each ``--chains`` C: the
+median milliseconds of one evaluation of ``U`` and ``grad U`` for all C chains (JIT-traced,
+interleaved rounds, ``bnn_zoo._harness.timing.interleaved_medians``) and ``ratio``, that
+time over one chain's. A ratio far below C is what lets a GPU run 64 chains for little more
+than one; on a CPU, whose cores the arithmetic of one chain already keeps busy, it grows
+with C.
+
+    python benchmarks/hmc_chains.py --device cuda --out results/hmc_chains
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import torch
+
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.tables import write_tables
+from bnn_zoo._harness.timing import interleaved_medians
+from bnn_zoo.methods._hmc import ChainPotential
+from bnn_zoo.zoo._defaults import fan_in_mlp
+
+COLUMNS = ("device", "chains", "ms", "ratio", "per_chain_ms")
+
+
+def problem(n: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A regression set of ``n`` points in ``d`` inputs: a random tanh function plus noise."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=g)
+    y = torch.tanh(x @ torch.randn(d, generator=g)) + 0.2 * torch.randn(n, generator=g)
+    return x.to(device), y.to(device)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    flags.add_shared_flags(parser, out="results/hmc_chains",
+                           without=("seed", "splits", "retain_freed_memory"))
+    parser.add_argument("--chains", type=flags.positive_int, nargs="+", default=[1, 8, 64, 512],
+                        help="the chain counts to time (default: 1 8 64 512; 1 always runs)")
+    parser.add_argument("--points", type=flags.positive_int, default=455,
+                        help="training points (default: 455, boston's)")
+    parser.add_argument("--repeats", type=flags.positive_int, default=7,
+                        help="interleaved rounds (default: 7)")
+    parser.add_argument("--inner", type=flags.positive_int, default=20,
+                        help="evaluations per round (default: 20)")
+    args = flags.parse(parser, argv)
+    device = args.device
+    x, y = problem(args.points, 13, device)
+    model = fan_in_mlp(13, 1, noise_scale=0.2).to(device)
+    calls = {}
+    for chains in sorted(set([1, *args.chains])):
+        potential = ChainPotential(model, x, y, chains)
+        theta = 0.1 * torch.randn(chains, potential.dim, device=device)
+        calls[str(chains)] = lambda potential=potential, theta=theta: potential(theta)
+    ms = interleaved_medians(calls, repeats=args.repeats, inner=args.inner, device=device)
+    rows = [{"device": device.type, "chains": int(c), "ms": t, "ratio": t / ms["1"],
+             "per_chain_ms": t / int(c)} for c, t in ms.items()]
+    print(write_tables(args.out, "hmc_chains", rows, keys=("device", "chains"),
+                       columns=COLUMNS))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
