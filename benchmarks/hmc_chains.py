@@ -26,7 +26,7 @@ from bnn_zoo._harness.timing import interleaved_medians
 from bnn_zoo.methods._hmc import ChainPotential
 from bnn_zoo.zoo._defaults import fan_in_mlp
 
-COLUMNS = ("device", "chains", "ms", "ratio", "per_chain_ms")
+COLUMNS = ("ms", "ratio", "per_chain_ms")
 
 
 def problem(n: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
