@@ -27,7 +27,8 @@ from torch import Tensor
 
 from bnn_zoo._core.checks import check_bool, check_fraction, check_positive_int
 from bnn_zoo._core.lbfgs import LBFGSResult, minimize_lbfgs
-from bnn_zoo.methods._base import Budget, Method, ModelFactory
+from bnn_zoo._core.tasks import task_named
+from bnn_zoo.methods._base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods._chees import HMCRun, chees_hmc
 from bnn_zoo.methods._nuts import NUTSPosterior, pooled_posterior, restore_samples
 from bnn_zoo.methods._svi import SVI
@@ -214,6 +215,9 @@ class HMC(Method):
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> NUTSPosterior:
         budget.check_supported("HMC", distributed=False)
+        if task_named(task).noisy and y.dim() > 1:
+            raise UnsupportedProblem(f"hmc fixes one noise scale at its MAP value and takes "
+                                     f"regression targets of shape (N,), got {tuple(y.shape)}.")
         started = time.perf_counter()
         fit = self.start.fit(build_model, x, y, task=task, seed=seed, budget=budget,
                              progress=progress)

@@ -13,11 +13,13 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_value
 from pyro.infer.mcmc.util import initialize_model
 
+from bnn_zoo import zoo
 from bnn_zoo.methods._chees import chees_hmc, mass_windows, van_der_corput
 from bnn_zoo.methods._hmc import ChainPotential, draw_chunks, full_batch_map
 from bnn_zoo.methods._nuts import bulk_ess, output_draws
 from bnn_zoo.models._mlp import BayesianMLP
 from bnn_zoo.models._priors import GaussianPrior
+from bnn_zoo.zoo import UnsupportedProblem
 
 NOISE = 0.25  # exact in float32, as the model stores it before .double()
 
@@ -180,3 +182,10 @@ def test_mass_windows_are_stans_expanding_windows():
     # iteration 900, then 100 of step size alone.
     assert mass_windows(1000) == [174, 224, 324, 899]
     assert mass_windows(10) == []
+
+
+def test_hmc_refuses_regression_targets_of_several_outputs_by_name():
+    x = torch.linspace(-1, 1, 20)[:, None]
+    with pytest.raises(UnsupportedProblem, match=r"targets of shape \(N,\), got \(20, 2\)"):
+        zoo.get("hmc").fit(x, torch.cat([x, x.square()], 1), steps=2,
+                           method_options={"warmup": 2, "samples": 2, "chains": 2})
