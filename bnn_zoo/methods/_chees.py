@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -223,14 +223,15 @@ class _Adaptation:
     generator: torch.Generator | None
     metric: Metric
     step_size: float = 1.0
-    windows: tuple[int, ...] = ()
-    window: list[Tensor] | None = None
+    windows: frozenset[int] = field(init=False)
+    first: int = field(init=False)
+    window: list[Tensor] = field(init=False, default_factory=list)
+    log_length: _LogAdam = field(init=False, default_factory=lambda: _LogAdam(0.0))
+    dual: _DualAveraging = field(init=False)
 
     def __post_init__(self) -> None:
-        self.windows = tuple(mass_windows(self.warmup))
-        self.window = []
+        self.windows = frozenset(mass_windows(self.warmup))
         self.first = int(0.15 * self.warmup)
-        self.log_length = _LogAdam(0.0)
 
     def restart(self, theta: Tensor, energy: Tensor, grad: Tensor) -> None:
         """A new step size for the current metric (keeping ``T / eps``), and its dual
@@ -284,7 +285,9 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
     adapt.restart(theta, energy, grad)
     draws = theta.new_empty(theta.shape[0], samples, theta.shape[1])
     divergences = torch.zeros(theta.shape[0], dtype=torch.long, device=theta.device)
-    steps_taken, acceptance, gradients = 0, 0.0, 0
+    steps_taken, gradients = 0, 0
+    # Summed on the device (in float64, as Python's floats would), read back once.
+    acceptance = torch.zeros((), dtype=torch.float64, device=theta.device)
     show = sys.stderr.isatty() if progress is None else progress
     for t in tqdm(range(warmup + samples), desc="HMC", disable=not show, leave=False):
         jitter = van_der_corput(t + 1)
@@ -310,9 +313,9 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
         draws[:, t - warmup] = theta
         divergences += (error > DIVERGENCE).long()
         steps_taken += steps
-        acceptance += float(accept_prob.mean())
+        acceptance += accept_prob.mean().double()
     return HMCRun(draws, divergences, adapt.step_size, adapt.length, steps_taken / samples,
-                  acceptance / samples, gradients)
+                  float(acceptance) / samples, gradients)
 
 
 def _ascend_chees(log_length: _LogAdam, jitter: float, theta: Tensor, proposal: Tensor,

@@ -30,7 +30,7 @@ from bnn_zoo._core.lbfgs import LBFGSResult, minimize_lbfgs
 from bnn_zoo._core.tasks import task_named
 from bnn_zoo.methods._base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods._chees import HMCRun, chees_hmc
-from bnn_zoo.methods._nuts import NUTSPosterior, pooled_posterior, restore_samples
+from bnn_zoo.methods._nuts import NUTSPosterior, map_start, pooled_posterior, restore_samples
 from bnn_zoo.methods._svi import SVI
 
 __all__ = ["HMC", "ChainPotential", "draw_chunks", "full_batch_map"]
@@ -82,11 +82,14 @@ class ChainPotential:
         self.jit = jit
         self._compiled: Callable[[Tensor], Tensor] | None = None
 
+    def values(self, theta: Tensor) -> dict[str, Tensor]:
+        """The sites' values ``(*lead, *event)`` of flat ``theta`` (*lead, P)."""
+        return {name: v.reshape(*theta.shape[:-1], *shape)
+                for (name, shape), v in zip(self.sites, theta.split(self.sizes, dim=-1))}
+
     def unflatten(self, theta: Tensor) -> dict[str, Tensor]:
         """The sites' values ``(C, 1, *event)`` (the replica plate's shape) of ``theta``."""
-        values = theta.split(self.sizes, dim=-1)
-        return {name: v.reshape(theta.shape[0], 1, *shape)
-                for (name, shape), v in zip(self.sites, values)}
+        return {name: v.unsqueeze(1) for name, v in self.values(theta).items()}
 
     def flatten(self, values: dict[str, Tensor]) -> Tensor:
         """``theta`` (C, P) of per-chain site values ``name -> (C, *event)``."""
@@ -130,9 +133,7 @@ class ChainPotential:
 def draw_chunks(run: HMCRun, potential: ChainPotential) -> Iterator[dict[str, Tensor]]:
     """Each chain's draws as site values ``name -> (S, *event)``."""
     for chain in run.draws:
-        values = chain.split(potential.sizes, dim=-1)
-        yield {name: v.reshape(v.shape[0], *shape)
-               for (name, shape), v in zip(potential.sites, values)}
+        yield potential.values(chain)
 
 
 def full_batch_map(model: Callable, init: dict[str, Tensor], x: Tensor, y: Tensor, *,
@@ -161,7 +162,7 @@ def full_batch_map(model: Callable, init: dict[str, Tensor], x: Tensor, y: Tenso
 
     result = minimize_lbfgs(objective, start, max_iter=max_iter, tolerance_grad=1e-5)
     objective(result.x)  # leave the parameters at the optimum
-    values = {k: v[0, 0] for k, v in potential.unflatten(result.x[:potential.dim][None]).items()}
+    values = potential.values(result.x[:potential.dim])
     noise = {}
     if getattr(model, "learn_noise", False):
         with pyro.get_param_store().scope(), torch.no_grad():
@@ -219,10 +220,8 @@ class HMC(Method):
             raise UnsupportedProblem(f"hmc fixes one noise scale at its MAP value and takes "
                                      f"regression targets of shape (N,), got {tuple(y.shape)}.")
         started = time.perf_counter()
-        fit = self.start.fit(build_model, x, y, task=task, seed=seed, budget=budget,
-                             progress=progress)
-        with pyro.get_param_store().scope():
-            init = {k: v.detach() for k, v in fit.guide.median().items()}
+        fit, init = map_start(self.start, build_model, x, y, task=task, seed=seed,
+                              budget=budget, progress=progress)
         values, noise, result = full_batch_map(fit.model, init, x, y,
                                                max_iter=self.map_iterations)
         map_seconds = time.perf_counter() - started

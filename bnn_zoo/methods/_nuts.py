@@ -45,11 +45,11 @@ from bnn_zoo._core.predictive import GaussianMixturePredictive, predict
 from bnn_zoo._core.tasks import task_named
 from bnn_zoo.methods._base import Budget, Method, ModelFactory, Predictive, UnsupportedProblem
 from bnn_zoo.methods._state import module_state
-from bnn_zoo.methods._svi import SVI
+from bnn_zoo.methods._svi import SVI, SVIPosterior
 
 __all__ = ["NUTS", "ConvergenceGate", "NUTSPosterior", "PosteriorSamples", "bulk_ess",
            "chain_diagnostics", "output_draws", "pooled_posterior", "r_hat_ess", "rank_r_hat",
-           "restore_samples", "sampler_start"]
+           "map_start", "restore_samples", "sampler_start"]
 
 
 class PosteriorSamples:
@@ -266,21 +266,31 @@ class NUTSPosterior:
                 "chains": self.chains}
 
 
-def sampler_start(start: SVI, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
-                  seed: int, budget: Budget, progress: bool | None
-                  ) -> tuple[Callable, dict[str, Tensor], dict[str, float]]:
-    """What a sampler's chains start from: the SVI fit ``start`` under ``budget``, its
-    guide's ``median()`` as the initial values of the sites, a regression's noise scale
-    fixed at the fit's (type-II maximum likelihood), and a fresh model with that noise.
-    Returns ``(model, init, noise)``, ``noise`` the model options that fix it."""
+def map_start(start: SVI, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
+              seed: int, budget: Budget, progress: bool | None
+              ) -> tuple[SVIPosterior, dict[str, Tensor]]:
+    """The SVI fit ``start`` under ``budget`` and its guide's ``median()``, the sites'
+    values a sampler's chains start from. Returns ``(fit, init)``."""
     fit = start.fit(build_model, x, y, task=task, seed=seed, budget=budget, progress=progress)
-    noise = {}
     # Read in a private parameter store: outside one, a PyroModule takes the values that
     # the global store holds under its parameters' names (a previous fit's, of another
     # data set) in place of its own.
     with pyro.get_param_store().scope():
         init = {k: v.detach() for k, v in fit.guide.median().items()}
-        if task_named(task).noisy:
+    return fit, init
+
+
+def sampler_start(start: SVI, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
+                  seed: int, budget: Budget, progress: bool | None
+                  ) -> tuple[Callable, dict[str, Tensor], dict[str, float]]:
+    """What a sampler's chains start from: [`map_start`][]'s values, a regression's noise
+    scale fixed at the fit's (type-II maximum likelihood), and a fresh model with that
+    noise. Returns ``(model, init, noise)``, ``noise`` the model options that fix it."""
+    fit, init = map_start(start, build_model, x, y, task=task, seed=seed, budget=budget,
+                          progress=progress)
+    noise = {}
+    if task_named(task).noisy:
+        with pyro.get_param_store().scope():  # as in map_start
             noise["noise_scale"] = float(fit.model.observation_scale().detach())
     return build_model(**noise), init, noise
 
