@@ -5,7 +5,7 @@
 [`SVI`][bnn_zoo.methods.SVI], [`Laplace`][bnn_zoo.methods.laplace.Laplace] (its own package,
 [`bnn_zoo.methods.laplace`][]), [`HMC`][bnn_zoo.methods.HMC] (the reference: vectorised
 chains, gated by [`ConvergenceGate`][bnn_zoo.methods.ConvergenceGate]),
-[`NUTS`][bnn_zoo.methods.NUTS],
+[`NUTS`][bnn_zoo.methods.NUTS], [`IVON`][bnn_zoo.methods.IVON],
 [`SGMCMC`][bnn_zoo.methods.SGMCMC] (SGLD and SGHMC), [`SWAG`][bnn_zoo.methods.SWAG],
 [`Ensemble`][bnn_zoo.methods.Ensemble], [`ExactGP`][bnn_zoo.methods.ExactGP] and
 [`LogitNormalSVI`][bnn_zoo.methods.LogitNormalSVI]; the training
@@ -16,12 +16,13 @@ from bnn_zoo.methods._base import Budget, Method, Posterior, UnsupportedProblem
 from bnn_zoo.methods._ensemble import Ensemble
 from bnn_zoo.methods._gp import ExactGP
 from bnn_zoo.methods._hmc import HMC
+from bnn_zoo.methods._ivon import IVON
 from bnn_zoo.methods._logitnormal import LogitNormalSVI
 from bnn_zoo.methods._nuts import NUTS, ConvergenceGate, PosteriorSamples, chain_diagnostics
 from bnn_zoo.methods._sgmcmc import SGMCMC, sgmcmc_samples
 from bnn_zoo.methods._svi import SVI
 from bnn_zoo.methods._swag import SWAG
 
-__all__ = ["HMC", "NUTS", "SGMCMC", "SVI", "SWAG", "Budget", "ConvergenceGate", "Ensemble",
+__all__ = ["HMC", "IVON", "NUTS", "SGMCMC", "SVI", "SWAG", "Budget", "ConvergenceGate", "Ensemble",
            "ExactGP", "LogitNormalSVI", "Method", "Posterior", "PosteriorSamples",
            "UnsupportedProblem", "chain_diagnostics", "sgmcmc_samples"]
