@@ -13,9 +13,10 @@ its finished runs carried over before it ends.
 entry, data set, split and seed, less what the tables do not read:
 
 * the thinned loss curve (``losses``, kept empty, as a restored run has it);
-* on a data set where the reference entry (``--reference``, default ``nuts``) was skipped,
-  the predictive at every test point (``moments``, ``class_probs``): only the distances to
-  the reference read them, and there is no reference to measure against. On the data sets
+* on a data set where the reference entry (``--reference``, default ``hmc``) was skipped,
+  the predictive at every test point (``moments``, ``quantiles``, ``class_probs``): only the
+  distances to the reference read them, and there is no reference to measure against. On the
+  data sets
   where it runs, or has not yet run, they are kept, so the distances can be computed once
   the reference finishes. A sweep measured against no reference (``--reference none``, as
   ``classification.py`` runs) drops them everywhere.
@@ -50,7 +51,7 @@ CHECKPOINT = "checkpoint.jsonl"
 #: The statuses of the runs a cache keeps (a failed run is fitted again, never cached).
 KEPT = ("ok", "skipped")
 #: The predictive at every test point: read only by the distances to a reference.
-PER_POINT = ("moments", "class_probs")
+PER_POINT = ("moments", "quantiles", "class_probs")
 
 
 def _key(record: dict) -> tuple:

@@ -57,7 +57,7 @@ UCI_MODEL_OPTIONS = {"uci/protein-tertiary-structure": {"hidden": (100,)}}
 UCI_VALIDATION = 0.1
 
 TABLE_COLUMNS = {
-    "regression": ("rmse", "ll", "coverage_90", "w2_to_ref", "ll_gap", "fit_seconds",
+    "regression": ("rmse", "ll", "coverage_90", "w1_to_ref", "w2_to_ref", "ll_gap", "fit_seconds",
                    "steps_per_second"),
     "classification": ("accuracy", "nll", "ece", "brier", "mi", "agreement", "tv_to_ref",
                        "fit_seconds", "steps_per_second"),
@@ -165,9 +165,10 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
     overrides_by_data : in place of ``overrides``, a function of the data set's name giving
         its ``overrides`` (e.g. ``functools.partial(data_overrides, overrides={},
         validation=None)``, the UCI protocol of ``benchmarks/uci.py``).
-    reference : an entry (e.g. ``"nuts"``) also run on every split, so that
+    reference : an entry (e.g. ``"hmc"``) also run on every split, so that
         `summarise` can measure the distance of every
-        predictive to it.
+        predictive to it; every regression run then keeps its predictive's quantiles
+        for the Wasserstein-1 distance (`bnn_zoo._harness.runs.W1_LEVELS`).
     net : a network every entry fits in place of its own model (``entry.fit(...,
         net=net)``; ``None``: the entries' own models); entries that take none are skipped,
         and by default only those that do run. A [`NamedNetwork`][bnn_zoo.zoo.NamedNetwork] (from
@@ -204,7 +205,8 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
     check_writable("out", out, folders=[CACHE, *(f"{CACHE}/{e}" for e in cached)])
     # A worker started elsewhere (--scheduler) finds the same folder on a shared file system.
     common = {"num_samples": num_samples, "out": str(Path(out).absolute()), "device": str(device),
-              "cached_only": cached_only, "threads": threads, "log": log}
+              "cached_only": cached_only, "threads": threads, "log": log,
+              "quantiles": reference is not None}
     batches = [batch for name, indices in plan.items() for batch in _batches(
         name, indices, entries, seed=seed, reference=reference, net=net, replicas=replicas,
         overrides=overrides if overrides_by_data is None else overrides_by_data(name),
@@ -310,7 +312,11 @@ def write_reference(records: list[dict], out: str | Path, reference: str) -> str
                 "`ess_pred_min`: the largest split R-hat and smallest bulk effective sample "
                 "size over the network output at the test inputs, chain by chain; `_f`: the "
                 "same at (up to 50) training inputs; `r_hat_max`, `ess_min`: over the "
-                "weights.")
+                "weights. Regression: `w1_to_ref`, the mean over test points of the "
+                "Wasserstein-1 distance between the two predictives (from 32 quantiles); "
+                "`w2_to_ref`, that of the 2-Wasserstein distance between Gaussians with "
+                "their means and standard deviations; `ll_gap`, the entry's test LL less the "
+                "reference's.")
     if "classification" in finished:
         preamble += (" Classification: `agreement`, the share of test points whose most "
                      f"probable class is `{reference}`'s; `tv_to_ref`, the mean total "

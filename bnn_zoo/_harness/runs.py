@@ -5,7 +5,10 @@
 posterior computes at the test inputs: NUTS's R-hat and ESS over the predictive), the thinned
 loss curve, the predictive's moments at the test inputs (regression) or its averaged class
 probabilities there (``class_probs``, classification), for distances to a reference
-(`reference_distances`), a predictive band on a grid (1-D
+(`reference_distances`), and, for a run compared with a reference (``quantiles=True``),
+the predictive's quantiles at the `W1_LEVELS` levels ``(k - 1/2) / K`` at every test input
+(``quantiles``, K lists of N), from which the Wasserstein-1 distance follows
+([`quantile_w1`][bnn_zoo._harness.summary.quantile_w1]), a predictive band on a grid (1-D
 inputs) or, for classification, reliability bins and ``auroc_shift``: the AUROC of the
 predictive entropy for telling the test points from a covariate-shifted copy of them
 ([`shifted_inputs`][bnn_zoo.evaluation._metrics.shifted_inputs]).
@@ -55,8 +58,19 @@ from bnn_zoo._harness.provenance import code_version, provenance, run_code
 from bnn_zoo.evaluation._metrics import auroc, reliability_bins, shifted_inputs
 from bnn_zoo.zoo import UnsupportedProblem
 
-__all__ = ["CACHE", "CacheWarning", "cache_path", "cache_record", "cached_run", "cached_runs",
-           "data_digest", "restore_cache", "results_jsons", "run_many", "run_one", "run_settings"]
+__all__ = ["CACHE", "W1_LEVELS", "CacheWarning", "cache_path", "cache_record", "cached_run",
+           "cached_runs", "data_digest", "restore_cache", "results_jsons", "run_many", "run_one",
+           "run_settings", "w1_levels"]
+
+#: The number K of quantile levels a run compared with a reference keeps per test input: the
+#: midpoint rule of ``W1 = int_0^1 |Q_a(u) - Q_b(u)| du`` on them is within 1% of the integral
+#: for two Gaussians (it leaves out the outer halves of the first and last levels' tails).
+W1_LEVELS = 32
+
+
+def w1_levels() -> list[float]:
+    """The quantile levels ``(k - 1/2) / K``, ``k = 1..K``, ``K`` = `W1_LEVELS`."""
+    return [(k + 0.5) / W1_LEVELS for k in range(W1_LEVELS)]
 
 #: The folder of a comparison's output that caches its runs, one record each.
 CACHE = "runs"
@@ -108,19 +122,22 @@ def data_digest(dataset: data_module.Dataset) -> str:
     return digest.hexdigest()[:16]
 
 
-def run_settings(dataset: data_module.Dataset, overrides: dict | None, num_samples: int) -> dict:
+def run_settings(dataset: data_module.Dataset, overrides: dict | None, num_samples: int, *,
+                 quantiles: bool = False) -> dict:
     """Every setting besides entry, data, split and seed that changes a run's result,
     the version of the code that computes it included (``code``:
     `code_version`)."""
     return {"overrides": overrides or {}, "num_samples": num_samples,
+            **({"quantiles": W1_LEVELS} if quantiles else {}),
             "device": str(dataset.x_train.device), "dtype": str(dataset.x_train.dtype),
             "data_digest": data_digest(dataset), "code": code_version()}
 
 
 def _base_record(entry: str, dataset: data_module.Dataset, split: int, seed: int,
-                 overrides: dict | None, num_samples: int) -> dict:
+                 overrides: dict | None, num_samples: int, quantiles: bool = False) -> dict:
     return {"entry": entry, "data": dataset.name, "task": dataset.task, "split": split,
-            "seed": seed, "settings": run_settings(dataset, overrides, num_samples),
+            "seed": seed, "settings": run_settings(dataset, overrides, num_samples,
+                                                   quantiles=quantiles),
             "provenance": provenance(dataset.x_train.device)}
 
 
@@ -131,7 +148,8 @@ def _failed(record: dict, error: Exception) -> dict:
 
 
 def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
-            overrides: dict | None = None, num_samples: int = 200) -> dict:
+            overrides: dict | None = None, num_samples: int = 200,
+            quantiles: bool = False) -> dict:
     """Fit ``entry`` on ``dataset`` and return its record (metrics and what the figures
     need). ``overrides`` is passed to ``entry.fit`` as keyword arguments (budget fields,
     ``model_options``, ``guide_options``, ``method_options``).
@@ -139,7 +157,7 @@ def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
     An entry that raises [`UnsupportedProblem`][bnn_zoo.zoo.UnsupportedProblem] gives a record with
     ``status="skipped"`` and the reason; any other error ``status="failed"``.
     """
-    record = _base_record(entry, dataset, split, seed, overrides, num_samples)
+    record = _base_record(entry, dataset, split, seed, overrides, num_samples, quantiles)
     started = time.perf_counter()
     try:
         fitted = zoo.get(entry).fit(dataset.x_train, dataset.y_train, task=dataset.task,
@@ -151,13 +169,13 @@ def run_one(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
 
 def run_many(entry: str, datasets: Sequence[data_module.Dataset], *, splits: Sequence[int],
              seeds: Sequence[int], overrides: dict | None = None,
-             num_samples: int = 200) -> Iterator[dict]:
+             num_samples: int = 200, quantiles: bool = False) -> Iterator[dict]:
     """The records of ``entry`` on the splits ``datasets`` (of equal training size) with
     ``seeds``, fitted together by ``entry.fit_many`` (as replicas where the entry batches
     them) on the first ``next``, then each evaluated as it is asked for (so that a caller
     caches each finished one at once); ``status`` as in `run_one`, one failure
     failing every split."""
-    records = [_base_record(entry, d, k, s, overrides, num_samples)
+    records = [_base_record(entry, d, k, s, overrides, num_samples, quantiles)
                for d, k, s in zip(datasets, splits, seeds)]
     started = time.perf_counter()
     try:
@@ -185,6 +203,8 @@ def _evaluated(record: dict, fitted: zoo.Fitted, dataset: data_module.Dataset,
     pred = fitted.predict(dataset.x_test, num_samples)
     if isinstance(pred, GaussianMixturePredictive):
         record["moments"] = {"mean": _tolist(pred.mean), "std": _tolist(pred.stddev)}
+        if record["settings"].get("quantiles"):
+            record["quantiles"] = [_tolist(pred.quantile(level)) for level in w1_levels()]
         if dataset.in_dim == 1:
             grid = _grid(dataset)
             band = fitted.predict(grid, num_samples)
@@ -254,17 +274,18 @@ def _write_cached(path: Path, record: dict) -> None:
 
 def cached_run(entry: str, dataset: data_module.Dataset, *, split: int, seed: int,
                overrides: dict | None, num_samples: int, out: str | Path,
-               log: bool = True) -> dict:
+               log: bool = True, quantiles: bool = False) -> dict:
     """The record of ``entry`` on ``dataset``: read from the cache under ``out`` when a
     readable one with the same settings exists, otherwise fitted (`run_one`) and,
     unless it failed, cached."""
     return cached_runs(entry, [dataset], splits=[split], seeds=[seed], overrides=overrides,
-                       num_samples=num_samples, out=out, log=log, together=False)[0]
+                       num_samples=num_samples, out=out, log=log, together=False,
+                       quantiles=quantiles)[0]
 
 
 def _fits(entry: str, datasets: Sequence[data_module.Dataset], splits: Sequence[int],
           seeds: Sequence[int], chosen: Sequence[int], overrides: dict, num_samples: int,
-          mode: str) -> Iterator[dict]:
+          mode: str, quantiles: bool) -> Iterator[dict]:
     """The records of the runs ``chosen`` (indices into ``datasets``, ``splits`` and
     ``seeds``) in order: fitted together (``mode="together"``, `run_many`), one by
     one (``"alone"``, `run_one`), or not at all (``"none"``: skipped, with the reason
@@ -272,21 +293,23 @@ def _fits(entry: str, datasets: Sequence[data_module.Dataset], splits: Sequence[
     if mode == "none":
         for i in chosen:
             yield {**_base_record(entry, datasets[i], splits[i], seeds[i], overrides,
-                                  num_samples), "status": "skipped", "reason": NOT_CACHED}
+                                  num_samples, quantiles),
+                   "status": "skipped", "reason": NOT_CACHED}
     elif mode == "together":
         yield from run_many(entry, [datasets[i] for i in chosen],
                             splits=[splits[i] for i in chosen], seeds=[seeds[i] for i in chosen],
-                            overrides=overrides, num_samples=num_samples)
+                            overrides=overrides, num_samples=num_samples,
+                            quantiles=quantiles)
     else:
         for i in chosen:
             yield run_one(entry, datasets[i], split=splits[i], seed=seeds[i],
-                          overrides=overrides, num_samples=num_samples)
+                          overrides=overrides, num_samples=num_samples, quantiles=quantiles)
 
 
 def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: Sequence[int],
                 seeds: Sequence[int], overrides: dict | None, num_samples: int,
                 out: str | Path, log: bool = True, together: bool = False,
-                fit_missing: bool = True) -> list[dict]:
+                fit_missing: bool = True, quantiles: bool = False) -> list[dict]:
     """The records of ``entry`` on the splits ``datasets`` (with ``splits``, ``seeds``):
     each read from the cache under ``out`` when a readable one with the same settings
     exists; the others fitted and, unless they failed, cached, each as soon as it is
@@ -303,7 +326,8 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
     if together:
         overrides = {**(overrides or {}), "replicas": list(splits)}
     records: list[dict | None] = []
-    paths, settings = [], [run_settings(dataset, overrides, num_samples) for dataset in datasets]
+    paths, settings = [], [run_settings(dataset, overrides, num_samples, quantiles=quantiles)
+                           for dataset in datasets]
     for dataset, split, seed, own in zip(datasets, splits, seeds, settings):
         path = cache_path(out, entry, dataset.name, split, seed, own)
         expected = {"entry": entry, "data": dataset.name, "split": split, "seed": seed,
@@ -315,7 +339,8 @@ def cached_runs(entry: str, datasets: Sequence[data_module.Dataset], *, splits: 
         missing, records = list(range(len(records))), [None] * len(records)
     fit_options = {k: v for k, v in (overrides or {}).items() if k != "replicas"}
     mode = "none" if not fit_missing else "together" if together else "alone"
-    fitted = _fits(entry, datasets, splits, seeds, missing, fit_options, num_samples, mode)
+    fitted = _fits(entry, datasets, splits, seeds, missing, fit_options, num_samples, mode,
+                   quantiles)
     for i in range(len(records)):
         status = "cached"
         if records[i] is None:  # fitted in order, each cached as soon as it is finished

@@ -40,8 +40,8 @@ from bnn_zoo._harness.provenance import run_columns
 from bnn_zoo.methods._nuts import ConvergenceGate
 
 __all__ = ["GATE", "REFERENCE", "REFERENCE_COLUMNS", "REFERENCE_DIAGNOSTICS", "RUNS", "SAMPLED",
-           "aggregate", "class_agreement", "gaussian_w2", "mean_se", "reference_distances",
-           "reference_rows", "summarise", "total_variation"]
+           "aggregate", "class_agreement", "gaussian_w2", "mean_se", "quantile_w1",
+           "reference_distances", "reference_rows", "summarise", "total_variation"]
 
 #: The entry whose predictive the others are measured against, when it was run.
 REFERENCE = "hmc"
@@ -59,8 +59,8 @@ REFERENCE_DIAGNOSTICS = {"r_hat_pred_max": max, "ess_pred_min": min, "r_hat_f_ma
                          "ess_f_min": min, "r_hat_max": max, "ess_min": min, "divergences": max}
 #: The metrics of `reference_rows` (regression's, then classification's), then the
 #: diagnostics.
-REFERENCE_COLUMNS = ("ll", "rmse", "w2_to_ref", "ll_gap", "accuracy", "nll", "agreement",
-                     "tv_to_ref", *REFERENCE_DIAGNOSTICS, "gates")
+REFERENCE_COLUMNS = ("ll", "rmse", "w1_to_ref", "w2_to_ref", "ll_gap", "accuracy", "nll",
+                     "agreement", "tv_to_ref", *REFERENCE_DIAGNOSTICS, "gates")
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -123,6 +123,20 @@ def gaussian_w2(mean_a: Tensor, std_a: Tensor, mean_b: Tensor, std_b: Tensor) ->
     return ((mean_a - mean_b) ** 2 + (std_a - std_b) ** 2).sqrt()
 
 
+def quantile_w1(quantiles_a: Tensor, quantiles_b: Tensor) -> Tensor:
+    """Pointwise Wasserstein-1 distance between two predictives from their quantiles
+    ``Q(u_k)`` at the levels ``u_k = (k - 1/2) / K`` (K, N): the midpoint rule of
+    ``W1 = int_0^1 |Q_a(u) - Q_b(u)| du``, ``1/K sum_k |Q_a(u_k) - Q_b(u_k)|`` (N,). It is the
+    distance between the K-point distributions at the quantiles, which
+    ``scipy.stats.wasserstein_distance`` gives for them, and the distance of the
+    competition of Wilson, Izmailov, Hoffman, Gal et al. (NeurIPS 2021) between predictive
+    samples as K grows."""
+    if quantiles_a.shape != quantiles_b.shape or quantiles_a.dim() != 2:
+        raise ValueError(f"Expected quantiles_a and quantiles_b of one shape (levels, points), "
+                         f"but got {tuple(quantiles_a.shape)} and {tuple(quantiles_b.shape)}.")
+    return (quantiles_a - quantiles_b).abs().mean(0)
+
+
 def _check_probs(probs_a: Tensor, probs_b: Tensor) -> None:
     for name, probs in (("probs_a", probs_a), ("probs_b", probs_b)):
         check_tensor(name, probs, ndim=2, floating=True)
@@ -149,15 +163,20 @@ def total_variation(probs_a: Tensor, probs_b: Tensor) -> Tensor:
 
 def _distances(record: dict, ref: dict) -> dict[str, float]:
     """The distances of ``record``'s predictive to ``ref``'s, from what both records keep:
-    the moments (regression) or the averaged class probabilities (classification)."""
+    the moments and, where both kept them, the quantiles (regression) or the averaged class
+    probabilities (classification)."""
     def read(r: dict, key: str) -> dict[str, Tensor]:
         return {k: torch.tensor(v, dtype=torch.float64) for k, v in r[key].items()}
 
     if "moments" in record and "moments" in ref:
         m, mr = read(record, "moments"), read(ref, "moments")
-        return {"w2_to_ref": float(gaussian_w2(m["mean"], m["std"], mr["mean"],
-                                               mr["std"]).mean()),
-                "ll_gap": record["metrics"]["ll"] - ref["metrics"]["ll"]}
+        distances = {"w2_to_ref": float(gaussian_w2(m["mean"], m["std"], mr["mean"],
+                                                    mr["std"]).mean()),
+                     "ll_gap": record["metrics"]["ll"] - ref["metrics"]["ll"]}
+        if "quantiles" in record and "quantiles" in ref:
+            q, qr = (torch.tensor(r["quantiles"], dtype=torch.float64) for r in (record, ref))
+            distances["w1_to_ref"] = float(quantile_w1(q, qr).mean())
+        return distances
     if "class_probs" in record and "class_probs" in ref:
         p, q = (torch.tensor(r["class_probs"], dtype=torch.float64) for r in (record, ref))
         if not (p.isfinite().all() and q.isfinite().all()):  # a broken predictive's
@@ -170,7 +189,8 @@ def _distances(record: dict, ref: dict) -> dict[str, float]:
 def reference_distances(records: Sequence[dict], reference: str) -> None:
     """Add the distances to ``reference`` on the same (data, split) to the metrics of every
     ``ok`` record (as from `bnn_zoo._harness.runs.run_one`): ``w2_to_ref`` and
-    ``ll_gap`` where both records keep their predictive's moments (regression),
+    ``ll_gap`` where both records keep their predictive's moments (regression), and
+    ``w1_to_ref`` (`quantile_w1`) where both keep its quantiles,
     ``agreement`` and ``tv_to_ref`` where both keep their class probabilities
     (classification); a record restored without them gets none. A sampler's reference split
     (one with chain diagnostics, `SAMPLED`) that fails `GATE` is measured against by nobody:

@@ -72,7 +72,8 @@ class Batch:
     runs recorded as skipped; ``threads``: torch's CPU threads in the process that runs it
     (``None``: leave them); ``size``: training points of one split, for the order of
     `run_batches` where no earlier run says how long the entry takes
-    (`expected_seconds`).
+    (`expected_seconds`); ``quantiles``: its regression runs keep their predictive's
+    quantiles (a comparison with a reference).
     """
 
     entry: str
@@ -88,6 +89,7 @@ class Batch:
     threads: int | None = None
     log: bool = True
     size: int = 0
+    quantiles: bool = False
 
 
 def past_fit_seconds(out: str | Path) -> dict[tuple[str, str], float]:
@@ -133,7 +135,8 @@ def run_batch(batch: Batch) -> list[dict]:
     datasets = [data_module.load(batch.data, split).to(batch.device) for split in batch.splits]
     return cached_runs(batch.entry, datasets, splits=list(batch.splits), seeds=list(batch.seeds),
                        overrides=batch.overrides, num_samples=batch.num_samples, out=batch.out,
-                       log=batch.log, together=batch.together, fit_missing=not batch.cached_only)
+                       log=batch.log, together=batch.together, fit_missing=not batch.cached_only,
+                       quantiles=batch.quantiles)
 
 
 def _distributed() -> ModuleType:

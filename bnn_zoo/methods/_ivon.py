@@ -200,12 +200,14 @@ class IVON(Method):
             nll = nll / budget.num_particles
             kl = diagonal_gaussian_kl(state.loc, scale, 0.0, (ess * decay).rsqrt())
             if not (math.isfinite(nll) and bool(torch.isfinite(grad).all())):
-                raise TrainingDiverged(f"IVON's loss became {nll} at step {t}; the guide "
-                                       "keeps the last finite mean and Hessian.")
+                raise TrainingDiverged(f"IVON diverged at step {t}: the loss became {nll}.")
             ivon_step(state, grad / budget.num_particles, hess / budget.num_particles,
                       lr=budget.lr * lr_factor(budget.lr_schedule, t, budget.steps),
                       weight_decay=decay, hess_init=self.hess_init, beta1=self.beta1,
                       beta2=self.beta2, clip_radius=self.clip_radius)
+            if not bool(torch.isfinite(state.loc).all() & torch.isfinite(state.hess).all()):
+                raise TrainingDiverged(f"IVON diverged at step {t}: its mean or Hessian is no "
+                                       "longer finite (expected a smaller lr).")
             if adam is not None:
                 adam.step()
                 adam.zero_grad()

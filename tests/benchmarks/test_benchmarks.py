@@ -212,7 +212,8 @@ def test_uci_script_writes_the_tidy_runs_the_best_table_and_the_figure(tmp_path,
 
 def test_uci_script_writes_the_distances_to_a_reference(tmp_path, uci_data, benchmark_script):
     """``--reference`` writes ``reference.json`` as ``compare`` does: per split and over the
-    splits, each entry's W2 distance and LL gap to the reference (0 for the reference)."""
+    splits, each entry's W1 and W2 distances and LL gap to the reference (0 for the
+    reference)."""
     script = benchmark_script("uci.py")
     script["main"](["--data", "yacht", "--splits", "2", "--entries", "map", "mean_field",
                     "--steps", "10", "--num-samples", "5", "--reference", "map",
@@ -220,7 +221,9 @@ def test_uci_script_writes_the_distances_to_a_reference(tmp_path, uci_data, benc
     rows = json.loads((tmp_path / "reference.json").read_text())["summary"]
     over = {r["entry"]: r for r in rows if r["split"] == "all"}
     assert over["map"]["w2_to_ref"] == 0 and over["map"]["ll_gap"] == 0
+    assert over["map"]["w1_to_ref"] == 0
     assert over["mean_field"]["w2_to_ref"] > 0 and over["mean_field"]["runs"] == 2
+    assert over["mean_field"]["w1_to_ref"] > 0
     assert {r["split"] for r in rows if r["entry"] == "mean_field"} == {0, 1, "all"}
 
 

@@ -16,6 +16,16 @@ from bnn_zoo.models import BayesianMLP
 from bnn_zoo.models._priors import GaussianPrior, ScaleMixturePrior
 
 
+@pytest.fixture
+def float64():
+    """float64 for a comparison with a closed form or another implementation, restored
+    after the test."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
 def _linear(n: int = 60, d: int = 3, noise: float = 0.3):
     """A linear-Gaussian problem: the zoo's MLP without hidden layers and its exact
     posterior precision ``I + X^T X / s^2`` (prior N(0, 1)) and mean."""
@@ -29,13 +39,12 @@ def _linear(n: int = 60, d: int = 3, noise: float = 0.3):
     return x, y, build, precision, mean
 
 
-def test_steps_match_ivon_opt():
+def test_steps_match_ivon_opt(float64):
     """Our update from the draws and gradients of ``ivon-opt`` (one parameter group per
     site, its weight decay the site's prior precision over ``lambda``) gives its mean and
     Hessian after every step, the clipping of its steps included (a radius some of the
     first steps reach)."""
     ivon = pytest.importorskip("ivon")
-    torch.set_default_dtype(torch.float64)
     x = torch.randn(40, 2)
     y = torch.sin(x.sum(1))
     model = BayesianMLP(2, 1, hidden=(5,), activation="tanh", noise_scale=0.5,
@@ -66,7 +75,7 @@ def test_steps_match_ivon_opt():
                                    torch.cat([g["hess"] for g in reference.param_groups]))
 
 
-def test_linear_gaussian_fixed_point():
+def test_linear_gaussian_fixed_point(float64):
     """On Bayesian linear regression (no hidden layer, fixed noise) IVON's Hessian average is
     the exact diagonal ``H_ii`` of the mean negative log-likelihood, up to the weight left on
     its start, ``E h_T = beta2^T h_0 + (1 - beta2^T) H_ii``: within 5 standard errors of the
@@ -74,7 +83,6 @@ def test_linear_gaussian_fixed_point():
     is ``sum_{j != i} (H_ij sigma_j / sigma_i)^2 + 2 H_ii^2`` and which keeps
     ``(1 - beta2) / (1 + beta2)`` of it. The mean lands within 0.2 posterior standard
     deviations of the exact one (the annealed iterate's wander is far below that)."""
-    torch.set_default_dtype(torch.float64)
     x, y, build, precision, mean = _linear()
     n, steps, beta2, h0 = x.shape[0], 4000, 0.999, 0.1
     posterior = IVON(beta2=beta2, hess_init=h0).fit(
@@ -145,8 +153,9 @@ def test_refuses_what_it_cannot_honour():
 
 
 def test_divergence_stops_with_message():
-    """A step so long that the weights overflow stops the fit, naming the loss and step."""
+    """A step so long that the weights overflow stops the fit with a message naming the
+    step."""
     x, y, build, _, _ = _linear()
-    with pytest.raises(FloatingPointError, match=r"IVON's loss became (inf|nan) at step"):
+    with pytest.raises(FloatingPointError, match=r"IVON diverged at step \d+"):
         IVON().fit(build, x, y, task="regression", seed=0, progress=False,
                    budget=Budget(steps=50, lr=1e200, batch_size=None))
