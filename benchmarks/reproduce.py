@@ -104,8 +104,11 @@ RESULTS: tuple[Result, ...] = (
             f"{BENCH}/uci.py --gap --data yacht energy --threads 1 --reference nuts"),
     _result("uci", "sweep", f"{BENCH}/uci.py --splits 20 --threads 1 --reference nuts"),
     _result("reference_hmc", "sweep",
-            "-m bnn_zoo compare --data uci/bostonHousing --entries map --reference hmc "
-            "--splits 5 --threads 2"),
+            "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 5 --threads 2 "
+            "--entries bbb deep_ensemble ensemble fullrank iaf ivon laplace laplace_diag "
+            "laplace_ensemble laplace_full laplace_ggn laplace_kron laplace_last_layer lowrank "
+            "map mc_dropout mean_field mixture multiswag nngp nngp-erf rff_logitnormal sghmc "
+            "sgld swag"),
     _result("speed", "timing", f"{BENCH}/speed.py"),
     _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),
     _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),
