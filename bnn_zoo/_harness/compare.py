@@ -34,6 +34,7 @@ from bnn_zoo import zoo
 from bnn_zoo._core import data as data_module
 from bnn_zoo._core.checks import check_choice, check_positive_int
 from bnn_zoo._harness import flags
+from bnn_zoo._harness.fidelity import write_fidelity
 from bnn_zoo._harness.figures import FIGURE_KINDS, figure_path, write_figures
 from bnn_zoo._harness.outputs import check_writable
 from bnn_zoo._harness.provenance import run_columns, versions
@@ -258,8 +259,8 @@ def failures(records: Sequence[dict], requested: Collection[str] = ()) -> list[d
 def output_files(data: Sequence[str], name: str = "compare") -> list[str]:
     """The files a comparison on ``data`` writes under its results folder (tables, the
     reference tables and figures), relative to it."""
-    return [*(f"{table}{suffix}" for table in (name, "reference")
-              for suffix in (".md", ".csv", ".json")),
+    return [*(f"{table}{suffix}" for table in (name, "reference", "fidelity")
+              for suffix in (".md", ".csv", ".json")), "fidelity.png",
             *(figure_path("", kind, d).name for d in data for kind in FIGURE_KINDS)]
 
 
@@ -302,8 +303,10 @@ def write_comparison(records: list[dict], out: str | Path, *, name: str = "compa
 def write_reference(records: list[dict], out: str | Path, reference: str) -> str | None:
     """Write ``reference.md``, ``.csv`` and ``.json`` under ``out``: per data set, every
     entry's distances to ``reference`` and the reference's convergence diagnostics split by
-    split and over all splits (`reference_rows`); return the
-    Markdown, or ``None`` (nothing written) when the reference has no finished run."""
+    split and over all splits (`reference_rows`), and the entries ranked by their distance
+    (`bnn_zoo._harness.fidelity.write_fidelity`: ``fidelity.md``, ..., ``fidelity.png``);
+    return the reference's Markdown, or ``None`` (nothing written) when the reference has
+    no finished run."""
     finished = {r["task"] for r in records if r["entry"] == reference and r["status"] == "ok"}
     if not finished:
         return None
@@ -322,10 +325,12 @@ def write_reference(records: list[dict], out: str | Path, reference: str) -> str
                      f"probable class is `{reference}`'s; `tv_to_ref`, the mean total "
                      "variation between the two predictive distributions, 1/2 sum_k |p_k - "
                      "q_k|; the network output is the class probabilities.")
-    return write_tables(out, "reference", reference_rows(records, reference),
-                        keys=("data", "entry", "split"), section="data",
-                        columns=REFERENCE_COLUMNS, preamble=preamble,
-                        provenance=versions(run_columns(r) for r in records))
+    table = write_tables(out, "reference", reference_rows(records, reference),
+                         keys=("data", "entry", "split"), section="data",
+                         columns=REFERENCE_COLUMNS, preamble=preamble,
+                         provenance=versions(run_columns(r) for r in records))
+    write_fidelity(records, out, reference)
+    return table
 
 
 def records_from_args(args: argparse.Namespace, *, validation: float | None = 0.0,

@@ -45,8 +45,9 @@ CODE_PACKAGES = (bnn_zoo, bnn_zoo.models, bnn_zoo.guides)
 #: (whose records are tested equal to the serial run's) and the reporting that reads records
 #: back into tables and lists. A change to them changes no record, so it keeps the cached
 #: runs valid.
-NOT_RESULTS = ("bnn_zoo/_harness/readme_tables.py", "bnn_zoo/_harness/stale.py",
-               "bnn_zoo/_harness/sweep.py", "bnn_zoo/_harness/tables.py", "bnn_zoo/results.py")
+NOT_RESULTS = ("bnn_zoo/_harness/fidelity.py", "bnn_zoo/_harness/readme_tables.py",
+               "bnn_zoo/_harness/stale.py", "bnn_zoo/_harness/sweep.py",
+               "bnn_zoo/_harness/tables.py", "bnn_zoo/results.py")
 #: What a table shows for the code or commit of a run that does not record it.
 UNKNOWN = "unknown"
 #: How many hexadecimal digits of the digest `code_version` keeps.

@@ -224,6 +224,9 @@ def test_uci_script_writes_the_distances_to_a_reference(tmp_path, uci_data, benc
     assert over["map"]["w1_to_ref"] == 0
     assert over["mean_field"]["w2_to_ref"] > 0 and over["mean_field"]["runs"] == 2
     assert over["mean_field"]["w1_to_ref"] > 0
+    ranked = json.loads((tmp_path / "fidelity.json").read_text())["summary"]
+    assert [(r["entry"], r["rank"], r["runs"]) for r in ranked] == [("mean_field", 1, 2)]
+    assert (tmp_path / "fidelity.png").stat().st_size > 0
     assert {r["split"] for r in rows if r["entry"] == "mean_field"} == {0, 1, "all"}
 
 
