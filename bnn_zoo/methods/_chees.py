@@ -138,34 +138,42 @@ class HMCRun:
 @dataclass
 class Metric:
     """The inverse mass matrix ``Sigma = L L^T`` of the kinetic energy ``p^T Sigma p / 2``:
-    ``factor`` the scales ``(P,)`` of a diagonal one or the lower Cholesky factor ``L``
-    (P, P) of a dense one. Momenta are rows (C, P): ``p ~ N(0, Sigma^-1)``, velocity
-    ``Sigma p``, whitened position ``q = L^-1 theta`` and velocity ``L^T p``."""
+    ``factor`` the scales ``(P,)`` of a diagonal one (or (C, P), one row per chain, for
+    chains in groups) or, with ``dense``, the lower Cholesky factor ``L`` (P, P) of a dense
+    one. Momenta are rows (C, P): ``p ~ N(0, Sigma^-1)``, velocity ``Sigma p``, whitened
+    position ``q = L^-1 theta`` and velocity ``L^T p``."""
 
     factor: Tensor
-
-    @property
-    def dense(self) -> bool:
-        return self.factor.dim() == 2
+    dense: bool = False
 
     @classmethod
     def unit(cls, like: Tensor) -> Metric:
         return cls(torch.ones(like.shape[-1], dtype=like.dtype, device=like.device))
 
     @classmethod
-    def estimate(cls, window: Tensor, *, dense: bool) -> Metric:
+    def estimate(cls, window: Tensor, *, dense: bool, groups: int = 1) -> Metric:
         """The covariance (or variances) of a window of draws (W, C, P) of all chains
         pooled, regularised as Stan does, ``n/(n+5) S + 1e-3 * 5/(n+5) I`` over ``n``
         draws. Pooled over the chains, as ChEES-HMC's metric is: ChEES measures the chains'
-        jumps against their spread, in the coordinates this metric whitens."""
-        n = window.shape[0] * window.shape[1]
-        centred = (window - window.mean((0, 1))).reshape(n, -1)
+        jumps against their spread, in the coordinates this metric whitens. With ``groups``
+        G > 1 (diagonal only), the C chains are G groups of C/G consecutive ones, each
+        sampling a posterior of its own: each group's variances pool its own chains, and
+        ``factor`` is (C, P), each chain with its group's scales."""
+        if groups > 1 and dense:
+            raise ValueError("Expected a diagonal metric for chains in groups, but got "
+                             "dense=True.")
+        draws, chains, size = window.shape
+        by_group = window.reshape(draws, groups, chains // groups, size).transpose(0, 1)
+        n = draws * (chains // groups)
+        centred = (by_group - by_group.mean((1, 2), keepdim=True)).reshape(groups, n, size)
         shrink, floor = n / (n + 5.0), 1e-3 * 5.0 / (n + 5.0)
         if not dense:
-            return cls((shrink * centred.square().sum(0) / (n - 1) + floor).sqrt())
-        cov = shrink * centred.T @ centred / (n - 1)
+            scales = (shrink * centred.square().sum(1) / (n - 1) + floor).sqrt()
+            return cls(scales[0] if groups == 1
+                       else scales.repeat_interleave(chains // groups, 0))
+        cov = shrink * centred[0].T @ centred[0] / (n - 1)
         cov.diagonal().add_(floor)
-        return cls(torch.linalg.cholesky(cov))
+        return cls(torch.linalg.cholesky(cov), dense=True)
 
     def momentum(self, z: Tensor) -> Tensor:
         """``p = L^-T z`` of standard normal rows ``z``: a draw of ``N(0, Sigma^-1)``."""
@@ -222,6 +230,7 @@ class _Adaptation:
     dense: bool
     generator: torch.Generator | None
     metric: Metric
+    groups: int = 1
     step_size: float = 1.0
     windows: frozenset[int] = field(init=False)
     first: int = field(init=False)
@@ -250,16 +259,17 @@ class _Adaptation:
               accept_prob: Tensor) -> None:
         """Warmup iteration ``t``'s updates of the step size and ``log T``."""
         self.step_size = self.dual.update(_harmonic_mean(accept_prob))
-        if t >= self.first and theta.shape[0] > 1:
+        if t >= self.first and theta.shape[0] > self.groups:
             _ascend_chees(self.log_length, jitter, theta, proposal, p_new, accept_prob,
-                          self.metric)
+                          self.metric, self.groups)
 
     def keep(self, t: int, theta: Tensor, energy: Tensor, grad: Tensor) -> None:
         """Add warmup iteration ``t``'s state to the window; at a window's end estimate the
         metric from it, and at the warmup's end fix the averaged step size."""
         self.window.append(theta)
         if t in self.windows:
-            self.metric = Metric.estimate(torch.stack(self.window), dense=self.dense)
+            self.metric = Metric.estimate(torch.stack(self.window), dense=self.dense,
+                                          groups=self.groups)
             self.window = []
             self.restart(theta, energy, grad)
         if t == self.warmup - 1:
@@ -268,12 +278,21 @@ class _Adaptation:
 
 def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
               target_accept: float = 0.8, max_leapfrog: int = 256, dense: bool = False,
-              progress: bool | None = None,
-              generator: torch.Generator | None = None) -> HMCRun:
+              progress: bool | None = None, generator: torch.Generator | None = None,
+              groups: int = 1) -> HMCRun:
     """Run ``C`` chains of ChEES-HMC (module doc) from ``init`` (C, P): ``warmup`` adapting
     iterations, then ``samples`` kept ones. Every iteration runs at most ``max_leapfrog``
-    leapfrog steps; ``dense``: a dense mass matrix (else diagonal)."""
+    leapfrog steps; ``dense``: a dense mass matrix (else diagonal).
+
+    ``groups`` G: the chains are G groups of C/G consecutive chains, each group sampling a
+    posterior of its own (the splits of a data set, fitted together): they share the step
+    size and the trajectory length, while each group has its own diagonal mass matrix and
+    ChEES centres each chain on its own group's mean."""
     check_positive_int("warmup", warmup)
+    check_positive_int("groups", groups)
+    if init.shape[0] % groups:
+        raise ValueError(f"Expected the chains of init ({init.shape[0]}) to be a multiple of "
+                         f"groups ({groups}).")
     check_positive_int("samples", samples)
     check_fraction("target_accept", target_accept)
     check_positive_int("max_leapfrog", max_leapfrog)
@@ -281,7 +300,8 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
     energy, grad = potential(theta)
     if not torch.isfinite(energy).all():
         raise ValueError("Expected a finite potential at every chain's start.")
-    adapt = _Adaptation(potential, warmup, target_accept, dense, generator, Metric.unit(theta))
+    adapt = _Adaptation(potential, warmup, target_accept, dense, generator, Metric.unit(theta),
+                        groups)
     adapt.restart(theta, energy, grad)
     draws = theta.new_empty(theta.shape[0], samples, theta.shape[1])
     divergences = torch.zeros(theta.shape[0], dtype=torch.long, device=theta.device)
@@ -319,11 +339,15 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
 
 
 def _ascend_chees(log_length: _LogAdam, jitter: float, theta: Tensor, proposal: Tensor,
-                  p_new: Tensor, accept_prob: Tensor, metric: Metric) -> None:
+                  p_new: Tensor, accept_prob: Tensor, metric: Metric, groups: int = 1) -> None:
     """One Adam step of ``log T`` up the acceptance-weighted ChEES gradient estimate
-    (module doc), in the coordinates whitened by the mass matrix."""
-    q, q_new = metric.whiten(theta), metric.whiten(proposal)
-    centred, centred_new = q - q.mean(0), q_new - q_new.mean(0)
+    (module doc), in the coordinates whitened by the mass matrix, each chain centred on the
+    mean of its group (`chees_hmc`)."""
+    def centre(q: Tensor) -> Tensor:
+        by_group = q.reshape(groups, -1, q.shape[-1])
+        return (by_group - by_group.mean(1, keepdim=True)).reshape(q.shape)
+
+    centred, centred_new = centre(metric.whiten(theta)), centre(metric.whiten(proposal))
     change = centred_new.square().sum(1) - centred.square().sum(1)
     gradient = jitter * change * (centred_new * metric.whitened_velocity(p_new)).sum(1)
     usable = torch.isfinite(gradient) & (accept_prob > 0)

@@ -6,7 +6,9 @@ potential ``U_c(theta_c) = -log p(theta_c) - sum_n log p(y_n | x_n, theta_c)`` a
 gradient serves all ``C`` chains ([`ChainPotential`][], traced once by ``torch.jit.trace``).
 The sampler, ChEES-HMC ([`bnn_zoo.methods._chees`][]), moves all chains in lockstep: one
 step size, one mass matrix and one number of leapfrog steps per iteration, so a GPU runs 64
-chains for little more than the cost of one.
+chains for little more than the cost of one. The splits of a data set sample together in
+the same way ([`HMC.fit_many`][]): their chains in groups, each group with its own data,
+noise and mass matrix.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,6 +50,11 @@ class ChainPotential:
     ``model`` (a model with ``replicated``, such as
     [`BayesianMLP`][bnn_zoo.models.BayesianMLP]) on the full data ``x`` (N, D), ``y``.
 
+    Data sets of one size in groups, ``x`` (G, N, D) and ``y`` (G, N), give ``chains``
+    chains to each: ``C = G * chains`` rows, group ``g``'s the ``chains`` consecutive ones
+    from ``g * chains``, each seeing only ``x[g]``, ``y[g]``; ``noise`` (G,) then fixes each
+    group's noise scale in place of the model's (which must be fixed).
+
     ``theta`` holds every latent sample site of the model, flattened in the order of
     [`sites`][] (name and event shape); every site must be real-valued (an unconstrained
     prior). The log density sums the sites' log densities except over the chain (replica)
@@ -55,15 +62,22 @@ class ChainPotential:
     """
 
     def __init__(self, model: Callable, x: Tensor, y: Tensor, chains: int, *,
-                 jit: bool = True) -> None:
+                 noise: Tensor | None = None, jit: bool = True) -> None:
         check_positive_int("chains", chains)
         if not hasattr(model, "replicated"):
             raise TypeError(f"Expected a model with replicated() (a BayesianMLP), got "
                             f"{type(model).__name__}.")
-        self.chains = chains
-        self.model = model.replicated(chains)
-        self.x = x.expand(chains, *x.shape)
-        self.y = y.expand(chains, *y.shape)
+        self.groups = x.shape[0] if x.dim() == 3 else 1
+        self.chains = self.groups * chains
+        self.model = model.replicated(self.chains)
+        if x.dim() == 3:
+            self.x, self.y = x.repeat_interleave(chains, 0), y.repeat_interleave(chains, 0)
+        else:
+            self.x, self.y = x.expand(chains, *x.shape), y.expand(chains, *y.shape)
+        if noise is not None:
+            if getattr(self.model, "learn_noise", True):
+                raise ValueError("Expected a model with a fixed noise scale to take noise.")
+            self.model.fixed_noise_scale = noise.to(x).repeat_interleave(chains)[:, None]
         with pyro.get_param_store().scope(), torch.no_grad():
             trace = poutine.trace(self.model).get_trace(self.x, self.y)
         self.sites: list[tuple[str, torch.Size]] = []
@@ -190,7 +204,12 @@ class HMC(Method):
     the step size, the trajectory length, the leapfrog steps per draw, the acceptance rate
     and the MAP's L-BFGS iterations, and the fitted entry's ``diagnostics_at(x_test)`` the
     rank-normalised R-hat and bulk ESS that [`ConvergenceGate`][bnn_zoo.methods.ConvergenceGate]
-    judges."""
+    judges.
+
+    ``replicas=True`` declares that [`fit_many`][] samples the data sets (a data set's
+    splits) together, their chains the replicas of one potential, as a GPU runs them best;
+    the harness's sweeps then fit the splits of a data set in one pass.
+    """
 
     start: SVI
     warmup: int = 500
@@ -201,13 +220,17 @@ class HMC(Method):
     dense: bool = False
     map_iterations: int = 2000
     jit: bool = True
+    replicas: bool = False
 
     def __post_init__(self) -> None:
         for name in ("warmup", "samples", "chains", "max_leapfrog", "map_iterations"):
             check_positive_int(name, getattr(self, name))
         check_fraction("target_accept", self.target_accept)
-        check_bool("dense", self.dense)
-        check_bool("jit", self.jit)
+        for name in ("dense", "jit", "replicas"):
+            check_bool(name, getattr(self, name))
+        if self.replicas and self.dense:
+            raise ValueError("Expected dense=False with replicas=True: data sets sampled "
+                             "together each have a diagonal mass matrix.")
 
     def with_guide_options(self, options: Mapping[str, Any]) -> HMC:
         """This method with ``options`` for the guide of its start."""
@@ -215,30 +238,56 @@ class HMC(Method):
 
     def fit(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str, seed: int,
             budget: Budget, progress: bool | None) -> NUTSPosterior:
+        return self.fit_many(build_model, x[None], y[None], task=task, seeds=[seed],
+                             budget=budget, progress=progress)[0]
+
+    def fit_many(self, build_model: ModelFactory, x: Tensor, y: Tensor, *, task: str,
+                 seeds: Sequence[int], budget: Budget, progress: bool | None
+                 ) -> list[NUTSPosterior]:
+        """R data sets ``x`` (R, N, D), ``y`` (R, N) sampled together: each has its own MAP
+        start (from its seed), noise and ``chains`` chains, and all the chains run as the
+        replicas of one potential ([`ChainPotential`][] in groups), sharing the step size and
+        the trajectory length while each data set keeps its own diagonal mass matrix
+        (`chees_hmc` with ``groups``). The noise is drawn from ``seeds[0]``."""
         budget.check_supported("HMC", distributed=False)
-        if task_named(task).noisy and y.dim() > 1:
+        if task_named(task).noisy and y.dim() > 2:
             raise UnsupportedProblem(f"hmc fixes one noise scale at its MAP value and takes "
-                                     f"regression targets of shape (N,), got {tuple(y.shape)}.")
+                                     f"regression targets of shape (N,), got "
+                                     f"{tuple(y.shape[1:])}.")
         started = time.perf_counter()
-        fit, init = map_start(self.start, build_model, x, y, task=task, seed=seed,
-                              budget=budget, progress=progress)
-        values, noise, result = full_batch_map(fit.model, init, x, y,
-                                               max_iter=self.map_iterations)
-        map_seconds = time.perf_counter() - started
-        model = build_model(**noise)
-        potential = ChainPotential(model, x, y, self.chains, jit=self.jit)
-        theta = potential.flatten({k: v.expand(self.chains, *v.shape) for k, v in values.items()})
-        generator = torch.Generator(x.device).manual_seed(seed)
+        starts = [self._map(build_model, x[r], y[r], task, seed, budget, progress)
+                  for r, seed in enumerate(seeds)]
+        map_seconds = (time.perf_counter() - started) / len(seeds)
+        noise = [n for _, n, _ in starts]
+        scales = (torch.tensor([n["noise_scale"] for n in noise]) if noise[0] else None)
+        potential = ChainPotential(build_model(**noise[0]), x, y, self.chains, noise=scales,
+                                   jit=self.jit)
+        theta = potential.flatten({k: torch.cat([v[k].expand(self.chains, *v[k].shape)
+                                                 for v, _, _ in starts]) for k in starts[0][0]})
         started = time.perf_counter()
         run = chees_hmc(potential, theta, warmup=self.warmup, samples=self.samples,
                         target_accept=self.target_accept, max_leapfrog=self.max_leapfrog,
-                        dense=self.dense, progress=progress, generator=generator)
-        return pooled_posterior(
-            model, list(draw_chunks(run, potential)), x, noise,
-            time.perf_counter() - started, divergences=float(run.divergences.sum()),
+                        dense=self.dense, progress=progress, groups=len(seeds),
+                        generator=torch.Generator(x.device).manual_seed(seeds[0]))
+        seconds, chains = (time.perf_counter() - started) / len(seeds), list(
+            draw_chunks(run, potential))
+        return [pooled_posterior(
+            build_model(**noise[r]), chains[r * self.chains:(r + 1) * self.chains], x[r],
+            noise[r], seconds,
+            divergences=float(run.divergences[r * self.chains:(r + 1) * self.chains].sum()),
             step_size=run.step_size, trajectory_length=run.trajectory_length,
             leapfrog_steps=run.leapfrog_steps, acceptance=run.acceptance,
-            map_iterations=float(result.iterations), map_seconds=map_seconds)
+            map_iterations=float(starts[r][2].iterations), map_seconds=map_seconds)
+            for r in range(len(seeds))]
+
+    def _map(self, build_model: ModelFactory, x: Tensor, y: Tensor, task: str, seed: int,
+             budget: Budget, progress: bool | None
+             ) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
+        """The chains' start on one data set: the SVI fit ``start``, refined by full-batch
+        L-BFGS (`full_batch_map`): its values, noise and L-BFGS result."""
+        fit, init = map_start(self.start, build_model, x, y, task=task, seed=seed,
+                              budget=budget, progress=progress)
+        return full_batch_map(fit.model, init, x, y, max_iter=self.map_iterations)
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> NUTSPosterior:

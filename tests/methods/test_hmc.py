@@ -14,12 +14,14 @@ from pyro.infer.autoguide.initialization import init_to_value
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_zoo import zoo
+from bnn_zoo.methods import HMC, SVI, Budget
 from bnn_zoo.methods._chees import chees_hmc, mass_windows, van_der_corput
 from bnn_zoo.methods._hmc import ChainPotential, draw_chunks, full_batch_map
 from bnn_zoo.methods._nuts import bulk_ess, output_draws
 from bnn_zoo.models._mlp import BayesianMLP
 from bnn_zoo.models._priors import GaussianPrior
 from bnn_zoo.zoo import UnsupportedProblem
+from bnn_zoo.zoo._defaults import map_guide
 
 NOISE = 0.25  # exact in float32, as the model stores it before .double()
 
@@ -94,6 +96,81 @@ def test_hmc_samples_the_exact_posterior_of_bayesian_linear_regression(dense):
     assert 0.6 < run.acceptance < 1.0
     chains = list(draw_chunks(run, potential))
     assert len(chains) == 8 and chains[0]["layers.0.weight"].shape == (400, 3, 1)
+
+
+def two_linear_problems():
+    """Two data sets of one size in groups: the second's inputs scaled by 3, its targets by 2
+    and its noise 0.5, so each group's posterior has scales of its own. Returns ``x`` (2, N,
+    D), ``y`` (2, N), the noise (2,), the model and each group's exact mean and covariance."""
+    (xa, ya, model, *_), (xb, yb, *_) = linear_problem(seed=0), linear_problem(seed=5)
+    x, y = torch.stack([xa, 3 * xb]), torch.stack([ya, 2 * yb])
+    noise = torch.tensor([NOISE, 0.5], dtype=torch.float64)
+    exact = []
+    for g in range(2):
+        features = torch.cat([x[g], torch.ones(len(x[g]), 1, dtype=torch.float64)], 1)
+        precision = torch.eye(4, dtype=torch.float64) + features.T @ features / noise[g] ** 2
+        cov = torch.linalg.inv(precision)
+        exact.append((cov @ features.T @ y[g] / noise[g] ** 2, cov))
+    return x, y, noise, model, exact
+
+
+def test_chain_potential_in_groups_is_each_groups_own_potential():
+    x, y, noise, model, _ = two_linear_problems()
+    grouped = ChainPotential(model, x, y, chains=3, noise=noise, jit=False)
+    theta = torch.randn(6, 4, dtype=torch.float64)
+    energy, grad = grouped(theta)
+    for g in range(2):
+        alone = ChainPotential(BayesianMLP(3, 1, hidden=(), noise_scale=float(noise[g]),
+                                           prior=GaussianPrior()).double(),
+                               x[g], y[g], chains=3, jit=False)
+        mine = slice(3 * g, 3 * g + 3)
+        for got, want in zip((energy[mine], grad[mine]), alone(theta[mine])):
+            torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="fixed noise scale"):
+        ChainPotential(BayesianMLP(3, 1, hidden=()).double(), x, y, chains=3, noise=noise)
+
+
+def test_chains_in_groups_sample_each_groups_exact_posterior():
+    """Two posteriors of different scales sampled together (shared step size and trajectory
+    length, a mass matrix per group): each group's draws have its own exact mean and
+    variance within Monte Carlo error (4.5 standard errors, as for one group)."""
+    x, y, noise, model, exact = two_linear_problems()
+    potential = ChainPotential(model, x, y, chains=6, noise=noise)
+    run = chees_hmc(potential, torch.zeros(12, 4, dtype=torch.float64), warmup=300,
+                    samples=400, groups=2, progress=False,
+                    generator=torch.Generator().manual_seed(0))
+    for g, (mean, cov) in enumerate(exact):
+        chains = run.draws[6 * g:6 * g + 6]
+        ess, draws, sd = bulk_ess(chains), chains.reshape(-1, 4), cov.diagonal().sqrt()
+        assert bool(((draws.mean(0) - mean).abs() < 4.5 * sd / ess.sqrt()).all())
+        relative = draws.var(0) / cov.diagonal() - 1
+        assert bool((relative.abs() < 4.5 * (2 / ess).sqrt()).all())
+    with pytest.raises(ValueError, match="multiple of groups"):
+        chees_hmc(potential, torch.zeros(12, 4, dtype=torch.float64), warmup=2, samples=2,
+                  groups=5)
+    with pytest.raises(ValueError, match="diagonal metric"):
+        chees_hmc(potential, torch.zeros(12, 4, dtype=torch.float64), warmup=40, samples=2,
+                  groups=2, dense=True)
+
+
+def test_hmc_fits_splits_together_each_with_its_own_noise():
+    """``fit_many`` gives each data set the MAP noise and the chains that its own ``fit``
+    gives it (the same start from the same seed)."""
+    x, y, _, _, _ = two_linear_problems()
+    def build(**options):
+        return BayesianMLP(3, 1, hidden=(), prior=GaussianPrior(), **options).double()
+    method = HMC(start=SVI(map_guide), warmup=30, samples=20, chains=4, replicas=True)
+    budget = Budget(steps=50, lr=3e-2, batch_size=None)
+    fits = method.fit_many(build, x, y, task="regression", seeds=[0, 1], budget=budget,
+                           progress=False)
+    for r, seed in enumerate([0, 1]):
+        alone = method.fit(build, x[r], y[r], task="regression", seed=seed, budget=budget,
+                           progress=False)
+        assert fits[r].diagnostics["noise_scale"] == alone.diagnostics["noise_scale"]
+        assert fits[r].diagnostics["chains"] == 4
+    assert fits[0].diagnostics["noise_scale"] != fits[1].diagnostics["noise_scale"]
+    with pytest.raises(ValueError, match="dense=False"):
+        HMC(start=SVI(map_guide), replicas=True, dense=True)
 
 
 def test_full_batch_map_of_a_linear_model_is_the_closed_form_posterior_mode():
