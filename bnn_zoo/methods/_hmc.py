@@ -30,12 +30,14 @@ from torch import Tensor
 from bnn_zoo._core.checks import check_bool, check_fraction, check_positive_int
 from bnn_zoo._core.lbfgs import LBFGSResult, minimize_lbfgs
 from bnn_zoo._core.tasks import task_named
+from bnn_zoo.evaluation._noise_tuning import validated_noise_scale
 from bnn_zoo.methods._base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods._chees import HMCRun, chees_hmc
 from bnn_zoo.methods._nuts import NUTSPosterior, map_start, pooled_posterior, restore_samples
 from bnn_zoo.methods._svi import SVI
 
-__all__ = ["HMC", "ChainPotential", "draw_chunks", "full_batch_map"]
+__all__ = ["HMC", "ChainPotential", "HeldOutNoise", "MapNoise", "draw_chunks",
+           "full_batch_map"]
 
 
 def _scored(site: dict) -> bool:
@@ -185,6 +187,57 @@ def full_batch_map(model: Callable, init: dict[str, Tensor], x: Tensor, y: Tenso
 
 
 @dataclass(frozen=True)
+class MapNoise:
+    """The chains' regression noise scale fixed at the full-batch MAP's, estimated jointly
+    with the weights ([`full_batch_map`][]): the chains sample ``p(w | D, sigma_MAP)``."""
+
+    def start(self, build_model: ModelFactory, model: Callable, init: dict[str, Tensor],
+              x: Tensor, y: Tensor, *, seed: int, max_iter: int
+              ) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
+        """The chains' start on ``x``, ``y`` from the fit ``model`` at ``init``: the site
+        values, the model options that fix the noise, and L-BFGS's result."""
+        return full_batch_map(model, init, x, y, max_iter=max_iter)
+
+
+@dataclass(frozen=True)
+class HeldOutNoise:
+    """The chains' noise scale fixed at the value tuned on held-out points, as the
+    approximations' is (``entry.fit(..., validation=...)``): the full-batch MAP of all
+    but a random ``fraction`` of the points (drawn from the fit's seed), then the ``sigma``
+    that maximises the held-out log-likelihood of its predictions (the root mean squared
+    held-out residual, as `bnn_zoo.evaluation.tune_noise` finds it).
+    The chains sample ``p(w | D, sigma)`` on all the points, from the MAP of all of them at
+    that ``sigma``. Needs a learned homoscedastic noise (a ``ValueError`` otherwise)."""
+
+    fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        if check_fraction("fraction", self.fraction) == 0:
+            raise ValueError("Expected fraction in (0, 1), but got 0.")
+
+    def start(self, build_model: ModelFactory, model: Callable, init: dict[str, Tensor],
+              x: Tensor, y: Tensor, *, seed: int, max_iter: int
+              ) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
+        """As [`MapNoise.start`][bnn_zoo.methods._hmc.MapNoise.start], the noise tuned on
+        held-out points."""
+        if not getattr(model, "learn_noise", False):
+            raise ValueError("HeldOutNoise tunes a learned homoscedastic noise scale; this "
+                             "model has none (classification, a fixed or a heteroscedastic "
+                             "noise).")
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+        held = order[:max(1, round(self.fraction * len(x)))].to(x.device)
+        kept = order[len(held):].to(x.device)
+        values, _, _ = full_batch_map(model, init, x[kept], y[kept], max_iter=max_iter)
+        with pyro.get_param_store().scope(), torch.no_grad():
+            outputs = poutine.trace(poutine.condition(model, data=values)).get_trace(x[held])
+        predictions = outputs.nodes["f"]["value"].reshape(1, -1)
+        sigma = validated_noise_scale(predictions, y[held])
+        values, _, result = full_batch_map(build_model(noise_scale=sigma), values, x, y,
+                                           max_iter=max_iter)
+        return values, {"noise_scale": sigma}, result
+
+
+@dataclass(frozen=True)
 class HMC(Method):
     """``chains`` chains of ChEES-HMC (Hoffman, Radul & Sountsov 2021, "An Adaptive-MCMC
     Scheme for Setting Trajectory Lengths in Hamiltonian Monte Carlo") on the entry's model,
@@ -193,8 +246,10 @@ class HMC(Method):
     little more than one on a GPU.
 
     ``start`` (an [`SVI`][bnn_zoo.methods.SVI] MAP fit under the budget) is refined by
-    full-batch L-BFGS over the weights and, jointly, the regression noise scale; the noise
-    is then fixed at that MAP value and every chain starts at the MAP weights, running
+    full-batch L-BFGS over the weights and, with ``noise=MapNoise()`` (the default),
+    jointly the regression noise scale, which the chains then keep
+    (``noise=HeldOutNoise()``: tuned on held-out points instead, [`HeldOutNoise`][]);
+    every chain starts at the MAP weights, running
     ``warmup`` adapting iterations (step size by dual averaging to ``target_accept``,
     trajectory length by ChEES, mass matrix in Stan's windows: diagonal, or dense with
     ``dense=True``) and then ``samples`` kept draws, at most ``max_leapfrog`` leapfrog steps
@@ -221,8 +276,12 @@ class HMC(Method):
     map_iterations: int = 2000
     jit: bool = True
     replicas: bool = False
+    noise: MapNoise | HeldOutNoise = MapNoise()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.noise, (MapNoise, HeldOutNoise)):
+            raise TypeError(f"Expected noise to be a MapNoise or a HeldOutNoise, got "
+                            f"{self.noise!r}.")
         for name in ("warmup", "samples", "chains", "max_leapfrog", "map_iterations"):
             check_positive_int(name, getattr(self, name))
         check_fraction("target_accept", self.target_accept)
@@ -284,10 +343,11 @@ class HMC(Method):
              budget: Budget, progress: bool | None
              ) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
         """The chains' start on one data set: the SVI fit ``start``, refined by full-batch
-        L-BFGS (`full_batch_map`): its values, noise and L-BFGS result."""
+        L-BFGS, with the noise of ``noise``: its values, noise and L-BFGS result."""
         fit, init = map_start(self.start, build_model, x, y, task=task, seed=seed,
                               budget=budget, progress=progress)
-        return full_batch_map(fit.model, init, x, y, max_iter=self.map_iterations)
+        return self.noise.start(build_model, fit.model, init, x, y, seed=seed,
+                                max_iter=self.map_iterations)
 
     def restore(self, build_model: ModelFactory, state: dict, *, x: Tensor,
                 y: Tensor) -> NUTSPosterior:

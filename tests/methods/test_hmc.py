@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import pyro
 import pytest
@@ -16,7 +17,7 @@ from pyro.infer.mcmc.util import initialize_model
 from bnn_zoo import zoo
 from bnn_zoo.methods import HMC, SVI, Budget
 from bnn_zoo.methods._chees import chees_hmc, mass_windows, van_der_corput
-from bnn_zoo.methods._hmc import ChainPotential, draw_chunks, full_batch_map
+from bnn_zoo.methods._hmc import ChainPotential, HeldOutNoise, draw_chunks, full_batch_map
 from bnn_zoo.methods._nuts import bulk_ess, output_draws
 from bnn_zoo.models._mlp import BayesianMLP
 from bnn_zoo.models._priors import GaussianPrior
@@ -169,8 +170,43 @@ def test_hmc_fits_splits_together_each_with_its_own_noise():
         assert fits[r].diagnostics["noise_scale"] == alone.diagnostics["noise_scale"]
         assert fits[r].diagnostics["chains"] == 4
     assert fits[0].diagnostics["noise_scale"] != fits[1].diagnostics["noise_scale"]
+    held_out = replace(method, noise=HeldOutNoise()).fit_many(
+        build, x, y, task="regression", seeds=[0, 1], budget=budget, progress=False)
+    for tuned, fitted in zip(held_out, fits):
+        assert tuned.diagnostics["noise_scale"] != fitted.diagnostics["noise_scale"]
     with pytest.raises(ValueError, match="dense=False"):
         HMC(start=SVI(map_guide), replicas=True, dense=True)
+
+
+def test_held_out_noise_is_the_held_out_rms_residual_and_the_start_the_mode_at_it():
+    """``HeldOutNoise``: ``sigma`` is the root mean squared residual, on the held-out points,
+    of the MAP of the others; the chains' start is then the closed-form posterior mode of
+    Bayesian linear regression on all the points at that ``sigma``."""
+    x, y, _, _, _, _ = linear_problem(n=100)
+    def build(**options):
+        return BayesianMLP(3, 1, hidden=(), prior=GaussianPrior(), **options).double()
+    init = {"layers.0.weight": torch.zeros(3, 1, dtype=torch.float64),
+            "layers.0.bias": torch.zeros(1, dtype=torch.float64)}
+    noise = HeldOutNoise(fraction=0.2)
+    values, options, _ = noise.start(build, build(), init, x, y, seed=3, max_iter=500)
+    held = torch.randperm(100, generator=torch.Generator().manual_seed(3))[:20]
+    kept = torch.randperm(100, generator=torch.Generator().manual_seed(3))[20:]
+    fitted, _, _ = full_batch_map(build(), init, x[kept], y[kept], max_iter=500)
+    residual = y[held] - (x[held] @ fitted["layers.0.weight"]).squeeze(-1) \
+        - fitted["layers.0.bias"]
+    sigma = options["noise_scale"]
+    assert sigma == pytest.approx(float(residual.square().mean().sqrt()), rel=1e-4)
+    features = torch.cat([x, torch.ones(100, 1, dtype=torch.float64)], 1)
+    mode = torch.linalg.solve(torch.eye(4, dtype=torch.float64) + features.T @ features
+                              / sigma**2, features.T @ y / sigma**2)
+    got = torch.cat([values["layers.0.weight"].reshape(-1), values["layers.0.bias"]])
+    torch.testing.assert_close(got, mode, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="learned homoscedastic noise"):
+        noise.start(build, build(noise_scale=0.3), init, x, y, seed=0, max_iter=5)
+    with pytest.raises(ValueError, match="fraction"):
+        HeldOutNoise(fraction=0.0)
+    with pytest.raises(TypeError, match="MapNoise or a HeldOutNoise"):
+        HMC(start=SVI(map_guide), noise="held_out")
 
 
 def test_full_batch_map_of_a_linear_model_is_the_closed_form_posterior_mode():
