@@ -20,14 +20,7 @@ cd "$(dirname "$0")/.."
 device="${DEVICE:-cuda}"
 out="${OUT:-benchmarks/results/gpu}"
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-if ! python3 -c "import bnn_zoo.guides" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
-fi
+source benchmarks/gpu_env.sh
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
     python3 -c "import torch, pyro; print('torch', torch.__version__, 'pyro', pyro.__version__,

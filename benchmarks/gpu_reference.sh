@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The references a CPU cannot afford, on a GPU: `hmc` on SPLITS splits (default 20) of each
+# UCI set in DATA (default: bostonHousing yacht), the splits of a set sampled together as
+# groups of one potential's replicas (HMC.fit_many), with `map` measured against them.
+# Writes the comparison, the reference's diagnostics and gates, the distances and the
+# fidelity ranking under $OUT/reference (the device tool's folder) or
+# benchmarks/results/gpu/reference.
+#
+# Set up as for gpu_check.sh (Pyro's wheels carried in .whl), and carry the UCI data inside
+# the checkout in an ignored folder (never commit it), e.g.
+#
+#   echo /.uci/ >> .git/info/exclude && cp -r ../shared/data/uci .uci
+#
+# then run `BNN_ZOO_DATA=.uci bash benchmarks/gpu_reference.sh` there with `.whl` and
+# `.uci` carried. DEVICE=cpu SPLITS=1 DATA=yacht is a dry run on the CPU (minutes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+device="${DEVICE:-cuda}"
+out="${OUT:-benchmarks/results/gpu}/reference"
+source benchmarks/gpu_env.sh
+sets=()
+for name in ${DATA:-bostonHousing yacht}; do sets+=("uci/$name"); done
+python3 -m bnn_zoo compare --data "${sets[@]}" --entries map --reference hmc \
+    --splits "${SPLITS:-20}" --device "$device" --out "$out"
