@@ -25,12 +25,13 @@ import copy
 from collections.abc import Sequence
 
 import pyro
+import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 from torch import Tensor
 
-from bnn_zoo._core.checks import check_choice, check_positive_int
+from bnn_zoo._core.checks import check_choice, check_positive, check_positive_int
 from bnn_zoo._core.nn import activation as activation_fn
 from bnn_zoo._core.nn import layer_names, layer_sizes, mlp_forward
 from bnn_zoo._core.replicas import replica_plate
@@ -76,6 +77,10 @@ class BayesianMLP(ObservationNoise, PyroModule):
         (regression with one output only: a second output gives each point its own
         ``sigma(x)``; then ``noise_scale`` must be ``None`` and the model has no
         [`observation_scale`][]).
+    noise_prior : regression with one output and ``noise_scale=None`` only: ``sigma`` is
+        a latent site ``"sigma"`` under the hyperprior ``HalfNormal(noise_prior)``, sampled
+        with the weights (by a sampler: the guides of the zoo cover the weights only), in
+        place of a learned point estimate; the model has no [`observation_scale`][].
 
     [`replicated`][] gives the same model for R independent fits in one pass
     (`bnn_zoo._core.replicas`).
@@ -85,7 +90,7 @@ class BayesianMLP(ObservationNoise, PyroModule):
                  activation: str = "relu", task: str = "regression",
                  prior: GaussianPrior | ScaleMixturePrior | None = None,
                  noise_scale: float | None = None, init_noise_scale: float = 0.5,
-                 noise: str = "homoscedastic") -> None:
+                 noise: str = "homoscedastic", noise_prior: float | None = None) -> None:
         super().__init__()
         kind = task_named(task)
         self.task = kind.name
@@ -106,7 +111,14 @@ class BayesianMLP(ObservationNoise, PyroModule):
                 f"Expected prior to be GaussianPrior or ScaleMixturePrior, got {prior!r}."
             )
         self.prior = prior
-        if not self.heteroscedastic:
+        self.noise_prior = check_positive("noise_prior", noise_prior, allow_none=True)
+        if self.noise_prior is not None and (not kind.noisy or noise_scale is not None
+                                             or self.heteroscedastic or out_dim != 1):
+            raise ValueError("Expected noise_prior only for regression with one output, "
+                             "noise_scale=None and a homoscedastic noise, but got "
+                             f"task={task!r}, out_dim={out_dim}, noise_scale={noise_scale!r}, "
+                             f"noise={noise!r}.")
+        if not self.heteroscedastic and self.noise_prior is None:
             self.init_noise(kind.noise_scale(noise_scale), init_noise_scale,
                             kind.noise_outputs(out_dim))
         else:
@@ -142,6 +154,9 @@ class BayesianMLP(ObservationNoise, PyroModule):
         if self.heteroscedastic:
             raise ValueError("This model's noise is heteroscedastic: each point has its own "
                              "sigma(x) (site 'noise_scale'), and there is no single one.")
+        if self.noise_prior is not None:
+            raise ValueError("This model samples its noise scale (site 'sigma', "
+                             f"HalfNormal({self.noise_prior})): there is no single one.")
         return super().observation_scale()
 
     @property
@@ -175,9 +190,11 @@ class BayesianMLP(ObservationNoise, PyroModule):
             raise ValueError(f"Expected x of shape ({expected}), but got {tuple(x.shape)}.")
         with replica_plate(self.replicas, x.device):
             params = self.sample_weights(x)
+            sigma = None if self.noise_prior is None else pyro.sample("sigma", dist.HalfNormal(
+                torch.tensor(self.noise_prior, dtype=x.dtype, device=x.device)))
             return observe(x, y, lambda inputs: self.network(inputs, params),
                            regression=self.kind.noisy,
-                           noise_scale=self.observation_scale,
+                           noise_scale=self.observation_scale if sigma is None else lambda: sigma,
                            heteroscedastic=self.heteroscedastic, data_dim=len(batch))
 
 

@@ -5,7 +5,8 @@
 [`SVI`][bnn_zoo.methods.SVI], [`Laplace`][bnn_zoo.methods.laplace.Laplace] (its own package,
 [`bnn_zoo.methods.laplace`][]), [`HMC`][bnn_zoo.methods.HMC] (the reference: vectorised
 chains, gated by [`ConvergenceGate`][bnn_zoo.methods.ConvergenceGate]; its noise
-[`MapNoise`][bnn_zoo.methods.MapNoise] or [`HeldOutNoise`][bnn_zoo.methods.HeldOutNoise]),
+[`MapNoise`][bnn_zoo.methods.MapNoise], [`HeldOutNoise`][bnn_zoo.methods.HeldOutNoise] or
+[`SampledNoise`][bnn_zoo.methods.SampledNoise]),
 [`NUTS`][bnn_zoo.methods.NUTS], [`IVON`][bnn_zoo.methods.IVON],
 [`SGMCMC`][bnn_zoo.methods.SGMCMC] (SGLD and SGHMC), [`SWAG`][bnn_zoo.methods.SWAG],
 [`Ensemble`][bnn_zoo.methods.Ensemble], [`ExactGP`][bnn_zoo.methods.ExactGP] and
@@ -16,7 +17,7 @@ chains, gated by [`ConvergenceGate`][bnn_zoo.methods.ConvergenceGate]; its noise
 from bnn_zoo.methods._base import Budget, Method, Posterior, UnsupportedProblem
 from bnn_zoo.methods._ensemble import Ensemble
 from bnn_zoo.methods._gp import ExactGP
-from bnn_zoo.methods._hmc import HMC, HeldOutNoise, MapNoise
+from bnn_zoo.methods._hmc import HMC, HeldOutNoise, MapNoise, SampledNoise
 from bnn_zoo.methods._ivon import IVON
 from bnn_zoo.methods._logitnormal import LogitNormalSVI
 from bnn_zoo.methods._nuts import NUTS, ConvergenceGate, PosteriorSamples, chain_diagnostics
@@ -26,4 +27,5 @@ from bnn_zoo.methods._swag import SWAG
 
 __all__ = ["HMC", "IVON", "NUTS", "SGMCMC", "SVI", "SWAG", "Budget", "ConvergenceGate", "Ensemble",
            "ExactGP", "HeldOutNoise", "LogitNormalSVI", "MapNoise", "Method", "Posterior",
-           "PosteriorSamples", "UnsupportedProblem", "chain_diagnostics", "sgmcmc_samples"]
+           "PosteriorSamples", "SampledNoise", "UnsupportedProblem", "chain_diagnostics",
+           "sgmcmc_samples"]

@@ -24,19 +24,19 @@ import pyro
 import torch
 from pyro import poutine
 from pyro.distributions import constraints
+from pyro.distributions.transforms import Transform, biject_to
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from bnn_zoo._core.checks import check_bool, check_fraction, check_positive_int
+from bnn_zoo._core.checks import check_bool, check_fraction, check_positive, check_positive_int
 from bnn_zoo._core.lbfgs import LBFGSResult, minimize_lbfgs
 from bnn_zoo._core.tasks import task_named
-from bnn_zoo.evaluation._noise_tuning import validated_noise_scale
 from bnn_zoo.methods._base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods._chees import HMCRun, chees_hmc
 from bnn_zoo.methods._nuts import NUTSPosterior, map_start, pooled_posterior, restore_samples
 from bnn_zoo.methods._svi import SVI
 
-__all__ = ["HMC", "ChainPotential", "HeldOutNoise", "MapNoise", "draw_chunks",
+__all__ = ["HMC", "ChainPotential", "HeldOutNoise", "MapNoise", "SampledNoise", "draw_chunks",
            "full_batch_map"]
 
 
@@ -58,9 +58,12 @@ class ChainPotential:
     group's noise scale in place of the model's (which must be fixed).
 
     ``theta`` holds every latent sample site of the model, flattened in the order of
-    [`sites`][] (name and event shape); every site must be real-valued (an unconstrained
-    prior). The log density sums the sites' log densities except over the chain (replica)
-    dimension. With ``jit=True`` the potential is traced once by ``torch.jit.trace``.
+    [`sites`][] (name and event shape), in Pyro's unconstrained space: a site of another
+    support (a sampled noise scale, positive) is ``biject_to(support)`` of its coordinates,
+    and the potential adds minus the log Jacobian of that map. [`values`][] and
+    [`flatten`][] map to and from the sites' own values. The log density sums the sites'
+    log densities except over the chain (replica) dimension. With ``jit=True`` the
+    potential is traced once by ``torch.jit.trace``.
     """
 
     def __init__(self, model: Callable, x: Tensor, y: Tensor, chains: int, *,
@@ -83,6 +86,8 @@ class ChainPotential:
         with pyro.get_param_store().scope(), torch.no_grad():
             trace = poutine.trace(self.model).get_trace(self.x, self.y)
         self.sites: list[tuple[str, torch.Size]] = []
+        #: The constrained sites' maps from their coordinates to their values.
+        self.transforms: dict[str, Transform] = {}
         for name, site in trace.nodes.items():
             if not _scored(site) or site["is_observed"]:
                 continue
@@ -90,18 +95,23 @@ class ChainPotential:
             while isinstance(support, constraints.independent):
                 support = support.base_constraint
             if support is not constraints.real:
-                raise ValueError(f"Expected real-valued latent sites, but {name!r} has "
-                                 f"support {site['fn'].support}.")
+                self.transforms[name] = biject_to(site["fn"].support)
             self.sites.append((name, site["value"].shape[2:]))
         self.sizes = [math.prod(shape) for _, shape in self.sites]
         self.dim = sum(self.sizes)
         self.jit = jit
         self._compiled: Callable[[Tensor], Tensor] | None = None
 
+    def coordinates(self, theta: Tensor) -> dict[str, Tensor]:
+        """The sites' unconstrained coordinates ``(*lead, *event)`` of flat ``theta``
+        (*lead, P)."""
+        return {name: v.reshape((*theta.shape[:-1], *shape))
+                for (name, shape), v in zip(self.sites, theta.split(self.sizes, dim=-1))}
+
     def values(self, theta: Tensor) -> dict[str, Tensor]:
         """The sites' values ``(*lead, *event)`` of flat ``theta`` (*lead, P)."""
-        return {name: v.reshape(*theta.shape[:-1], *shape)
-                for (name, shape), v in zip(self.sites, theta.split(self.sizes, dim=-1))}
+        return {name: self.transforms[name](u) if name in self.transforms else u
+                for name, u in self.coordinates(theta).items()}
 
     def unflatten(self, theta: Tensor) -> dict[str, Tensor]:
         """The sites' values ``(C, 1, *event)`` (the replica plate's shape) of ``theta``."""
@@ -109,7 +119,9 @@ class ChainPotential:
 
     def flatten(self, values: dict[str, Tensor]) -> Tensor:
         """``theta`` (C, P) of per-chain site values ``name -> (C, *event)``."""
-        return torch.cat([values[name].reshape(self.chains, -1) for name, _ in self.sites], 1)
+        return torch.cat([(self.transforms[name].inv(values[name]) if name in self.transforms
+                           else values[name]).reshape(self.chains, -1)
+                          for name, _ in self.sites], 1)
 
     def energy(self, theta: Tensor) -> Tensor:
         """``U (C,)``: minus each chain's log joint density at ``theta``; ``inf`` or NaN
@@ -120,6 +132,11 @@ class ChainPotential:
             trace = poutine.trace(conditioned).get_trace(self.x, self.y)
             trace.compute_log_prob()
         total = torch.zeros(self.chains, dtype=theta.dtype, device=theta.device)
+        coordinates = self.coordinates(theta)
+        for name, transform in self.transforms.items():
+            u = coordinates[name]
+            total = total + transform.log_abs_det_jacobian(u, transform(u)).reshape(
+                self.chains, -1).sum(1)
         for name, site in trace.nodes.items():
             if not _scored(site):
                 continue
@@ -220,21 +237,50 @@ class HeldOutNoise:
               ) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
         """As [`MapNoise.start`][bnn_zoo.methods._hmc.MapNoise.start], the noise tuned on
         held-out points."""
-        if not getattr(model, "learn_noise", False):
-            raise ValueError("HeldOutNoise tunes a learned homoscedastic noise scale; this "
-                             "model has none (classification, a fixed or a heteroscedastic "
-                             "noise).")
+        _check_learned_noise(model, type(self).__name__)
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
         held = order[:max(1, round(self.fraction * len(x)))].to(x.device)
         kept = order[len(held):].to(x.device)
         values, _, _ = full_batch_map(model, init, x[kept], y[kept], max_iter=max_iter)
         with pyro.get_param_store().scope(), torch.no_grad():
             outputs = poutine.trace(poutine.condition(model, data=values)).get_trace(x[held])
-        predictions = outputs.nodes["f"]["value"].reshape(1, -1)
-        sigma = validated_noise_scale(predictions, y[held])
+        residual = y[held] - outputs.nodes["f"]["value"].reshape(-1)
+        sigma = float(residual.square().mean().sqrt())  # the held-out LL's maximiser
         values, _, result = full_batch_map(build_model(noise_scale=sigma), values, x, y,
                                            max_iter=max_iter)
         return values, {"noise_scale": sigma}, result
+
+
+@dataclass(frozen=True)
+class SampledNoise:
+    """The chains sample the noise scale with the weights, under the hyperprior
+    ``sigma ~ HalfNormal(scale)`` (the model option ``noise_prior=scale``: a latent site
+    ``"sigma"``): the posterior ``p(w, sigma | D)`` integrates the noise out. They start from
+    the full-batch MAP of the weights and ``sigma`` together under that prior. Needs a
+    learned homoscedastic noise in the entry's model (a ``ValueError`` otherwise)."""
+
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_positive("scale", self.scale)
+
+    def start(self, build_model: ModelFactory, model: Callable, init: dict[str, Tensor],
+              x: Tensor, y: Tensor, *, seed: int, max_iter: int
+              ) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
+        """As [`MapNoise.start`][bnn_zoo.methods._hmc.MapNoise.start], ``sigma`` a latent
+        site started at the fit's noise scale."""
+        _check_learned_noise(model, type(self).__name__)
+        with pyro.get_param_store().scope(), torch.no_grad():
+            sigma = model.observation_scale().detach().reshape(())
+        values, _, result = full_batch_map(build_model(noise_prior=self.scale),
+                                           {**init, "sigma": sigma}, x, y, max_iter=max_iter)
+        return values, {"noise_prior": self.scale}, result
+
+
+def _check_learned_noise(model: Callable, choice: str) -> None:
+    if not getattr(model, "learn_noise", False):
+        raise ValueError(f"{choice} needs a learned homoscedastic noise scale; this model has "
+                         "none (classification, a fixed or a heteroscedastic noise).")
 
 
 @dataclass(frozen=True)
@@ -248,7 +294,9 @@ class HMC(Method):
     ``start`` (an [`SVI`][bnn_zoo.methods.SVI] MAP fit under the budget) is refined by
     full-batch L-BFGS over the weights and, with ``noise=MapNoise()`` (the default),
     jointly the regression noise scale, which the chains then keep
-    (``noise=HeldOutNoise()``: tuned on held-out points instead, [`HeldOutNoise`][]);
+    (``noise=HeldOutNoise()``: tuned on held-out points instead, [`HeldOutNoise`][];
+    ``noise=SampledNoise(scale)``: sampled with the weights under a hyperprior,
+    [`SampledNoise`][]);
     every chain starts at the MAP weights, running
     ``warmup`` adapting iterations (step size by dual averaging to ``target_accept``,
     trajectory length by ChEES, mass matrix in Stan's windows: diagonal, or dense with
@@ -276,12 +324,12 @@ class HMC(Method):
     map_iterations: int = 2000
     jit: bool = True
     replicas: bool = False
-    noise: MapNoise | HeldOutNoise = MapNoise()
+    noise: MapNoise | HeldOutNoise | SampledNoise = MapNoise()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.noise, (MapNoise, HeldOutNoise)):
-            raise TypeError(f"Expected noise to be a MapNoise or a HeldOutNoise, got "
-                            f"{self.noise!r}.")
+        if not isinstance(self.noise, (MapNoise, HeldOutNoise, SampledNoise)):
+            raise TypeError(f"Expected noise to be a MapNoise, HeldOutNoise or SampledNoise, "
+                            f"got {self.noise!r}.")
         for name in ("warmup", "samples", "chains", "max_leapfrog", "map_iterations"):
             check_positive_int(name, getattr(self, name))
         check_fraction("target_accept", self.target_accept)
@@ -318,7 +366,8 @@ class HMC(Method):
                   for r, seed in enumerate(seeds)]
         map_seconds = (time.perf_counter() - started) / len(seeds)
         noise = [n for _, n, _ in starts]
-        scales = (torch.tensor([n["noise_scale"] for n in noise]) if noise[0] else None)
+        scales = (torch.tensor([n["noise_scale"] for n in noise])
+                  if "noise_scale" in noise[0] else None)
         potential = ChainPotential(build_model(**noise[0]), x, y, self.chains, noise=scales,
                                    jit=self.jit)
         theta = potential.flatten({k: torch.cat([v[k].expand(self.chains, *v[k].shape)

@@ -181,7 +181,8 @@ def chain_diagnostics(chains: list[dict[str, Tensor]], model: Callable,
     permuted modes give a large R-hat on the weights while agreeing on the function;
     the ``_f`` diagnostics are the ones that say whether the predictive is sound.
     """
-    per_site = [r_hat_ess(torch.stack([c[n] for c in chains]).flatten(2)) for n in chains[0]]
+    per_site = [r_hat_ess(torch.stack([c[n].reshape(len(c[n]), -1) for c in chains]))
+                for n in chains[0]]
     r_hat_f, ess_f = r_hat_ess(output_draws(chains, model, x[:50]))
     return {"r_hat_max": max(r for r, _ in per_site), "ess_min": min(e for _, e in per_site),
             "r_hat_f_max": r_hat_f, "ess_f_min": ess_f}

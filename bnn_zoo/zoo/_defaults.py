@@ -42,15 +42,16 @@ SAMPLER_BUDGET = Budget(steps=2000, lr=3e-2, batch_size=1000, jit=True)
 SAMPLER_TINY = {**TINY_BUDGET, "method_options": {"burn_in": 4, "draws": 4, "thinning": 1}}
 
 
-@factory("hidden", "activation", "prior", "noise_scale", "noise")
+@factory("hidden", "activation", "prior", "noise_scale", "noise", "noise_prior")
 def mlp(in_dim: int, out_dim: int, *, task: str = "regression", hidden: Sequence[int] = (50,),
         activation: str = "relu", prior: GaussianPrior | ScaleMixturePrior | None = None,
-        noise_scale: float | None = None, noise: str = "homoscedastic") -> BayesianMLP:
+        noise_scale: float | None = None, noise: str = "homoscedastic",
+        noise_prior: float | None = None) -> BayesianMLP:
     """The zoo's default Bayesian MLP: one hidden ReLU layer of 50 units, N(0, 1) prior,
-    learned noise (one scale; ``noise="heteroscedastic"``: one per input, see
-    [`BayesianMLP`][bnn_zoo.models.BayesianMLP])."""
+    learned noise (one scale; ``noise="heteroscedastic"``: one per input; ``noise_prior=s``:
+    sampled under ``HalfNormal(s)``, see [`BayesianMLP`][bnn_zoo.models.BayesianMLP])."""
     return BayesianMLP(in_dim, out_dim, hidden, activation=activation, task=task, prior=prior,
-                       noise_scale=noise_scale, noise=noise)
+                       noise_scale=noise_scale, noise=noise, noise_prior=noise_prior)
 
 
 #: `mlp` with Neal's fan-in prior ``N(0, 1/d_in)`` by default (a ``prior=`` option

@@ -17,7 +17,13 @@ from pyro.infer.mcmc.util import initialize_model
 from bnn_zoo import zoo
 from bnn_zoo.methods import HMC, SVI, Budget
 from bnn_zoo.methods._chees import chees_hmc, mass_windows, van_der_corput
-from bnn_zoo.methods._hmc import ChainPotential, HeldOutNoise, draw_chunks, full_batch_map
+from bnn_zoo.methods._hmc import (
+    ChainPotential,
+    HeldOutNoise,
+    SampledNoise,
+    draw_chunks,
+    full_batch_map,
+)
 from bnn_zoo.methods._nuts import bulk_ess, output_draws
 from bnn_zoo.models._mlp import BayesianMLP
 from bnn_zoo.models._priors import GaussianPrior
@@ -70,6 +76,50 @@ def test_chain_potential_matches_pyros_potential_of_a_hidden_layer_net_chain_by_
     for chain in range(3):
         torch.testing.assert_close(energy[chain],
                                    pyro_potential({k: v[chain, 0] for k, v in values.items()}))
+
+
+def test_chain_potential_of_a_sampled_noise_is_pyros_in_the_unconstrained_space():
+    """With ``noise_prior`` the noise scale is a positive latent site: the chains move its
+    logarithm, and their potential, Jacobian included, is Pyro's ``initialize_model``
+    potential chain by chain; ``flatten`` inverts ``values``."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(25, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(x.sum(1))
+    model = BayesianMLP(2, 1, (3,), noise_prior=0.5).double()
+    potential = ChainPotential(model, x, y, chains=3, jit=False)
+    assert potential.sites[-1] == ("sigma", ()) and list(potential.transforms) == ["sigma"]
+    _, pyro_potential, _, _ = initialize_model(model, model_args=(x, y))
+    theta = 0.5 * torch.randn(3, potential.dim, generator=g, dtype=torch.float64)
+    energy, _ = potential(theta)
+    coordinates = potential.coordinates(theta)
+    for chain in range(3):
+        torch.testing.assert_close(
+            energy[chain], pyro_potential({k: v[chain] for k, v in coordinates.items()}))
+    values = potential.values(theta)
+    torch.testing.assert_close(values["sigma"], theta[:, -1].exp())
+    torch.testing.assert_close(potential.flatten(values), theta)
+    with pytest.raises(ValueError, match="noise_prior only for regression"):
+        BayesianMLP(2, 1, (3,), noise_prior=0.5, noise_scale=0.1)
+
+
+def test_hmc_samples_the_noise_under_its_hyperprior():
+    """``SampledNoise``: every draw has its own positive ``sigma`` (a site that Pyro's
+    ``Predictive`` replays), the chains start at the joint MAP, and a model without a learned
+    noise is refused by name."""
+    x, y, _, _, _, _ = linear_problem(n=60)
+    def build(**options):
+        return BayesianMLP(3, 1, hidden=(), prior=GaussianPrior(), **options).double()
+    method = HMC(start=SVI(map_guide), warmup=40, samples=30, chains=4,
+                 noise=SampledNoise(scale=1.0))
+    posterior = method.fit(build, x, y, task="regression", seed=0,
+                           budget=Budget(steps=50, lr=3e-2, batch_size=None), progress=False)
+    draws = pyro.infer.Predictive(posterior.model, guide=posterior.guide,
+                                  num_samples=20)(x[:5])
+    assert draws["sigma"].shape[0] == 20 and bool((draws["sigma"] > 0).all())
+    assert draws["obs"].shape == (20, 5)
+    assert posterior.diagnostics["noise_prior"] == 1.0
+    with pytest.raises(ValueError, match="SampledNoise needs a learned"):
+        SampledNoise().start(build, build(noise_scale=0.3), {}, x, y, seed=0, max_iter=5)
 
 
 def test_chain_potential_refuses_a_model_without_replicas_by_name():
@@ -205,7 +255,7 @@ def test_held_out_noise_is_the_held_out_rms_residual_and_the_start_the_mode_at_i
         noise.start(build, build(noise_scale=0.3), init, x, y, seed=0, max_iter=5)
     with pytest.raises(ValueError, match="fraction"):
         HeldOutNoise(fraction=0.0)
-    with pytest.raises(TypeError, match="MapNoise or a HeldOutNoise"):
+    with pytest.raises(TypeError, match="MapNoise, HeldOutNoise or SampledNoise"):
         HMC(start=SVI(map_guide), noise="held_out")
 
 
