@@ -60,7 +60,7 @@ def _distance(row: dict) -> float:
 
 def fidelity_figure(rows: Sequence[dict]) -> Figure:
     """Per data set, every entry's distance to the reference (± its standard error over the
-    splits) against its mean fit time, on a log scale, each point named."""
+    splits) against its mean fit time, both on log scales, each point named."""
     datasets = list(dict.fromkeys(row["data"] for row in rows))
     fig = Figure(figsize=(6.5, 4.5 * len(datasets)), layout="constrained")
     for ax, data in zip(fig.subplots(len(datasets), 1, squeeze=False)[:, 0], datasets):
@@ -73,7 +73,8 @@ def fidelity_figure(rows: Sequence[dict]) -> Figure:
         for r in group:
             ax.annotate(r["entry"], (r["fit_seconds"], r[distance]), fontsize=7,
                         xytext=(3, 2), textcoords="offset points")
-        ax.set(xscale="log", xlabel="fit time (s)", ylabel=f"{distance} (closer is lower)",
+        ax.set(xscale="log", yscale="log", xlabel="fit time (s)",
+               ylabel=f"{distance} (closer is lower)",
                title=f"{data}: fidelity to the reference against cost")
     return fig
 

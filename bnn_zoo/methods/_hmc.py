@@ -206,7 +206,7 @@ def full_batch_map(model: Callable, init: dict[str, Tensor], x: Tensor, y: Tenso
 @dataclass(frozen=True)
 class MapNoise:
     """The chains' regression noise scale fixed at the full-batch MAP's, estimated jointly
-    with the weights ([`full_batch_map`][]): the chains sample ``p(w | D, sigma_MAP)``."""
+    with the weights (`full_batch_map`): the chains sample ``p(w | D, sigma_MAP)``."""
 
     def start(self, build_model: ModelFactory, model: Callable, init: dict[str, Tensor],
               x: Tensor, y: Tensor, *, seed: int, max_iter: int
@@ -235,7 +235,7 @@ class HeldOutNoise:
     def start(self, build_model: ModelFactory, model: Callable, init: dict[str, Tensor],
               x: Tensor, y: Tensor, *, seed: int, max_iter: int
               ) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
-        """As [`MapNoise.start`][bnn_zoo.methods._hmc.MapNoise.start], the noise tuned on
+        """As [`MapNoise.start`][bnn_zoo.methods.MapNoise.start], the noise tuned on
         held-out points."""
         _check_learned_noise(model, type(self).__name__)
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
@@ -267,7 +267,7 @@ class SampledNoise:
     def start(self, build_model: ModelFactory, model: Callable, init: dict[str, Tensor],
               x: Tensor, y: Tensor, *, seed: int, max_iter: int
               ) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
-        """As [`MapNoise.start`][bnn_zoo.methods._hmc.MapNoise.start], ``sigma`` a latent
+        """As [`MapNoise.start`][bnn_zoo.methods.MapNoise.start], ``sigma`` a latent
         site started at the fit's noise scale."""
         _check_learned_noise(model, type(self).__name__)
         with pyro.get_param_store().scope(), torch.no_grad():
@@ -294,9 +294,9 @@ class HMC(Method):
     ``start`` (an [`SVI`][bnn_zoo.methods.SVI] MAP fit under the budget) is refined by
     full-batch L-BFGS over the weights and, with ``noise=MapNoise()`` (the default),
     jointly the regression noise scale, which the chains then keep
-    (``noise=HeldOutNoise()``: tuned on held-out points instead, [`HeldOutNoise`][];
-    ``noise=SampledNoise(scale)``: sampled with the weights under a hyperprior,
-    [`SampledNoise`][]);
+    (``noise=HeldOutNoise()``: tuned on held-out points instead,
+    [`HeldOutNoise`][bnn_zoo.methods.HeldOutNoise]; ``noise=SampledNoise(scale)``: sampled
+    with the weights under a hyperprior, [`SampledNoise`][bnn_zoo.methods.SampledNoise]);
     every chain starts at the MAP weights, running
     ``warmup`` adapting iterations (step size by dual averaging to ``target_accept``,
     trajectory length by ChEES, mass matrix in Stan's windows: diagonal, or dense with
@@ -353,7 +353,7 @@ class HMC(Method):
                  ) -> list[NUTSPosterior]:
         """R data sets ``x`` (R, N, D), ``y`` (R, N) sampled together: each has its own MAP
         start (from its seed), noise and ``chains`` chains, and all the chains run as the
-        replicas of one potential ([`ChainPotential`][] in groups), sharing the step size and
+        replicas of one potential (`ChainPotential` in groups), sharing the step size and
         the trajectory length while each data set keeps its own diagonal mass matrix
         (`chees_hmc` with ``groups``). The noise is drawn from ``seeds[0]``."""
         budget.check_supported("HMC", distributed=False)
