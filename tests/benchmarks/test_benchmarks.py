@@ -54,6 +54,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
     "moves.py": ("benchmarks/test_moves.py",
                  "test_main_reads_the_old_version_from_git_and_writes_its_tables"),
     "nngp.py": ("models/test_nngp.py", "test_benchmark_script_runs_with_tiny_flags"),
+    "reference_noise.py": ("benchmarks/test_benchmarks.py",
+                           "test_reference_noise_runs_every_noise_choice_and_gates_it"),
     "replicas.py": ("benchmarks/test_benchmarks.py",
                     "test_replicas_reports_the_times_and_peak_memory"),
     "rff.py": ("models/test_rff.py", "test_benchmark_script_runs"),
@@ -390,6 +392,22 @@ def test_loader_benchmark_writes_the_times_and_ratios(tmp_path, monkeypatch, ben
         assert row[f"{kind}_ratio"] == pytest.approx(row[f"{kind}_s"] / row["tensors_s"])
     (saved,) = json.loads((tmp_path / "loader.json").read_text())["summary"]
     assert saved == pytest.approx(row)
+
+
+def test_reference_noise_runs_every_noise_choice_and_gates_it(tmp_path, benchmark_script):
+    """Each of the four noise choices fits ``hmc`` on the split and is judged by the gate (2
+    chains: never a pass); only the fixed choices report one noise scale."""
+    runs = benchmark_script("reference_noise.py")["main"](
+        ["--data", "sine", "--splits", "1", "--warmup", "4", "--samples", "4", "--chains", "2",
+         "--steps", "5", "--out", str(tmp_path)])
+    assert [r["noise"] for r in runs] == ["map", "held_out", "sampled", "heteroscedastic"]
+    assert all("chains 2 < 4" in r["gates"] for r in runs)
+    assert [math.isnan(r["noise_scale"]) for r in runs] == [False, False, True, True]
+    assert runs[0]["noise_scale"] != runs[1]["noise_scale"]
+    summary = json.loads((tmp_path / "reference_noise.json").read_text())["summary"]
+    assert [(r["noise"], r["gates"]) for r in summary] == [
+        ("map", "0/1 pass"), ("held_out", "0/1 pass"), ("sampled", "0/1 pass"),
+        ("heteroscedastic", "0/1 pass")]
 
 
 def test_hmc_chains_writes_the_time_of_each_chain_count_and_its_ratio(tmp_path,

@@ -1,0 +1,95 @@
+"""The reference's noise as a measured choice: ``hmc`` on every split with the regression
+noise (a) fixed at the full-batch MAP's (``MapNoise``, the entry's), (b) fixed at the value
+tuned on held-out points (``HeldOutNoise``), (c) sampled with the weights under
+``HalfNormal(--prior-scale)`` (``SampledNoise``), (d) one per input (a heteroscedastic
+output), each with its test log-likelihood and RMSE, its gate (``ConvergenceGate``) and its
+noise scale (none for (c) and (d), whose noise is not one number).
+
+Writes ``reference_noise.md``, ``.csv`` and ``.json`` (per data set and choice, the mean
+and standard error over the splits, and how many splits pass the gate; the JSON keeps every
+run).
+
+    python benchmarks/reference_noise.py --data yacht bostonHousing --splits 3 --threads 2 \\
+        --out benchmarks/results/reference_noise
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Sequence
+
+from bnn_zoo import data, zoo
+from bnn_zoo._harness import flags
+from bnn_zoo._harness.compare import split_indices
+from bnn_zoo._harness.summary import GATE, aggregate
+from bnn_zoo._harness.tables import write_tables
+from bnn_zoo.methods import HeldOutNoise, SampledNoise
+
+COLUMNS = ("ll", "rmse", "noise_scale", "r_hat_pred_max", "ess_pred_min", "fit_seconds",
+           "gates")
+
+
+def choices(prior_scale: float) -> dict[str, dict]:
+    """The noise choices, as the options of ``zoo.get("hmc").fit``."""
+    return {"map": {},
+            "held_out": {"method_options": {"noise": HeldOutNoise()}},
+            "sampled": {"method_options": {"noise": SampledNoise(prior_scale)}},
+            "heteroscedastic": {"model_options": {"noise": "heteroscedastic"}}}
+
+
+def run(name: str, split: int, noise: str, options: dict, sampler: dict, steps: int | None
+        ) -> dict:
+    """One ``hmc`` fit of split ``split`` of ``name`` with the noise choice ``options``."""
+    dataset = data.load(name, split=split)
+    method_options = {**sampler, **options.get("method_options", {})}
+    started = time.perf_counter()
+    fitted = zoo.get("hmc").fit(dataset.x_train, dataset.y_train, seed=split, progress=False,
+                                method_options=method_options,
+                                model_options=options.get("model_options"),
+                                **({} if steps is None else {"steps": steps}))
+    seconds = time.perf_counter() - started
+    metrics = fitted.evaluate(dataset.x_test, dataset.y_test)
+    diagnostics = fitted.diagnostics_at(dataset.x_test)
+    failures = GATE.failures(diagnostics)
+    return {"data": name, "noise": noise, "split": split, "ll": metrics["ll"],
+            "rmse": metrics["rmse"], "noise_scale": diagnostics.get("noise_scale", math.nan),
+            "r_hat_pred_max": diagnostics["r_hat_pred_max"],
+            "ess_pred_min": diagnostics["ess_pred_min"], "fit_seconds": seconds,
+            "gates": "; ".join(failures) or "pass"}
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    flags.add_shared_flags(parser, out="results/reference_noise", splits=3,
+                           without=("seed", "retain_freed_memory"))
+    flags.add_data_flag(parser, default=("uci/yacht",))
+    parser.add_argument("--prior-scale", type=float, default=1.0,
+                        help="the HalfNormal scale of the sampled noise (default: 1)")
+    parser.add_argument("--warmup", type=flags.positive_int, default=None,
+                        help="hmc's warm-up iterations (default: the entry's)")
+    parser.add_argument("--samples", type=flags.positive_int, default=None,
+                        help="hmc's draws per chain (default: the entry's)")
+    parser.add_argument("--chains", type=flags.positive_int, default=None,
+                        help="hmc's chains (default: the entry's)")
+    parser.add_argument("--steps", type=flags.positive_int, default=None,
+                        help="steps of the MAP start (default: the entry's)")
+    args = flags.parse(parser, argv)
+    sampler = {k: getattr(args, k) for k in ("warmup", "samples", "chains")
+               if getattr(args, k) is not None}
+    runs = [run(name, split, noise, options, sampler, args.steps)
+            for name in args.data for split in split_indices(name, args.splits)
+            for noise, options in choices(args.prior_scale).items()]
+    summary = aggregate(runs, ("data", "noise"), ignore=("split", "gates"))
+    for row in summary:
+        gated = [r["gates"] for r in runs if (r["data"], r["noise"]) == (row["data"],
+                                                                         row["noise"])]
+        row["gates"] = f"{gated.count('pass')}/{len(gated)} pass"
+    print(write_tables(args.out, "reference_noise", summary, keys=("data", "noise"),
+                       section="data", columns=COLUMNS, runs=runs))
+    return runs
+
+
+if __name__ == "__main__":
+    main()
