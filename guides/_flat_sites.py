@@ -32,5 +32,5 @@ def unflatten_sites(sites: Sites, theta: Tensor) -> dict[str, Tensor]:
     ``split``, whose backward is one concatenation (slices would each scatter into a zero
     ``P``)."""
     parts = theta.split([math.prod(shape) for _, shape in sites], -1)
-    return {name: part.reshape(*theta.shape[:-1], *shape)
+    return {name: part.reshape((*theta.shape[:-1], *shape))
             for (name, shape), part in zip(sites, parts)}

@@ -31,6 +31,7 @@ from torch import Tensor
 from bnn_zoo._core.checks import check_bool, check_fraction, check_positive, check_positive_int
 from bnn_zoo._core.lbfgs import LBFGSResult, minimize_lbfgs
 from bnn_zoo._core.tasks import task_named
+from bnn_zoo.guides._flat_sites import flatten_sites, unflatten_sites
 from bnn_zoo.methods._base import Budget, Method, ModelFactory, UnsupportedProblem
 from bnn_zoo.methods._chees import HMCRun, chees_hmc
 from bnn_zoo.methods._nuts import NUTSPosterior, map_start, pooled_posterior, restore_samples
@@ -97,16 +98,14 @@ class ChainPotential:
             if support is not constraints.real:
                 self.transforms[name] = biject_to(site["fn"].support)
             self.sites.append((name, site["value"].shape[2:]))
-        self.sizes = [math.prod(shape) for _, shape in self.sites]
-        self.dim = sum(self.sizes)
+        self.dim = sum(math.prod(shape) for _, shape in self.sites)
         self.jit = jit
         self._compiled: Callable[[Tensor], Tensor] | None = None
 
     def coordinates(self, theta: Tensor) -> dict[str, Tensor]:
         """The sites' unconstrained coordinates ``(*lead, *event)`` of flat ``theta``
         (*lead, P)."""
-        return {name: v.reshape((*theta.shape[:-1], *shape))
-                for (name, shape), v in zip(self.sites, theta.split(self.sizes, dim=-1))}
+        return unflatten_sites(self.sites, theta)
 
     def values(self, theta: Tensor) -> dict[str, Tensor]:
         """The sites' values ``(*lead, *event)`` of flat ``theta`` (*lead, P)."""
@@ -119,9 +118,9 @@ class ChainPotential:
 
     def flatten(self, values: dict[str, Tensor]) -> Tensor:
         """``theta`` (C, P) of per-chain site values ``name -> (C, *event)``."""
-        return torch.cat([(self.transforms[name].inv(values[name]) if name in self.transforms
-                           else values[name]).reshape(self.chains, -1)
-                          for name, _ in self.sites], 1)
+        return flatten_sites(self.sites, {
+            name: self.transforms[name].inv(v) if name in self.transforms else v
+            for name, v in values.items()})
 
     def energy(self, theta: Tensor) -> Tensor:
         """``U (C,)``: minus each chain's log joint density at ``theta``; ``inf`` or NaN
@@ -365,10 +364,10 @@ class HMC(Method):
         starts = [self._map(build_model, x[r], y[r], task, seed, budget, progress)
                   for r, seed in enumerate(seeds)]
         map_seconds = (time.perf_counter() - started) / len(seeds)
-        noise = [n for _, n, _ in starts]
-        scales = (torch.tensor([n["noise_scale"] for n in noise])
-                  if "noise_scale" in noise[0] else None)
-        potential = ChainPotential(build_model(**noise[0]), x, y, self.chains, noise=scales,
+        noises = [n for _, n, _ in starts]
+        scales = (torch.tensor([n["noise_scale"] for n in noises])
+                  if "noise_scale" in noises[0] else None)
+        potential = ChainPotential(build_model(**noises[0]), x, y, self.chains, noise=scales,
                                    jit=self.jit)
         theta = potential.flatten({k: torch.cat([v[k].expand(self.chains, *v[k].shape)
                                                  for v, _, _ in starts]) for k in starts[0][0]})
@@ -377,16 +376,16 @@ class HMC(Method):
                         target_accept=self.target_accept, max_leapfrog=self.max_leapfrog,
                         dense=self.dense, progress=progress, groups=len(seeds),
                         generator=torch.Generator(x.device).manual_seed(seeds[0]))
-        seconds, chains = (time.perf_counter() - started) / len(seeds), list(
-            draw_chunks(run, potential))
+        seconds = (time.perf_counter() - started) / len(seeds)
+        chains = list(draw_chunks(run, potential))
+        per_group = [chains[i:i + self.chains] for i in range(0, len(chains), self.chains)]
+        groups = zip(starts, per_group, run.divergences.split(self.chains), x)
         return [pooled_posterior(
-            build_model(**noise[r]), chains[r * self.chains:(r + 1) * self.chains], x[r],
-            noise[r], seconds,
-            divergences=float(run.divergences[r * self.chains:(r + 1) * self.chains].sum()),
+            build_model(**noise), own, x_r, noise, seconds, divergences=float(divergent.sum()),
             step_size=run.step_size, trajectory_length=run.trajectory_length,
             leapfrog_steps=run.leapfrog_steps, acceptance=run.acceptance,
-            map_iterations=float(starts[r][2].iterations), map_seconds=map_seconds)
-            for r in range(len(seeds))]
+            map_iterations=float(result.iterations), map_seconds=map_seconds)
+            for (_, noise, result), own, divergent, x_r in groups]
 
     def _map(self, build_model: ModelFactory, x: Tensor, y: Tensor, task: str, seed: int,
              budget: Budget, progress: bool | None

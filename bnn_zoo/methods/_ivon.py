@@ -43,6 +43,7 @@ from bnn_zoo._core.lr_schedule import lr_factor
 from bnn_zoo._core.step import TrainingDiverged
 from bnn_zoo._core.training import FitResult
 from bnn_zoo.guides._bbb import deep_getattr
+from bnn_zoo.guides._flat_sites import Sites, flatten_sites, unflatten_sites
 from bnn_zoo.guides._mean_field import MeanFieldGuide, diagonal_gaussian_kl
 from bnn_zoo.methods._base import Budget, Method, ModelFactory
 from bnn_zoo.methods._svi import SVI, SVIPosterior
@@ -89,7 +90,7 @@ def _prior_precisions(model: nn.Module, like: Tensor) -> Tensor:
     """The flattened precision ``1 / s^2`` of every weight under the model's prior, which
     must be a zero-mean Gaussian (a ``ValueError`` otherwise)."""
     precisions = []
-    for name, shape in dict(model.sites).items():
+    for name, shape in model.sites:
         prior = prior_of_site(model.prior, name).distribution(shape, like)
         base = getattr(prior, "base_dist", prior)
         if not isinstance(base, torch.distributions.Normal) or bool((base.loc != 0).any()):
@@ -103,18 +104,16 @@ class _Likelihood:
     """The mean negative log-likelihood of a minibatch at given weights, and its gradient
     with respect to the weights and to the model's own parameters (a learned noise scale)."""
 
-    def __init__(self, model: nn.Module, sites: Mapping[str, torch.Size]) -> None:
+    def __init__(self, model: nn.Module, sites: Sites) -> None:
         self.model = model
-        self.sites = dict(sites)
-        self.sizes = [math.prod(shape) for shape in self.sites.values()]
+        self.sites = sites
 
     def __call__(self, weights: Tensor, x: Tensor, y: Tensor,
                  weight: float = 1.0) -> tuple[Tensor, Tensor]:
         """The loss at ``weights`` (flat) and its gradient; ``weight`` times the gradient is
         added to the model's own parameters' ``.grad``."""
         weights = weights.detach().requires_grad_()
-        values = {name: w.reshape(shape) for (name, shape), w
-                  in zip(self.sites.items(), weights.split(self.sizes))}
+        values = unflatten_sites(self.sites, weights)
         trace = poutine.trace(poutine.condition(self.model, data=values)).get_trace(x, y)
         loss = -trace.log_prob_sum(lambda _, site: site["is_observed"]) / x.shape[0]
         (weight * loss).backward()
@@ -167,10 +166,9 @@ class IVON(Method):
         guide = MeanFieldGuide(model).to(device=x.device, dtype=x.dtype)
         ess = float(x.shape[0]) if self.ess is None else float(self.ess)
         decay = _prior_precisions(model, x) / ess
-        state = IVONState(
-            torch.cat([deep_getattr(guide.loc, name).detach().reshape(-1)
-                       for name in guide.site_shapes]),
-            torch.full_like(decay, self.hess_init), torch.zeros_like(decay))
+        start = {name: deep_getattr(guide.loc, name).detach() for name in guide.site_shapes}
+        state = IVONState(flatten_sites(model.sites, start),
+                          torch.full_like(decay, self.hess_init), torch.zeros_like(decay))
         losses, started = self._train(model, state, decay, ess, x, y, seed, budget, progress)
         _set_guide(guide, state.loc, state.scale(ess, decay))
         result = FitResult(losses, time.perf_counter() - started, budget.steps)
@@ -181,7 +179,7 @@ class IVON(Method):
                progress: bool | None) -> tuple[list[float], float]:
         """Run the budget's IVON steps from ``state``; the noise scale follows by Adam.
         Returns the negative-ELBO estimate of every step and the start time."""
-        likelihood = _Likelihood(model, dict(model.sites))
+        likelihood = _Likelihood(model, model.sites)
         generator = torch.Generator(x.device).manual_seed(seed)
         batch = x.shape[0] if budget.batch_size is None else min(budget.batch_size, x.shape[0])
         noise = [p for p in model.parameters() if p.requires_grad]
@@ -223,8 +221,9 @@ class IVON(Method):
 def _set_guide(guide: MeanFieldGuide, loc: Tensor, scale: Tensor) -> None:
     """Hold IVON's ``m`` and ``sigma`` in ``guide``'s ``loc`` and ``rho``
     (``sigma = softplus(rho)``)."""
-    sizes = [math.prod(shape) for shape in guide.site_shapes.values()]
+    sites = list(guide.site_shapes.items())
     rho = scale + torch.log(-torch.expm1(-scale))
-    for (name, shape), m, r in zip(guide.site_shapes.items(), loc.split(sizes), rho.split(sizes)):
-        deep_setattr(guide.loc, name, PyroParam(m.detach().reshape(shape).clone()))
-        deep_setattr(guide.rho, name, PyroParam(r.detach().reshape(shape).clone()))
+    for name, m in unflatten_sites(sites, loc.detach()).items():
+        deep_setattr(guide.loc, name, PyroParam(m.clone()))
+    for name, r in unflatten_sites(sites, rho.detach()).items():
+        deep_setattr(guide.rho, name, PyroParam(r.clone()))

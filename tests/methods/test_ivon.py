@@ -49,17 +49,16 @@ def test_steps_match_ivon_opt(float64):
     y = torch.sin(x.sum(1))
     model = BayesianMLP(2, 1, hidden=(5,), activation="tanh", noise_scale=0.5,
                         prior=GaussianPrior(fan_in=True))
-    sites = dict(model.sites)
     ess, settings = 40.0, dict(lr=0.05, hess_init=0.3, beta1=0.9, beta2=0.99, clip_radius=0.4)
     decay = _prior_precisions(model, x) / ess
-    sizes = [math.prod(s) for s in sites.values()]
+    sizes = [math.prod(shape) for _, shape in model.sites]
     start = torch.randn(sum(sizes)) * 0.5
     params = [torch.nn.Parameter(p.clone()) for p in start.split(sizes)]
     groups = [{"params": [p], "weight_decay": float(d[0])}
               for p, d in zip(params, decay.split(sizes))]
     reference = ivon.IVON(groups, ess=ess, **settings)
     state = IVONState(start.clone(), torch.full_like(decay, 0.3), torch.zeros_like(decay))
-    likelihood = _Likelihood(model, sites)
+    likelihood = _Likelihood(model, model.sites)
     for _ in range(6):
         with reference.sampled_params(train=True):
             drawn = torch.cat([p.detach().reshape(-1) for p in params])
