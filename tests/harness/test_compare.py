@@ -57,32 +57,33 @@ def test_gaussian_w2_matches_quantile_integral():
 
 def test_quantile_w1_is_scipys_distance_and_the_mixtures_within_the_midpoint_error():
     """``quantile_w1`` on the kept quantiles is ``scipy.stats.wasserstein_distance`` between
-    the K-point distributions at them, and, for two Gaussian mixtures (predictives) whose
-    quantiles a run keeps, within the midpoint rule's 1% (plus 5 Monte Carlo standard
-    errors of scipy's distance between 200,000 draws of each, about 0.3%) of the distance
-    between their samples, the competition's W1."""
+    the K-point distributions at them. Against the exact W1 ``int |F_a(t) - F_b(t)| dt`` (by
+    quadrature on a fine grid) the midpoint rule only loses the outer halves of the
+    extreme levels' tails, so it is never above it: by 0.9% for two Gaussians of scales 1
+    and 2 (``1 - mean_k |z(u_k)| / E|Z|``, asserted within 1%), by 1.3% for the two
+    mixtures here (asserted within 2%)."""
     scipy_stats = pytest.importorskip("scipy.stats")
     def t(values):
         return torch.tensor(values, dtype=torch.float64)
     a = GaussianMixturePredictive(t([[0.0, 1.0], [0.8, -1.0], [0.3, 0.0]]),
                                   t([[0.5, 0.2], [0.3, 0.6], [0.4, 0.3]]))
     b = GaussianMixturePredictive(t([[0.2, 0.5], [0.1, -0.2]]), t([[0.9, 0.4], [0.2, 0.5]]))
-    qa, qb = (torch.stack([p.quantile(u) for u in runs.w1_levels()]) for p in (a, b))
-    w1 = summary.quantile_w1(qa, qb)
-    generator = torch.Generator().manual_seed(0)
-    for n in range(2):
-        assert float(w1[n]) == pytest.approx(
-            scipy_stats.wasserstein_distance(qa[:, n].numpy(), qb[:, n].numpy()), rel=1e-12)
-        draws = []
-        for p in (a, b):
-            component = torch.randint(p.loc.shape[0], (200_000,), generator=generator)
-            draws.append((p.loc[component, n] + p.scale[component, n]
-                          * torch.randn(200_000, generator=generator,
-                                        dtype=torch.float64)).numpy())
-        sampled = scipy_stats.wasserstein_distance(*draws)
-        assert float(w1[n]) == pytest.approx(sampled, rel=0.013)
+    gaussians = (GaussianMixturePredictive(t([[0.0]]), t([[1.0]])),
+                 GaussianMixturePredictive(t([[0.0]]), t([[2.0]])))
+    grid = torch.linspace(-12.0, 12.0, 240_001, dtype=torch.float64)
+    for (p, q), within in (((a, b), 0.02), (gaussians, 0.01)):
+        qa, qb = (torch.stack([r.quantile(u) for u in runs.w1_levels()]) for r in (p, q))
+        w1 = summary.quantile_w1(qa, qb)
+        cdfs = [torch.distributions.Normal(r.loc, r.scale).cdf(grid[:, None, None]).mean(1)
+                for r in (p, q)]
+        exact = torch.trapezoid((cdfs[0] - cdfs[1]).abs(), grid, dim=0)
+        for n in range(len(w1)):
+            assert float(w1[n]) == pytest.approx(
+                scipy_stats.wasserstein_distance(qa[:, n].numpy(), qb[:, n].numpy()),
+                rel=1e-12)
+            assert (1 - within) * exact[n] <= w1[n] <= exact[n] * (1 + 1e-6)
     with pytest.raises(ValueError, match="quantiles_a and quantiles_b"):
-        summary.quantile_w1(qa, qb[:, :1])
+        summary.quantile_w1(qa, qb[:-1])
 
 
 def test_w1_needs_both_records_quantiles():
