@@ -86,6 +86,7 @@ RESULTS: tuple[Result, ...] = (
     _result("mixture", "other",
             f"{BENCH}/mixture.py --steps 1000 --eval-particles 8192 --grad-repeats 50"),
     _result("mixture_nuts", "other", f"{BENCH}/mixture_nuts.py"),
+    _result("gate_floor", "other", f"{BENCH}/gate_floor.py"),
     _result("rff", "other", f"{BENCH}/rff.py --steps 800 --threads 1"),
     _result("nngp", "other", f"{BENCH}/nngp.py --splits 5 --threads 1"),
     _result("laplace_torch", "other", f"{BENCH}/laplace_torch.py --splits 10"),

@@ -1,15 +1,20 @@
-"""ChEES-HMC: many chains of Hamiltonian Monte Carlo in lockstep, for the vectorised
-chains of [`HMC`][bnn_zoo.methods.HMC].
+"""ChEES-HMC with SNAPER's criterion: many chains of Hamiltonian Monte Carlo in lockstep,
+for the vectorised chains of [`HMC`][bnn_zoo.methods.HMC].
 
-The trajectory length is set by ChEES-HMC (Hoffman, Radul & Sountsov 2021, "An Adaptive-MCMC
-Scheme for Setting Trajectory Lengths in Hamiltonian Monte Carlo"), the adaptation made for
-many chains in lockstep: iteration ``t`` runs ``L_t = ceil(h_t T / eps)`` leapfrog steps, ``h_t``
-the van der Corput (Halton base 2) sequence in (0, 1), and during warmup ``log T`` climbs
-the change in the estimated squared jump distance,
-``ChEES = 1/4 E[(|q' - E q'|^2 - |q - E q|^2)^2]``, by Adam on the acceptance-weighted
-gradient estimate over the chains (their eq. 6), ``h_t (|q'_c - qbar'|^2 - |q_c - qbar|^2)
-(q'_c - qbar') . v'_c``, in the coordinates ``q = L^-1 theta`` whitened by the mass
-matrix (``L L^T`` its inverse, [`Metric`][]; ``v`` the velocity).
+The trajectory length is adapted as in ChEES-HMC (Hoffman, Radul & Sountsov 2021, "An
+Adaptive-MCMC Scheme for Setting Trajectory Lengths in Hamiltonian Monte Carlo"), the
+adaptation made for many chains in lockstep: iteration ``t`` runs ``L_t = ceil(h_t T /
+eps)`` leapfrog steps, ``h_t`` the van der Corput (Halton base 2) sequence in (0, 1), and
+during warmup ``log T`` climbs a criterion by Adam on its acceptance-weighted gradient
+estimate over the chains, in the coordinates ``q = L^-1 theta`` whitened by the mass matrix
+(``L L^T`` its inverse, `Metric`; ``v`` the velocity). The criterion is SNAPER's (Sountsov &
+Hoffman 2022, "Focusing on Difficult Directions for Learning HMC Trajectory Lengths"):
+ChEES, the change in the squared distance from the mean, along the chains' leading principal
+component ``z`` alone, ``SNAPER = E[((q' - E q') . z)^2 - ((q - E q) . z)^2)^2]``, with the
+per-chain gradient ``h_t (a'_c^2 - a_c^2) a'_c (v'_c . z)``, ``a_c = (q_c - qbar) . z``.
+ChEES over all coordinates is dominated by the many directions a diagonal mass matrix
+whitens well, and on a network's posterior it settles on trajectories far too short for its
+slowest direction (``T`` below 1 where that direction asks for 10 and more).
 
 The step size follows the dual averaging of Hoffman & Gelman (2014, "The No-U-Turn Sampler",
 Algorithm 5) on the harmonic mean of the chains' acceptance probabilities (ChEES-HMC's
@@ -32,8 +37,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from bnn_zoo._core.checks import check_fraction, check_positive_int
+from bnn_zoo.methods._metric import Metric
 
-__all__ = ["DIVERGENCE", "HMCRun", "Metric", "Potential", "chees_hmc", "mass_windows",
+__all__ = ["DIVERGENCE", "HMCRun", "Potential", "chees_hmc", "mass_windows",
            "van_der_corput"]
 
 #: ``theta (C, P) -> (U (C,), grad U (C, P))``: the potential of C chains and its gradient.
@@ -122,90 +128,25 @@ class _LogAdam:
 @dataclass
 class HMCRun:
     """What [`chees_hmc`][] returns: ``draws`` (C, S, P), the divergent transitions of each
-    chain (C,) over the sampling iterations, the final step size and trajectory length, the
-    mean number of leapfrog steps per sampling iteration, the mean acceptance probability
-    and the total number of gradient evaluations (each one of all chains)."""
+    chain (C,) over the sampling iterations; for each of the G groups (G,) the final step
+    size and trajectory length and the mean acceptance probability; the mean number of
+    leapfrog steps per sampling iteration and the total number of gradient evaluations
+    (each one of all chains)."""
 
     draws: Tensor
     divergences: Tensor
-    step_size: float
-    trajectory_length: float
+    step_size: Tensor
+    trajectory_length: Tensor
     leapfrog_steps: float
-    acceptance: float
+    acceptance: Tensor
     gradients: int
 
 
-@dataclass
-class Metric:
-    """The inverse mass matrix ``Sigma = L L^T`` of the kinetic energy ``p^T Sigma p / 2``:
-    ``factor`` the scales ``(P,)`` of a diagonal one (or (C, P), one row per chain, for
-    chains in groups) or, with ``dense``, the lower Cholesky factor ``L`` (P, P) of a dense
-    one. Momenta are rows (C, P): ``p ~ N(0, Sigma^-1)``, velocity ``Sigma p``, whitened
-    position ``q = L^-1 theta`` and velocity ``L^T p``."""
-
-    factor: Tensor
-    dense: bool = False
-
-    @classmethod
-    def unit(cls, like: Tensor) -> Metric:
-        return cls(torch.ones(like.shape[-1], dtype=like.dtype, device=like.device))
-
-    @classmethod
-    def estimate(cls, window: Tensor, *, dense: bool, groups: int = 1) -> Metric:
-        """The covariance (or variances) of a window of draws (W, C, P) of all chains
-        pooled, regularised as Stan does, ``n/(n+5) S + 1e-3 * 5/(n+5) I`` over ``n``
-        draws. Pooled over the chains, as ChEES-HMC's metric is: ChEES measures the chains'
-        jumps against their spread, in the coordinates this metric whitens. With ``groups``
-        G > 1 (diagonal only), the C chains are G groups of C/G consecutive ones, each
-        sampling a posterior of its own: each group's variances pool its own chains, and
-        ``factor`` is (C, P), each chain with its group's scales."""
-        if groups > 1 and dense:
-            raise ValueError("Expected a diagonal metric for chains in groups, but got "
-                             "dense=True.")
-        draws, chains, size = window.shape
-        by_group = window.reshape(draws, groups, chains // groups, size).transpose(0, 1)
-        n = draws * (chains // groups)
-        centred = (by_group - by_group.mean((1, 2), keepdim=True)).reshape(groups, n, size)
-        shrink, floor = n / (n + 5.0), 1e-3 * 5.0 / (n + 5.0)
-        if not dense:
-            scales = (shrink * centred.square().sum(1) / (n - 1) + floor).sqrt()
-            return cls(scales[0] if groups == 1
-                       else scales.repeat_interleave(chains // groups, 0))
-        cov = shrink * centred[0].T @ centred[0] / (n - 1)
-        cov.diagonal().add_(floor)
-        return cls(torch.linalg.cholesky(cov), dense=True)
-
-    def momentum(self, z: Tensor) -> Tensor:
-        """``p = L^-T z`` of standard normal rows ``z``: a draw of ``N(0, Sigma^-1)``."""
-        if not self.dense:
-            return z / self.factor
-        return torch.linalg.solve_triangular(self.factor, z, upper=False, left=False)
-
-    def velocity(self, p: Tensor) -> Tensor:
-        """``Sigma p``."""
-        if not self.dense:
-            return self.factor.square() * p
-        return (p @ self.factor) @ self.factor.T
-
-    def kinetic(self, p: Tensor) -> Tensor:
-        """``p^T Sigma p / 2`` of every chain."""
-        return 0.5 * (p * self.velocity(p)).sum(1)
-
-    def whiten(self, theta: Tensor) -> Tensor:
-        """``q = L^-1 theta``."""
-        if not self.dense:
-            return theta / self.factor
-        return torch.linalg.solve_triangular(self.factor.T, theta, upper=True, left=False)
-
-    def whitened_velocity(self, p: Tensor) -> Tensor:
-        """``dq/dt = L^T p``."""
-        return self.factor * p if not self.dense else p @ self.factor
-
-
-def _leapfrog(potential: Potential, theta: Tensor, p: Tensor,
-              grad: Tensor, step_size: float, metric: Metric, steps: int
+def _leapfrog(potential: Potential, theta: Tensor, p: Tensor, grad: Tensor,
+              step_size: Tensor, metric: Metric, steps: int
               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``steps`` leapfrog steps from ``(theta, p)``; returns ``(theta', p', U', grad')``."""
+    """``steps`` leapfrog steps of sizes ``step_size`` (C, 1) from ``(theta, p)``; returns
+    ``(theta', p', U', grad')``."""
     p = p - 0.5 * step_size * grad
     energy = None
     for step in range(steps):
@@ -215,14 +156,20 @@ def _leapfrog(potential: Potential, theta: Tensor, p: Tensor,
     return theta, p, energy, grad
 
 
-def _harmonic_mean(values: Tensor) -> float:
-    return float(values.numel() / (1.0 / values.clamp(min=1e-10)).sum())
+def _group_means(values: Tensor, groups: int) -> Tensor:
+    """The mean of each group's consecutive values (C,) -> (G,)."""
+    return values.reshape(groups, -1).mean(1)
+
+
+def _harmonic_means(values: Tensor, groups: int) -> list[float]:
+    """Each group's harmonic mean of its chains' acceptance probabilities (C,)."""
+    return (1.0 / _group_means(1.0 / values.double().clamp(min=1e-10), groups)).tolist()
 
 
 @dataclass
 class _Adaptation:
-    """The warmup's state: the step size and its dual averaging, ``log T`` and its Adam,
-    the metric and the draws of its current window."""
+    """The warmup's state, one of each per group: the step size and its dual averaging,
+    ``log T`` and its Adam; and the metric and the draws of its current window."""
 
     potential: Potential
     warmup: int
@@ -231,63 +178,92 @@ class _Adaptation:
     generator: torch.Generator | None
     metric: Metric
     groups: int = 1
-    step_size: float = 1.0
+    step_size: list[float] = field(init=False)
     windows: frozenset[int] = field(init=False)
     first: int = field(init=False)
     window: list[Tensor] = field(init=False, default_factory=list)
-    log_length: _LogAdam = field(init=False, default_factory=lambda: _LogAdam(0.0))
-    dual: _DualAveraging = field(init=False)
+    log_length: list[_LogAdam] = field(init=False)
+    dual: list[_DualAveraging] = field(init=False)
+    direction: _Direction = field(init=False)
 
     def __post_init__(self) -> None:
         self.windows = frozenset(mass_windows(self.warmup))
         self.first = int(0.15 * self.warmup)
+        self.step_size = [1.0] * self.groups
+        self.log_length = [_LogAdam(0.0) for _ in range(self.groups)]
+        self.direction = _Direction.start(self.groups, self.metric.factor)
 
     def restart(self, theta: Tensor, energy: Tensor, grad: Tensor) -> None:
-        """A new step size for the current metric (keeping ``T / eps``), and its dual
+        """A new step size for the current metric (keeping each ``T / eps``), and its dual
         averaging started afresh."""
-        step = _initial_step_size(self.potential, theta, energy, grad, self.metric,
-                                  self.generator)
-        self.log_length.value += math.log(step / self.step_size)
-        self.step_size = step
-        self.dual = _DualAveraging.start(step, self.target)
+        steps = _initial_step_size(self.potential, theta, energy, grad, self.metric,
+                                   self.generator, self.groups)
+        for log_length, step, old in zip(self.log_length, steps, self.step_size):
+            log_length.value += math.log(step / old)
+        self.step_size = steps
+        self.dual = [_DualAveraging.start(step, self.target) for step in steps]
 
     @property
-    def length(self) -> float:
-        return max(math.exp(self.log_length.value), self.step_size)
+    def length(self) -> list[float]:
+        return [max(math.exp(log_length.value), step)
+                for log_length, step in zip(self.log_length, self.step_size)]
+
+    def chain_step_sizes(self, like: Tensor) -> Tensor:
+        """Each chain's step size (C, 1), its group's."""
+        steps = torch.tensor(self.step_size, dtype=like.dtype, device=like.device)
+        return steps.repeat_interleave(like.shape[0] // self.groups)[:, None]
+
+    def leapfrog_steps(self, jitter: float, most: int) -> int:
+        """The leapfrog steps ``ceil(h_t T / eps)`` for jitter ``h_t``, in [1, most]: the
+        most any group asks for, which the others take too, their trajectories longer than
+        their own ``T`` at no cost (a pass moves every chain)."""
+        return max(min(most, max(1, math.ceil(jitter * length / step)))
+                   for length, step in zip(self.length, self.step_size))
 
     def learn(self, t: int, jitter: float, theta: Tensor, proposal: Tensor, p_new: Tensor,
               accept_prob: Tensor) -> None:
-        """Warmup iteration ``t``'s updates of the step size and ``log T``."""
-        self.step_size = self.dual.update(_harmonic_mean(accept_prob))
-        if t >= self.first and theta.shape[0] > self.groups:
-            _ascend_chees(self.log_length, jitter, theta, proposal, p_new, accept_prob,
-                          self.metric, self.groups)
+        """Warmup iteration ``t``'s updates of each group's step size and ``log T``."""
+        self.step_size = [dual.update(accept) for dual, accept
+                          in zip(self.dual, _harmonic_means(accept_prob, self.groups))]
+        if theta.shape[0] == self.groups:
+            return
+        centred = _centred(self.metric.whiten(theta), self.groups)
+        self.direction.update(centred)
+        if t >= self.first:
+            gradients = _snaper_gradients(
+                jitter, centred, _centred(self.metric.whiten(proposal), self.groups),
+                self.metric.whitened_velocity(p_new), accept_prob, self.direction.unit)
+            for log_length, gradient in zip(self.log_length, gradients):
+                if math.isfinite(gradient):
+                    # The gradient with respect to log T is T times that with respect to T.
+                    log_length.ascend(gradient * math.exp(log_length.value))
 
     def keep(self, t: int, theta: Tensor, energy: Tensor, grad: Tensor) -> None:
         """Add warmup iteration ``t``'s state to the window; at a window's end estimate the
-        metric from it, and at the warmup's end fix the averaged step size."""
+        metric from it, and at the warmup's end fix the averaged step sizes."""
         self.window.append(theta)
         if t in self.windows:
             self.metric = Metric.estimate(torch.stack(self.window), dense=self.dense,
                                           groups=self.groups)
             self.window = []
+            self.direction.restart()
             self.restart(theta, energy, grad)
         if t == self.warmup - 1:
-            self.step_size = self.dual.final
+            self.step_size = [dual.final for dual in self.dual]
 
 
 def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
               target_accept: float = 0.8, max_leapfrog: int = 256, dense: bool = False,
               progress: bool | None = None, generator: torch.Generator | None = None,
               groups: int = 1) -> HMCRun:
-    """Run ``C`` chains of ChEES-HMC (module doc) from ``init`` (C, P): ``warmup`` adapting
-    iterations, then ``samples`` kept ones. Every iteration runs at most ``max_leapfrog``
-    leapfrog steps; ``dense``: a dense mass matrix (else diagonal).
+    """Run ``C`` chains of ChEES-HMC with SNAPER's criterion (module doc) from ``init``
+    (C, P): ``warmup`` adapting iterations, then ``samples`` kept ones. Every iteration runs
+    at most ``max_leapfrog`` leapfrog steps; ``dense``: a dense mass matrix (else diagonal).
 
     ``groups`` G: the chains are G groups of C/G consecutive chains, each group sampling a
-    posterior of its own (the splits of a data set, fitted together): they share the step
-    size and the trajectory length, while each group has its own diagonal mass matrix and
-    ChEES centres each chain on its own group's mean."""
+    posterior of its own (the splits of a data set, fitted together) with its own step
+    size, trajectory length and diagonal mass matrix, adapted from its own chains alone; an
+    iteration runs the leapfrog steps of the group that asks for most."""
     check_positive_int("warmup", warmup)
     check_positive_int("groups", groups)
     if init.shape[0] % groups:
@@ -307,15 +283,15 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
     divergences = torch.zeros(theta.shape[0], dtype=torch.long, device=theta.device)
     steps_taken, gradients = 0, 0
     # Summed on the device (in float64, as Python's floats would), read back once.
-    acceptance = torch.zeros((), dtype=torch.float64, device=theta.device)
+    acceptance = torch.zeros(groups, dtype=torch.float64, device=theta.device)
     show = sys.stderr.isatty() if progress is None else progress
     for t in tqdm(range(warmup + samples), desc="HMC", disable=not show, leave=False):
         jitter = van_der_corput(t + 1)
-        steps = min(max_leapfrog, max(1, math.ceil(jitter * adapt.length / adapt.step_size)))
+        steps = adapt.leapfrog_steps(jitter, max_leapfrog)
         p = adapt.metric.momentum(torch.randn(theta.shape, dtype=theta.dtype,
                                               device=theta.device, generator=generator))
         proposal, p_new, energy_new, grad_new = _leapfrog(
-            potential, theta, p, grad, adapt.step_size, adapt.metric, steps)
+            potential, theta, p, grad, adapt.chain_step_sizes(theta), adapt.metric, steps)
         gradients += steps
         error = (energy_new + adapt.metric.kinetic(p_new)
                  - energy - adapt.metric.kinetic(p)).nan_to_num(math.inf, math.inf)
@@ -333,53 +309,94 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
         draws[:, t - warmup] = theta
         divergences += (error > DIVERGENCE).long()
         steps_taken += steps
-        acceptance += accept_prob.mean().double()
-    return HMCRun(draws, divergences, adapt.step_size, adapt.length, steps_taken / samples,
-                  float(acceptance) / samples, gradients)
+        acceptance += _group_means(accept_prob.double(), groups)
+    return HMCRun(draws, divergences, torch.tensor(adapt.step_size, dtype=torch.float64),
+                  torch.tensor(adapt.length, dtype=torch.float64), steps_taken / samples,
+                  acceptance.cpu() / samples, gradients)
 
 
-def _ascend_chees(log_length: _LogAdam, jitter: float, theta: Tensor, proposal: Tensor,
-                  p_new: Tensor, accept_prob: Tensor, metric: Metric, groups: int = 1) -> None:
-    """One Adam step of ``log T`` up the acceptance-weighted ChEES gradient estimate
-    (module doc), in the coordinates whitened by the mass matrix, each chain centred on the
-    mean of its group (`chees_hmc`)."""
-    def centre(q: Tensor) -> Tensor:
-        by_group = q.reshape(groups, -1, q.shape[-1])
-        return (by_group - by_group.mean(1, keepdim=True)).reshape(q.shape)
+@dataclass
+class _Direction:
+    """SNAPER's estimate of each group's leading principal component in the whitened
+    coordinates (G, P): power iteration on the chains' covariance, ``z <- C z / |C z|``, with
+    ``C z`` averaged over the iterations since the metric last changed (weight
+    ``1/(t + 1)``, at least ``1/100``), the unit direction before them its first term."""
 
-    centred, centred_new = centre(metric.whiten(theta)), centre(metric.whiten(proposal))
-    change = centred_new.square().sum(1) - centred.square().sum(1)
-    gradient = jitter * change * (centred_new * metric.whitened_velocity(p_new)).sum(1)
-    usable = torch.isfinite(gradient) & (accept_prob > 0)
-    if not bool(usable.any()):
-        return
-    weights = torch.where(usable, accept_prob, torch.zeros_like(accept_prob))
-    estimate = float((weights * gradient.nan_to_num(0.0)).sum() / weights.sum())
-    # The gradient with respect to log T is T times that with respect to T.
-    log_length.ascend(estimate * math.exp(log_length.value))
+    average: Tensor
+    t: int = 0
+
+    @classmethod
+    def start(cls, groups: int, like: Tensor) -> _Direction:
+        """The direction of ones in every group."""
+        return cls(torch.ones(groups, like.shape[-1], dtype=like.dtype, device=like.device)
+                   / math.sqrt(like.shape[-1]))
+
+    @property
+    def unit(self) -> Tensor:
+        return self.average / self.average.norm(dim=-1, keepdim=True).clamp(min=1e-30)
+
+    def restart(self) -> None:
+        """Start averaging afresh from the current direction (the metric changed)."""
+        self.average, self.t = self.unit, 0
+
+    def update(self, centred: Tensor) -> None:
+        """One iteration's centred whitened chains (G, n, P)."""
+        product = ((centred @ self.unit[..., None]) * centred).mean(1)
+        self.t += 1
+        weight = 1.0 / min(self.t + 1, 100)
+        self.average = (1 - weight) * self.average + weight * product
 
 
-def _initial_step_size(potential: Potential, theta: Tensor,
-                       energy: Tensor, grad: Tensor, metric: Metric,
-                       generator: torch.Generator | None) -> float:
-    """Hoffman & Gelman (2014), Algorithm 4: double or halve ``eps`` from 1 until one
-    leapfrog step's harmonic-mean acceptance probability crosses 1/2."""
-    step_size = 1.0
+def _centred(q: Tensor, groups: int) -> Tensor:
+    """Whitened chains (C, P) less their group's mean, as (G, C/G, P)."""
+    by_group = q.reshape(groups, -1, q.shape[-1])
+    return by_group - by_group.mean(1, keepdim=True)
 
-    def accept(step: float) -> float:
+
+def _snaper_gradients(jitter: float, centred: Tensor, centred_new: Tensor, velocity: Tensor,
+                      accept_prob: Tensor, direction: Tensor) -> list[float]:
+    """Each group's acceptance-weighted SNAPER gradient estimate with respect to ``T``
+    (module doc) from the centred whitened chains before and after (G, n, P), the whitened
+    velocities after and the unit directions (G, P); NaN for a group none of whose chains
+    gives a usable estimate."""
+    along, along_new = centred @ direction[..., None], centred_new @ direction[..., None]
+    speed = velocity.reshape(centred.shape) @ direction[..., None]
+    gradient = (jitter * (along_new.square() - along.square()) * along_new * speed)[..., 0]
+    accept = accept_prob.reshape(gradient.shape)
+    usable = torch.isfinite(gradient) & (accept > 0)
+    weights = torch.where(usable, accept, torch.zeros_like(accept))
+    weighted = weights * torch.where(usable, gradient, torch.zeros_like(gradient))
+    return (weighted.sum(1).double() / weights.sum(1).double()).tolist()
+
+
+def _initial_step_size(potential: Potential, theta: Tensor, energy: Tensor, grad: Tensor,
+                       metric: Metric, generator: torch.Generator | None, groups: int
+                       ) -> list[float]:
+    """Hoffman & Gelman (2014), Algorithm 4, for each group: double or halve ``eps`` from 1
+    until one leapfrog step's harmonic-mean acceptance probability crosses 1/2."""
+    per_chain = theta.shape[0] // groups
+
+    def accept(steps: list[float]) -> list[float]:
         p = metric.momentum(torch.randn(theta.shape, dtype=theta.dtype, device=theta.device,
                                         generator=generator))
-        _, p_new, energy_new, _ = _leapfrog(potential, theta, p, grad, step, metric, 1)
+        step = torch.tensor(steps, dtype=theta.dtype, device=theta.device)
+        _, p_new, energy_new, _ = _leapfrog(potential, theta, p, grad,
+                                            step.repeat_interleave(per_chain)[:, None],
+                                            metric, 1)
         error = (energy_new + metric.kinetic(p_new)
                  - energy - metric.kinetic(p)).nan_to_num(math.inf, math.inf)
-        return _harmonic_mean(torch.exp(-error.clamp(min=0)))
+        return _harmonic_means(torch.exp(-error.clamp(min=0)), groups)
 
-    direction = 1.0 if accept(step_size) > 0.5 else -1.0
+    step_size = [1.0] * groups
+    direction = [1.0 if a > 0.5 else -1.0 for a in accept(step_size)]
+    going = [True] * groups
     for _ in range(100):
-        trial = step_size * 2.0 ** direction
-        if (accept(trial) > 0.5) != (direction > 0):
+        trial = [s * 2.0 ** d if g else s for s, d, g in zip(step_size, direction, going)]
+        for group, a in enumerate(accept(trial)):
+            if going[group] and (a > 0.5) != (direction[group] > 0):
+                going[group] = False
+            elif going[group]:
+                step_size[group] = trial[group]
+        if not any(going):
             break
-        step_size = trial
-    return step_size if direction > 0 else step_size / 2
-
-
+    return [s if d > 0 else s / 2 for s, d in zip(step_size, direction)]

@@ -4,11 +4,11 @@ The chains are replicas of one model (`bnn_zoo._core.replicas`): chain ``c``'s w
 index ``c`` of every site of ``model.replicated(C)``, so one full-batch evaluation of the
 potential ``U_c(theta_c) = -log p(theta_c) - sum_n log p(y_n | x_n, theta_c)`` and its
 gradient serves all ``C`` chains ([`ChainPotential`][], traced once by ``torch.jit.trace``).
-The sampler, ChEES-HMC ([`bnn_zoo.methods._chees`][]), moves all chains in lockstep: one
-step size, one mass matrix and one number of leapfrog steps per iteration, so a GPU runs 64
+The sampler, ChEES-HMC with SNAPER's trajectory criterion ([`bnn_zoo.methods._chees`][]),
+moves all chains in lockstep, one number of leapfrog steps per iteration, so a GPU runs 64
 chains for little more than the cost of one. The splits of a data set sample together in
 the same way ([`HMC.fit_many`][]): their chains in groups, each group with its own data,
-noise and mass matrix.
+noise, step size, trajectory length and mass matrix.
 """
 
 from __future__ import annotations
@@ -285,7 +285,8 @@ def _check_learned_noise(model: Callable, choice: str) -> None:
 @dataclass(frozen=True)
 class HMC(Method):
     """``chains`` chains of ChEES-HMC (Hoffman, Radul & Sountsov 2021, "An Adaptive-MCMC
-    Scheme for Setting Trajectory Lengths in Hamiltonian Monte Carlo") on the entry's model,
+    Scheme for Setting Trajectory Lengths in Hamiltonian Monte Carlo") with SNAPER's
+    trajectory criterion (Sountsov & Hoffman 2022) on the entry's model,
     run as the replicas of one vectorised, JIT-traced full-batch potential
     ``U_c(w_c) = -log p(w_c) - sum_n log p(y_n | x_n, w_c)``, so that many chains cost
     little more than one on a GPU.
@@ -298,7 +299,7 @@ class HMC(Method):
     with the weights under a hyperprior, [`SampledNoise`][bnn_zoo.methods.SampledNoise]);
     every chain starts at the MAP weights, running
     ``warmup`` adapting iterations (step size by dual averaging to ``target_accept``,
-    trajectory length by ChEES, mass matrix in Stan's windows: diagonal, or dense with
+    trajectory length by SNAPER, mass matrix in Stan's windows: diagonal, or dense with
     ``dense=True``) and then ``samples`` kept draws, at most ``max_leapfrog`` leapfrog steps
     each. The posterior replays the pooled draws
     ([`PosteriorSamples`][bnn_zoo.methods.PosteriorSamples]); its diagnostics add to those
@@ -315,7 +316,7 @@ class HMC(Method):
 
     start: SVI
     warmup: int = 500
-    samples: int = 1000
+    samples: int = 2000
     chains: int = 8
     target_accept: float = 0.8
     max_leapfrog: int = 256
@@ -352,9 +353,9 @@ class HMC(Method):
                  ) -> list[NUTSPosterior]:
         """R data sets ``x`` (R, N, D), ``y`` (R, N) sampled together: each has its own MAP
         start (from its seed), noise and ``chains`` chains, and all the chains run as the
-        replicas of one potential (`ChainPotential` in groups), sharing the step size and
-        the trajectory length while each data set keeps its own diagonal mass matrix
-        (`chees_hmc` with ``groups``). The noise is drawn from ``seeds[0]``."""
+        replicas of one potential (`ChainPotential` in groups), each data set adapting its
+        own step size, trajectory length and diagonal mass matrix (`chees_hmc` with
+        ``groups``). The noise is drawn from ``seeds[0]``."""
         budget.check_supported("HMC", distributed=False)
         if task_named(task).noisy and y.dim() > 2:
             raise UnsupportedProblem(f"hmc fixes one noise scale at its MAP value and takes "
@@ -379,13 +380,15 @@ class HMC(Method):
         seconds = (time.perf_counter() - started) / len(seeds)
         chains = list(draw_chunks(run, potential))
         per_group = [chains[i:i + self.chains] for i in range(0, len(chains), self.chains)]
-        groups = zip(starts, per_group, run.divergences.split(self.chains), x)
+        groups = zip(starts, per_group, run.divergences.split(self.chains), x,
+                     run.step_size.tolist(), run.trajectory_length.tolist(),
+                     run.acceptance.tolist())
         return [pooled_posterior(
             build_model(**noise), own, x_r, noise, seconds, divergences=float(divergent.sum()),
-            step_size=run.step_size, trajectory_length=run.trajectory_length,
-            leapfrog_steps=run.leapfrog_steps, acceptance=run.acceptance,
-            map_iterations=float(result.iterations), map_seconds=map_seconds)
-            for (_, noise, result), own, divergent, x_r in groups]
+            step_size=step, trajectory_length=length, leapfrog_steps=run.leapfrog_steps,
+            acceptance=acceptance, map_iterations=float(result.iterations),
+            map_seconds=map_seconds)
+            for (_, noise, result), own, divergent, x_r, step, length, acceptance in groups]
 
     def _map(self, build_model: ModelFactory, x: Tensor, y: Tensor, task: str, seed: int,
              budget: Budget, progress: bool | None

@@ -39,6 +39,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
                           "test_compare_guides_writes_a_row_per_entry"),
     "distributed_fit.py": ("benchmarks/test_scale_scripts.py",
                            "test_distributed_example_runs_as_one_process"),
+    "gate_floor.py": ("benchmarks/test_benchmarks.py",
+                      "test_gate_floor_fails_short_correlated_chains_and_passes_long_ones"),
     "hmc_chains.py": ("benchmarks/test_benchmarks.py",
                       "test_hmc_chains_writes_the_time_of_each_chain_count_and_its_ratio"),
     "laplace_cnn.py": ("benchmarks/test_benchmarks.py",
@@ -408,6 +410,23 @@ def test_reference_noise_runs_every_noise_choice_and_gates_it(tmp_path, benchmar
     assert [(r["noise"], r["gates"]) for r in summary] == [
         ("map", "0/1 pass"), ("held_out", "0/1 pass"), ("sampled", "0/1 pass"),
         ("heteroscedastic", "0/1 pass")]
+
+
+def test_gate_floor_fails_short_correlated_chains_and_passes_long_ones(tmp_path,
+                                                                      benchmark_script):
+    """Chains of ESS 0.02 per draw (20 effective draws a chain) fail the gate at every
+    repeat, independent draws (2000 a chain) pass it at every one; the chains are AR(1)
+    with unit variance and lag-one correlation ``rho`` within 5 standard errors."""
+    script = benchmark_script("gate_floor.py")
+    rows = script["main"](["--chains", "4", "--draws", "1000", "--ess-per-draw", "0.02", "1",
+                           "--points", "20", "--repeats", "3", "--out", str(tmp_path)])
+    assert [(r["ess_per_draw"], r["fails_gate"]) for r in rows] == [(0.02, 1.0), (1.0, 0.0)]
+    x = script["stationary_chains"](4, 20000, 1, 1 / 3, torch.Generator().manual_seed(0))
+    rho, ess = 0.5, 4 * 20000 / 3
+    assert abs(float(x.var()) - 1) < 5 * math.sqrt(2 / ess)
+    lag = float((x[:, 1:] * x[:, :-1]).mean())
+    assert abs(lag - rho) < 5 * math.sqrt(2 / ess)
+    assert (tmp_path / "gate_floor.json").exists()
 
 
 def test_hmc_chains_writes_the_time_of_each_chain_count_and_its_ratio(tmp_path,
