@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The references a CPU cannot afford, on a GPU: `hmc` on SPLITS splits (default 20) of each
-# UCI set in DATA (default: bostonHousing yacht), one split after another as the entry runs
-# them, with `map` measured against them.
+# UCI set in DATA (default: bostonHousing yacht), all splits of a set in one pass as the
+# entry runs them, with `map` measured against them.
 # Writes the comparison, the reference's diagnostics and gates, the distances and the
 # fidelity ranking under $OUT/reference (the device tool's folder) or
 # benchmarks/results/gpu/reference.
