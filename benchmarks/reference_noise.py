@@ -7,7 +7,7 @@ noise scale (none for (c) and (d), whose noise is not one number).
 
 Writes ``reference_noise.md``, ``.csv`` and ``.json`` (per data set and choice, the mean
 and standard error over the splits, and how many splits pass the gate; the JSON keeps every
-run).
+run), after every fit, so a study that stops keeps what it measured.
 
     python benchmarks/reference_noise.py --data yacht bostonHousing --splits 3 --threads 2 \\
         --out benchmarks/results/reference_noise
@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from bnn_zoo import data, zoo
 from bnn_zoo._harness import flags
@@ -60,6 +62,18 @@ def run(name: str, split: int, noise: str, options: dict, sampler: dict, steps: 
             "gates": "; ".join(failures) or "pass"}
 
 
+def write(out: Path, runs: list[dict]) -> str:
+    """The tables of the runs so far (written after every fit, so a long study that stops
+    keeps what it measured); returns the Markdown."""
+    summary = aggregate(runs, ("data", "noise"), ignore=("split", "gates"))
+    for row in summary:
+        gated = [r["gates"] for r in runs if (r["data"], r["noise"]) == (row["data"],
+                                                                         row["noise"])]
+        row["gates"] = f"{gated.count('pass')}/{len(gated)} pass"
+    return write_tables(out, "reference_noise", summary, keys=("data", "noise"),
+                        section="data", columns=COLUMNS, runs=runs)
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     flags.add_shared_flags(parser, out="results/reference_noise", splits=3,
@@ -78,16 +92,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = flags.parse(parser, argv)
     sampler = {k: getattr(args, k) for k in ("warmup", "samples", "chains")
                if getattr(args, k) is not None}
-    runs = [run(name, split, noise, options, sampler, args.steps)
-            for name in args.data for split in split_indices(name, args.splits)
-            for noise, options in choices(args.prior_scale).items()]
-    summary = aggregate(runs, ("data", "noise"), ignore=("split", "gates"))
-    for row in summary:
-        gated = [r["gates"] for r in runs if (r["data"], r["noise"]) == (row["data"],
-                                                                         row["noise"])]
-        row["gates"] = f"{gated.count('pass')}/{len(gated)} pass"
-    print(write_tables(args.out, "reference_noise", summary, keys=("data", "noise"),
-                       section="data", columns=COLUMNS, runs=runs))
+    runs = []
+    for name in args.data:
+        for split in split_indices(name, args.splits):
+            for noise, options in choices(args.prior_scale).items():
+                runs.append(run(name, split, noise, options, sampler, args.steps))
+                print(f"[ok] {noise} on {name} split {split}: {runs[-1]['fit_seconds']:.0f} s, "
+                      f"{runs[-1]['gates']}", file=sys.stderr, flush=True)
+                markdown = write(args.out, runs)
+    print(markdown)
     return runs
 
 
