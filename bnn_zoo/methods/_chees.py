@@ -161,6 +161,13 @@ def _group_means(values: Tensor, groups: int) -> Tensor:
     return values.reshape(groups, -1).mean(1)
 
 
+def _per_chain(values: list[float], like: Tensor) -> Tensor:
+    """Each group's value (G values) for each of its chains, as a column (C, 1) like ``like``
+    (C, P)."""
+    column = torch.tensor(values, dtype=like.dtype, device=like.device)
+    return column.repeat_interleave(like.shape[0] // len(values))[:, None]
+
+
 def _harmonic_means(values: Tensor, groups: int) -> list[float]:
     """Each group's harmonic mean of its chains' acceptance probabilities (C,)."""
     return (1.0 / _group_means(1.0 / values.double().clamp(min=1e-10), groups)).tolist()
@@ -207,11 +214,6 @@ class _Adaptation:
     def length(self) -> list[float]:
         return [max(math.exp(log_length.value), step)
                 for log_length, step in zip(self.log_length, self.step_size)]
-
-    def chain_step_sizes(self, like: Tensor) -> Tensor:
-        """Each chain's step size (C, 1), its group's."""
-        steps = torch.tensor(self.step_size, dtype=like.dtype, device=like.device)
-        return steps.repeat_interleave(like.shape[0] // self.groups)[:, None]
 
     def leapfrog_steps(self, jitter: float, most: int) -> int:
         """The leapfrog steps ``ceil(h_t T / eps)`` for jitter ``h_t``, in [1, most]: the
@@ -291,7 +293,7 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
         p = adapt.metric.momentum(torch.randn(theta.shape, dtype=theta.dtype,
                                               device=theta.device, generator=generator))
         proposal, p_new, energy_new, grad_new = _leapfrog(
-            potential, theta, p, grad, adapt.chain_step_sizes(theta), adapt.metric, steps)
+            potential, theta, p, grad, _per_chain(adapt.step_size, theta), adapt.metric, steps)
         gradients += steps
         error = (energy_new + adapt.metric.kinetic(p_new)
                  - energy - adapt.metric.kinetic(p)).nan_to_num(math.inf, math.inf)
@@ -374,15 +376,11 @@ def _initial_step_size(potential: Potential, theta: Tensor, energy: Tensor, grad
                        ) -> list[float]:
     """Hoffman & Gelman (2014), Algorithm 4, for each group: double or halve ``eps`` from 1
     until one leapfrog step's harmonic-mean acceptance probability crosses 1/2."""
-    per_chain = theta.shape[0] // groups
-
     def accept(steps: list[float]) -> list[float]:
         p = metric.momentum(torch.randn(theta.shape, dtype=theta.dtype, device=theta.device,
                                         generator=generator))
-        step = torch.tensor(steps, dtype=theta.dtype, device=theta.device)
         _, p_new, energy_new, _ = _leapfrog(potential, theta, p, grad,
-                                            step.repeat_interleave(per_chain)[:, None],
-                                            metric, 1)
+                                            _per_chain(steps, theta), metric, 1)
         error = (energy_new + metric.kinetic(p_new)
                  - energy - metric.kinetic(p)).nan_to_num(math.inf, math.inf)
         return _harmonic_means(torch.exp(-error.clamp(min=0)), groups)
