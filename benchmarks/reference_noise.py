@@ -1,6 +1,6 @@
 """The reference's noise as a measured choice: ``hmc`` on every split with the regression
-noise (a) fixed at the full-batch MAP's (``MapNoise``, the entry's), (b) fixed at the value
-tuned on held-out points (``HeldOutNoise``), (c) sampled with the weights under
+noise (a) fixed at the full-batch MAP's (``MapNoise``), (b) fixed at the value tuned on
+held-out points (``HeldOutNoise``, the entry's), (c) sampled with the weights under
 ``HalfNormal(--prior-scale)`` (``SampledNoise``), (d) one per input (a heteroscedastic
 output), each with its test log-likelihood and RMSE, its gate (``ConvergenceGate``) and its
 noise scale (none for (c) and (d), whose noise is not one number).
@@ -27,7 +27,7 @@ from bnn_zoo._harness import flags
 from bnn_zoo._harness.compare import split_indices
 from bnn_zoo._harness.summary import GATE, aggregate
 from bnn_zoo._harness.tables import write_tables
-from bnn_zoo.methods import HeldOutNoise, SampledNoise
+from bnn_zoo.methods import HeldOutNoise, MapNoise, SampledNoise
 
 COLUMNS = ("ll", "rmse", "noise_scale", "r_hat_pred_max", "ess_pred_min", "fit_seconds",
            "gates")
@@ -35,7 +35,7 @@ COLUMNS = ("ll", "rmse", "noise_scale", "r_hat_pred_max", "ess_pred_min", "fit_s
 
 def choices(prior_scale: float) -> dict[str, dict]:
     """The noise choices, as the options of ``zoo.get("hmc").fit``."""
-    return {"map": {},
+    return {"map": {"method_options": {"noise": MapNoise()}},
             "held_out": {"method_options": {"noise": HeldOutNoise()}},
             "sampled": {"method_options": {"noise": SampledNoise(prior_scale)}},
             "heteroscedastic": {"model_options": {"noise": "heteroscedastic"}}}

@@ -223,7 +223,10 @@ class HeldOutNoise:
     that maximises the held-out log-likelihood of its predictions (the root mean squared
     held-out residual, as `bnn_zoo.evaluation.tune_noise` finds it).
     The chains sample ``p(w | D, sigma)`` on all the points, from the MAP of all of them at
-    that ``sigma``. Needs a learned homoscedastic noise (a ``ValueError`` otherwise)."""
+    that ``sigma``. A model without a learned homoscedastic noise (a classifier, a fixed or
+    a heteroscedastic noise) has no scale to tune: its chains start at the MAP, as with
+    [`MapNoise`][bnn_zoo.methods.MapNoise]. The ``hmc`` entry's choice: its posterior is
+    the one the approximations, whose noise is tuned on held-out points too, approximate."""
 
     fraction: float = 0.1
 
@@ -236,7 +239,8 @@ class HeldOutNoise:
               ) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
         """As [`MapNoise.start`][bnn_zoo.methods.MapNoise.start], the noise tuned on
         held-out points."""
-        _check_learned_noise(model, type(self).__name__)
+        if not getattr(model, "learn_noise", False):
+            return full_batch_map(model, init, x, y, max_iter=max_iter)
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
         held = order[:max(1, round(self.fraction * len(x)))].to(x.device)
         kept = order[len(held):].to(x.device)

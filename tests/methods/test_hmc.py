@@ -20,6 +20,7 @@ from bnn_zoo.methods._chees import _Direction, chees_hmc, mass_windows, van_der_
 from bnn_zoo.methods._hmc import (
     ChainPotential,
     HeldOutNoise,
+    MapNoise,
     SampledNoise,
     draw_chunks,
     full_batch_map,
@@ -278,7 +279,7 @@ def test_hmc_fits_splits_together_each_with_its_own_noise():
 def test_held_out_noise_is_the_held_out_rms_residual_and_the_start_the_mode_at_it():
     """``HeldOutNoise``: ``sigma`` is the root mean squared residual, on the held-out points,
     of the MAP of the others; the chains' start is then the closed-form posterior mode of
-    Bayesian linear regression on all the points at that ``sigma``."""
+    Bayesian linear regression on all the points at that ``sigma``. A fixed noise is kept."""
     x, y, _, _, _, _ = linear_problem(n=100)
     def build(**options):
         return BayesianMLP(3, 1, hidden=(), prior=GaussianPrior(), **options).double()
@@ -298,8 +299,12 @@ def test_held_out_noise_is_the_held_out_rms_residual_and_the_start_the_mode_at_i
                               / sigma**2, features.T @ y / sigma**2)
     got = torch.cat([values["layers.0.weight"].reshape(-1), values["layers.0.bias"]])
     torch.testing.assert_close(got, mode, atol=1e-6, rtol=0)
-    with pytest.raises(ValueError, match="learned homoscedastic noise"):
-        noise.start(build, build(noise_scale=0.3), init, x, y, seed=0, max_iter=5)
+    fixed = build(noise_scale=0.3)  # no scale to tune: the start is MapNoise's
+    got, options, _ = noise.start(build, fixed, init, x, y, seed=0, max_iter=500)
+    expected, expected_options, _ = MapNoise().start(build, fixed, init, x, y, seed=0,
+                                                     max_iter=500)
+    assert options == expected_options == {}
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
     with pytest.raises(ValueError, match="fraction"):
         HeldOutNoise(fraction=0.0)
     with pytest.raises(TypeError, match="MapNoise, HeldOutNoise or SampledNoise"):
