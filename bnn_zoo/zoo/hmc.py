@@ -5,12 +5,13 @@ as replicas of one vectorised pass, the reference every guide is measured agains
 A MAP fit (the ``map`` entry's guide, with the fan-in prior), refined by full-batch L-BFGS
 until converged, gives every chain's start; the regression noise scale is tuned on held-out
 points, as the approximations' is (`HeldOutNoise`), and the chains keep it fixed: theirs is
-the posterior the approximations approximate, and the one of the noise choices whose chains
-pass the convergence gate on yacht (`benchmarks/reference_noise.py`); then 8 chains of ChEES-HMC with SNAPER's trajectory criterion, 500 warmup
-iterations and 2000 draws each: the rank-normalised R-hat over 51 test points of chains
-with a bulk ESS near 1000 sits at 1.01 by chance alone, so the gate needs the longer
-chains. A data set's splits are sampled in one pass (``HMC.fit_many``), each with its own
-step size, trajectory length and mass matrix.
+the posterior the approximations approximate, and of the noise choices the one whose chains
+pass the convergence gate on yacht (`benchmarks/reference_noise.py`). Then 8 chains of
+ChEES-HMC with SNAPER's trajectory criterion, 500 warmup iterations and 2000 draws each:
+the rank-normalised R-hat over 51 test points of chains with a bulk ESS near 1000 sits at
+1.01 by chance alone, so the gate needs the longer chains. A data set's splits are sampled
+in one pass (``HMC.fit_many``), each with its own step size, trajectory length and mass
+matrix.
 """
 
 from __future__ import annotations
