@@ -196,7 +196,7 @@ def full_batch_map(model: Callable, init: dict[str, Tensor], x: Tensor, y: Tenso
     objective(result.x)  # leave the parameters at the optimum
     values = potential.values(result.x[:potential.dim])
     noise = {}
-    if getattr(model, "learn_noise", False):
+    if _learns_noise(model):
         with pyro.get_param_store().scope(), torch.no_grad():
             noise["noise_scale"] = float(potential.model.observation_scale())
     return values, noise, result
@@ -239,8 +239,9 @@ class HeldOutNoise:
               ) -> tuple[dict[str, Tensor], dict[str, float], LBFGSResult]:
         """As [`MapNoise.start`][bnn_zoo.methods.MapNoise.start], the noise tuned on
         held-out points."""
-        if not getattr(model, "learn_noise", False):
-            return full_batch_map(model, init, x, y, max_iter=max_iter)
+        if not _learns_noise(model):  # nothing to tune
+            return MapNoise().start(build_model, model, init, x, y, seed=seed,
+                                    max_iter=max_iter)
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
         held = order[:max(1, round(self.fraction * len(x)))].to(x.device)
         kept = order[len(held):].to(x.device)
@@ -280,8 +281,14 @@ class SampledNoise:
         return values, {"noise_prior": self.scale}, result
 
 
+def _learns_noise(model: Callable) -> bool:
+    """Whether ``model`` learns one homoscedastic regression noise scale (not a classifier,
+    a fixed or a heteroscedastic noise)."""
+    return getattr(model, "learn_noise", False)
+
+
 def _check_learned_noise(model: Callable, choice: str) -> None:
-    if not getattr(model, "learn_noise", False):
+    if not _learns_noise(model):
         raise ValueError(f"{choice} needs a learned homoscedastic noise scale; this model has "
                          "none (classification, a fixed or a heteroscedastic noise).")
 
