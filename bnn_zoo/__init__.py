@@ -16,13 +16,14 @@ Importing the package changes no global setting of Pyro or torch.
 from __future__ import annotations
 
 from bnn_zoo import data, zoo
+from bnn_zoo._core.graphs import GraphWarning
 from bnn_zoo._core.predictive import CategoricalPredictive, GaussianMixturePredictive, predict
 from bnn_zoo._core.replicas import fit_replicas, predict_replicas
 from bnn_zoo._core.step import TrainingDiverged
 from bnn_zoo._core.training import FitResult, fit
 from bnn_zoo.evaluation._metrics import evaluate, metrics
 
-__all__ = ["CategoricalPredictive", "FitResult", "GaussianMixturePredictive",
+__all__ = ["CategoricalPredictive", "FitResult", "GaussianMixturePredictive", "GraphWarning",
            "TrainingDiverged", "data", "evaluate", "fit", "fit_replicas", "metrics", "predict",
            "predict_replicas", "zoo"]
 __version__ = "0.1.0"

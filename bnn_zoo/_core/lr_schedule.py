@@ -38,6 +38,10 @@ def lr_factor(schedule: str, step: int, steps: int) -> float:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set the learning rate of every parameter group of ``optimizer`` to ``lr``."""
+    """Set the learning rate of every parameter group of ``optimizer`` to ``lr``: in place
+    where it is a tensor (the rate a recorded CUDA graph reads, `bnn_zoo._core.graphs`)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr

@@ -107,12 +107,12 @@ class ReplicaSVIStep(SVIStep):
     guide must have a leading dimension R (a parameter shared by the replicas would couple
     the fits: a ``ValueError`` naming it).
 
-    A call ([`advance`][]) returns the R losses of the step as a tensor on the device,
-    without reading anything back to the host; it records whether every replica's loss and
-    gradient norm stayed finite, and sets the gradient of a replica where they did not to
-    zero (so its parameters stay finite, and Pyro's validation quiet, until the check).
-    `check` reads that back (every few steps and at the
-    end, in [`fit_replicas`][]): if some replica diverged, the parameters of all of them
+    A call ([`advance`][bnn_zoo._core.step.SVIStep.advance]) returns the R losses of the
+    step as a tensor on the device, without reading anything back to the host; it records
+    whether every replica's loss and gradient norm stayed finite, and sets the gradient of
+    a replica where they did not to zero (so its parameters stay finite, and Pyro's
+    validation quiet, until the check). `check` reads that back (every few steps and at
+    the end, in [`fit_replicas`][]): if some replica diverged, the parameters of all of them
     are restored to those of the last check and
     [`TrainingDiverged`][bnn_zoo.TrainingDiverged] names the replicas.
     """
@@ -147,12 +147,12 @@ class ReplicaSVIStep(SVIStep):
     def trace_inputs(self) -> tuple[Tensor, ...]:
         return (self.replica_weights,)
 
-    def advance(self) -> Tensor:
-        """[`SVIStep.advance`][bnn_zoo._core.step.SVIStep.advance] for R replicas:
+    def update(self, i: int, idx: Tensor, weights: Tensor | None) -> Tensor:
+        """[`SVIStep.update`][bnn_zoo._core.step.SVIStep.update] for R replicas:
         returns the (R,) losses of the step (each replica's own, read from the replica
         weights' gradient) and keeps finiteness, and zeroes the gradients, per replica."""
         self.replica_weights.grad = None
-        self.backward()
+        self.backpropagate(i, idx, weights)
         losses = self.replica_weights.grad.detach().reshape(self.replicas)
         grads = [p.grad for p in self.params if p.grad is not None]
         squares = sum(g.reshape(self.replicas, -1).square().sum(1) for g in grads)
@@ -161,7 +161,6 @@ class ReplicaSVIStep(SVIStep):
         for g in grads:
             g.masked_fill_(~finite.view(-1, *[1] * (g.dim() - 1)), 0.0)
         self.optimizer.step()
-        self.step_count += 1
         return losses
 
     def __call__(self) -> list[float]:
@@ -183,7 +182,7 @@ def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, step
                  elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO,
                  kl_weighting: str = "uniform", seed: int | None = None,
                  progress: bool | None = None, max_plate_nesting: int = 1, jit: bool = False,
-                 validate: bool | None = None,
+                 cuda_graph: bool | None = None, validate: bool | None = None,
                  check_every: int = REPLICA_CHECK_EVERY) -> list[FitResult]:
     """R independent SVI fits in one vectorised pass: [`bnn_zoo._core.training.fit`][]
     for a replica-batched model and guide (see the module doc).
@@ -213,7 +212,8 @@ def fit_replicas(model: Callable, guide: Callable, x: Tensor, y: Tensor, *, step
         step = ReplicaSVIStep(model, guide, x, y, lr=lr, batch_size=batch_size,
                               num_particles=num_particles, elbo=elbo,
                               kl_weighting=kl_weighting, seed=seed,
-                              max_plate_nesting=max_plate_nesting, jit=jit)
+                              max_plate_nesting=max_plate_nesting, jit=jit,
+                              cuda_graph=cuda_graph)
         history: list[list[float]] = []
         seconds = run_steps(step, steps, history, progress=progress, check_every=check_every,
                             desc=f"SVI x{step.replicas}",

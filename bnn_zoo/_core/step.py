@@ -40,14 +40,16 @@ from bnn_zoo._core.checks import (
     check_seed,
 )
 from bnn_zoo._core.distributed import GradientAverager, global_size
+from bnn_zoo._core.graphs import StepGraphs, capturable
 from bnn_zoo._core.handlers import (
     check_observed_shapes,
     scale_global_sites,
     subsample_data,
     weight_points,
 )
+from bnn_zoo._core.optim import adam, grad_norm
 
-__all__ = ["FUSED_ADAM_DEVICES", "KL_WEIGHTINGS", "SVIStep", "TrainingDiverged", "kl_weights"]
+__all__ = ["KL_WEIGHTINGS", "SVIStep", "TrainingDiverged", "kl_weights"]
 
 #: The per-minibatch KL weightings of [`kl_weights`][].
 KL_WEIGHTINGS = ("uniform", "graves")
@@ -99,30 +101,6 @@ def _set_rng_state(state: dict) -> None:
                                        has_gauss, cached)})
 
 
-def _grad_norm(params: list[Tensor]) -> Tensor:
-    """The 2-norm of the gradients of ``params`` (those that have one) taken together, as
-    ``torch.nn.utils.get_total_norm`` computes it (the norm of the per-tensor norms, the same
-    ops and values) without its grouping by device and dtype on every call: the tensors of
-    an [`SVIStep`][] share one device and dtype, and the grouping costs as much as the
-    norm itself on small networks."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-
-
-#: Devices whose tensors ``torch.optim.Adam(fused=True)`` updates in one kernel per step.
-FUSED_ADAM_DEVICES = ("cpu", "cuda")
-
-
-def _fusable(params: list[Tensor]) -> bool | None:
-    """``True`` (fused Adam: one kernel for all parameters instead of about ten ops per
-    tensor, the same update up to rounding) when every parameter is a floating tensor on a
-    device that has the fused kernel, else ``None`` (torch's default)."""
-    ok = all(p.is_floating_point() and p.device.type in FUSED_ADAM_DEVICES for p in params)
-    return True if ok else None
-
-
 class SVIStep:
     """One optimiser step of SVI on ``model``/``guide``, as
     [`bnn_zoo._core.training.fit`][] runs it.
@@ -145,7 +123,7 @@ class SVIStep:
                  elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO,
                  kl_weighting: str = "uniform", seed: int | None = None,
                  max_plate_nesting: int = 1, jit: bool = False,
-                 distributed: bool = False) -> None:
+                 distributed: bool = False, cuda_graph: bool | None = None) -> None:
         for name, obj in (("model", model), ("guide", guide)):
             if not callable(obj):
                 raise TypeError(f"Expected {name} to be a Pyro {name} (a callable taking x and "
@@ -155,6 +133,8 @@ class SVIStep:
         check_positive_int("max_plate_nesting", max_plate_nesting)
         check_bool("jit", jit)
         check_bool("distributed", distributed)
+        check_bool("cuda_graph", cuda_graph, allow_none=True)
+        graphed = capturable(x.device, cuda_graph, jit=jit, distributed=distributed)
         check_module_device("model", model, x.device)
         check_module_device("guide", guide, x.device)
         check_positive("lr", lr)
@@ -189,7 +169,7 @@ class SVIStep:
             raise ValueError("Expected the model or the guide to have trainable parameters.")
         self.average = GradientAverager(self.params) if distributed else None
         self.lr = lr  # the base rate: a schedule (bnn_zoo._core.lr_schedule) scales it per step
-        self.optimizer = torch.optim.Adam(self.params, lr=lr, fused=_fusable(self.params))
+        self.optimizer = adam(self.params, lr, graphed)
         self.step_count = 0
         self.jit = jit
         self._param_data = [p.detach() for p in self.params]  # views of their storage
@@ -201,6 +181,9 @@ class SVIStep:
         self._padding_weights: dict[int, Tensor] = {}
         self.checked_step = 0
         self._compiled: dict[tuple[int, float], Callable[..., Tensor]] = {}
+        #: The step's CUDA graphs (`bnn_zoo._core.graphs`), or ``None``: op by op.
+        self.graphs = StepGraphs(self.update, self.data_inputs, x.device) \
+            if graphed else None
 
     def check_data(self, x: object, y: object) -> tuple[Tensor, Tensor]:
         """The checked training data (`check_data`); a subclass
@@ -214,6 +197,10 @@ class SVIStep:
     def handlers(self) -> list[Messenger]:
         """Effect handlers installed around every loss evaluation (none here)."""
         return []
+
+    def data_inputs(self) -> tuple[Tensor, ...]:
+        """The data a step reads (a loader's batch replaces them on every step)."""
+        return tuple(t for t in (self.x, self.y) if t is not None)
 
     def trace_inputs(self) -> tuple[Tensor, ...]:
         """Tensors besides the parameters and data that [`compiled_loss`][] takes as
@@ -300,20 +287,28 @@ class SVIStep:
     def backward(self) -> Tensor:
         """Zero the gradients, evaluate the loss of the next minibatch (padded to the batch
         size, [`padded`][]) and backpropagate; return the loss."""
-        self.optimizer.zero_grad(set_to_none=True)
         i, idx = self.next_batch()
+        return self.backpropagate(i, *self.padded(idx))
+
+    def backpropagate(self, i: int, idx: Tensor, weights: Tensor | None) -> Tensor:
+        """[`backward`][] on minibatch ``i``, given its indices and point weights."""
+        self.optimizer.zero_grad(set_to_none=True)
         with pyro.get_param_store().scope(self.param_state):
-            loss = (self.compiled_loss if self.jit else self.loss)(i, *self.padded(idx))
+            loss = (self.compiled_loss if self.jit else self.loss)(i, idx, weights)
         loss.backward()
         return loss
 
     def __call__(self) -> float:
+        if self.graphs is not None:  # the graph applies the step; the check reads it back
+            loss = self.advance()
+            self.check()
+            return loss.item()
         loss = self.backward()
         if self.average is not None:
             loss = self.average(loss)
         value = loss.item()
         if not (math.isfinite(value) and self.gradients_finite()):
-            norm = _grad_norm(self.params).item()
+            norm = grad_norm(self.params).item()
             self.restore_parameters()
             raise TrainingDiverged(
                 f"The loss became {value} (gradient norm {norm}) at step "
@@ -342,17 +337,30 @@ class SVIStep:
         GPU step never waits for it: returns the loss as a 0-dim tensor on the device and
         records whether the loss and the gradient norm stayed finite; a step where they did
         not has its gradients zeroed (so the parameters stay finite) and is reported by the
-        next [`check`][]."""
-        loss = self.backward()
+        next [`check`][]. On a CUDA device the step is a replayed graph
+        ([`bnn_zoo._core.graphs`][])."""
+        i, idx = self.next_batch()
+        idx, weights = self.padded(idx)
+        if self.graphs is None:
+            loss = self.update(i, idx, weights)
+        else:
+            full = self._ones[:idx.shape[0]] if weights is None else weights
+            loss = self.graphs(i, self.weights[i], idx, full)
+        self.step_count += 1
+        return loss
+
+    def update(self, i: int, idx: Tensor, weights: Tensor | None) -> Tensor:
+        """The device side of [`advance`][] on minibatch ``i``: the gradients, the NaN
+        guard's bookkeeping and the optimiser's update; returns the loss."""
+        loss = self.backpropagate(i, idx, weights)
         if self.average is not None:
             loss = self.average(loss)
-        finite = torch.isfinite(loss.detach()) & torch.isfinite(_grad_norm(self.params))
+        finite = torch.isfinite(loss.detach()) & torch.isfinite(grad_norm(self.params))
         self.finite &= finite
         for param in self.params:
             if param.grad is not None:
                 param.grad.masked_fill_(~finite, 0.0)
         self.optimizer.step()
-        self.step_count += 1
         return loss.detach()
 
     def check(self) -> None:
@@ -394,6 +402,11 @@ class SVIStep:
         for m, s in zip(self.modules, state["modules"]):
             m.load_state_dict(s)
         self.optimizer.load_state_dict(state["optimizer"])
+        graphed = self.graphs is not None
+        for group in self.optimizer.param_groups:  # as this step runs, whatever saved them
+            lr = float(group["lr"])
+            group["capturable"] = graphed
+            group["lr"] = torch.tensor(lr, device=self.x.device) if graphed else lr
         self.step_count, self.position = state["step"], state["position"]
         self.perm = state["perm"].to(self.x.device)
         self.order.set_state(state["order"])

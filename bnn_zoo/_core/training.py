@@ -60,7 +60,7 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
         num_particles: int = 1, elbo: type[pyro.infer.ELBO] = pyro.infer.Trace_ELBO,
         kl_weighting: str = "uniform", seed: int | None = None, progress: bool | None = None,
         checkpoint: str | Path | None = None, checkpoint_every: int = 1000,
-        max_plate_nesting: int = 1, jit: bool = False,
+        max_plate_nesting: int = 1, jit: bool = False, cuda_graph: bool | None = None,
         validate: bool | None = None, distributed: bool = False,
         check_every: int = 1, num_data: int | None = None) -> FitResult:
     """Fit ``guide`` to ``model`` by stochastic variational inference.
@@ -104,6 +104,12 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
     jit : trace the loss once with ``torch.jit.trace``; for models without
         data-dependent Python control flow. On small nets this removes most of Pyro's
         per-step overhead.
+    cuda_graph : record the traced step once as a CUDA graph and replay it
+        (`bnn_zoo._core.graphs`: one launch a step, no Python). ``None`` (default): where
+        it can be, a traced step (``jit=True``) on a CUDA device in one process; ``True``:
+        the same, a ``ValueError`` elsewhere; ``False``: never. A step that cannot be
+        recorded (an op that reads sizes back to the host) runs op by op and says so once
+        (a [`GraphWarning`][bnn_zoo.GraphWarning]).
     validate : run Pyro's and torch's argument validation while training (it checks
         every distribution's arguments, so it slows training). ``None`` (default): on
         only when the environment variable ``BNN_ZOO_VALIDATE`` is ``1``, as the test
@@ -149,7 +155,8 @@ def fit(model: Callable, guide: Callable, x: Tensor | Iterable, y: Tensor | None
     if validate is None:
         validate = os.environ.get("BNN_ZOO_VALIDATE") == "1"
     options = dict(lr=lr, num_particles=num_particles, elbo=elbo, kl_weighting=kl_weighting,
-                   seed=seed, max_plate_nesting=max_plate_nesting, jit=jit)
+                   seed=seed, max_plate_nesting=max_plate_nesting, jit=jit,
+                   cuda_graph=cuda_graph)
     with pyro.validation_enabled(validate):
         step = SVIStep(model, guide, x, y, batch_size=batch_size, distributed=distributed,
                        **options) if batches is None else LoaderStep(model, guide, batches,

@@ -43,6 +43,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
                       "test_gate_floor_fails_short_correlated_chains_and_passes_long_ones"),
     "hmc_chains.py": ("benchmarks/test_benchmarks.py",
                       "test_hmc_chains_writes_the_time_of_each_chain_count_and_its_ratio"),
+    "large_net.py": ("benchmarks/test_benchmarks.py",
+                     "test_large_net_fits_the_scalable_entries_and_refuses_the_dense_one"),
     "laplace_cnn.py": ("benchmarks/test_benchmarks.py",
                        "test_laplace_cnn_writes_a_row_per_entry_and_the_reliability_diagrams"),
     "laplace_torch.py": ("benchmarks/test_laplace_torch_benchmark.py",
@@ -170,6 +172,21 @@ def test_compare_guides_writes_a_row_per_entry(tmp_path, monkeypatch, benchmark_
         assert float(row["fit_seconds"]) > 0
     assert "| map |" in (out / "compare.md").read_text()
     assert (out / "bands_sine.png").stat().st_size > 0
+
+
+def test_large_net_fits_the_scalable_entries_and_refuses_the_dense_one(
+        tmp_path, monkeypatch, benchmark_script):
+    """At width 8 the ResNet-18 has 175k weights: ``bbb`` fits and predicts, and
+    ``laplace_full``'s guard refuses the 175k x 175k matrix (114 GiB) by name."""
+    script = benchmark_script("large_net.py")
+    assert sum(p.numel() for p in script["resnet18"]().parameters()) == 11_173_962
+    rows = run_recording_tables(script, [
+        "--entries", "bbb", "laplace_full", "--width", "8", "--n", "16", "--steps", "2",
+        "--batch", "8", "--samples", "2"], tmp_path, monkeypatch)
+    fitted, refused = rows
+    assert fitted["outcome"] == "fit and predicted" and 0 <= fitted["accuracy"] <= 1
+    assert fitted["peak_mb"] > 0 and fitted["weights"] == refused["weights"]
+    assert refused["outcome"].startswith("refused: curvature='hessian' needs a dense")
 
 
 def test_laplace_cnn_writes_a_row_per_entry_and_the_reliability_diagrams(

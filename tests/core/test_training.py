@@ -18,9 +18,10 @@ from bnn_zoo import data, zoo
 from bnn_zoo._core import loop
 from bnn_zoo._core.loop import run_steps
 from bnn_zoo._core.lr_schedule import lr_factor
+from bnn_zoo._core.optim import fusable, grad_norm
 from bnn_zoo._core.predictive import CategoricalPredictive, GaussianMixturePredictive
 from bnn_zoo._core.scaling import Standardizer
-from bnn_zoo._core.step import SVIStep, TrainingDiverged, _fusable, _grad_norm
+from bnn_zoo._core.step import SVIStep, TrainingDiverged
 from bnn_zoo.evaluation._metrics import expected_calibration_error, metrics
 from bnn_zoo.models import BayesianMLP, GaussianPrior
 
@@ -144,8 +145,8 @@ def test_grad_norm_is_torchs_total_norm_bit_for_bit():
     for p in params[:3]:  # the last has no gradient and is left out, as torch leaves it out
         p.grad = torch.randn_like(p) * 1e3
     expected = torch.nn.utils.get_total_norm([p.grad for p in params[:3]])
-    assert torch.equal(_grad_norm(params), expected)
-    assert torch.equal(_grad_norm([torch.zeros(2, requires_grad=True)]), torch.zeros(()))
+    assert torch.equal(grad_norm(params), expected)
+    assert torch.equal(grad_norm([torch.zeros(2, requires_grad=True)]), torch.zeros(()))
 
 
 def sqrt_cusp(x, y=None):
@@ -188,8 +189,8 @@ def test_fused_adam_where_the_parameters_allow_it():
     model = BayesianMLP(1, 1, (8,), noise_scale=0.1)
     step = SVIStep(model, AutoNormal(model), x, y, lr=0.01)
     assert step.optimizer.param_groups[0]["fused"] is True
-    assert _fusable([torch.zeros(2, device="meta", requires_grad=True)]) is None
-    assert _fusable([torch.zeros(2, requires_grad=True)]) is True
+    assert fusable([torch.zeros(2, device="meta", requires_grad=True)]) is None
+    assert fusable([torch.zeros(2, requires_grad=True)]) is True
 
 
 def test_losses_kept_on_the_device_change_nothing_but_when_they_are_read():
