@@ -112,6 +112,9 @@ RESULTS: tuple[Result, ...] = (
             "laplace_ensemble laplace_full laplace_ggn laplace_kron laplace_last_layer lowrank "
             "map mc_dropout mean_field mixture multiswag nngp nngp-erf rff_logitnormal sghmc "
             "sgld swag"),
+    _result("reference_energy", "sweep",
+            "-m bnn_zoo compare --data uci/energy --reference hmc --splits 3 --threads 2 "
+            "--entries map"),
     _result("speed", "timing", f"{BENCH}/speed.py"),
     _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),
     _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),

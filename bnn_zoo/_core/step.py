@@ -407,6 +407,8 @@ class SVIStep:
             lr = float(group["lr"])
             group["capturable"] = graphed
             group["lr"] = torch.tensor(lr, device=self.x.device) if graphed else lr
+        if graphed:  # the optimiser's state tensors are new: record afresh
+            self.graphs = StepGraphs(self.update, self.data_inputs, self.x.device)
         self.step_count, self.position = state["step"], state["position"]
         self.perm = state["perm"].to(self.x.device)
         self.order.set_state(state["order"])

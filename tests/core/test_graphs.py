@@ -27,6 +27,9 @@ from bnn_zoo.guides import BayesByBackpropGuide
 from bnn_zoo.models import BayesianMLP
 from bnn_zoo.zoo._defaults import map_guide
 
+#: Steps of the fits compared: every minibatch key (four under Graves' KL weights, one
+#: otherwise) runs its warm-up and then replays.
+STEPS = 8 * WARMUP
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 
 
@@ -97,7 +100,7 @@ def point_mass_fit(graph: bool, **options) -> dict[str, torch.Tensor]:
     pyro.set_rng_seed(0)
     model = BayesianMLP(2, 1, (8,)).cuda()
     guide = map_guide(model)
-    bnn_zoo.fit(model, guide, x, y, steps=4 * WARMUP, lr=0.05, seed=0, progress=False,
+    bnn_zoo.fit(model, guide, x, y, steps=STEPS, lr=0.05, seed=0, progress=False,
                 jit=True, cuda_graph=graph, **options)
     return {k: v.detach().clone() for k, v in guide.named_parameters()}
 
@@ -107,7 +110,7 @@ def point_mass_fit(graph: bool, **options) -> dict[str, torch.Tensor]:
     {}, {"batch_size": 16}, {"batch_size": 16, "lr_schedule": "cosine", "check_every": 5},
     {"batch_size": 16, "kl_weighting": "graves"}])
 def test_a_replayed_point_mass_step_moves_the_parameters_as_the_step_op_by_op(options):
-    # 12 steps at batch 16 of 50 points: epochs of three full minibatches and a padded one.
+    # Batch 16 of 50 points: epochs of three full minibatches and a padded one.
     recorded, eager = point_mass_fit(True, **options), point_mass_fit(False, **options)
     for name in eager:
         torch.testing.assert_close(recorded[name], eager[name], rtol=1e-5, atol=1e-6)
@@ -123,7 +126,7 @@ def test_replayed_replicas_move_as_replicas_op_by_op():
         pyro.set_rng_seed(0)
         model = BayesianMLP(2, 1, (8,)).replicated(3).cuda()
         guide = map_guide(model)
-        fit_replicas(model, guide, x, y, steps=4 * WARMUP, lr=0.05, batch_size=16, seed=0,
+        fit_replicas(model, guide, x, y, steps=STEPS, lr=0.05, batch_size=16, seed=0,
                      progress=False, jit=True, cuda_graph=graph, check_every=4)
         results.append({k: v.detach().clone() for k, v in guide.named_parameters()})
     for name in results[0]:
@@ -139,7 +142,7 @@ def test_a_replayed_loader_step_reads_each_new_batch():
         model = BayesianMLP(2, 1, (8,)).cuda()
         guide = map_guide(model)
         loader = DataLoader(TensorDataset(x, y), batch_size=16)
-        bnn_zoo.fit(model, guide, loader, steps=4 * WARMUP, lr=0.05, seed=0, progress=False,
+        bnn_zoo.fit(model, guide, loader, steps=STEPS, lr=0.05, seed=0, progress=False,
                     jit=True, cuda_graph=graph)
         results.append({k: v.detach().clone() for k, v in guide.named_parameters()})
     for name in results[0]:
@@ -157,6 +160,7 @@ def test_every_replay_draws_fresh_noise():
         step = SVIStep(model, BayesByBackpropGuide(model), x, y, lr=1e-12, jit=True,
                        cuda_graph=graph)
         losses[graph] = torch.stack([step.advance() for _ in range(100)])[2 * WARMUP:]
+        assert (step.graphs is not None and len(step.graphs.graphs) == 1) is graph
     replayed, eager = losses[True], losses[False]
     assert replayed.unique().numel() == replayed.numel()
     se = (replayed.var() / replayed.numel() + eager.var() / eager.numel()).sqrt()
@@ -201,7 +205,7 @@ def test_a_step_that_cannot_be_recorded_runs_op_by_op_and_says_so_once():
     model = ReadsSizes().cuda()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = bnn_zoo.fit(model, lambda x, y: None, x, y, steps=4 * WARMUP, lr=0.05,
+        result = bnn_zoo.fit(model, lambda x, y: None, x, y, steps=STEPS, lr=0.05,
                              jit=True, cuda_graph=True, progress=False, validate=False)
     assert [w.category for w in caught if w.category is GraphWarning] == [GraphWarning]
-    assert len(result.losses) == 4 * WARMUP and result.losses[-1] < result.losses[0]
+    assert len(result.losses) == STEPS and result.losses[-1] < result.losses[0]
