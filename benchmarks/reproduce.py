@@ -115,7 +115,7 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_energy", "sweep",
             "-m bnn_zoo compare --data uci/energy --reference hmc --splits 3 --threads 2 "
             "--entries map"),
-    _result("speed", "timing", f"{BENCH}/speed.py"),
+    _result("speed", "timing", f"{BENCH}/speed.py --runs 5"),
     _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),
     _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),
     _result("throughput", "timing",

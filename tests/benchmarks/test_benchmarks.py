@@ -333,6 +333,15 @@ def test_uci_entries_of_published_methods_against_their_numbers_by_hand(benchmar
         ("mc_dropout", "MC dropout", -1.55, True), ("mc_dropout", "MC dropout", -1.55, False)]
 
 
+def test_speed_summarises_runs_by_medians_and_the_spread_of_each_ratio(benchmark_script):
+    runs = [{"a_ms": 1.0, "zoo_vs_hand": 1.2, "zoo_jit_vs_hand": 1.0, "zoo_lrt_jit_vs_hand": r}
+            for r in (0.9, 1.1, 1.0)]
+    row = benchmark_script("speed.py")["summary"]("13-50-1", runs)
+    assert (row["net"], row["batch"], row["runs"], row["a_ms"]) == ("13-50-1", 100, 3, 1.0)
+    assert (row["zoo_lrt_jit_vs_hand"], row["zoo_lrt_jit_vs_hand_min"],
+            row["zoo_lrt_jit_vs_hand_max"]) == (1.0, 0.9, 1.1)
+
+
 def test_speed_reports_each_steps_time_and_peak_memory(tmp_path, monkeypatch, benchmark_script):
     """One row per net: every step's time and its ratios to the plain MAP step and to the
     hand-written step of the same estimator, as computed from those times, in the CSV
@@ -352,6 +361,8 @@ def test_speed_reports_each_steps_time_and_peak_memory(tmp_path, monkeypatch, be
     for ratio, zoo_step in script["RATIOS"].items():
         hand = script["LIKE"][zoo_step]
         assert row[ratio] == pytest.approx(row[f"{zoo_step}_ms"] / row[f"{hand}_ms"])
+        assert row[f"{ratio}_min"] == row[ratio] == row[f"{ratio}_max"]  # one run
+    assert row["runs"] == 1
     (saved,) = json.loads((tmp_path / "speed.json").read_text())["summary"]
     assert saved == pytest.approx(row)
     (line,) = read_csv(tmp_path / "speed.csv")
