@@ -115,6 +115,9 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_energy", "sweep",
             "-m bnn_zoo compare --data uci/energy --reference hmc --splits 3 --threads 2 "
             "--entries map"),
+    _result("reference_classification", "sweep",
+            "-m bnn_zoo compare --data two_moons breast_cancer wine --reference hmc --splits 3 "
+            "--threads 2 --entries map"),
     _result("speed", "timing", f"{BENCH}/speed.py --runs 5"),
     _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),
     _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),
