@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     flags.add_entries_flag(parser, ENTRIES)
     parser.add_argument("--width", type=flags.positive_int, default=64,
                         help="channels of the first stage (64: ResNet-18, 11.2M weights)")
-    parser.add_argument("--n", type=flags.positive_int, default=2048, help="training images")
+    parser.add_argument("--n", type=flags.positive_int, default=1024, help="training images")
     parser.add_argument("--steps", type=flags.positive_int, default=200,
                         help="training steps of every fit")
     parser.add_argument("--batch", type=flags.positive_int, default=128)
