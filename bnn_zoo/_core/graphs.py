@@ -75,28 +75,37 @@ class StepGraphs:
     def __init__(self, update: Callable[[int, Tensor, Tensor], Tensor],
                  inputs: Callable[[], tuple[Tensor, ...]], device: torch.device) -> None:
         self.update, self.inputs, self.device = update, inputs, device
+        self.side = torch.cuda.Stream(device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every graph and warm-up (the state they read was replaced)."""
         self.graphs: dict[Any, tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...], Tensor]] = {}
         self.warm: dict[Any, int] = {}
-        self.side = torch.cuda.Stream(device)
         self.failure: str | None = None
 
     def __call__(self, i: int, key: Any, idx: Tensor, weights: Tensor) -> Tensor:
         """Run the step of minibatch ``i`` (indices ``idx``, point weights ``weights``) under
         the graph of ``key``, recording it after its warm-up; return the loss."""
-        feeds = (*self.inputs(), idx, weights)
-        key = (key, *(tuple(t.shape) for t in feeds))
-        if self.failure is None and self.warm.get(key, 0) >= WARMUP:
-            recorded = self.graphs.get(key) or self.record(key, i, feeds)
-            if recorded is not None:
-                graph, buffers, loss = recorded
-                for buffer, feed in zip(buffers, feeds):
-                    if buffer is not feed:
-                        buffer.copy_(feed)
-                graph.replay()
-                return loss.clone()
-        self.warm[key] = self.warm.get(key, 0) + 1
         if self.failure is not None:
             return self.update(i, idx, weights)
+        feeds = (*self.inputs(), idx, weights)
+        key = (key, *(tuple(t.shape) for t in feeds))
+        if self.warm.get(key, 0) < WARMUP:
+            self.warm[key] = self.warm.get(key, 0) + 1
+            return self.warm_up(i, idx, weights)
+        recorded = self.graphs.get(key) or self.record(key, i, feeds)
+        if recorded is None:
+            return self.update(i, idx, weights)
+        graph, buffers, loss = recorded
+        for buffer, feed in zip(buffers, feeds):
+            if buffer is not feed:
+                buffer.copy_(feed)
+        graph.replay()
+        return loss.clone()
+
+    def warm_up(self, i: int, idx: Tensor, weights: Tensor) -> Tensor:
+        """An ordinary step on the side stream, as a recording's warm-up."""
         self.side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.side):
             loss = self.update(i, idx, weights)

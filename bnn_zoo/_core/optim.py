@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["FUSED_ADAM_DEVICES", "adam", "fusable", "grad_norm"]
+__all__ = ["FUSED_ADAM_DEVICES", "adam", "fusable", "grad_norm", "learning_rate"]
 
 
 def grad_norm(params: list[Tensor]) -> Tensor:
@@ -32,8 +32,14 @@ def fusable(params: list[Tensor]) -> bool | None:
     return True if ok else None
 
 
+def learning_rate(lr: float, device: torch.device, graphed: bool) -> float | Tensor:
+    """The rate as Adam holds it: a tensor on ``device`` for a step recorded as a CUDA graph
+    (which reads it there, and a schedule fills it in place), else a float."""
+    return torch.tensor(lr, device=device) if graphed else lr
+
+
 def adam(params: list[Tensor], lr: float, graphed: bool) -> torch.optim.Adam:
     """Adam over ``params``, fused where it can be; for a step recorded as a CUDA graph,
-    ``capturable`` with the rate a tensor on the device, which a schedule fills in place."""
-    return torch.optim.Adam(params, lr=torch.tensor(lr, device=params[0].device) if graphed
-                            else lr, fused=fusable(params), capturable=graphed)
+    ``capturable`` with its [`learning_rate`][] on the device."""
+    return torch.optim.Adam(params, lr=learning_rate(lr, params[0].device, graphed),
+                            fused=fusable(params), capturable=graphed)

@@ -47,7 +47,7 @@ from bnn_zoo._core.handlers import (
     subsample_data,
     weight_points,
 )
-from bnn_zoo._core.optim import adam, grad_norm
+from bnn_zoo._core.optim import adam, grad_norm, learning_rate
 
 __all__ = ["KL_WEIGHTINGS", "SVIStep", "TrainingDiverged", "kl_weights"]
 
@@ -232,7 +232,7 @@ class SVIStep:
         serves the padded short one too, see [`padded`][]) are inputs of the trace, so
         it follows the optimiser's in-place updates.
         """
-        weights = self._ones[:idx.shape[0]] if weights is None else weights
+        weights = self.point_weights(idx, weights)
         key = (idx.shape[0], self.weights[i])
         fn = self._compiled.get(key)
         if fn is None:
@@ -272,6 +272,10 @@ class SVIStep:
         if b == self.batch:
             return idx, None
         return torch.cat([idx, self.perm[:self.batch - b]]), self.padded_weights(b)
+
+    def point_weights(self, idx: Tensor, weights: Tensor | None) -> Tensor:
+        """``weights``, or ones for a full minibatch (``None``, as [`padded`][] gives it)."""
+        return self._ones[:idx.shape[0]] if weights is None else weights
 
     def padded_weights(self, b: int) -> Tensor:
         """The point weights of a short minibatch of ``b`` padded to the batch size ``B``:
@@ -344,8 +348,7 @@ class SVIStep:
         if self.graphs is None:
             loss = self.update(i, idx, weights)
         else:
-            full = self._ones[:idx.shape[0]] if weights is None else weights
-            loss = self.graphs(i, self.weights[i], idx, full)
+            loss = self.graphs(i, self.weights[i], idx, self.point_weights(idx, weights))
         self.step_count += 1
         return loss
 
@@ -404,11 +407,10 @@ class SVIStep:
         self.optimizer.load_state_dict(state["optimizer"])
         graphed = self.graphs is not None
         for group in self.optimizer.param_groups:  # as this step runs, whatever saved them
-            lr = float(group["lr"])
             group["capturable"] = graphed
-            group["lr"] = torch.tensor(lr, device=self.x.device) if graphed else lr
+            group["lr"] = learning_rate(float(group["lr"]), self.x.device, graphed)
         if graphed:  # the optimiser's state tensors are new: record afresh
-            self.graphs = StepGraphs(self.update, self.data_inputs, self.x.device)
+            self.graphs.reset()
         self.step_count, self.position = state["step"], state["position"]
         self.perm = state["perm"].to(self.x.device)
         self.order.set_state(state["order"])

@@ -11,6 +11,7 @@ choice of when to record, and the learning rate a schedule fills in place, run o
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import pyro
 import pyro.distributions as dist
@@ -94,15 +95,20 @@ def test_a_resumed_step_keeps_its_own_rate_and_capture_settings():
     assert step.optimizer.param_groups[0]["capturable"] is False
 
 
-def point_mass_fit(graph: bool, **options) -> dict[str, torch.Tensor]:
-    """The MAP parameters after a few steps on CUDA, recorded or op by op."""
-    x, y = problem(device="cuda")
-    pyro.set_rng_seed(0)
-    model = BayesianMLP(2, 1, (8,)).cuda()
-    guide = map_guide(model)
-    bnn_zoo.fit(model, guide, x, y, steps=STEPS, lr=0.05, seed=0, progress=False,
-                jit=True, cuda_graph=graph, **options)
-    return {k: v.detach().clone() for k, v in guide.named_parameters()}
+def assert_recorded_moves_as_op_by_op(fit: Callable[[torch.nn.Module, torch.nn.Module, bool],
+                                                     object], replicas: int | None = None) -> None:
+    """Run ``fit(model, guide, cuda_graph)`` on a fresh MAP pair on CUDA (``replicas`` of it)
+    recorded and op by op, from the same seed: the parameters agree to float32 round-off."""
+    results = []
+    for graph in (True, False):
+        pyro.set_rng_seed(0)
+        model = BayesianMLP(2, 1, (8,))
+        model = (model if replicas is None else model.replicated(replicas)).cuda()
+        guide = map_guide(model)
+        fit(model, guide, graph)
+        results.append({k: v.detach().clone() for k, v in guide.named_parameters()})
+    for name in results[0]:
+        torch.testing.assert_close(results[0][name], results[1][name], rtol=1e-5, atol=1e-6)
 
 
 @CUDA
@@ -111,9 +117,10 @@ def point_mass_fit(graph: bool, **options) -> dict[str, torch.Tensor]:
     {"batch_size": 16, "kl_weighting": "graves"}])
 def test_a_replayed_point_mass_step_moves_the_parameters_as_the_step_op_by_op(options):
     # Batch 16 of 50 points: epochs of three full minibatches and a padded one.
-    recorded, eager = point_mass_fit(True, **options), point_mass_fit(False, **options)
-    for name in eager:
-        torch.testing.assert_close(recorded[name], eager[name], rtol=1e-5, atol=1e-6)
+    x, y = problem(device="cuda")
+    assert_recorded_moves_as_op_by_op(lambda model, guide, graph: bnn_zoo.fit(
+        model, guide, x, y, steps=STEPS, lr=0.05, seed=0, progress=False, jit=True,
+        cuda_graph=graph, **options))
 
 
 @CUDA
@@ -121,32 +128,17 @@ def test_replayed_replicas_move_as_replicas_op_by_op():
     x, y = problem(device="cuda")
     x, y = x.expand(3, *x.shape) * torch.tensor([1.0, 2.0, 3.0], device="cuda")[:, None, None], \
         y.expand(3, *y.shape)
-    results = []
-    for graph in (True, False):
-        pyro.set_rng_seed(0)
-        model = BayesianMLP(2, 1, (8,)).replicated(3).cuda()
-        guide = map_guide(model)
-        fit_replicas(model, guide, x, y, steps=STEPS, lr=0.05, batch_size=16, seed=0,
-                     progress=False, jit=True, cuda_graph=graph, check_every=4)
-        results.append({k: v.detach().clone() for k, v in guide.named_parameters()})
-    for name in results[0]:
-        torch.testing.assert_close(results[0][name], results[1][name], rtol=1e-5, atol=1e-6)
+    assert_recorded_moves_as_op_by_op(lambda model, guide, graph: fit_replicas(
+        model, guide, x, y, steps=STEPS, lr=0.05, batch_size=16, seed=0, progress=False,
+        jit=True, cuda_graph=graph, check_every=4), replicas=3)
 
 
 @CUDA
 def test_a_replayed_loader_step_reads_each_new_batch():
     x, y = problem(device="cuda")
-    results = []
-    for graph in (True, False):
-        pyro.set_rng_seed(0)
-        model = BayesianMLP(2, 1, (8,)).cuda()
-        guide = map_guide(model)
-        loader = DataLoader(TensorDataset(x, y), batch_size=16)
-        bnn_zoo.fit(model, guide, loader, steps=STEPS, lr=0.05, seed=0, progress=False,
-                    jit=True, cuda_graph=graph)
-        results.append({k: v.detach().clone() for k, v in guide.named_parameters()})
-    for name in results[0]:
-        torch.testing.assert_close(results[0][name], results[1][name], rtol=1e-5, atol=1e-6)
+    assert_recorded_moves_as_op_by_op(lambda model, guide, graph: bnn_zoo.fit(
+        model, guide, DataLoader(TensorDataset(x, y), batch_size=16), steps=STEPS, lr=0.05,
+        seed=0, progress=False, jit=True, cuda_graph=graph))
 
 
 @CUDA
