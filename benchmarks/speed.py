@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         rows = [summary(net, [measure(net, args) for _ in range(args.runs)])
                 for net in args.nets]
     columns = [*(f"{k}_ms" for k in STEPS), *(f"{k}_per_map" for k in STEPS[1:]), *RATIOS,
-               *(f"{r}_{end}" for r in RATIOS for end in ("min", "max")), "runs",
+               *(f"{r}_{end}" for r in RATIOS for end in ("min", "max")),
                *(f"{k}_mib" for k in STEPS)]
     preamble = (f"{args.threads} thread(s), median of {args.runs} run(s), each the median of "
                 f"{args.repeats} x {args.inner} steps (ratio_min, ratio_max: the spread over "

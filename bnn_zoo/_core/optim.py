@@ -1,13 +1,17 @@
 """The optimiser of the SVI step ([`SVIStep`][bnn_zoo._core.step.SVIStep]): Adam, fused into
 one kernel where the device has it and capturable where the step is recorded as a CUDA graph,
-and the norm of the gradients that the NaN guard checks."""
+the norm of the gradients that the NaN guard checks, and the inverse of Adam's last update,
+by which the guard goes back to the last good parameters."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
 
-__all__ = ["FUSED_ADAM_DEVICES", "adam", "fusable", "grad_norm", "learning_rate"]
+__all__ = ["FUSED_ADAM_DEVICES", "adam", "fusable", "grad_norm", "learning_rate",
+           "undo_adam_update"]
 
 
 def grad_norm(params: list[Tensor]) -> Tensor:
@@ -43,3 +47,26 @@ def adam(params: list[Tensor], lr: float, graphed: bool) -> torch.optim.Adam:
     ``capturable`` with its [`learning_rate`][] on the device."""
     return torch.optim.Adam(params, lr=learning_rate(lr, params[0].device, graphed),
                             fused=fusable(params), capturable=graphed)
+
+
+def undo_adam_update(optimizer: torch.optim.Adam, rates: list[float],
+                     updated: list[Tensor]) -> None:
+    """Take back the last update of an [`adam`][] from its state: Adam (Kingma & Ba 2015)
+    moves ``p`` by ``-lr m_hat / (sqrt(v_hat) + eps)``, ``m_hat = m / (1 - beta1^t)``,
+    ``v_hat = v / (1 - beta2^t)``, with the moments ``m``, ``v`` and count ``t`` it keeps
+    after the update, so adding the same term back gives ``p`` before it, up to rounding.
+    ``rates``: each parameter group's rate in that update; ``updated``: the parameters it
+    moved (those that had a gradient). The NaN guard's way back to the parameters of the
+    last finite loss, where a copy of them every step would cost as much again."""
+    moved = {id(p) for p in updated}
+    with torch.no_grad():
+        for group, lr in zip(optimizer.param_groups, rates):
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if id(p) not in moved:
+                    continue
+                state = optimizer.state[p]
+                t = float(state["step"])
+                denom = state["exp_avg_sq"].sqrt().div_(math.sqrt(1 - beta2**t))
+                p.addcdiv_(state["exp_avg"], denom.add_(group["eps"]),
+                           value=float(lr) / (1 - beta1**t))

@@ -22,7 +22,6 @@ import math
 import warnings
 from collections.abc import Callable
 
-import numpy as np
 import pyro
 import pyro.infer
 import pyro.util
@@ -47,7 +46,8 @@ from bnn_zoo._core.handlers import (
     subsample_data,
     weight_points,
 )
-from bnn_zoo._core.optim import adam, grad_norm, learning_rate
+from bnn_zoo._core.optim import adam, grad_norm, learning_rate, undo_adam_update
+from bnn_zoo._core.rng import rng_state, set_rng_state
 
 __all__ = ["KL_WEIGHTINGS", "SVIStep", "TrainingDiverged", "kl_weights"]
 
@@ -82,23 +82,6 @@ def _modules(model: Callable, guide: Callable) -> list[nn.Module]:
         if isinstance(obj, nn.Module) and all(obj is not m for m in seen):
             seen.append(obj)
     return seen
-
-
-
-def _rng_state() -> dict:
-    """Pyro's RNG state (torch, Python, numpy) as tensors and plain data."""
-    state = pyro.util.get_rng_state()
-    kind, keys, pos, has_gauss, cached = state["numpy"][:5]
-    return {"torch": state["torch"], "random": state["random"],
-            "numpy": (str(kind), torch.from_numpy(keys.astype(np.int64)), int(pos),
-                      int(has_gauss), float(cached))}
-
-
-def _set_rng_state(state: dict) -> None:
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    pyro.util.set_rng_state({"torch": state["torch"].cpu(), "random": state["random"],
-                             "numpy": (kind, keys.cpu().numpy().astype(np.uint32), pos,
-                                       has_gauss, cached)})
 
 
 class SVIStep:
@@ -161,9 +144,12 @@ class SVIStep:
         # always trains the modules' own parameters, in either mode, and leaves the caller's
         # store as it was.
         self.param_state: dict = {"params": {}, "constraints": {}}
-        with pyro.get_param_store().scope(self.param_state), check_observed_shapes():
+        with check_observed_shapes():
             self.loss(0, self.perm[: self.batch])  # creates lazily initialised parameters
         self.modules = _modules(model, guide)
+        # where the modules keep their buffers, found once: walking them costs a small step 1%
+        self._buffer_slots = [(sub._buffers, name) for module in self.modules
+                              for sub in module.modules() for name in sub._buffers]
         self.params = [p for m in self.modules for p in m.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("Expected the model or the guide to have trainable parameters.")
@@ -172,18 +158,24 @@ class SVIStep:
         self.optimizer = adam(self.params, lr, graphed)
         self.step_count = 0
         self.jit = jit
-        self._param_data = [p.detach() for p in self.params]  # views of their storage
-        self.last_good = [p.clone() for p in self._param_data]
-        self.finite = torch.ones((), dtype=torch.bool, device=x.device)
-        self._found_inf = torch.zeros((), device=x.device)
-        self._one = torch.ones((), device=x.device)
+        self.init_guard(x.device)
         self._ones = torch.ones(self.batch, dtype=self.params[0].dtype, device=x.device)
         self._padding_weights: dict[int, Tensor] = {}
-        self.checked_step = 0
         self._compiled: dict[tuple[int, float], Callable[..., Tensor]] = {}
         #: The step's CUDA graphs (`bnn_zoo._core.graphs`), or ``None``: op by op.
         self.graphs = StepGraphs(self.update, self.data_inputs, x.device) \
             if graphed else None
+
+    def init_guard(self, device: torch.device) -> None:
+        """The NaN guard's state: where a failure goes back to, and what it checks with."""
+        self._param_data = [p.detach() for p in self.params]  # views of their storage
+        self.last_good = [p.clone() for p in self._param_data]
+        self.checked_step = 0
+        #: The rates and parameters of a checked step's update, to take back on a failure
+        self.last_update: tuple[list[float], list[Tensor]] | None = None
+        self.finite = torch.ones((), dtype=torch.bool, device=device)
+        self._found_inf = torch.zeros((), device=device)
+        self._one = torch.ones((), device=device)
 
     def check_data(self, x: object, y: object) -> tuple[Tensor, Tensor]:
         """The checked training data (`check_data`); a subclass
@@ -206,12 +198,15 @@ class SVIStep:
         """Tensors besides the parameters and data that [`compiled_loss`][] takes as
         inputs of its trace: the modules' buffers, state that a step may update in place
         (batch-norm running statistics) and that a trace must not bake in as constants."""
-        return tuple(buffer for module in self.modules for buffer in module.buffers())
+        buffers = (slots[name] for slots, name in self._buffer_slots)
+        return tuple(buffer for buffer in buffers if buffer is not None)
 
     def loss(self, i: int, idx: Tensor, weights: Tensor | None = None) -> Tensor:
         """Negative ELBO of minibatch ``i`` of the epoch with indices ``idx``; ``weights``
-        (one per index) multiply the log densities in the data plate (see [`padded`][])."""
+        (one per index) multiply the log densities in the data plate (see [`padded`][]).
+        Pyro's calls run in the step's own parameter store (``param_state``)."""
         with contextlib.ExitStack() as stack:
+            stack.enter_context(pyro.get_param_store().scope(self.param_state))
             if self.batch < self.n or self.n_global != self.n:
                 stack.enter_context(subsample_data(idx, scale=self.n_global / self.n))
             if weights is not None:
@@ -296,9 +291,9 @@ class SVIStep:
 
     def backpropagate(self, i: int, idx: Tensor, weights: Tensor | None) -> Tensor:
         """[`backward`][] on minibatch ``i``, given its indices and point weights."""
-        self.optimizer.zero_grad(set_to_none=True)
-        with pyro.get_param_store().scope(self.param_state):
-            loss = (self.compiled_loss if self.jit else self.loss)(i, idx, weights)
+        for param in self.params:  # the optimiser's zero_grad, without its bookkeeping
+            param.grad = None
+        loss = (self.compiled_loss if self.jit else self.loss)(i, idx, weights)
         loss.backward()
         return loss
 
@@ -307,6 +302,8 @@ class SVIStep:
             loss = self.advance()
             self.check()
             return loss.item()
+        if self.last_update is None:  # a first checked step: where its failure goes back to
+            self.mark_checked()
         loss = self.backward()
         if self.average is not None:
             loss = self.average(loss)
@@ -319,8 +316,9 @@ class SVIStep:
                 f"{self.step_count}; the parameters are restored to the last step with a "
                 "finite loss. Try a smaller lr or a narrower initial guide."
             )
-        self.remember_parameters()
         self.optimizer.step()
+        self.last_update = ([group["lr"] for group in self.optimizer.param_groups],
+                            [p for p in self.params if p.grad is not None])
         self.step_count += 1
         return value
 
@@ -343,6 +341,8 @@ class SVIStep:
         not has its gradients zeroed (so the parameters stay finite) and is reported by the
         next [`check`][]. On a CUDA device the step is a replayed graph
         ([`bnn_zoo._core.graphs`][])."""
+        if self.last_update is not None:  # after checked steps: the parameters a check keeps
+            self.mark_checked()
         i, idx = self.next_batch()
         idx, weights = self.padded(idx)
         if self.graphs is None:
@@ -372,21 +372,30 @@ class SVIStep:
         restore the parameters of the last check and raise [`TrainingDiverged`][]."""
         finite = self.finite.reshape(-1).tolist()
         if all(finite):
-            self.remember_parameters()
-            self.checked_step = self.step_count
+            self.mark_checked()
             return
         self.restore_parameters()
         raise TrainingDiverged(self.divergence_message([i for i, ok in enumerate(finite)
                                                         if not ok]))
 
-    def remember_parameters(self) -> None:
-        """Copy the parameters into ``last_good`` (one foreach op, on detached views of the
-        parameters: no ``no_grad`` context to enter, which costs as much as the copy)."""
+    def mark_checked(self) -> None:
+        """Keep the parameters as the last good ones, those a failed [`check`][] goes back to:
+        copied into ``last_good`` (one foreach op, on detached views of the parameters: no
+        ``no_grad`` context to enter, which costs as much as the copy)."""
         torch._foreach_copy_(self.last_good, self._param_data)
+        self.last_update = None
+        self.checked_step = self.step_count
 
     def restore_parameters(self) -> None:
-        """Copy ``last_good`` back into the parameters."""
-        torch._foreach_copy_(self._param_data, self.last_good)
+        """Put back the last good parameters: after a checked step ([`__call__`][]), those
+        before its update, taken back from Adam's state ([`undo_adam_update`][]: no copy of
+        the parameters every step); else ``last_good``, those of the last [`check`][].
+        Restoring twice restores the same."""
+        if self.last_update is not None:
+            undo_adam_update(self.optimizer, *self.last_update)
+            self.mark_checked()
+        else:
+            torch._foreach_copy_(self._param_data, self.last_good)
 
     def divergence_message(self, bad: list[int]) -> str:
         """The message of [`check`][] when the entries ``bad`` of ``finite`` are false."""
@@ -399,7 +408,7 @@ class SVIStep:
         return {"modules": [m.state_dict() for m in self.modules],
                 "optimizer": self.optimizer.state_dict(), "step": self.step_count,
                 "position": self.position, "perm": self.perm.cpu(),
-                "order": self.order.get_state(), "rng": _rng_state()}
+                "order": self.order.get_state(), "rng": rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
         for m, s in zip(self.modules, state["modules"]):
@@ -414,9 +423,8 @@ class SVIStep:
         self.step_count, self.position = state["step"], state["position"]
         self.perm = state["perm"].to(self.x.device)
         self.order.set_state(state["order"])
-        _set_rng_state(state["rng"])
-        self.remember_parameters()  # the loaded parameters: where a failed check goes back to
-        self.checked_step = self.step_count
+        set_rng_state(state["rng"])
+        self.mark_checked()  # the loaded parameters: where a failed check goes back to
 
     def run_description(self) -> dict:
         """What a checkpoint must share with the run that resumes it: the shapes of every

@@ -22,6 +22,7 @@ from bnn_zoo._core.elbo import (
     gaussian_kl,
     gaussian_log_density,
 )
+from bnn_zoo._core.elbo.mean_field import _summed_gaussian_kl
 from bnn_zoo._core.handlers import scale_global_sites, subsample_data
 from bnn_zoo._core.nn import affine
 from bnn_zoo.guides import BayesByBackpropGuide
@@ -48,6 +49,38 @@ def test_gaussian_kl_is_torchs_kl_divergence(p_shape, expand):
     kl = gaussian_kl(q_loc, q_scale, p_loc, p_scale)
     assert kl.shape == expected.shape
     torch.testing.assert_close(kl, expected, **TOL)
+
+
+@pytest.mark.parametrize("p_shape, expand", [((), True), ((4, 3), False), ((1, 3), True),
+                                            ((2, 1, 1), True), ((), False)])
+@pytest.mark.parametrize("q_scale_shape", [(4, 3), (1, 3)])
+def test_summed_gaussian_kl_is_the_sum_of_torchs_with_its_gradient(p_shape, expand,
+                                                                     q_scale_shape):
+    """The summed KL (closed-form gradient for a prior of one loc and scale, the elementwise
+    form otherwise) is the sum of torch's elementwise KL, and so are its gradient in every
+    argument and that gradient's own gradient."""
+    q_loc = torch.randn(4, 3, **F64, requires_grad=True)
+    q_scale = (torch.rand(q_scale_shape, **F64) + 0.05).requires_grad_()
+    p_loc = torch.randn(p_shape, **F64, requires_grad=True)
+    p_scale = (torch.rand(p_shape, **F64) + 0.5).requires_grad_()
+    inputs = [q_loc, q_scale, p_loc, p_scale]
+    if expand:
+        shape = torch.broadcast_shapes(p_shape, (4, 3))
+        p_loc, p_scale = p_loc.expand(shape), p_scale.expand(shape)
+    expected = kl_divergence(Normal(q_loc, q_scale), Normal(p_loc, p_scale)).sum()
+    kl = _summed_gaussian_kl(q_loc, q_scale, p_loc, p_scale)
+    assert kl.shape == ()
+    torch.testing.assert_close(kl, expected, **TOL)
+    grads = torch.autograd.grad(kl, inputs, create_graph=True)
+    wanted = torch.autograd.grad(expected, inputs, create_graph=True)
+    for grad, want in zip(grads, wanted):
+        torch.testing.assert_close(grad, want, **TOL)
+    # the gradient's own gradient (a Hessian-vector product) is torch's too
+    vectors = [torch.randn_like(t) for t in inputs]
+    for second, want in zip(
+            torch.autograd.grad(sum((g * v).sum() for g, v in zip(grads, vectors)), inputs),
+            torch.autograd.grad(sum((g * v).sum() for g, v in zip(wanted, vectors)), inputs)):
+        torch.testing.assert_close(second, want, **TOL)
 
 
 def test_gaussian_kl_is_zero_at_the_prior_and_grows_with_the_mean_gap():

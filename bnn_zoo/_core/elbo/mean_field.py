@@ -47,6 +47,9 @@ __all__ = ["DifferentiableLossELBO", "FlipoutELBO", "LocalReparameterizationELBO
            "MeanFieldELBO", "gaussian_kl", "gaussian_log_density"]
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+#: Guide sites of at least this many weights take the summed KL ([`_summed_gaussian_kl`][]):
+#: fewer passes over the weights, more operations (a small tensor's KL costs per operation).
+SUMMED_KL_ELEMENTS = 1 << 14
 
 
 def _normal_moments(fn) -> tuple[Tensor, Tensor] | None:
@@ -98,6 +101,66 @@ def gaussian_kl(q_loc: Tensor, q_scale: Tensor, p_loc: Tensor, p_scale: Tensor) 
     return kl if kl.shape == shape else kl.expand(shape)
 
 
+class _SummedGaussianKL(torch.autograd.Function):
+    """``gaussian_kl(q_loc, q_scale, p_loc, p_scale).sum()`` for a prior of one loc and one
+    scale (0-dim tensors), with its gradient in closed form:
+
+    .. math::
+
+        \\sum \\mathrm{KL} = \\frac{\\sum_i \\sigma_i^2 + (\\mu_i - \\mu_p)^2}{2 \\sigma_p^2}
+            - \\sum_i \\log \\sigma_i + n (\\log \\sigma_p - \\tfrac{1}{2}),
+        \\quad
+        \\frac{\\partial}{\\partial \\mu_i} = \\frac{\\mu_i - \\mu_p}{\\sigma_p^2},
+        \\quad
+        \\frac{\\partial}{\\partial \\sigma_i} = \\frac{\\sigma_i}{\\sigma_p^2}
+            - \\frac{1}{\\sigma_i}.
+
+    Three passes over the weights forward and three backward, where autograd through the
+    elementwise form takes about fifteen: on a wide net the KL's passes over the weights
+    cost as much as its matrix products. The value carries rounding of the order of the
+    sums rather than of each (non-negative) term; the backward is itself differentiable."""
+
+    @staticmethod
+    def forward(ctx, q_loc: Tensor, q_scale: Tensor, p_loc: Tensor, p_scale: Tensor
+                ) -> Tensor:
+        ctx.save_for_backward(q_loc, q_scale, p_loc, p_scale)
+        return (_SummedGaussianKL.squares(q_loc, q_scale, p_loc) / (2 * p_scale * p_scale)
+                - q_scale.log().sum() + q_loc.numel() * (p_scale.log() - 0.5))
+
+    @staticmethod
+    def squares(q_loc: Tensor, q_scale: Tensor, p_loc: Tensor) -> Tensor:
+        """``sum (q_loc - p_loc)^2 + sum q_scale^2``, as two dot products (no squares stored)."""
+        shift, scale = (q_loc - p_loc).reshape(-1), q_scale.reshape(-1)
+        return torch.dot(shift, shift) + torch.dot(scale, scale)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q_loc, q_scale, p_loc, p_scale = ctx.saved_tensors
+        rate = grad / (p_scale * p_scale)
+        grads: list[Tensor | None] = [None] * 4
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
+            grads[0] = torch.addcmul(-p_loc * rate, q_loc, rate)
+        if ctx.needs_input_grad[1]:
+            grads[1] = torch.addcdiv(q_scale * rate, grad, q_scale, value=-1)
+        if ctx.needs_input_grad[2]:
+            grads[2] = -grads[0].sum()
+        if ctx.needs_input_grad[3]:
+            squares = _SummedGaussianKL.squares(q_loc, q_scale, p_loc)  # a learnt prior scale
+            grads[3] = grad * (q_loc.numel() / p_scale - squares / (p_scale * p_scale * p_scale))
+        return tuple(grads)
+
+
+def _summed_gaussian_kl(q_loc: Tensor, q_scale: Tensor, p_loc: Tensor, p_scale: Tensor
+                        ) -> Tensor:
+    """``gaussian_kl(...).sum()``: by [`_SummedGaussianKL`][] where the prior has one loc
+    and one scale and the guide's loc and scale one shape, else elementwise."""
+    shape = torch.broadcast_shapes(q_loc.shape, q_scale.shape, p_loc.shape, p_scale.shape)
+    p_loc, p_scale = _unexpanded(p_loc), _unexpanded(p_scale)
+    if (p_loc.numel() == 1 and p_scale.numel() == 1 and q_loc.shape == q_scale.shape == shape):
+        return _SummedGaussianKL.apply(q_loc, q_scale, p_loc.reshape(()), p_scale.reshape(()))
+    return gaussian_kl(q_loc, q_scale, p_loc, p_scale).sum()
+
+
 def gaussian_log_density(value: Tensor, loc: Tensor, scale: Tensor) -> Tensor:
     """Elementwise ``log N(value; loc, scale^2)``,
 
@@ -145,10 +208,11 @@ def _closed_form_kl(guide_fn, prior_fn, scale) -> Tensor | None:
     event_dim = _event_dim(guide_fn)
     if q is None or p is None or _event_dim(prior_fn) != event_dim:
         return None
-    kl = gaussian_kl(*q, *p)
     if isinstance(scale, float):
-        return kl.sum() if scale == 1.0 else kl.sum() * scale
-    return (sum_rightmost(kl, event_dim) * scale).sum()
+        large = q[0].numel() >= SUMMED_KL_ELEMENTS
+        kl = _summed_gaussian_kl(*q, *p) if large else gaussian_kl(*q, *p).sum()
+        return kl if scale == 1.0 else kl * scale
+    return (sum_rightmost(gaussian_kl(*q, *p), event_dim) * scale).sum()
 
 
 def _accumulate(total: Tensor | None, term: Tensor, sign: float) -> Tensor:
