@@ -50,7 +50,13 @@ from __future__ import annotations
 from bnn_zoo._core.tasks import TASKS
 from bnn_zoo.methods.laplace import Laplace
 from bnn_zoo.zoo import TINY_BUDGET, Entry, register
-from bnn_zoo.zoo._defaults import ARBEL_NOTES, LAPLACE_BUDGET, mlp
+from bnn_zoo.zoo._defaults import (
+    ARBEL_NOTES,
+    LAPLACE_BUDGET,
+    LAPLACE_METHOD,
+    LAPLACE_TUNED,
+    mlp,
+)
 
 #: The L-BFGS refinement of the MAP is most of a tiny fit's time: left out.
 TINY = {**TINY_BUDGET, "method_options": {"refine": False}}
@@ -66,23 +72,21 @@ def _laplace_entry(name: str, description: str, method: Laplace, source: str) ->
 
 REDUX = 'Daxberger et al. 2021, "Laplace Redux -- Effortless Bayesian Deep Learning"'
 
-TUNED = {"evidence": "fixed_point", "holdout": "auto", "refine": "auto"}
-
 _laplace_entry("laplace", "GGN Laplace, GLM predictive, alpha and beta by evidence fixed point",
-              Laplace(curvature="ggn", **TUNED),
+              LAPLACE_METHOD,
               'MacKay 1992, "A Practical Bayesian Framework for Backpropagation Networks"')
 _laplace_entry("laplace_full", "Laplace with the exact Hessian (PSD-projected), GLM predictive, "
               "alpha and beta by evidence",
-              Laplace(curvature="hessian", indefinite="clip", **TUNED),
+              Laplace(curvature="hessian", indefinite="clip", **LAPLACE_TUNED),
               'Bishop 2006, "Pattern Recognition and Machine Learning", section 5.7')
 _laplace_entry("laplace_ggn", "Laplace with the generalised Gauss-Newton, GLM predictive, one "
               "alpha per layer and beta by evidence",
-              Laplace(curvature="ggn", per_layer_alpha=True, **TUNED), REDUX)
+              Laplace(curvature="ggn", per_layer_alpha=True, **LAPLACE_TUNED), REDUX)
 _laplace_entry("laplace_diag", "Laplace with the diagonal GGN, GLM predictive, alpha and beta by "
-              "evidence", Laplace(curvature="diag", **TUNED), REDUX)
+              "evidence", Laplace(curvature="diag", **LAPLACE_TUNED), REDUX)
 _laplace_entry("laplace_kron",
               "Laplace with a Kronecker-factored GGN per layer (K-FAC), GLM predictive, alpha "
-              "and beta by evidence", Laplace(curvature="kron", **TUNED),
+              "and beta by evidence", Laplace(curvature="kron", **LAPLACE_TUNED),
               'Ritter et al. 2018, "A Scalable Laplace Approximation for Neural Networks"')
 _laplace_entry("laplace_last_layer", "Laplace on the last layer's weights (GGN), GLM predictive, "
               "alpha and beta by evidence and held-out points",

@@ -59,3 +59,9 @@ def test_the_mixture_is_wider_than_its_members_where_they_disagree():
     expected = (scale ** 2).mean(0) + loc.var(0, unbiased=False)
     torch.testing.assert_close(mixture.variance, expected)
     assert bool((loc.var(0) > 0).all())
+
+
+def test_the_members_take_the_laplace_entrys_method():
+    """Each member is a ``laplace`` fit: its curvature, evidence, held-out factor and
+    refits, not a Laplace of other settings."""
+    assert zoo.get("laplace_ensemble").method.member == zoo.get("laplace").method
