@@ -115,6 +115,9 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_energy", "sweep",
             "-m bnn_zoo compare --data uci/energy --reference hmc --splits 3 --threads 2 "
             "--entries map"),
+    _result("reference_concrete", "sweep",
+            "-m bnn_zoo compare --data uci/concrete --reference hmc --splits 3 --threads 2 "
+            "--entries map"),
     _result("reference_classification", "sweep",
             "-m bnn_zoo compare --data two_moons breast_cancer wine --reference hmc --splits 3 "
             "--threads 2 --entries map"),
