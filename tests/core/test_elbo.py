@@ -21,6 +21,7 @@ from bnn_zoo._core.elbo import (
     MeanFieldELBO,
     gaussian_kl,
     gaussian_log_density,
+    mean_field,
 )
 from bnn_zoo._core.elbo.mean_field import _summed_gaussian_kl
 from bnn_zoo._core.handlers import scale_global_sites, subsample_data
@@ -131,12 +132,15 @@ def assert_elbos_agree(reference, model, guide, x, y, *, case: str = "full",
         torch.testing.assert_close(grad, theirs[1][name], **TOL)
 
 
+@pytest.mark.parametrize("summed", [False, True], ids=["elementwise_kl", "summed_kl"])
 @pytest.mark.parametrize("case", ["full", "minibatch_kl_weight", "particles", "replicas",
                                   "fan_in_prior"])
-def test_mean_field_elbo_is_pyros_trace_mean_field_elbo(case):
+def test_mean_field_elbo_is_pyros_trace_mean_field_elbo(case, summed, monkeypatch):
     """The loss and every gradient equal ``TraceMeanField_ELBO``'s on the same noise, with
     the zoo's minibatch and KL-weight handlers (float scales), vectorised particles, and
-    replicas (a batch dimension on every site)."""
+    replicas (a batch dimension on every site); with every site's KL elementwise, and with
+    every site's summed in closed form (as a wide net's large sites are)."""
+    monkeypatch.setattr(mean_field, "SUMMED_KL_ELEMENTS", 1 if summed else 1 << 62)
     prior = GaussianPrior(0.7, fan_in=True) if case == "fan_in_prior" else GaussianPrior(1.3)
     replicas = 2 if case == "replicas" else None
     model, guide = mlp_pair(prior, replicas)

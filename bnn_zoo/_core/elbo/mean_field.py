@@ -152,11 +152,13 @@ class _SummedGaussianKL(torch.autograd.Function):
 
 def _summed_gaussian_kl(q_loc: Tensor, q_scale: Tensor, p_loc: Tensor, p_scale: Tensor
                         ) -> Tensor:
-    """``gaussian_kl(...).sum()``: by [`_SummedGaussianKL`][] where the prior has one loc
-    and one scale and the guide's loc and scale one shape, else elementwise."""
+    """``gaussian_kl(...).sum()``: by [`_SummedGaussianKL`][] for a guide of at least
+    `SUMMED_KL_ELEMENTS` weights, its loc and scale of one shape, under a prior of one loc and
+    one scale; elementwise otherwise."""
     shape = torch.broadcast_shapes(q_loc.shape, q_scale.shape, p_loc.shape, p_scale.shape)
     p_loc, p_scale = _unexpanded(p_loc), _unexpanded(p_scale)
-    if (p_loc.numel() == 1 and p_scale.numel() == 1 and q_loc.shape == q_scale.shape == shape):
+    if (q_loc.numel() >= SUMMED_KL_ELEMENTS and p_loc.numel() == 1 and p_scale.numel() == 1
+            and q_loc.shape == q_scale.shape == shape):
         return _SummedGaussianKL.apply(q_loc, q_scale, p_loc.reshape(()), p_scale.reshape(()))
     return gaussian_kl(q_loc, q_scale, p_loc, p_scale).sum()
 
@@ -209,8 +211,7 @@ def _closed_form_kl(guide_fn, prior_fn, scale) -> Tensor | None:
     if q is None or p is None or _event_dim(prior_fn) != event_dim:
         return None
     if isinstance(scale, float):
-        large = q[0].numel() >= SUMMED_KL_ELEMENTS
-        kl = _summed_gaussian_kl(*q, *p) if large else gaussian_kl(*q, *p).sum()
+        kl = _summed_gaussian_kl(*q, *p)
         return kl if scale == 1.0 else kl * scale
     return (sum_rightmost(gaussian_kl(*q, *p), event_dim) * scale).sum()
 
