@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from bnn_zoo._harness import tables
+from bnn_zoo.methods import HeldOutNoise
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TESTS = Path(__file__).resolve().parents[1]
@@ -438,6 +439,28 @@ def test_reference_noise_runs_every_noise_choice_and_gates_it(tmp_path, benchmar
     assert [(r["noise"], r["gates"]) for r in summary] == [
         ("map", "0/1 pass"), ("held_out", "0/1 pass"), ("sampled", "0/1 pass"),
         ("heteroscedastic", "0/1 pass")]
+
+
+def test_reference_noise_fits_the_chosen_noise_with_the_chosen_sampler(tmp_path, monkeypatch,
+                                                                       benchmark_script):
+    """``--noise`` fits only the named choices; ``--max-leapfrog`` reaches the sampler, whose
+    leapfrog steps per draw the rows report."""
+    from bnn_zoo import zoo
+
+    entry_type, seen = type(zoo.get("hmc")), []
+    original = entry_type.fit
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs["method_options"])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(entry_type, "fit", spy)
+    runs = benchmark_script("reference_noise.py")["main"](
+        ["--data", "sine", "--splits", "1", "--warmup", "4", "--samples", "4", "--chains", "2",
+         "--steps", "5", "--noise", "held_out", "--max-leapfrog", "3", "--out", str(tmp_path)])
+    assert [r["noise"] for r in runs] == ["held_out"]
+    assert seen[0]["max_leapfrog"] == 3 and isinstance(seen[0]["noise"], HeldOutNoise)
+    assert 1 <= runs[0]["leapfrog_steps"] <= 3
 
 
 def test_gate_floor_fails_short_correlated_chains_and_passes_long_ones(tmp_path,
