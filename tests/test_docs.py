@@ -127,10 +127,12 @@ def test_each_table_names_its_results_file(path):
     text = path.read_text()
     start = 0
     for match in BLOCK.finditer(text):
-        file, _ = parse_spec(match["spec"])
+        files, _ = parse_spec(match["spec"])
         before = re.sub(r"<!--.*?-->", "", text[start:match.start()], flags=re.S)
-        assert file in before or str(Path(file).parent) in before, (
-            f"{path.relative_to(ROOT)}: the table of {file} does not say where it comes from")
+        for file in files.split(","):
+            assert file in before or str(Path(file).parent) in before, (
+                f"{path.relative_to(ROOT)}: the table of {file} does not say where it comes "
+                "from")
         start = match.end()
 
 
@@ -186,6 +188,47 @@ def test_tables_render_filters_and_refuse_bad_markers(tmp_path):
                             ("t.json keys=entry columns=ll colour=red", "Bad option"),
                             ("t.json keys=entry columns=ll where=data:c", "selects no row"),
                             ("missing.json keys=entry columns=ll", "does not exist")]:
+        with pytest.raises(ValueError, match=message):
+            render(f"<!-- table: {marker} -->\n<!-- end table -->", tmp_path)
+
+
+def test_a_matrix_ranks_each_data_set_and_sorts_by_mean_rank(tmp_path):
+    """``across=`` turns the rows into entries by data sets: each cell the metric with its
+    rank in its column (the best in bold, values shown alike sharing the better rank), the
+    lines by their
+    mean rank; the rows of several files (one marker, their paths joined by commas) are one
+    matrix, under one line naming both files' runs."""
+    from bnn_zoo._harness.tables import write_tables
+
+    first = [{"data": "uci/a", "entry": "x", "runs": 2, "ll": -1.0},
+             {"data": "uci/a", "entry": "y", "runs": 2, "ll": -2.0},
+             {"data": "uci/a", "entry": "z", "runs": 2, "ll": -1.0001}]  # shown as x's
+    second = [{"data": "b", "entry": "x", "runs": 2, "ll": -3.0},
+              {"data": "b", "entry": "y", "runs": 2, "ll": -2.5},
+              {"data": "b", "entry": "w", "runs": 2, "ll": float("nan")}]
+    write_tables(tmp_path / "one", "t", first, keys=("entry",), columns=("ll",),
+                 provenance={"code": ["c0de"], "commit": ["1a2b3c4"], "machine": ["M"]})
+    write_tables(tmp_path / "two", "t", second, keys=("entry",), columns=("ll",),
+                 provenance={"code": ["c0de"], "commit": ["5d6e7f8"], "machine": ["M"]})
+    out = render("<!-- table: one/t.json,two/t.json keys=entry columns=ll across=data -->\n"
+                 "<!-- end table -->", tmp_path)
+    assert out.splitlines()[1:8] == [
+        "| entry | mean rank | a | b |", "|---|---|---|---|",
+        "| z | 1.0 | **-1.000** (1) | - |",
+        "| x | 1.5 | **-1.000** (1) | -3.000 (2) |",
+        "| y | 2.0 | -2.000 (3) | **-2.500** (1) |",
+        "| w | - | - | - |", ""]
+    assert ("Runs of code version `c0de` at commits `1a2b3c4`, `5d6e7f8`, on M."
+            in out.splitlines())
+    lowest = render("<!-- table: one/t.json keys=entry columns=ll across=data best=min -->\n"
+                    "<!-- end table -->", tmp_path)
+    assert "| y | 1.0 | **-2.000** (1) |" in lowest and "| x | 2.0 | -1.000 (2) |" in lowest
+    for marker, message in [("one/t.json keys=entry columns=ll,runs across=data",
+                             "one key and one column"),
+                            ("one/t.json keys=entry columns=ll across=data best=top",
+                             "best='top'"),
+                            ("one/t.json,one/t.json keys=entry columns=ll across=data",
+                             "Two rows for entry='x'")]:
         with pytest.raises(ValueError, match=message):
             render(f"<!-- table: {marker} -->\n<!-- end table -->", tmp_path)
 

@@ -36,8 +36,8 @@ import bnn_zoo.guides
 import bnn_zoo.models
 
 __all__ = ["CODE_PACKAGES", "NOT_RESULTS", "UNKNOWN", "code_digest", "code_version",
-           "commit_column", "cpu_name", "git_state", "note", "provenance", "run_code",
-           "run_columns", "versions"]
+           "commit_column", "cpu_name", "git_state", "machine", "note", "provenance",
+           "run_code", "run_columns", "versions"]
 
 #: The packages whose source computes results, hashed by `code_version`.
 CODE_PACKAGES = (bnn_zoo, bnn_zoo.models, bnn_zoo.guides)
@@ -124,17 +124,33 @@ def _fixed() -> dict:
     return {"version": bnn_zoo.__version__, "code": code_version(), "commit": commit,
             "dirty": dirty, "torch": torch.__version__, "pyro": pyro.__version__,
             "numpy": numpy.__version__, "python": platform.python_version(),
-            "cpu": cpu_name()}
+            "cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def provenance(device: str | torch.device = "cpu") -> dict:
     """Where a run's numbers come from: ``version`` (of ``bnn_zoo``), ``code``
     (`code_version`), ``commit`` and ``dirty`` (`git_state`), the ``torch``,
-    ``pyro``, ``numpy`` and ``python`` versions, ``cpu`` (`cpu_name`), ``device``,
-    ``threads`` (torch's intra-op thread count) and ``date`` (UTC, ISO 8601, to the
-    second)."""
-    return {**_fixed(), "device": str(device), "threads": torch.get_num_threads(),
+    ``pyro``, ``numpy`` and ``python`` versions, ``cpu`` (`cpu_name`) and
+    ``cpu_capability`` (the vector instructions torch's CPU kernels use, e.g. ``AVX2``),
+    ``device``, ``gpu`` (the CUDA device's name; ``None`` on the CPU), ``threads``
+    (torch's intra-op thread count) and ``date`` (UTC, ISO 8601, to the second)."""
+    device = torch.device(device)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {**_fixed(), "device": str(device), "gpu": gpu, "threads": torch.get_num_threads(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def machine(origin: Mapping | None) -> str:
+    """The machine of a `provenance` as a table column: the GPU's name for a run on a GPU,
+    else the CPU's with torch's CPU capability (``AMD EPYC (AVX512)``); `UNKNOWN`
+    where it does not record them."""
+    origin = origin or {}
+    if origin.get("gpu"):
+        return str(origin["gpu"])
+    if not origin.get("cpu"):
+        return UNKNOWN
+    capability = origin.get("cpu_capability")
+    return f"{origin['cpu']} ({capability})" if capability else str(origin["cpu"])
 
 
 def run_code(run: Mapping) -> str:
@@ -156,32 +172,58 @@ def commit_column(origin: Mapping | None) -> str:
 
 
 def run_columns(run: Mapping) -> dict[str, str]:
-    """A run's ``code`` (`run_code`) and ``commit`` (`commit_column`) as table
-    columns."""
-    return {"code": run_code(run), "commit": commit_column(run.get("provenance"))}
+    """A run's ``code`` (`run_code`), ``commit`` (`commit_column`) and ``machine``
+    (`machine`) as table columns."""
+    origin = run.get("provenance")
+    return {"code": run_code(run), "commit": commit_column(origin), "machine": machine(origin)}
+
+
+def _in_commit_order(commits: set[str]) -> list[str]:
+    """``commits`` (short hashes, perhaps ``-dirty``) oldest first by their commit dates in
+    this checkout's history; sorted as text where git does not know them all."""
+    hashes = {c: c.removesuffix("-dirty") for c in commits}
+    root = Path(bnn_zoo.__path__[0]).resolve().parent
+    listed = _git(root, "rev-list", "--no-walk", *sorted(set(hashes.values())))
+    if listed is None or len(listed.split()) != len(set(hashes.values())):
+        return sorted(commits)
+    age = {full: i for i, full in enumerate(reversed(listed.split()))}
+    when = {c: next(i for full, i in age.items() if full.startswith(h))
+            for c, h in hashes.items()}
+    return sorted(commits, key=lambda c: (when[c], c))
 
 
 def versions(rows: Iterable[Mapping]) -> dict[str, list[str]]:
-    """The distinct ``code`` and ``commit`` values of ``rows`` (sorted), each row holding
-    one or, as a summary row does, several joined by ``"; "``; rows without them do not
-    count."""
-    found: dict[str, set[str]] = {"code": set(), "commit": set()}
+    """The distinct ``code``, ``commit`` and ``machine`` values of ``rows``, each row
+    holding one or, as a summary row does, several joined by ``"; "``; rows without them
+    do not count. The commits are oldest first (`_in_commit_order`), the others sorted."""
+    found: dict[str, set[str]] = {"code": set(), "commit": set(), "machine": set()}
     for row in rows:
         for key, values in found.items():
             if row.get(key):
                 values.update(str(row[key]).split("; "))
-    return {key: sorted(values) for key, values in found.items()}
+    return {"code": sorted(found["code"]), "commit": _in_commit_order(found["commit"]),
+            "machine": sorted(found["machine"])}
 
 
 def _listed(kind: str, values: Sequence[str]) -> str:
     return f"{kind}{'s' if len(values) > 1 else ''} " + ", ".join(f"`{v}`" for v in values)
 
 
+def _commits(commits: Sequence[str]) -> str:
+    if len(commits) <= 2:
+        return _listed("commit", commits)
+    return f"{len(commits)} commits from `{commits[0]}` to `{commits[-1]}`"
+
+
 def note(found: Mapping[str, Sequence[str]]) -> str:
-    """The line under a table naming the commits and code versions of its numbers (as
-    from `versions`), e.g. ``Runs of commit `1a2b3c4` (code version `0123456789ab`).``;
-    ``""`` when there are none."""
+    """The line under a table naming the code versions of its numbers, the range of their
+    commits (oldest first, as from `versions`) and their machines, e.g. ``Runs of code
+    version `0123456789ab` at commit `1a2b3c4`, on AMD EPYC (AVX512).``; ``""`` when
+    there are none. A file written before runs named their machine says so."""
     if not found.get("code"):
         return ""
     commits = found.get("commit") or [UNKNOWN]
-    return f"Runs of {_listed('commit', commits)} ({_listed('code version', found['code'])})."
+    machines = [m for m in found.get("machine") or [] if m != UNKNOWN]
+    where = " and ".join(machines) if machines else "a machine not recorded"
+    return (f"Runs of {_listed('code version', found['code'])} at {_commits(commits)}, "
+            f"on {where}.")

@@ -10,10 +10,14 @@ two markers::
 
 The opening marker names a JSON file written by `write_tables`
 (its ``"summary"`` rows) or by `write_table_group` (then
-``table=KEY`` picks the group's table) and how to show them: ``keys`` and ``columns`` as in
+``table=KEY`` picks the group's table), or several such files joined by commas (their rows
+one after the other), and how to show them: ``keys`` and ``columns`` as in
 `markdown_table`, optionally ``section=FIELD`` and any number of
 ``where=FIELD:VALUE`` filters (a row is kept when its field, as text, equals the value, or
-one of the values of ``FIELD:A,B,...``).
+one of the values of ``FIELD:A,B,...``). With ``across=FIELD`` the block is a matrix
+(`markdown_matrix`): a line per value of the one key, a column per value of
+``FIELD`` (a data set), each cell the one column's metric with its rank, the best
+(``best=max``, the default, or ``best=min``) in bold.
 Where the file records the code versions and commits of its runs (``"provenance"``, as
 `write_comparison` writes it), a line under the table names
 them (`note`).
@@ -38,7 +42,7 @@ from pathlib import Path
 
 from bnn_zoo._core.files import read_json, write_text_atomic
 from bnn_zoo._harness.provenance import note
-from bnn_zoo._harness.tables import markdown_table
+from bnn_zoo._harness.tables import markdown_matrix, markdown_table
 
 __all__ = ["BLOCK", "ENTRIES", "PROG", "documents", "entries_table", "parse_spec", "render",
            "render_block", "rewrite"]
@@ -50,7 +54,7 @@ BLOCK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- end tab
                    flags=re.S)
 #: The generated table of the zoo's entries.
 ENTRIES = re.compile(r"<!-- entries -->\n(?P<body>.*?)<!-- end entries -->", flags=re.S)
-_OPTIONS = ("keys", "columns", "section", "table", "where")
+_OPTIONS = ("keys", "columns", "section", "table", "where", "across", "best")
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, list[str]]]:
@@ -82,25 +86,50 @@ def _matches(row: dict, conditions: list[str]) -> bool:
     return True
 
 
+def _merged(found: list[dict]) -> dict[str, list[str]] | None:
+    """The provenance of several files as one: each field's values in order, once."""
+    found = [f for f in found if isinstance(f, dict)]
+    if not found:
+        return None
+    fields = dict.fromkeys(k for f in found for k, v in f.items() if isinstance(v, list))
+    return {k: list(dict.fromkeys(v for f in found for v in f.get(k, []))) for k in fields}
+
+
+def _read(spec: str, paths: list[str], table: str, root: Path) -> tuple[list[dict], dict | None]:
+    """The rows of table ``table`` of every file of ``paths`` under ``root``, one after the
+    other, and their provenance (`_merged`; none unless every file records it)."""
+    rows, found = [], []
+    for path in paths:
+        file = root / path
+        if not file.is_file():
+            raise ValueError(f"The README table {spec!r} names {path}, which does not exist.")
+        tables = read_json(file)
+        if table not in tables:
+            raise ValueError(f"The README table {spec!r} asks for table {table!r} of {path}, "
+                             f"which has {', '.join(map(repr, tables))}.")
+        rows += tables[table]
+        found.append(tables.get("provenance") if table == "summary" else None)
+    return rows, _merged(found) if all(isinstance(f, dict) for f in found) else None
+
+
 def render_block(spec: str, root: Path) -> str:
-    """The Markdown table that the marker ``spec`` asks for, from its file under ``root``."""
+    """The Markdown table that the marker ``spec`` asks for, from its files under ``root``."""
     path, options = parse_spec(spec)
-    file = root / path
-    if not file.is_file():
-        raise ValueError(f"The README table {spec!r} names {path}, which does not exist.")
-    tables = read_json(file)
     table = options.get("table", ["summary"])[0]
-    if table not in tables:
-        raise ValueError(f"The README table {spec!r} asks for table {table!r} of {path}, "
-                         f"which has {', '.join(map(repr, tables))}.")
-    rows = [row for row in tables[table] if _matches(row, options["where"])]
+    rows, found = _read(spec, path.split(","), table, root)
+    rows = [row for row in rows if _matches(row, options["where"])]
     if not rows:
         raise ValueError(f"The README table {spec!r} selects no row of {path}.")
-    section = options.get("section", [None])[0]
-    text = markdown_table(rows, keys=options["keys"], columns=options["columns"],
-                          section=section)
-    found = tables.get("provenance") if table == "summary" else None
-    return f"{text}\n{note(found)}\n" if isinstance(found, dict) and note(found) else text
+    if "across" in options:
+        if len(options["keys"]) != 1 or len(options["columns"]) != 1:
+            raise ValueError(f"The README matrix {spec!r} takes one key and one column.")
+        text = markdown_matrix(rows, key=options["keys"][0], across=options["across"][0],
+                               metric=options["columns"][0],
+                               best=options.get("best", ["max"])[0])
+    else:
+        text = markdown_table(rows, keys=options["keys"], columns=options["columns"],
+                              section=options.get("section", [None])[0])
+    return f"{text}\n{note(found)}\n" if found and note(found) else text
 
 
 def _method_name(method: object) -> str:

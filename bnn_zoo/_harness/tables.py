@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,12 @@ from bnn_zoo._harness.provenance import commit_column, note
 from bnn_zoo._harness.provenance import provenance as process_provenance
 from bnn_zoo._harness.summary import RUNS
 
-__all__ = ["Table", "format_value", "markdown_table", "merge_summary", "run_line",
-           "write_csv", "write_table_group", "write_tables"]
+__all__ = ["BEST", "Table", "format_value", "markdown_matrix", "markdown_table",
+           "merge_summary", "run_line", "write_csv", "write_table_group", "write_tables"]
+
+#: Which value of a metric is the best, as `markdown_matrix` takes it: the sign that makes
+#: the best the largest.
+BEST = {"max": 1.0, "min": -1.0}
 
 
 def _number(value: float, digits: int) -> str:
@@ -92,6 +97,60 @@ def markdown_table(rows: Sequence[dict], *, keys: Sequence[str], columns: Sequen
         part = [row for row in rows if row[section] == value]
         lines += [f"### {value}", "", *_table(part, shown, columns, notes), ""]
     return "\n".join(lines)
+
+
+def _finite(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _column_label(value: object) -> str:
+    """A data set's column heading: its name without the family and from its first dash on
+    (``uci/wine-quality-red``: ``wine``)."""
+    return str(value).split("/", 1)[-1].split("-", 1)[0]
+
+
+def markdown_matrix(rows: Sequence[dict], *, key: str, across: str, metric: str,
+                    best: str) -> str:
+    """Markdown of one metric as a matrix: a line per value of the field ``key`` (an entry),
+    a column per value of ``across`` (a data set; headed by its name without the family),
+    each cell the mean of ``metric`` (as `format_value` shows it) and, in brackets, its rank
+    in the column (1: the best of the column, in bold; ``best`` is ``"max"`` or ``"min"``;
+    values that show the same share the better rank); ``-`` where a line has no finite
+    value. The lines are sorted by their
+    mean rank over the columns where they have a value, shown in the column ``mean rank``
+    (then by name). One row per cell: a second row of the same ``key`` and ``across``
+    is an error."""
+    if best not in BEST:
+        raise ValueError(f"best={best!r}: expected one of {', '.join(BEST)}.")
+    cells: dict[tuple, float] = {}
+    for row in rows:
+        cell = (row[key], row[across])
+        if cell in cells:
+            raise ValueError(f"Two rows for {key}={cell[0]!r}, {across}={cell[1]!r}: a "
+                             f"matrix takes one row per cell (filter with where=...).")
+        cells[cell] = row.get(metric)
+    lines_of = list(dict.fromkeys(row[key] for row in rows))
+    columns = list(dict.fromkeys(row[across] for row in rows))
+    scores = {cell: BEST[best] * float(format_value(v)) for cell, v in cells.items()
+              if _finite(v)}
+    ranks = {(line, column): 1 + sum(other > score for (_, c), other in scores.items()
+                                     if c == column)
+             for (line, column), score in scores.items()}
+    mean_rank = {line: statistics.fmean(r for (l, _), r in ranks.items() if l == line)
+                 for line in lines_of if any(l == line for l, _ in ranks)}
+    order = sorted(lines_of, key=lambda line: (mean_rank.get(line, math.inf), str(line)))
+    header = [key, "mean rank", *(_column_label(c) for c in columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for line in order:
+        shown = [str(line), f"{mean_rank[line]:.1f}" if line in mean_rank else "-"]
+        for column in columns:
+            rank = ranks.get((line, column))
+            text = format_value(cells.get((line, column)))
+            shown.append("-" if rank is None else
+                         f"**{text}** (1)" if rank == 1 else f"{text} ({rank})")
+        lines.append("| " + " | ".join(shown) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _json_safe(value: object) -> object:

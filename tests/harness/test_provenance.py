@@ -81,16 +81,49 @@ def test_provenance_names_versions_commit_device_threads_and_date():
 
 def test_run_columns_mark_dirty_missing_and_unknown_provenance():
     origin = {"code": "c0de", "commit": "1a2b3c4", "dirty": False}
-    assert provenance.run_columns({"provenance": origin}) == {"code": "c0de", "commit": "1a2b3c4"}
+    assert provenance.run_columns({"provenance": origin}) == {
+        "code": "c0de", "commit": "1a2b3c4", "machine": "unknown"}
     assert provenance.run_columns({"provenance": {**origin, "dirty": True}})["commit"] == (
         "1a2b3c4-dirty")
     assert provenance.run_columns({"provenance": {**origin, "commit": None}})["commit"] == "none"
-    assert provenance.run_columns({"settings": {}}) == {"code": "unknown", "commit": "unknown"}
+    assert provenance.run_columns({"settings": {}}) == {
+        "code": "unknown", "commit": "unknown", "machine": "unknown"}
     rows = [{"code": "b; a", "commit": "x"}, {"code": "a", "commit": "y"}, {"entry": "z"}]
-    assert provenance.versions(rows) == {"code": ["a", "b"], "commit": ["x", "y"]}
+    assert provenance.versions(rows) == {"code": ["a", "b"], "commit": ["x", "y"],
+                                         "machine": []}
     assert provenance.note({"code": ["a", "b"], "commit": ["x"]}) == (
-        "Runs of commit `x` (code versions `a`, `b`).")
+        "Runs of code versions `a`, `b` at commit `x`, on a machine not recorded.")
     assert provenance.note({"code": [], "commit": []}) == ""
+
+
+def test_the_machine_is_the_gpu_or_the_cpu_with_its_capability():
+    cpu = {"cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2", "gpu": None}
+    assert provenance.machine(cpu) == "AMD EPYC 7B13 (AVX2)"
+    assert provenance.machine({**cpu, "cpu_capability": None}) == "AMD EPYC 7B13"
+    assert provenance.machine({**cpu, "gpu": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"
+    assert provenance.machine({"code": "c0de"}) == provenance.machine(None) == "unknown"
+    found = provenance.provenance("cpu")
+    assert found["gpu"] is None and found["cpu_capability"] in provenance.machine(found)
+
+
+def test_the_note_names_the_range_of_commits_oldest_first_and_the_machines():
+    """Three or more commits are a range from the oldest to the newest of this checkout's
+    history (git's commit order, not the hashes' alphabetical one); two are listed."""
+    log = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%h", "-n", "40"],
+                         capture_output=True, text=True)
+    history = log.stdout.split()
+    if log.returncode != 0 or len(history) < 40:
+        pytest.skip("needs a git checkout with 40 commits of history")
+    picked = [history[30], history[0], history[12]]  # newest first in git log
+    rows = [{"code": "c0de", "commit": f"{picked[0]}; {picked[1]}", "machine": "B"},
+            {"code": "c0de", "commit": f"{picked[2]}-dirty", "machine": "A; unknown"}]
+    found = provenance.versions(rows)
+    assert found["commit"] == [picked[0], f"{picked[2]}-dirty", picked[1]]
+    assert provenance.note(found) == (
+        f"Runs of code version `c0de` at 3 commits from `{picked[0]}` to `{picked[1]}`, "
+        "on A and B.")
+    assert provenance.note({**found, "commit": found["commit"][:2]}).startswith(
+        f"Runs of code version `c0de` at commits `{picked[0]}`, `{picked[2]}-dirty`, on")
 
 
 def test_records_tables_and_cache_name_the_code(tmp_path, capsys, monkeypatch):
@@ -104,7 +137,7 @@ def test_records_tables_and_cache_name_the_code(tmp_path, capsys, monkeypatch):
     found = json.loads((tmp_path / "compare.json").read_text())
     assert found["provenance"]["code"] == [code] == [summary[0]["code"]]
     assert all(run["provenance"]["code"] == code for run in found["runs"])
-    assert table.rstrip().endswith(f"(code version `{code}`).")
+    assert f"Runs of code version `{code}` at commit" in table.rstrip().splitlines()[-1]
     assert "code,commit" in (tmp_path / "compare.csv").read_text().splitlines()[0]
     found["runs"][0]["settings"]["code"] = "0ld"
     (tmp_path / "fresh").mkdir()
@@ -125,7 +158,8 @@ def test_readme_tables_name_the_commits_only_of_files_that_record_them(tmp_path)
         {"summary": rows, "provenance": {"code": ["c0de"], "commit": ["1a2b3c4"]}}))
     old = readme_tables.render_block("old.json keys=data,entry columns=ll", tmp_path)
     new = readme_tables.render_block("new.json keys=data,entry columns=ll", tmp_path)
-    assert new == f"{old}\nRuns of commit `1a2b3c4` (code version `c0de`).\n"
+    assert new == f"{old}\nRuns of code version `c0de` at commit `1a2b3c4`, on a machine not " \
+                  "recorded.\n"
     assert "Runs of" not in old
 
 
