@@ -65,7 +65,7 @@ def _rows(path: Path) -> tuple[bool, list[dict]]:
         return True, [run_row(run, origin) for run in document["runs"]]
     if isinstance(document.get("summary"), list):
         return False, [_with(row, origin) for row in document["summary"]]
-    return False, [{"table": key, **row} for key, table in document.items()
+    return False, [{"table": key, **_with(row, origin)} for key, table in document.items()
                    if isinstance(table, list) for row in table if isinstance(row, dict)]
 
 

@@ -97,7 +97,8 @@ def _merged(found: list[dict]) -> dict[str, list[str]] | None:
 
 def _read(spec: str, paths: list[str], table: str, root: Path) -> tuple[list[dict], dict | None]:
     """The rows of table ``table`` of every file of ``paths`` under ``root``, one after the
-    other, and their provenance (`_merged`; none unless every file records it)."""
+    other, and their provenance (`_merged`; none unless every file records it, as
+    `write_tables` and `write_table_group` do)."""
     rows, found = [], []
     for path in paths:
         file = root / path
@@ -108,7 +109,7 @@ def _read(spec: str, paths: list[str], table: str, root: Path) -> tuple[list[dic
             raise ValueError(f"The README table {spec!r} asks for table {table!r} of {path}, "
                              f"which has {', '.join(map(repr, tables))}.")
         rows += tables[table]
-        found.append(tables.get("provenance") if table == "summary" else None)
+        found.append(tables.get("provenance"))
     return rows, _merged(found) if all(isinstance(f, dict) for f in found) else None
 
 

@@ -1,4 +1,4 @@
-"""Stale cells: the runs of a comparison's results that other code than the checkout's made.
+"""Stale results: the cells and files of the results that other code than the checkout's made.
 
 A cell is one (entry, data set) of a comparison. Its runs are those kept in a results
 file's ``"runs"`` (as `write_comparison` writes them: every
@@ -6,12 +6,16 @@ committed ``compare.json``, ``uci_summary.json``, ``classification.json``); a ru
 when its code version (`run_code`) is not the checkout's
 (`code_version`), or is unknown (a run recorded before
 runs named their code). The run cache never reads a stale run back
-(`cached_runs`), so these are the cells a rerun fits again.
+(`cached_runs`), so these are the cells a rerun fits again. Every other results file (a
+timing, a study, a table derived from a comparison) is stale as a whole when the code
+versions its ``"provenance"`` names (else those of a ``provenance.json`` beside it) are
+not only the checkout's, or when it names none.
 
 ``python -m bnn_zoo stale PATH...`` (a results folder, searched recursively, or a results
 file) prints one line per stale cell (file, entry, data set, the stale splits and their
-code versions) and their count, and exits with 1 when there are any, 0 otherwise; a
-results file that cannot be read or parsed is an error (exit code 2, the file named).
+code versions) and per stale file, and their counts, and exits with 1 when there are any,
+0 otherwise; a results file that cannot be read or parsed is an error (exit code 2, the
+file named).
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from bnn_zoo._core.files import read_json
-from bnn_zoo._harness.provenance import code_version, run_code
+from bnn_zoo._harness.provenance import UNKNOWN, code_version, run_code
 from bnn_zoo._harness.runs import NOT_CACHED, results_jsons
 
-__all__ = ["RUN_FIELDS", "kept_runs", "results_files", "run", "stale_cells"]
+__all__ = ["PROVENANCE_FILE", "RUN_FIELDS", "file_code", "kept_runs", "results_files", "run",
+           "stale_cells", "stale_files"]
 
 
 #: The fields of a run record that a comparison's results file keeps.
 RUN_FIELDS = ("entry", "data", "split", "settings")
+#: The file that records the provenance of a folder of results that do not keep their own.
+PROVENANCE_FILE = "provenance.json"
 
 
 def kept_runs(path: Path) -> list[dict] | None:
@@ -42,6 +49,42 @@ def kept_runs(path: Path) -> list[dict] | None:
     return runs
 
 
+def _codes(document: object) -> list[str]:
+    """The code versions a results document's ``"provenance"`` names (a list of them, one,
+    or its process's), none where it names none."""
+    found = document.get("provenance") if isinstance(document, dict) else None
+    if not isinstance(found, dict):
+        return []
+    code = found.get("code") or (found.get("process") or {}).get("code")
+    return sorted(code) if isinstance(code, list) else [code] if isinstance(code, str) else []
+
+
+def file_code(path: Path) -> list[str]:
+    """The code versions of the results file ``path``: those its provenance names, else
+    those of the `PROVENANCE_FILE` beside it (its ``"code"``), else `UNKNOWN`."""
+    beside = path.parent / PROVENANCE_FILE
+    codes = _codes(read_json(path))
+    if not codes and beside.is_file() and beside != path:
+        codes = _codes({"provenance": read_json(beside)})
+    return codes or [UNKNOWN]
+
+
+def stale_files(paths: Iterable[str | Path], code: str | None = None) -> list[dict]:
+    """One row per results file at ``paths`` that keeps no comparison's runs (a named file,
+    or a ``*.json`` under a named folder but the `PROVENANCE_FILE` records and the run
+    cache) and whose code versions (`file_code`) are not only ``code`` (default: the
+    checkout's `code_version`): ``file`` and ``code``."""
+    code = code or code_version()
+    files = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += [f for f in results_jsons(path) if f.name != PROVENANCE_FILE]
+        elif path.is_file():
+            files.append(path)
+    return [{"file": str(f), "code": codes} for f in files
+            if kept_runs(f) is None and (codes := file_code(f)) != [code]]
+
+
 def _results(paths: Iterable[str | Path]) -> list[tuple[Path, list[dict]]]:
     """Each results file at ``paths`` with the run records it keeps (see
     `results_files`), each file read once."""
@@ -52,19 +95,16 @@ def _results(paths: Iterable[str | Path]) -> list[tuple[Path, list[dict]]]:
         elif not path.is_file():
             raise ValueError(f"Expected paths to be results folders or files, but {path} "
                              "does not exist.")
-        elif (kept := kept_runs(path)) is None:
-            raise ValueError(f"Expected {path} to keep the runs of a comparison (a \"runs\" "
-                             "list of run records), but it does not.")
-        else:
+        elif (kept := kept_runs(path)) is not None:
             found.append((path, kept))
     return found
 
 
 def results_files(paths: Iterable[str | Path]) -> list[Path]:
     """The results files at ``paths`` that keep the run records of a comparison (a
-    ``"runs"`` list of records with `RUN_FIELDS`): each file named, and every such
-    ``*.json`` under each folder named (the run cache ``runs/`` aside); a named file that
-    keeps none, or a path that does not exist, is a ``ValueError``."""
+    ``"runs"`` list of records with `RUN_FIELDS`): each such file named, and every such
+    ``*.json`` under each folder named (the run cache ``runs/`` aside); a path that does
+    not exist is a ``ValueError``."""
     return [path for path, _ in _results(paths)]
 
 
@@ -101,14 +141,16 @@ def _spans(values: Sequence[int]) -> str:
 
 
 def run(paths: Sequence[str | Path]) -> int:
-    """Print the stale cells of ``paths`` (`stale_cells`) and their count; return 1
-    when there are any, 0 otherwise."""
+    """Print the stale cells (`stale_cells`) and files (`stale_files`) of ``paths``
+    and their counts; return 1 when there are any, 0 otherwise."""
     code = code_version()
-    rows = stale_cells(paths, code)
+    rows, files = stale_cells(paths, code), stale_files(paths, code)
     for row in rows:
         print(f"{row['file']}: {row['entry']} on {row['data']}: splits {_spans(row['splits'])} "
               f"of {row['runs']} (code {', '.join(row['code'])})")
+    for row in files:
+        print(f"{row['file']}: the whole file (code {', '.join(row['code'])})")
     splits = sum(len(row["splits"]) for row in rows)
-    print(f"{len(rows)} stale cells ({splits} runs) of other code than this checkout's "
-          f"({code}).")
-    return int(bool(rows))
+    print(f"{len(rows)} stale cells ({splits} runs) and {len(files)} stale files of other "
+          f"code than this checkout's ({code}).")
+    return int(bool(rows or files))

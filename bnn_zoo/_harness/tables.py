@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bnn_zoo._core.files import read_json, write_text_atomic
-from bnn_zoo._harness.provenance import commit_column, note
+from bnn_zoo._harness.provenance import commit_column, machine, note
 from bnn_zoo._harness.provenance import provenance as process_provenance
 from bnn_zoo._harness.summary import RUNS
 
@@ -210,9 +210,7 @@ def write_tables(out: str | Path, name: str, rows: Sequence[dict], *, keys: Sequ
         ``"process"`` (versions, device, threads, date).
     """
     if provenance is None:
-        process = process_provenance()
-        provenance = {"code": [process["code"]], "commit": [commit_column(process)],
-                      "process": process}
+        provenance = _process_versions()
     out = Path(out)
     table = markdown_table([*rows, *markdown_rows], keys=keys, columns=columns,
                            section=section, notes=notes)
@@ -253,15 +251,26 @@ class Table:
     columns: Sequence[str]
 
 
+def _process_versions() -> dict:
+    """This process's code version and commit as `versions` gives them, with its whole
+    `provenance` under ``"process"``."""
+    process = process_provenance()
+    return {"code": [process["code"]], "commit": [commit_column(process)],
+            "machine": [machine(process)], "process": process}
+
+
 def write_table_group(out: str | Path, name: str, tables: Sequence[Table]) -> str:
-    """Write several tables of one study: ``<name>.md`` (a ``## heading`` per table),
-    ``<name>_<key>.csv`` per table and ``<name>.json`` (``{key: rows}``); return the
-    Markdown."""
+    """Write several tables of one study, this process's numbers: ``<name>.md`` (a
+    ``## heading`` per table, then the line naming their code, `note`),
+    ``<name>_<key>.csv`` per table and ``<name>.json`` (``{key: rows}`` and, under
+    ``"provenance"``, the process's, as `write_tables` keeps it); return the Markdown."""
     out = Path(out)
+    origin = _process_versions()
     text = "\n".join(f"## {t.heading}\n\n" + markdown_table(t.rows, keys=t.keys, columns=t.columns)
-                     for t in tables)
+                     for t in tables) + f"\n{note(origin)}\n"
     write_text_atomic(out / f"{name}.md", text)
     for t in tables:
         write_text_atomic(out / f"{name}_{t.key}.csv", _csv(t.rows))
-    write_text_atomic(out / f"{name}.json", _json({t.key: list(t.rows) for t in tables}))
+    write_text_atomic(out / f"{name}.json",
+                      _json({**{t.key: list(t.rows) for t in tables}, "provenance": origin}))
     return text

@@ -196,14 +196,51 @@ def test_stale_lists_the_cells_of_other_code_and_exits_1(tmp_path, capsys):
     assert "2 stale cells (2 runs)" in out
 
 
-def test_stale_rejects_paths_without_runs(tmp_path, capsys):
+def test_stale_lists_whole_files_of_other_or_unknown_code(tmp_path, capsys):
+    """A results file that keeps no comparison's runs is stale as a whole unless its
+    provenance (else a provenance.json beside it) names the checkout's code alone; a table
+    of this process is not; a path that does not exist is an error."""
+    from bnn_zoo._harness.tables import Table, write_table_group, write_tables
+
+    code = provenance.code_version()
+    write_tables(tmp_path / "now", "timing", [{"step": "a", "s": 1.0}], keys=("step",),
+                 columns=("s",))
+    write_table_group(tmp_path / "now", "study", [Table("t", "T", [{"w": 1}], ("w",), ())])
     (tmp_path / "table.json").write_text(json.dumps({"summary": [{"ll": 1.0}]}))
-    assert cli.main(["stale", str(tmp_path / "table.json")]) == 2
-    assert "keep the runs of a comparison" in capsys.readouterr().err
+    (tmp_path / "old.json").write_text(json.dumps(
+        {"summary": [], "provenance": {"code": ["0ld", code]}}))
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "provenance.json").write_text(json.dumps({"code": "g0"}))
+    (tmp_path / "gpu" / "t.json").write_text(json.dumps({"summary": []}))
+    assert stale.file_code(tmp_path / "now" / "study.json") == [code]
+    assert stale.stale_files([tmp_path]) == [
+        {"file": str(tmp_path / "gpu" / "t.json"), "code": ["g0"]},
+        {"file": str(tmp_path / "old.json"), "code": sorted(["0ld", code])},
+        {"file": str(tmp_path / "table.json"), "code": ["unknown"]}]
+    assert cli.main(["stale", str(tmp_path / "now")]) == 0
+    assert "0 stale cells (0 runs) and 0 stale files" in capsys.readouterr().out
+    assert cli.main(["stale", str(tmp_path / "table.json")]) == 1
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'table.json'}: the whole file (code unknown)" in out
+    assert "and 1 stale files" in out
     assert cli.main(["stale", str(tmp_path / "absent")]) == 2
     with pytest.raises(ValueError, match="does not exist"):
         stale.results_files([tmp_path / "absent"])
     assert stale.results_files([tmp_path]) == []
+
+
+def test_a_group_of_tables_names_its_code_and_loads_with_it(tmp_path):
+    from bnn_zoo import results
+    from bnn_zoo._harness.tables import Table, write_table_group
+
+    text = write_table_group(tmp_path, "study", [Table("sweep", "A sweep", [{"w": 4, "v": 2.5}],
+                                                       keys=("w",), columns=("v",))])
+    assert text.rstrip().splitlines()[-1].startswith(
+        f"Runs of code version `{provenance.code_version()}` at commit")
+    rendered = readme_tables.render_block("study.json keys=w columns=v table=sweep", tmp_path)
+    assert rendered.rstrip().splitlines()[-1] == text.rstrip().splitlines()[-1]
+    (row,) = results.load(tmp_path).to_dict("records")
+    assert (row["table"], row["w"], row["code"]) == ("sweep", 4, provenance.code_version())
 
 
 def test_a_table_of_this_process_names_its_code_and_keeps_its_provenance(tmp_path):
