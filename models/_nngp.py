@@ -144,11 +144,14 @@ class NNGPRegression(ObservationNoise, PyroModule):
         self.largest_jitter = 0.0
         self.init_noise(noise_scale, init_noise_scale)
 
-    def hyperparameters(self) -> dict[str, float]:
-        """The kernel variances and the noise scale, as floats (for messages and reports)."""
+    def hyperparameters(self) -> dict[str, float | list[float]]:
+        """The kernel variances and the noise scale, as floats, and with ``ard`` the inputs'
+        relevances as a list (for messages and reports)."""
         names = ("weight_variance", "bias_variance", "output_variance", "output_bias_variance")
         with pyro.get_param_store().scope():  # this module's values, not the global store's
             values = {name: getattr(self.kernel, name).item() for name in names}
+            if self.kernel.ard:
+                values["input_relevance"] = self.kernel.input_relevance.tolist()
             return {**values, "noise_scale": self.observation_scale().item()}
 
     def factorise(self, x: Tensor) -> tuple[Tensor, Tensor]:

@@ -45,6 +45,12 @@ construction, and differentiable in the hyperparameters). For ``depth > 1`` its
 error is that of one finite net of width ``num_features``: a fluctuation of order
 :math:`1/\sqrt{S}` and a bias of order :math:`1/S`.
 
+**Automatic relevance determination** (``ard=True``; MacKay 1994, "Bayesian Non-linear
+Modelling for the Prediction Competition"; Neal 1996, §1.2.3): each input ``h`` has its own
+relevance :math:`r_h`, the input weights :math:`w_{mh} \sim N(0, \sigma_w^2 r_h / D)`, so
+:math:`\Sigma(x, x') = \sigma_b^2 + \sigma_w^2 \sum_h r_h x_h x'_h / D`; type-II maximum
+likelihood then shrinks the relevance of inputs the data do not use.
+
 The kernel variances are bounded to `VARIANCE_BOUNDS`: outside them, on
 standardised data, the fit has diverged, and the bounds keep :math:`K` finite and its
 diagonal (hence the relative jitter of [`NNGPRegression`][bnn_zoo.models.NNGPRegression])
@@ -91,7 +97,13 @@ from pyro.distributions import constraints
 from pyro.nn import PyroParam
 from torch import Tensor
 
-from bnn_zoo._core.checks import check_choice, check_positive, check_positive_int, check_tensor
+from bnn_zoo._core.checks import (
+    check_bool,
+    check_choice,
+    check_positive,
+    check_positive_int,
+    check_tensor,
+)
 from bnn_zoo._core.nn import ACTIVATIONS, activation
 
 __all__ = ["CLOSED_FORMS", "VARIANCE_BOUNDS", "NNGPKernel", "expected_product"]
@@ -154,6 +166,8 @@ class NNGPKernel(gp.kernels.Kernel):
     num_features : use a Monte Carlo kernel with this many random hidden units per
         layer even for a closed-form activation (default: 4096 where there is no
         closed form).
+    ard : a relevance :math:`r_h` per input (``input_relevance``, starting at 1; module
+        doc), else none (every :math:`r_h = 1`).
     seed : seed of the Monte Carlo features (fixed, so the kernel is a deterministic
         function of its hyperparameters).
 
@@ -164,7 +178,7 @@ class NNGPKernel(gp.kernels.Kernel):
     def __init__(self, input_dim: int, activation: str = "relu", *, depth: int = 1,
                  weight_variance: float = 1.0, bias_variance: float = 1.0,
                  output_variance: float = 1.0, output_bias_variance: float = 1.0,
-                 num_features: int | None = None, seed: int = 0,
+                 num_features: int | None = None, seed: int = 0, ard: bool = False,
                  active_dims: list[int] | None = None) -> None:
         check_positive_int("input_dim", input_dim)
         super().__init__(input_dim, active_dims)
@@ -186,20 +200,30 @@ class NNGPKernel(gp.kernels.Kernel):
             # value when its unconstrained parameter is rounded to float32.
             setattr(self, name, PyroParam(torch.tensor(float(value), dtype=torch.float64),
                                           constraint=constraints.interval(low, high)))
+        self.ard = check_bool("ard", ard)
+        if ard:
+            self.input_relevance = PyroParam(torch.ones(input_dim, dtype=torch.float64),
+                                             constraint=constraints.interval(low, high))
 
     @property
     def closed_form(self) -> bool:
         """Whether the kernel is exact (``False``: Monte Carlo random features)."""
         return self.num_features is None
 
+    def _relevant(self, X: Tensor) -> Tensor:
+        r"""The inputs scaled by :math:`\sqrt{r_h}` (with ``ard``), else as they are."""
+        return X * self.input_relevance.sqrt() if self.ard else X
+
     def preactivation_covariance(self, X: Tensor, Z: Tensor) -> Tensor:
-        r"""First layer :math:`\Sigma^{(1)}(x, z) = \sigma_b^2 + \sigma_w^2 x \cdot z / D`,
-        shape (N, M)."""
-        return self.bias_variance + self.weight_variance * (X @ Z.T) / self.input_dim
+        r"""First layer :math:`\Sigma^{(1)}(x, z) = \sigma_b^2 + \sigma_w^2 \sum_h r_h x_h z_h
+        / D`, shape (N, M)."""
+        product = self._relevant(X) @ self._relevant(Z).T
+        return self.bias_variance + self.weight_variance * product / self.input_dim
 
     def preactivation_variance(self, X: Tensor) -> Tensor:
         r"""(N,) :math:`\Sigma^{(1)}(x, x)`."""
-        return self.bias_variance + self.weight_variance * (X**2).sum(-1) / self.input_dim
+        squares = (self._relevant(X) ** 2).sum(-1)
+        return self.bias_variance + self.weight_variance * squares / self.input_dim
 
     def _next_layer(self, product: Tensor) -> Tensor:
         r""":math:`\Sigma^{(l+1)} = \sigma_b^2 + \sigma_w^2 E[\phi(u)\phi(u')]`."""
@@ -220,7 +244,7 @@ class NNGPKernel(gp.kernels.Kernel):
         Monte Carlo kernel's random network (``S = num_features`` units per layer)."""
         gen = torch.Generator(device=X.device).manual_seed(self.seed)
         phi = activation(self.activation)
-        units, fan_in = X, self.input_dim
+        units, fan_in = self._relevant(X), self.input_dim
         for _ in range(self.depth):
             shape = (fan_in + 1, self.num_features)
             noise = torch.randn(shape, generator=gen, dtype=X.dtype, device=X.device)

@@ -417,3 +417,35 @@ def test_priors_command_takes_the_nngp_depth(tmp_path):
     main(["priors", "--widths", "50", "--nngp-depth", "2", "--depth", "2", "--samples", "2000",
           "--out", str(tmp_path)])
     assert "2 hidden relu layer" in (tmp_path / "priors.md").read_text()
+
+
+@pytest.mark.parametrize("activation, depth, features", [
+    ("relu", 1, None), ("erf", 2, None), ("tanh", 1, 256), ("relu", 2, 256)])
+def test_a_relevance_per_input_is_the_kernel_of_the_inputs_scaled(activation, depth, features):
+    """With ``ard`` the input weights of input h have variance r_h sigma_w^2 / D, which is
+    the kernel without ARD at inputs scaled by sqrt(r_h) (closed form and Monte Carlo, one
+    and two hidden layers); at r = 1 it is the kernel without ARD."""
+    gen = torch.Generator().manual_seed(0)
+    x, z = torch.randn(5, 3, generator=gen, dtype=F64), torch.randn(4, 3, generator=gen, dtype=F64)
+    plain = NNGPKernel(3, activation, depth=depth, num_features=features).double()
+    ard = NNGPKernel(3, activation, depth=depth, num_features=features, ard=True).double()
+    torch.testing.assert_close(ard(x, z), plain(x, z))  # r = 1 up to the constraint's rounding
+    relevance = torch.tensor([0.1, 4.0, 1e-3], dtype=F64)
+    ard.input_relevance = relevance
+    torch.testing.assert_close(ard(x, z), plain(x * relevance.sqrt(), z * relevance.sqrt()))
+    torch.testing.assert_close(ard(x, diag=True), plain(x * relevance.sqrt(), diag=True))
+
+
+def test_type_two_maximum_likelihood_shrinks_the_relevance_of_an_unused_input():
+    """y depends on the first of three inputs only: the evidence drives the relevances of
+    the other two far below the first's, and `hyperparameters` reports them; one input has
+    no relevance of its own (it would repeat the weight variance)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(120, 3, generator=gen)
+    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(120, generator=gen)
+    fitted = zoo.get("nngp").fit(x, y, seed=0, progress=False, model_options={"ard": True})
+    relevance = fitted.model.gp.hyperparameters()["input_relevance"]
+    assert len(relevance) == 3
+    assert max(relevance[1:]) < 0.1 * relevance[0], relevance
+    one = zoo.get("nngp").fit(x[:, :1], y, steps=5, seed=0, progress=False)
+    assert "input_relevance" not in one.model.gp.hyperparameters()
