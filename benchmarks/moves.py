@@ -28,6 +28,10 @@ the new runs' code versions, and prints the moved rows.
 
     python benchmarks/moves.py benchmarks/results/uci/uci_summary.json --since 38ae04c
     python benchmarks/moves.py new.json --old old.json --metrics ll --out /tmp/moves
+    python benchmarks/moves.py benchmarks/results/nngp_ard/uci_summary.json --since 64f4faa \\
+        --old-path benchmarks/results/uci/uci_summary.json --metrics ll --name nngp_ard_moves
+
+(the last: another file at a revision as the old version, ``--old-path``).
 """
 
 from __future__ import annotations
@@ -51,11 +55,13 @@ KEYS = ("data", "entry", "metric")
 COLUMNS = ("old", "new", "change", "paired_z", "moved")
 
 
-def read_old(path: Path, since: str, old: Path | None) -> dict:
-    """The old version of the results JSON ``path``: the file ``old``, or ``path`` as the git
-    revision ``since`` has it."""
+def read_old(path: Path, since: str, old: Path | None, old_path: Path | None = None) -> dict:
+    """The old version of the results JSON ``path``: the file ``old``, or ``path`` (or
+    ``old_path``, another results file of the same checkout) as the git revision ``since``
+    has it."""
     if old is not None:
         return read_json(old)
+    path = old_path or path
     found = subprocess.run(["git", "-C", str(path.parent), "rev-parse", "--show-toplevel"],
                            capture_output=True, text=True)
     if found.returncode != 0:
@@ -126,6 +132,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--since", default="HEAD", help="git revision of the old version")
     source.add_argument("--old", type=Path, help="a file holding the old version")
+    parser.add_argument("--old-path", type=Path,
+                        help="with --since: take this results file at the revision as the "
+                             "old version (default: the path itself)")
     parser.add_argument("--metrics", nargs="+", default=["ll", "rmse"])
     parser.add_argument("--out", type=Path, help="output folder (default: the file's)")
     parser.add_argument("--name", help="output name (default: <stem>_moves)")
@@ -135,10 +144,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     new = read_json(args.path)
-    old = read_old(args.path, args.since, args.old)
+    if args.old is not None and args.old_path is not None:
+        raise ValueError("--old-path names a file at the --since revision; --old names a "
+                         "file as it is: give one of them.")
+    old = read_old(args.path, args.since, args.old, args.old_path)
     rows = moves(old, new, args.metrics)
     gone, added = unpaired(old, new)
-    origin = str(args.old) if args.old is not None else f"revision {args.since}"
+    origin = (str(args.old) if args.old is not None else f"revision {args.since}" +
+              (f" of `{args.old_path.as_posix()}`" if args.old_path is not None else ""))
     preamble = (f"Changes of `{args.path.name}` since {origin}, paired by split; `moved`: the "
                 f"change exceeds the new cell's standard error. Cells only in the new "
                 f"version: {len(added)}; only in the old: {len(gone)}.")

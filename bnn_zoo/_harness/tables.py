@@ -113,14 +113,13 @@ def _column_label(value: object) -> str:
 def markdown_matrix(rows: Sequence[dict], *, key: str, across: str, metric: str,
                     best: str) -> str:
     """Markdown of one metric as a matrix: a line per value of the field ``key`` (an entry),
-    a column per value of ``across`` (a data set; headed by its name without the family),
-    each cell the mean of ``metric`` (as `format_value` shows it) and, in brackets, its rank
-    in the column (1: the best of the column, in bold; ``best`` is ``"max"`` or ``"min"``;
-    values that show the same share the better rank); ``-`` where a line has no finite
-    value. The lines are sorted by their
-    mean rank over the columns where they have a value, shown in the column ``mean rank``
-    (then by name). One row per cell: a second row of the same ``key`` and ``across``
-    is an error."""
+    a column per value of ``across`` (a data set, headed by `_column_label`), each cell the
+    mean of ``metric`` (as `format_value` shows it) and, in brackets, its rank in the
+    column (1: the best, in bold; ``best`` is ``"max"`` or ``"min"``; values that show the
+    same share the better rank); ``-`` where a line has no finite value. The lines are
+    sorted by their mean rank over the columns where they have a value (column
+    ``mean rank``), then by name. One row per cell: a second row of the same ``key`` and
+    ``across`` is an error."""
     if best not in BEST:
         raise ValueError(f"best={best!r}: expected one of {', '.join(BEST)}.")
     cells: dict[tuple, float] = {}
@@ -252,8 +251,8 @@ class Table:
 
 
 def _process_versions() -> dict:
-    """This process's code version and commit as `versions` gives them, with its whole
-    `provenance` under ``"process"``."""
+    """This process's code version, commit and machine as `versions` gives them, with
+    its whole `provenance` under ``"process"``."""
     process = process_provenance()
     return {"code": [process["code"]], "commit": [commit_column(process)],
             "machine": [machine(process)], "process": process}

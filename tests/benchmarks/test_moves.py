@@ -100,3 +100,24 @@ def test_main_reads_the_old_version_from_git_and_writes_its_tables(tmp_path, cap
     assert "since revision HEAD" in capsys.readouterr().out
     with pytest.raises(ValueError, match="since='nope'"):
         moves_script["main"]([str(path), "--since", "nope"])
+
+
+def test_another_file_at_a_revision_is_the_old_version(tmp_path, capsys, moves_script):
+    """--old-path: a new results folder's cells paired with those another file had at a
+    revision (an ablation against the committed table); not together with --old."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    committed = tmp_path / "uci" / "uci_summary.json"
+    committed.parent.mkdir()
+    committed.write_text(json.dumps(OLD))
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run([*git, "add", "uci/uci_summary.json"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "old"], check=True)
+    committed.write_text(json.dumps({"runs": []}))  # the file has moved on since
+    new = tmp_path / "ablation" / "uci_summary.json"
+    new.parent.mkdir()
+    new.write_text(json.dumps(NEW))
+    rows = moves_script["main"]([str(new), "--old-path", str(committed), "--metrics", "ll"])
+    assert [(r["entry"], r["metric"]) for r in rows] == [("map", "ll"), ("bbb", "ll")]
+    assert "since revision HEAD of `" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="give one of them"):
+        moves_script["main"]([str(new), "--old-path", str(committed), "--old", str(new)])
