@@ -106,6 +106,9 @@ RESULTS: tuple[Result, ...] = (
     _result("uci", "sweep", f"{BENCH}/uci.py --splits 20 --threads 1 --reference nuts"),
     _result("reference_noise", "other",
             f"{BENCH}/reference_noise.py --data uci/yacht --splits 3 --samples 1000 --threads 2"),
+    _result("reference_energy_leapfrog", "other",
+            f"{BENCH}/reference_noise.py --data uci/energy --splits 1 --threads 1 --noise held_out "
+            "--max-leapfrog 1024"),
     _result("reference_hmc", "sweep",
             "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 5 --threads 2 "
             "--entries bbb deep_ensemble ensemble fullrank iaf ivon laplace laplace_diag "
