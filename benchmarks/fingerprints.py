@@ -18,7 +18,7 @@ The problems:
 
 * tiny fits (the entry's ``tiny`` keywords, 10 steps) of every entry on 100 training and 50
   test points of ``sine`` (one output, two outputs, heteroscedastic noise, a user's
-  network), ``two_moons`` (on the entry's model and on a user's network) and ``wine``
+  network), ``diabetes`` (ten inputs), ``two_moons`` (on the entry's model and on a user's network) and ``wine``
   (three classes); ``fit_many`` on the first 100 points of splits 0 and 1 of ``sine`` and
   ``two_moons``; the ``laplace`` entry with each curvature structure, predictive and tuning
   option that no entry declares on ``sine`` and ``two_moons``;
@@ -143,6 +143,7 @@ def tiny_problems() -> list[Problem]:
         Problem("sine, heteroscedastic", x, y, x_test, y_test,
                 {"model_options": {"noise": "heteroscedastic"}}),
         Problem("sine, net", x, y, x_test, y_test, {"net": sine_net}),
+        Problem("diabetes", *_first("diabetes")),
         Problem("two_moons", *moons),
         Problem("two_moons, net", *moons, {"net": moons_net}),
         Problem("wine", *_first("wine")),
