@@ -18,10 +18,10 @@ The problems:
 
 * tiny fits (the entry's ``tiny`` keywords, 10 steps) of every entry on 100 training and 50
   test points of ``sine`` (one output, two outputs, heteroscedastic noise, a user's
-  network), ``diabetes`` (ten inputs), ``two_moons`` (on the entry's model and on a user's network) and ``wine``
-  (three classes); ``fit_many`` on the first 100 points of splits 0 and 1 of ``sine`` and
-  ``two_moons``; the ``laplace`` entry with each curvature structure, predictive and tuning
-  option that no entry declares on ``sine`` and ``two_moons``;
+  network), ``diabetes`` (ten inputs), ``two_moons`` (on the entry's model and on a user's
+  network) and ``wine`` (three classes); ``fit_many`` on the first 100 points of splits 0
+  and 1 of ``sine`` and ``two_moons``; the ``laplace`` entry with each curvature structure,
+  predictive and tuning option that no entry declares on ``sine`` and ``two_moons``;
 * full-budget fits of every Laplace entry, and of ``laplace`` with the structures no entry
   declares, on splits 0 and 1 of ``uci/yacht``.
 

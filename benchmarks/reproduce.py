@@ -104,6 +104,9 @@ RESULTS: tuple[Result, ...] = (
     _result("uci_gap", "sweep",
             f"{BENCH}/uci.py --gap --data yacht energy --threads 1 --reference nuts"),
     _result("uci", "sweep", f"{BENCH}/uci.py --splits 20 --threads 1 --reference nuts"),
+    _result("nngp_ard", "sweep",
+            f"{BENCH}/uci.py --data yacht bostonHousing energy concrete --entries nngp nngp-erf "
+            "--splits 20 --threads 1"),
     _result("reference_noise", "other",
             f"{BENCH}/reference_noise.py --data uci/yacht --splits 3 --samples 1000 --threads 2"),
     _result("reference_energy_leapfrog", "other",
