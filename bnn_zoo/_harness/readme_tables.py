@@ -18,8 +18,8 @@ one of the values of ``FIELD:A,B,...``). With ``across=FIELD`` the block is a ma
 (`markdown_matrix`): a line per value of the one key, a column per value of
 ``FIELD`` (a data set), each cell the one column's metric with its rank, the best
 (``best=max``, the default, or ``best=min``) in bold.
-Where the file records the code versions and commits of its runs (``"provenance"``, as
-`write_comparison` writes it), a line under the table names
+Where the files record the code versions, commits and machines of their numbers
+(``"provenance"``, as `write_tables` writes it), a line under the table names
 them (`note`).
 `render` rewrites every such block from its file; ``python -m bnn_zoo tables`` writes the
 README, ``--check`` exits 1 if a block differs from its file (the test suite runs the same

@@ -73,7 +73,8 @@ def stale_files(paths: Iterable[str | Path], code: str | None = None) -> list[di
     """One row per results file at ``paths`` that keeps no comparison's runs (a named file,
     or a ``*.json`` under a named folder but the `PROVENANCE_FILE` records and the run
     cache) and whose code versions (`file_code`) are not only ``code`` (default: the
-    checkout's `code_version`): ``file`` and ``code``."""
+    checkout's `code_version`): ``file`` and ``code``. A path that does not exist is a
+    ``ValueError``."""
     code = code or code_version()
     files = []
     for path in map(Path, paths):
@@ -81,6 +82,9 @@ def stale_files(paths: Iterable[str | Path], code: str | None = None) -> list[di
             files += [f for f in results_jsons(path) if f.name != PROVENANCE_FILE]
         elif path.is_file():
             files.append(path)
+        else:
+            raise ValueError(f"Expected paths to be results folders or files, but {path} "
+                             "does not exist.")
     return [{"file": str(f), "code": codes} for f in files
             if kept_runs(f) is None and (codes := file_code(f)) != [code]]
 

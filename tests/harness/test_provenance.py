@@ -224,8 +224,9 @@ def test_stale_lists_whole_files_of_other_or_unknown_code(tmp_path, capsys):
     assert f"{tmp_path / 'table.json'}: the whole file (code unknown)" in out
     assert "and 1 stale files" in out
     assert cli.main(["stale", str(tmp_path / "absent")]) == 2
-    with pytest.raises(ValueError, match="does not exist"):
-        stale.results_files([tmp_path / "absent"])
+    for listed in (stale.results_files, stale.stale_files):
+        with pytest.raises(ValueError, match="does not exist"):
+            listed([tmp_path / "absent"])
     assert stale.results_files([tmp_path]) == []
 
 
