@@ -86,11 +86,8 @@ def _matches(row: dict, conditions: list[str]) -> bool:
     return True
 
 
-def _merged(found: list[dict]) -> dict[str, list[str]] | None:
+def _merged(found: list[dict]) -> dict[str, list[str]]:
     """The provenance of several files as one: each field's values in order, once."""
-    found = [f for f in found if isinstance(f, dict)]
-    if not found:
-        return None
     fields = dict.fromkeys(k for f in found for k, v in f.items() if isinstance(v, list))
     return {k: list(dict.fromkeys(v for f in found for v in f.get(k, []))) for k in fields}
 

@@ -37,16 +37,20 @@ RUN_FIELDS = ("entry", "data", "split", "settings")
 PROVENANCE_FILE = "provenance.json"
 
 
-def kept_runs(path: Path) -> list[dict] | None:
-    """The run records kept in the results JSON file ``path``, or ``None`` when it keeps
-    none (a JSON document of another kind). A file that cannot be read or parsed raises a
-    ``ValueError`` naming it (`read_json`)."""
-    document = read_json(path)
+def _runs(document: object) -> list[dict] | None:
+    """The run records a results document keeps (`kept_runs`)."""
     runs = document.get("runs") if isinstance(document, dict) else None
     if not isinstance(runs, list) or not runs or not all(
             isinstance(r, dict) and all(k in r for k in RUN_FIELDS) for r in runs):
         return None
     return runs
+
+
+def kept_runs(path: Path) -> list[dict] | None:
+    """The run records kept in the results JSON file ``path``, or ``None`` when it keeps
+    none (a JSON document of another kind). A file that cannot be read or parsed raises a
+    ``ValueError`` naming it (`read_json`)."""
+    return _runs(read_json(path))
 
 
 def _codes(document: object) -> list[str]:
@@ -59,23 +63,24 @@ def _codes(document: object) -> list[str]:
     return sorted(code) if isinstance(code, list) else [code] if isinstance(code, str) else []
 
 
-def file_code(path: Path) -> list[str]:
-    """The code versions of the results file ``path``: those its provenance names, else
-    those of the `PROVENANCE_FILE` beside it (its ``"code"``), else `UNKNOWN`."""
+def _document_code(path: Path, document: object) -> list[str]:
     beside = path.parent / PROVENANCE_FILE
-    codes = _codes(read_json(path))
+    codes = _codes(document)
     if not codes and beside.is_file() and beside != path:
         codes = _codes({"provenance": read_json(beside)})
     return codes or [UNKNOWN]
 
 
-def stale_files(paths: Iterable[str | Path], code: str | None = None) -> list[dict]:
-    """One row per results file at ``paths`` that keeps no comparison's runs (a named file,
-    or a ``*.json`` under a named folder but the `PROVENANCE_FILE` records and the run
-    cache) and whose code versions (`file_code`) are not only ``code`` (default: the
-    checkout's `code_version`): ``file`` and ``code``. A path that does not exist is a
-    ``ValueError``."""
-    code = code or code_version()
+def file_code(path: Path) -> list[str]:
+    """The code versions of the results file ``path``: those its provenance names, else
+    those of the `PROVENANCE_FILE` beside it (its ``"code"``), else `UNKNOWN`."""
+    return _document_code(path, read_json(path))
+
+
+def _documents(paths: Iterable[str | Path]) -> list[tuple[Path, object]]:
+    """Each results file at ``paths``, parsed once: each file named, and every ``*.json``
+    under each folder named but the run cache ``runs/`` and the `PROVENANCE_FILE`
+    records; a path that does not exist is a ``ValueError``."""
     files = []
     for path in map(Path, paths):
         if path.is_dir():
@@ -85,43 +90,20 @@ def stale_files(paths: Iterable[str | Path], code: str | None = None) -> list[di
         else:
             raise ValueError(f"Expected paths to be results folders or files, but {path} "
                              "does not exist.")
-    return [{"file": str(f), "code": codes} for f in files
-            if kept_runs(f) is None and (codes := file_code(f)) != [code]]
-
-
-def _results(paths: Iterable[str | Path]) -> list[tuple[Path, list[dict]]]:
-    """Each results file at ``paths`` with the run records it keeps (see
-    `results_files`), each file read once."""
-    found = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found += [(f, kept) for f in results_jsons(path) if (kept := kept_runs(f))]
-        elif not path.is_file():
-            raise ValueError(f"Expected paths to be results folders or files, but {path} "
-                             "does not exist.")
-        elif (kept := kept_runs(path)) is not None:
-            found.append((path, kept))
-    return found
+    return [(f, read_json(f)) for f in files]
 
 
 def results_files(paths: Iterable[str | Path]) -> list[Path]:
-    """The results files at ``paths`` that keep the run records of a comparison (a
-    ``"runs"`` list of records with `RUN_FIELDS`): each such file named, and every such
-    ``*.json`` under each folder named (the run cache ``runs/`` aside); a path that does
-    not exist is a ``ValueError``."""
-    return [path for path, _ in _results(paths)]
+    """The results files at ``paths`` (`_documents`) that keep the run records of a
+    comparison (a ``"runs"`` list of records with `RUN_FIELDS`)."""
+    return [path for path, document in _documents(paths) if _runs(document)]
 
 
-def stale_cells(paths: Iterable[str | Path], code: str | None = None) -> list[dict]:
-    """One row per (file, entry, data set) of `results_files` with a run whose code
-    version is not ``code`` (default: the checkout's `code_version`): ``file``,
-    ``entry``, ``data``, ``splits`` (the stale ones, sorted), ``code`` (their versions) and
-    ``runs`` (the cell's runs). Runs a table listed as never run (not cached) do not count."""
-    code = code or code_version()
+def _cells(documents: list[tuple[Path, object]], code: str) -> list[dict]:
     rows = []
-    for file, kept in _results(paths):
+    for file, document in documents:
         cells: dict[tuple[str, str], list[dict]] = {}
-        for r in kept:
+        for r in _runs(document) or []:
             if r.get("reason") != NOT_CACHED:
                 cells.setdefault((r["entry"], r["data"]), []).append(r)
         for (entry, data), group in cells.items():
@@ -131,6 +113,26 @@ def stale_cells(paths: Iterable[str | Path], code: str | None = None) -> list[di
                              "splits": sorted(r["split"] for r in old),
                              "code": sorted({run_code(r) for r in old}), "runs": len(group)})
     return rows
+
+
+def _files(documents: list[tuple[Path, object]], code: str) -> list[dict]:
+    return [{"file": str(f), "code": codes} for f, document in documents
+            if _runs(document) is None and (codes := _document_code(f, document)) != [code]]
+
+
+def stale_cells(paths: Iterable[str | Path], code: str | None = None) -> list[dict]:
+    """One row per (file, entry, data set) of `results_files` with a run whose code
+    version is not ``code`` (default: the checkout's `code_version`): ``file``,
+    ``entry``, ``data``, ``splits`` (the stale ones, sorted), ``code`` (their versions) and
+    ``runs`` (the cell's runs). Runs a table listed as never run (not cached) do not count."""
+    return _cells(_documents(paths), code or code_version())
+
+
+def stale_files(paths: Iterable[str | Path], code: str | None = None) -> list[dict]:
+    """One row per results file at ``paths`` (`_documents`) that keeps no comparison's
+    runs and whose code versions (`file_code`) are not only ``code`` (default: the
+    checkout's `code_version`): ``file`` and ``code``."""
+    return _files(_documents(paths), code or code_version())
 
 
 def _spans(values: Sequence[int]) -> str:
@@ -147,8 +149,8 @@ def _spans(values: Sequence[int]) -> str:
 def run(paths: Sequence[str | Path]) -> int:
     """Print the stale cells (`stale_cells`) and files (`stale_files`) of ``paths``
     and their counts; return 1 when there are any, 0 otherwise."""
-    code = code_version()
-    rows, files = stale_cells(paths, code), stale_files(paths, code)
+    code, documents = code_version(), _documents(paths)
+    rows, files = _cells(documents, code), _files(documents, code)
     for row in rows:
         print(f"{row['file']}: {row['entry']} on {row['data']}: splits {_spans(row['splits'])} "
               f"of {row['runs']} (code {', '.join(row['code'])})")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bnn_zoo._core.files import read_json, write_text_atomic
-from bnn_zoo._harness.provenance import commit_column, machine, note
+from bnn_zoo._harness.provenance import note, run_columns
 from bnn_zoo._harness.provenance import provenance as process_provenance
 from bnn_zoo._harness.summary import RUNS
 
@@ -251,11 +251,11 @@ class Table:
 
 
 def _process_versions() -> dict:
-    """This process's code version, commit and machine as `versions` gives them, with
-    its whole `provenance` under ``"process"``."""
+    """This process's code version, commit and machine (`run_columns`) as `versions`
+    gives them, with its whole `provenance` under ``"process"``."""
     process = process_provenance()
-    return {"code": [process["code"]], "commit": [commit_column(process)],
-            "machine": [machine(process)], "process": process}
+    columns = run_columns({"provenance": process})
+    return {**{key: [value] for key, value in columns.items()}, "process": process}
 
 
 def write_table_group(out: str | Path, name: str, tables: Sequence[Table]) -> str:
