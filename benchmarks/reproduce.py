@@ -78,6 +78,7 @@ RESULTS: tuple[Result, ...] = (
     _result("bbb_priors", "other", f"{BENCH}/bbb_priors.py"),
     _result("bbb_sine", "sweep",
             "-m bnn_zoo compare --entries bbb mean_field map --splits 3 --threads 1"),
+    _result("bundled_reference", "other", f"{BENCH}/bundle_reference.py --threads 2"),
     _result("compare", "sweep", "-m bnn_zoo compare --threads 1"),
     _result("sine_reference", "sweep",
             f"{BENCH}/compare_guides.py --data sine --entries map mean_field bbb laplace "

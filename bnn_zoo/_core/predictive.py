@@ -80,14 +80,19 @@ class GaussianMixturePredictive:
 
     def quantile(self, q: float, iterations: int = 60) -> Tensor:
         """(N,) (or (N, D), per output) the ``q`` quantile of the mixture, by bisection on
-        its CDF."""
+        its CDF between the smallest and the largest of the components' ``q`` quantiles
+        ``mu_s + sigma_s Phi^-1(q)`` (the mixture's CDF, the mean of the components', is at
+        most ``q`` at the first and at least ``q`` at the second), until the dtype resolves
+        no midpoint or after ``iterations`` halvings."""
         if not 0.0 < q < 1.0:
             raise ValueError(f"Expected 0 < q < 1, but got {q!r}.")
-        spread = 10 * self.scale.max(0).values
-        lo = self.loc.min(0).values - spread
-        hi = self.loc.max(0).values + spread
+        components = self.loc + self.scale * math.sqrt(2.0) * torch.erfinv(
+            torch.tensor(2.0 * q - 1.0, dtype=self.loc.dtype, device=self.loc.device))
+        lo, hi = components.min(0).values, components.max(0).values
         for _ in range(iterations):
             mid = (lo + hi) / 2
+            if not ((mid > lo) & (mid < hi)).any():
+                break
             below = self.cdf(mid) < q
             lo = torch.where(below, mid, lo)
             hi = torch.where(below, hi, mid)

@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     fitting.set_defaults(run=_fit)
 
     comparing = commands.add_parser("compare", help="compare entries on a data set")
-    flags.add_comparison_flags(comparing, entries=QUICK_ENTRIES)
+    flags.add_comparison_flags(comparing, entries=QUICK_ENTRIES, reference=flags.AUTO)
     flags.add_net_flag(comparing)
     comparing.set_defaults(run=_compare)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,6 +33,7 @@ from bnn_zoo import zoo
 from bnn_zoo._core import data as data_module
 from bnn_zoo._core.checks import check_choice, check_positive_int
 from bnn_zoo._harness import flags
+from bnn_zoo._harness.bundled import NOT_BUNDLED
 from bnn_zoo._harness.fidelity import write_fidelity
 from bnn_zoo._harness.figures import FIGURE_KINDS, figure_path, write_figures
 from bnn_zoo._harness.outputs import check_writable
@@ -147,7 +147,8 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
                    overrides: dict | Callable[[str], dict] | None = None,
                    overrides_by_data: Callable[[str], dict | Callable[[str], dict]] | None = None,
                    num_samples: int = 200, reference: str | None = None,
-                   log: bool = True, net: zoo.Network | Mapping[str, zoo.Network] | None = None,
+                   bundled_reference: bool = False, log: bool = True,
+                   net: zoo.Network | Mapping[str, zoo.Network] | None = None,
                    replicas: str = "auto", cached_only: bool = False, jobs: int = 1,
                    scheduler: str | None = None, threads: int | None = None) -> list[dict]:
     """Fit each entry on each split of each data set; return the records.
@@ -170,6 +171,9 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         `summarise` can measure the distance of every
         predictive to it; every regression run then keeps its predictive's quantiles
         for the Wasserstein-1 distance (`bnn_zoo._harness.runs.W1_LEVELS`).
+    bundled_reference : read the reference's runs from the bundled references
+        (`bnn_zoo._harness.bundled`), never fitting them: a split that none matches is
+        recorded as skipped, with the reason `bnn_zoo._harness.bundled.NOT_BUNDLED`.
     net : a network every entry fits in place of its own model (``entry.fit(...,
         net=net)``; ``None``: the entries' own models); entries that take none are skipped,
         and by default only those that do run. A [`NamedNetwork`][bnn_zoo.zoo.NamedNetwork] (from
@@ -177,15 +181,15 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
         ``repr``. A mapping from data set names to networks (a value of
         `bnn_zoo.zoo.NETWORK_CHOICES`) gives each data set its own.
     replicas : ``"auto"``: an entry that batches its fits ([`bnn_zoo.zoo.batches_replicas`][])
-        fits the splits of a data set with equal training sizes as one group of replicas in
-        one pass (``entry.fit_many``, even for one split), the others (and every fit of a
-        ``net``) one by one; ``"on"``: the same, and a ``ValueError`` for an entry that
-        cannot batch; ``"off"``: every split one by one (``entry.fit``). Replicas draw
-        their minibatch order and noise jointly, so a split's result depends on the group
-        it was fitted in (in distribution it does not): the group, the split indices asked
-        for, is part of each run's cache key, and a group with a run missing is fitted
-        again whole (`cached_runs`). On the CPU with a fixed
-        thread count the same call reproduces every split's metrics.
+        fits two or more splits of a data set with equal training sizes as one group of
+        replicas in one pass (``entry.fit_many``), the others (one split, and every fit of a
+        ``net``) one by one; ``"on"``: every entry fits its splits as one group, even one
+        split, and a ``ValueError`` for an entry that cannot batch; ``"off"``: every split
+        one by one (``entry.fit``). Replicas draw their minibatch order and noise jointly,
+        so a split's result depends on the group it was fitted in (in distribution it does
+        not): the group, the split indices asked for, is part of each run's cache key, and
+        a group with a run missing is fitted again whole (`cached_runs`). On the CPU with a
+        fixed thread count the same call reproduces every split's metrics.
     cached_only : fit nothing: a run missing from the cache is recorded as skipped, with
         that reason (to rewrite the tables of finished runs while others are missing).
     jobs, scheduler : where the (entry, data set) batches run
@@ -209,7 +213,8 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
               "cached_only": cached_only, "threads": threads, "log": log,
               "quantiles": reference is not None}
     batches = [batch for name, indices in plan.items() for batch in _batches(
-        name, indices, entries, seed=seed, reference=reference, net=net, replicas=replicas,
+        name, indices, entries, seed=seed, reference=reference,
+        bundled=reference if bundled_reference else None, net=net, replicas=replicas,
         overrides=overrides if overrides_by_data is None else overrides_by_data(name),
         common=common)]
     if cached_only:  # reading the cache is the client's work
@@ -219,11 +224,13 @@ def run_comparison(data: Iterable[str], entries: Sequence[str] | None = None, *,
 
 
 def _batches(name: str, indices: Sequence[int], entries: Sequence[str] | None, *, seed: int,
-             reference: str | None, net: zoo.Network | Mapping[str, zoo.Network] | None,
+             reference: str | None, bundled: str | None,
+             net: zoo.Network | Mapping[str, zoo.Network] | None,
              replicas: str, overrides: dict | Callable[[str], dict] | None,
              common: dict) -> list[Batch]:
     """The batches of data set ``name`` (one per entry: its splits ``indices``), with the
-    arguments of `run_comparison`; ``common``: the fields every batch shares."""
+    arguments of `run_comparison` (``bundled``: the reference read from the bundled
+    references, or ``None``); ``common``: the fields every batch shares."""
     datasets = [data_module.load(name, split) for split in indices]
     chosen = (list(entries) if entries is not None
               else default_entries(datasets[0].task, net=net is not None))
@@ -233,8 +240,9 @@ def _batches(name: str, indices: Sequence[int], entries: Sequence[str] | None, *
     batches = []
     for entry in chosen:
         own = (overrides(entry) if callable(overrides) else overrides) or {}
-        together = (replicas != "off" and equal and net is None
-                    and zoo.batches_replicas(zoo.get(entry), **own))
+        # A group of one replica gains nothing over a single fit and costs its set-up.
+        together = ((replicas == "on" or (replicas == "auto" and len(indices) > 1))
+                    and equal and net is None and zoo.batches_replicas(zoo.get(entry), **own))
         if replicas == "on" and not together:
             raise ValueError(f"Expected entry {entry!r} to fit the splits of {name} as "
                              "replicas (replicas='on'), but it cannot batch them "
@@ -245,7 +253,7 @@ def _batches(name: str, indices: Sequence[int], entries: Sequence[str] | None, *
             own = {**own, "net": net[name] if isinstance(net, Mapping) else net}
         batches.append(Batch(entry, name, tuple(indices), tuple(seed + s for s in indices),
                              own, together=together, size=datasets[0].x_train.shape[0],
-                             **common))
+                             bundled=entry == bundled, **common))
     return batches
 
 
@@ -338,16 +346,27 @@ def records_from_args(args: argparse.Namespace, *, validation: float | None = 0.
     """The records of `run_comparison` as the parsed comparison flags
     (`add_comparison_flags`) ask for it, each data set with its
     `data_overrides` (``validation`` as there), the networks ``net`` in place of the
-    entries' models, and ``--cached-only`` where the command has it."""
-    return run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
-                          out=args.out, device=args.device,
-                          overrides_by_data=partial(data_overrides,
-                                                    overrides=flags.budget_overrides(args),
-                                                    validation=validation),
-                          num_samples=args.num_samples, reference=args.reference, net=net,
-                          replicas=args.replicas,
-                          cached_only=getattr(args, "cached_only", False), jobs=args.jobs,
-                          scheduler=args.scheduler, threads=args.threads)
+    entries' models, and ``--cached-only`` where the command has it. With ``--reference
+    auto`` the reference is `REFERENCE` read, with its own budget, from the bundled
+    references (`bnn_zoo._harness.bundled`), unless ``--entries`` names it; the splits that
+    none matches have no reference: their runs of it are left out."""
+    bundled = args.reference == flags.AUTO and REFERENCE not in (args.entries or ())
+    budget = flags.budget_overrides(args)
+
+    def by_data(name: str) -> Callable[[str], dict]:
+        guides = data_overrides(name, budget, validation)
+        reference = data_overrides(name, {}, validation)
+        return lambda entry: reference(entry) if bundled and entry == REFERENCE else guides(entry)
+
+    records = run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
+                             out=args.out, device=args.device, overrides_by_data=by_data,
+                             num_samples=args.num_samples,
+                             reference=REFERENCE if args.reference == flags.AUTO
+                             else args.reference,
+                             bundled_reference=bundled, net=net, replicas=args.replicas,
+                             cached_only=getattr(args, "cached_only", False), jobs=args.jobs,
+                             scheduler=args.scheduler, threads=args.threads)
+    return [r for r in records if r.get("reason") != NOT_BUNDLED]
 
 
 def run_from_args(args: argparse.Namespace, *, validation: float | None = 0.0) -> list[dict]:
@@ -364,12 +383,13 @@ def run_from_args(args: argparse.Namespace, *, validation: float | None = 0.0) -
         f"Every entry fits the network `{args.net}` ("
         + ", ".join(f"`{net[d].name}` on {d}" for d in args.data)
         + ") in place of its own model (`entry.fit(..., net=...)`).")
-    _, table = write_comparison(records, args.out, reference=args.reference or REFERENCE,
+    chosen = REFERENCE if args.reference == flags.AUTO else args.reference
+    _, table = write_comparison(records, args.out, reference=chosen or REFERENCE,
                                 preamble=preamble)
     figures = write_figures(records, args.out)
     print(table)
-    if args.reference is not None:
-        reference = write_reference(records, args.out, args.reference)
+    if chosen is not None:
+        reference = write_reference(records, args.out, chosen)
         if reference is not None:
             print(reference)
             print(f"Wrote {args.out}/reference.md, .csv, .json")

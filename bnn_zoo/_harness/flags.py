@@ -35,11 +35,13 @@ from bnn_zoo._harness.memory import retain_freed_memory
 from bnn_zoo._harness.outputs import check_writable
 from bnn_zoo._harness.summary import REFERENCE
 
-__all__ = ["SHARED_FLAGS", "add_comparison_flags", "add_data_flag", "add_engine_flags",
+__all__ = ["AUTO", "SHARED_FLAGS", "add_comparison_flags", "add_data_flag", "add_engine_flags",
            "add_entries_flag", "add_fit_flags", "add_net_flag", "add_shared_flags", "apply",
            "budget_overrides", "dataset_name", "entry_name", "int_at_least", "network", "parse",
            "positive_float", "positive_int", "random_seed", "set_threads", "torch_device"]
 
+#: ``--reference auto``: the bundled reference where one matches (`bnn_zoo._harness.bundled`).
+AUTO = "auto"
 SHARED_FLAGS = ("out", "threads", "device", "seed", "splits", "retain_freed_memory")
 #: The largest seed + 1 (``pyro.set_rng_seed`` seeds numpy, which takes 32 bits).
 SEED_LIMIT = 2**32
@@ -121,8 +123,9 @@ def _entry_or_all(text: str) -> str:
     return "all" if text.lower() == "all" else entry_name(text)
 
 
-def _entry_or_none(text: str) -> str | None:
-    return None if text.lower() == "none" else entry_name(text)
+def _reference(text: str) -> str | None:
+    """A ``--reference``: an entry, ``none`` (``None``) or `AUTO`."""
+    return None if text.lower() == "none" else AUTO if text.lower() == AUTO else entry_name(text)
 
 
 class _Requested(argparse.Action):
@@ -133,7 +136,7 @@ class _Requested(argparse.Action):
         # ``--entries all`` is stored as ``None``: every entry supporting the task.
         setattr(namespace, self.dest, None if values == ["all"] else values)
         names = values if isinstance(values, list) else [values]
-        asked = [n for n in names if n not in (None, "all")]
+        asked = [n for n in names if n not in (None, "all", AUTO)]
         namespace.requested = list(dict.fromkeys([*getattr(namespace, "requested", []), *asked]))
 
 
@@ -255,14 +258,15 @@ def add_comparison_flags(parser: argparse.ArgumentParser, *, data: Sequence[str]
     add_data_flag(parser, data)
     add_entries_flag(parser, entries)
     add_fit_flags(parser)
-    parser.add_argument("--reference", default=reference, type=_entry_or_none,
-                        action=_Requested,
-                        help=f"reference entry to measure distances to, e.g. {REFERENCE}, "
-                             f"or none (default: {reference})")
+    parser.add_argument("--reference", default=reference, type=_reference, action=_Requested,
+                        help=f"reference entry to measure distances to, e.g. {REFERENCE} "
+                             f"(sampled, or read from this comparison's cache), {AUTO} (the "
+                             f"bundled {REFERENCE} reference where one matches the run, none "
+                             f"elsewhere), or none (default: {reference})")
     parser.add_argument("--replicas", choices=("auto", "on", "off"), default="auto",
                         help="fit the splits of a data set together as replicas in one pass: "
-                             "where the entry can (auto, the default), for every entry or "
-                             "fail (on), never (off)")
+                             "where the entry can and there are several (auto, the default), "
+                             "for every entry, even one split, or fail (on), never (off)")
     add_engine_flags(parser)
     return add_shared_flags(parser, out=out, splits=splits, threads=threads)
 

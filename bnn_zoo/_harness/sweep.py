@@ -44,6 +44,7 @@ from types import ModuleType
 
 from bnn_zoo._core import data as data_module
 from bnn_zoo._core.checks import check_positive_int
+from bnn_zoo._harness.bundled import bundled_runs
 from bnn_zoo._harness.flags import set_threads
 from bnn_zoo._harness.runs import cache_record, cached_runs
 from bnn_zoo._harness.stale import kept_runs
@@ -73,7 +74,8 @@ class Batch:
     (``None``: leave them); ``size``: training points of one split, for the order of
     `run_batches` where no earlier run says how long the entry takes
     (`expected_seconds`); ``quantiles``: its regression runs keep their predictive's
-    quantiles (a comparison with a reference).
+    quantiles (a comparison with a reference); ``bundled``: its runs are read from the
+    bundled references (`bnn_zoo._harness.bundled.bundled_runs`), never fitted.
     """
 
     entry: str
@@ -90,6 +92,7 @@ class Batch:
     log: bool = True
     size: int = 0
     quantiles: bool = False
+    bundled: bool = False
 
 
 def past_fit_seconds(out: str | Path) -> dict[tuple[str, str], float]:
@@ -133,6 +136,10 @@ def run_batch(batch: Batch) -> list[dict]:
     finishes."""
     set_threads(batch.threads)
     datasets = [data_module.load(batch.data, split).to(batch.device) for split in batch.splits]
+    if batch.bundled:
+        return bundled_runs(batch.entry, datasets, splits=batch.splits, seeds=batch.seeds,
+                            overrides=batch.overrides, num_samples=batch.num_samples,
+                            quantiles=batch.quantiles, together=batch.together, log=batch.log)
     return cached_runs(batch.entry, datasets, splits=list(batch.splits), seeds=list(batch.seeds),
                        overrides=batch.overrides, num_samples=batch.num_samples, out=batch.out,
                        log=batch.log, together=batch.together, fit_missing=not batch.cached_only,
@@ -175,9 +182,9 @@ def _check_serialisable(batches: Sequence[Batch], dumps: Callable[[object], byte
 def keep_records(records: Sequence[dict], batch: Batch) -> None:
     """Write each record of ``batch`` that its run would cache into the cache under
     ``batch.out`` where no file is there (`cache_record`:
-    records of finished or skipped runs, not of failed runs nor of a ``cached_only``
-    batch)."""
-    if not batch.cached_only:
+    records of finished or skipped runs, not of failed runs nor of a ``cached_only`` or
+    ``bundled`` batch)."""
+    if not (batch.cached_only or batch.bundled):
         for record in records:
             if record["status"] != "failed":
                 cache_record(batch.out, record)

@@ -452,6 +452,16 @@ def test_mixture_predictive_moments_and_quantiles():
     shifted = pred.affine(3.0, 2.0)
     assert shifted.mean.item() == pytest.approx(3.0)
     assert shifted.variance.item() == pytest.approx(4 * 1.25)
+    # One component: its own quantile, mu + sigma Phi^-1(q), where the bracket closes at once.
+    one = GaussianMixturePredictive(torch.tensor([[0.3]], dtype=torch.float64),
+                                    torch.tensor([[2.0]], dtype=torch.float64))
+    assert one.quantile(0.975).item() == pytest.approx(0.3 + 2.0 * 1.959963984540054, abs=1e-12)
+    # Components far apart and of unequal scales: the CDF at the quantile is q to float64's
+    # resolution, at every level, tails included.
+    far = GaussianMixturePredictive(torch.tensor([[-30.0], [0.0], [45.0]], dtype=torch.float64),
+                                    torch.tensor([[0.1], [3.0], [0.01]], dtype=torch.float64))
+    for level in (1e-4, 0.2, 1 / 3, 0.5, 2 / 3, 0.9, 1 - 1e-4):
+        assert far.cdf(far.quantile(level)).item() == pytest.approx(level, abs=1e-12)
     # The equal mixture of two one-component predictives is the two-component one.
     halves = [GaussianMixturePredictive(loc[i:i + 1], scale[i:i + 1]) for i in range(2)]
     both = GaussianMixturePredictive.mixture(halves)

@@ -40,7 +40,7 @@ def test_compare_writes_table_files_and_bands(tmp_path, capsys):
 def test_compare_defaults_are_the_readme_job():
     args = cli.build_parser().parse_args(["compare"])
     assert args.data == ["sine"] and args.entries == list(cli.QUICK_ENTRIES)
-    assert args.splits == 1 and args.reference is None and str(args.out) == "results/compare"
+    assert args.splits == 1 and args.reference == "auto" and str(args.out) == "results/compare"
     assert args.seed == 0 and args.threads is None and args.device == torch.device("cpu")
     assert set(cli.QUICK_ENTRIES) <= set(zoo.names("regression"))
     # "all" is parsed once, into None (every entry supporting the task), for every script.
