@@ -30,6 +30,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
     "bbb_priors.py": ("guides/test_bbb.py",
                       "test_bbb_priors_benchmark_runs_and_its_committed_table_shows_the_narrow_"
                       "prior_collapse"),
+    "bundle_reference.py": ("harness/test_bundled.py",
+                            "test_the_bundling_script_bundles_what_passes_the_gate"),
     "checkpoint.py": ("benchmarks/test_checkpoint.py",
                       "test_a_packed_sweep_resumes_from_a_fresh_cache"),
     "classification.py": ("guides/test_mean_field_clf.py", "test_classification_benchmark_script"),

@@ -4,14 +4,16 @@ compare`` measures the guides against without sampling it again."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
-from bnn_zoo import data
+from bnn_zoo import data, zoo
 from bnn_zoo._harness import bundled, cli
 from bnn_zoo._harness.runs import data_digest
 from bnn_zoo._harness.summary import GATE, REFERENCE
+from bnn_zoo.methods import ConvergenceGate
 
 BUNDLED_FILES = sorted(bundled.BUNDLED.glob("*.json"))
 
@@ -88,3 +90,30 @@ def test_compare_without_a_matching_bundle_has_no_reference(tmp_path, capsys):
     assert not (tmp_path / "reference.md").exists()
     runs = json.loads((tmp_path / "compare.json").read_text())["runs"]
     assert [r["entry"] for r in runs] == ["map"]
+
+
+def test_the_bundling_script_bundles_what_passes_the_gate(tmp_path, monkeypatch,
+                                                          benchmark_script):
+    """``bundle_reference.py`` samples ``hmc`` (tiny here) as the default comparison would
+    and bundles the splits that pass the gate: none under the real gate (2 chains), the
+    split under a gate that 4 draws of 2 chains pass, with the log joints of its check."""
+    entry_type = type(zoo.get(REFERENCE))
+    fit = entry_type.fit
+
+    def tiny(self, *args, **kwargs):
+        kwargs["method_options"] = {"warmup": 4, "samples": 4, "chains": 2, "map_iterations": 5}
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(entry_type, "fit", tiny)
+    monkeypatch.setattr(bundled, "BUNDLED", tmp_path / "references")
+    main = benchmark_script("bundle_reference.py")["main"]
+    assert main(["--out", str(tmp_path / "strict")]) == []
+    assert not (tmp_path / "references").exists()
+    monkeypatch.setitem(main.__globals__, "GATE", ConvergenceGate(r_hat=math.inf, ess=-math.inf,
+                                                                  chains=2))
+    paths = main(["--out", str(tmp_path / "lenient")])
+    assert paths == [tmp_path / "references" / f"{REFERENCE}_sine_split0_seed0.json"]
+    stored, today = bundled.check_posterior(paths[0])
+    assert today == pytest.approx(stored, rel=1e-5)
+    record = json.loads(paths[0].read_text())["runs"][0]
+    assert record["diagnostics"]["chains"] == 2.0 and "losses" not in record
