@@ -72,6 +72,8 @@ def _result(folder: str, kind: str, *commands: str) -> Result:
 
 
 BENCH = "benchmarks"
+#: The sets of the study of the learning-rate schedule (constant against cosine).
+LR_STUDY_DATA = "uci/yacht uci/bostonHousing uci/energy uci/concrete"
 #: Every committed folder and how it is written, the cheap ones first.
 RESULTS: tuple[Result, ...] = (
     _result("priors", "other", "-m bnn_zoo priors --depth 4 --width 2"),
@@ -80,6 +82,15 @@ RESULTS: tuple[Result, ...] = (
             "-m bnn_zoo compare --entries bbb mean_field map --splits 3 --threads 1"),
     _result("bundled_reference", "other", f"{BENCH}/bundle_reference.py --threads 2"),
     _result("compare", "sweep", "-m bnn_zoo compare --threads 1"),
+    _result("lr_schedule_constant", "sweep",
+            f"{BENCH}/compare_guides.py --data {LR_STUDY_DATA} --entries map mean_field bbb "
+            "--splits 5 --reference none --lr-schedule constant --threads 2"),
+    _result("lr_schedule", "other",
+            f"{BENCH}/compare_guides.py --data {LR_STUDY_DATA} --entries map mean_field bbb "
+            "--splits 5 --reference none --threads 2",
+            f"{BENCH}/moves.py {RESULTS_DIR}/lr_schedule/compare.json --old "
+            f"{RESULTS_DIR}/lr_schedule_constant/compare.json --metrics ll rmse "
+            "--name lr_schedule_moves"),
     _result("sine_reference", "sweep",
             f"{BENCH}/compare_guides.py --data sine --entries map mean_field bbb laplace "
             "ensemble lowrank nngp iaf mixture --threads 1"),

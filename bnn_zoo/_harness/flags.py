@@ -31,6 +31,7 @@ import torch
 from bnn_zoo import zoo
 from bnn_zoo._core import data as data_module
 from bnn_zoo._core.checks import check_device, check_positive_int
+from bnn_zoo._core.lr_schedule import LR_SCHEDULES
 from bnn_zoo._harness.memory import retain_freed_memory
 from bnn_zoo._harness.outputs import check_writable
 from bnn_zoo._harness.summary import REFERENCE
@@ -237,11 +238,15 @@ def add_entries_flag(parser: argparse.ArgumentParser, default: Sequence[str] | N
 
 def add_fit_flags(parser: argparse.ArgumentParser, *, steps: int | None = None,
                   num_samples: int = 200) -> argparse.ArgumentParser:
-    """``--steps`` (every entry's training steps; default the entry's own budget) and
+    """``--steps`` (every entry's training steps; default the entry's own budget),
+    ``--lr-schedule`` (every fit's learning-rate schedule; default the entry's own) and
     ``--num-samples`` (posterior samples per prediction)."""
     parser.add_argument("--steps", type=positive_int, default=steps,
                         help=f"training steps of every fit (default: "
                              f"{steps or 'the budget of each entry'})")
+    parser.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=None,
+                        help="learning-rate schedule of every fit (default: the budget of "
+                             "each entry)")
     parser.add_argument("--num-samples", type=positive_int, default=num_samples,
                         help=f"posterior samples per prediction (default: {num_samples})")
     return parser
@@ -316,5 +321,9 @@ def network(args: argparse.Namespace) -> dict[str, zoo.NamedNetwork] | None:
 
 
 def budget_overrides(args: argparse.Namespace) -> dict:
-    """The budget keywords of ``entry.fit`` that the flags ask for (``--steps``)."""
-    return {} if args.steps is None else {"steps": check_positive_int("steps", args.steps)}
+    """The budget keywords of ``entry.fit`` that the flags ask for (``--steps``,
+    ``--lr-schedule``)."""
+    overrides = {} if args.steps is None else {"steps": check_positive_int("steps", args.steps)}
+    if getattr(args, "lr_schedule", None) is not None:
+        overrides["lr_schedule"] = args.lr_schedule
+    return overrides
