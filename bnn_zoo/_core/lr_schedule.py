@@ -12,6 +12,12 @@ uninterrupted one.
   the first step, falling smoothly to nearly 0 at the last. With minibatches and sampled
   weights, a constant rate leaves the last iterate moving about the optimum in the
   gradient noise; the annealed rate lets it settle, which is what a point-mass guide keeps.
+- ``"stable_decay"``: ``lr`` for the first ``1 - DECAY`` of the steps, then the cosine over
+  the last `DECAY` of them (the warmup-stable-decay schedule of Hu et al. 2024, "MiniCPM:
+  Unveiling the Potential of Small Language Models with Scalable Training Strategies",
+  without warmup): the last iterate settles as under ``"cosine"``, while a short run, a
+  budget cut by the caller, keeps nearly all of the constant rate's progress (the cosine
+  halves the rate summed over the run).
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import torch
 
 from bnn_zoo._core.checks import check_choice
 
-__all__ = ["LR_SCHEDULES", "lr_factor", "set_lr"]
+__all__ = ["DECAY", "LR_SCHEDULES", "lr_factor", "set_lr"]
 
 #: The schedules [`lr_factor`][] knows.
-LR_SCHEDULES = ("constant", "cosine")
+LR_SCHEDULES = ("constant", "cosine", "stable_decay")
+#: The fraction of a run over which ``"stable_decay"`` decays.
+DECAY = 0.25
 
 
 def lr_factor(schedule: str, step: int, steps: int) -> float:
@@ -34,7 +42,11 @@ def lr_factor(schedule: str, step: int, steps: int) -> float:
     check_choice("lr_schedule", schedule, LR_SCHEDULES)
     if schedule == "constant":
         return 1.0
-    return 0.5 * (1.0 + math.cos(math.pi * step / steps))
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * step / steps))
+    stable = steps - DECAY * steps
+    return 1.0 if step < stable else 0.5 * (1.0 + math.cos(math.pi * (step - stable)
+                                                          / (steps - stable)))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -41,7 +41,7 @@ register(Entry(
     model=mlp,
     method=SVI(Factory(BayesByBackpropGuide, ("init_scale", "generator")),
                elbo=LocalReparameterizationELBO, replicas=True),
-    budget=Budget(steps=4000, lr=3e-2, lr_schedule="cosine", batch_size=256, jit=True),
+    budget=Budget(steps=4000, lr=3e-2, lr_schedule="stable_decay", batch_size=256, jit=True),
     tunable_noise=True,
     accepts_net=True,
 ))

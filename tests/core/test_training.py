@@ -282,11 +282,15 @@ def test_lr_schedule_factors():
     cosine = [lr_factor("cosine", t, 4) for t in range(4)]
     assert cosine == pytest.approx([1.0, (1 + math.sqrt(0.5)) / 2, 0.5,
                                     (1 - math.sqrt(0.5)) / 2])
+    # Constant for the first three quarters, then the cosine over the last quarter.
+    decay = [lr_factor("stable_decay", t, 8) for t in range(8)]
+    assert decay == pytest.approx([1.0] * 6 + [1.0, 0.5])
+    assert [lr_factor("stable_decay", t, 16) for t in range(12, 16)] == pytest.approx(cosine)
     with pytest.raises(ValueError, match="lr_schedule 'step'; expected one of: constant"):
         lr_factor("step", 0, 4)
 
 
-@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+@pytest.mark.parametrize("schedule", ["constant", "cosine", "stable_decay"])
 def test_each_step_takes_the_learning_rate_of_its_schedule(schedule):
     x, y = small_problem()
     model = BayesianMLP(1, 1, (4,))
