@@ -32,6 +32,11 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     if args.entries != [REFERENCE] or args.reference != REFERENCE:
         parser.error(f"Expected --entries {REFERENCE} and --reference {REFERENCE}: the bundle "
                      "holds the default comparison's reference.")
+    # The bundle's check is the log joint at a fixed noise scale: regression only.
+    others = [d for d in args.data if data_module.load(d).task != "regression"]
+    if others:
+        parser.error(f"argument --data: expected regression data sets, whose bundle keeps the "
+                     f"log joint at the reference's noise scale, got {', '.join(others)}.")
     paths = []
     for record in compare.run_from_args(args):
         failures = GATE.failures(record.get("diagnostics", {}))

@@ -117,3 +117,13 @@ def test_the_bundling_script_bundles_what_passes_the_gate(tmp_path, monkeypatch,
     assert today == pytest.approx(stored, rel=1e-5)
     record = json.loads(paths[0].read_text())["runs"][0]
     assert record["diagnostics"]["chains"] == 2.0 and "losses" not in record
+
+
+def test_the_bundling_script_refuses_classification_before_any_work(tmp_path, capsys,
+                                                                    benchmark_script):
+    with pytest.raises(SystemExit) as exit_:
+        benchmark_script("bundle_reference.py")["main"](["--data", "sine", "two_moons",
+                                                         "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert "argument --data: expected regression data sets" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
