@@ -324,14 +324,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     restored = runs.restore_cache(args.out, f"{name}_summary", task="regression")
     print(f"Restored {restored} cached runs from {args.out}/{name}_summary.json")
     records = compare.records_from_args(args, validation=args.validation)
+    reference = flags.reference_entry(args)
     measured = {r["data"] for r in records}
     write_csv(args.out / f"{name}.csv", tidy_rows(records))
     summary, table = compare.write_comparison(
-        records, args.out, name=f"{name}_summary", reference=args.reference, columns=COLUMNS,
+        records, args.out, name=f"{name}_summary", reference=reference, columns=COLUMNS,
         markdown_rows=[r for r in published_rows() if r["data"] in measured])
     print(table)
-    if args.reference is not None and compare.write_reference(records, args.out,
-                                                               args.reference) is not None:
+    if reference is not None and compare.write_reference(records, args.out,
+                                                          reference) is not None:
         print(f"Wrote {args.out}/reference.md, .csv, .json")
     if args.gap:
         write_gap_tables(records, args.out)

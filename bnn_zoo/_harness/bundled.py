@@ -41,7 +41,7 @@ from bnn_zoo._core import data as data_module
 from bnn_zoo._core.files import read_json, write_text_atomic
 from bnn_zoo._core.scaling import Standardizer
 from bnn_zoo._core.tasks import task_named
-from bnn_zoo._harness.runs import run_settings
+from bnn_zoo._harness.runs import _base_record, _canonical
 
 __all__ = ["BUNDLED", "NOT_BUNDLED", "bundle", "bundled_path", "bundled_runs", "check_posterior",
            "log_joint"]
@@ -64,10 +64,9 @@ def bundled_path(entry: str, data: str, split: int, seed: int) -> Path:
 
 def _matches(settings: dict, wanted: dict) -> bool:
     """Whether two runs' settings agree in everything but the code version."""
-    def canonical(s: dict) -> str:
-        return json.dumps({k: v for k, v in s.items() if k != "code"}, sort_keys=True,
-                          default=repr)
-    return canonical(settings) == canonical(wanted)
+    def without_code(s: dict) -> str:
+        return _canonical({k: v for k, v in s.items() if k != "code"})
+    return without_code(settings) == without_code(wanted)
 
 
 def bundled_runs(entry: str, datasets: Sequence[data_module.Dataset], *,
@@ -82,13 +81,11 @@ def bundled_runs(entry: str, datasets: Sequence[data_module.Dataset], *,
         overrides = {**(overrides or {}), "replicas": list(splits)}
     records = []
     for dataset, split, seed in zip(datasets, splits, seeds):
-        settings = run_settings(dataset, overrides, num_samples, quantiles=quantiles)
+        wanted = _base_record(entry, dataset, split, seed, overrides, num_samples, quantiles)
         path = bundled_path(entry, dataset.name, split, seed)
         record = read_json(path)["runs"][0] if path.is_file() else None
-        if record is None or not _matches(record["settings"], settings):
-            record = {"entry": entry, "data": dataset.name, "task": dataset.task,
-                      "split": split, "seed": seed, "settings": settings,
-                      "status": "skipped", "reason": NOT_BUNDLED}
+        if record is None or not _matches(record["settings"], wanted["settings"]):
+            record = {**wanted, "status": "skipped", "reason": NOT_BUNDLED}
         elif log:
             print(f"[bundled] {entry} on {dataset.name} split {split}: sampled in "
                   f"{record['seconds']:.0f} s by code {record['settings']['code']}", flush=True)

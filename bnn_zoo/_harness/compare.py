@@ -361,9 +361,8 @@ def records_from_args(args: argparse.Namespace, *, validation: float | None = 0.
     records = run_comparison(args.data, args.entries, splits=args.splits, seed=args.seed,
                              out=args.out, device=args.device, overrides_by_data=by_data,
                              num_samples=args.num_samples,
-                             reference=REFERENCE if args.reference == flags.AUTO
-                             else args.reference,
-                             bundled_reference=bundled, net=net, replicas=args.replicas,
+                             reference=flags.reference_entry(args), bundled_reference=bundled,
+                             net=net, replicas=args.replicas,
                              cached_only=getattr(args, "cached_only", False), jobs=args.jobs,
                              scheduler=args.scheduler, threads=args.threads)
     return [r for r in records if r.get("reason") != NOT_BUNDLED]
@@ -383,7 +382,7 @@ def run_from_args(args: argparse.Namespace, *, validation: float | None = 0.0) -
         f"Every entry fits the network `{args.net}` ("
         + ", ".join(f"`{net[d].name}` on {d}" for d in args.data)
         + ") in place of its own model (`entry.fit(..., net=...)`).")
-    chosen = REFERENCE if args.reference == flags.AUTO else args.reference
+    chosen = flags.reference_entry(args)
     _, table = write_comparison(records, args.out, reference=chosen or REFERENCE,
                                 preamble=preamble)
     figures = write_figures(records, args.out)

@@ -39,7 +39,8 @@ from bnn_zoo._harness.summary import REFERENCE
 __all__ = ["AUTO", "SHARED_FLAGS", "add_comparison_flags", "add_data_flag", "add_engine_flags",
            "add_entries_flag", "add_fit_flags", "add_net_flag", "add_shared_flags", "apply",
            "budget_overrides", "dataset_name", "entry_name", "int_at_least", "network", "parse",
-           "positive_float", "positive_int", "random_seed", "set_threads", "torch_device"]
+           "positive_float", "positive_int", "random_seed", "reference_entry", "set_threads",
+           "torch_device"]
 
 #: ``--reference auto``: the bundled reference where one matches (`bnn_zoo._harness.bundled`).
 AUTO = "auto"
@@ -318,6 +319,12 @@ def network(args: argparse.Namespace) -> dict[str, zoo.NamedNetwork] | None:
     flag)."""
     name = getattr(args, "net", "mlp")
     return None if name == "mlp" else zoo.NETWORK_CHOICES[name]
+
+
+def reference_entry(args: argparse.Namespace) -> str | None:
+    """The entry ``--reference`` names: `REFERENCE` for `AUTO` (read from the bundled
+    references where one matches), ``None`` for ``none``."""
+    return REFERENCE if args.reference == AUTO else args.reference
 
 
 def budget_overrides(args: argparse.Namespace) -> dict:

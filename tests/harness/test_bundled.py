@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bnn_zoo import data, zoo
-from bnn_zoo._harness import bundled, cli
+from bnn_zoo._harness import bundled, cli, flags
 from bnn_zoo._harness.runs import data_digest
 from bnn_zoo._harness.summary import GATE, REFERENCE
 from bnn_zoo.methods import ConvergenceGate
@@ -127,3 +127,10 @@ def test_the_bundling_script_refuses_classification_before_any_work(tmp_path, ca
     assert exit_.value.code == 2
     assert "argument --data: expected regression data sets" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_every_comparison_script_reads_auto_as_the_bundled_reference_entry():
+    parse = cli.build_parser().parse_args
+    assert flags.reference_entry(parse(["compare"])) == REFERENCE
+    assert flags.reference_entry(parse(["compare", "--reference", "none"])) is None
+    assert flags.reference_entry(parse(["compare", "--reference", "nuts"])) == "nuts"
