@@ -125,7 +125,7 @@ RESULTS: tuple[Result, ...] = (
             f"{BENCH}/reference_noise.py --data uci/energy --splits 1 --threads 1 --noise held_out "
             "--max-leapfrog 1024"),
     _result("reference_hmc", "sweep",
-            "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 5 --threads 2 "
+            "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 20 --threads 2 "
             "--entries bbb deep_ensemble ensemble fullrank iaf ivon laplace laplace_diag "
             "laplace_ensemble laplace_full laplace_ggn laplace_kron laplace_last_layer lowrank "
             "map mc_dropout mean_field mixture multiswag nngp nngp-erf rff_logitnormal sghmc "
