@@ -131,7 +131,7 @@ RESULTS: tuple[Result, ...] = (
             f"{BENCH}/reference_noise.py --data uci/energy --splits 1 --threads 1 --noise held_out "
             "--max-leapfrog 1024"),
     _result("reference_hmc", "sweep",
-            "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 20 --threads 2 "
+            "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 5 --threads 2 "
             f"--entries {FIDELITY_ENTRIES}"),
     _result("reference_yacht", "sweep",
             "-m bnn_zoo compare --data uci/yacht --reference hmc --splits 20 --threads 2 "
@@ -143,7 +143,7 @@ RESULTS: tuple[Result, ...] = (
             "-m bnn_zoo compare --data uci/concrete --reference hmc --splits 3 --threads 2 "
             "--entries map"),
     _result("reference_classification", "sweep",
-            "-m bnn_zoo compare --data two_moons breast_cancer wine --reference hmc --splits 20 "
+            "-m bnn_zoo compare --data two_moons breast_cancer wine --reference hmc --splits 3 "
             "--threads 2 --entries map"),
     _result("speed", "timing", f"{BENCH}/speed.py --runs 5"),
     _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),

@@ -130,8 +130,8 @@ class HMCRun:
     """What [`chees_hmc`][] returns: ``draws`` (C, S, P), the divergent transitions of each
     chain (C,) over the sampling iterations; for each of the G groups (G,) the final step
     size and trajectory length and the mean acceptance probability; the mean number of
-    leapfrog steps per sampling iteration and the total number of gradient evaluations
-    (each one of all chains)."""
+    passes of the potential per sampling iteration (the most steps any group took) and the
+    total number of gradient evaluations (each one of all chains)."""
 
     draws: Tensor
     divergences: Tensor
@@ -143,16 +143,19 @@ class HMCRun:
 
 
 def _leapfrog(potential: Potential, theta: Tensor, p: Tensor, grad: Tensor,
-              step_size: Tensor, metric: Metric, steps: int
+              step_size: Tensor, metric: Metric, steps: Tensor
               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``steps`` leapfrog steps of sizes ``step_size`` (C, 1) from ``(theta, p)``; returns
-    ``(theta', p', U', grad')``."""
+    """``steps`` (C, 1) leapfrog steps of sizes ``step_size`` (C, 1) from ``(theta, p)``;
+    returns ``(theta', p', U', grad')``. Every pass moves the chains that have steps left;
+    the others stand still until the last has taken its own."""
     p = p - 0.5 * step_size * grad
     energy = None
-    for step in range(steps):
-        theta = theta + step_size * metric.velocity(p)
+    for step in range(int(steps.max())):
+        moving = step < steps
+        theta = torch.where(moving, theta + step_size * metric.velocity(p), theta)
         energy, grad = potential(theta)
-        p = p - (step_size if step < steps - 1 else 0.5 * step_size) * grad
+        kick = torch.where(step < steps - 1, step_size, 0.5 * step_size)
+        p = torch.where(moving, p - kick * grad, p)
     return theta, p, energy, grad
 
 
@@ -215,12 +218,11 @@ class _Adaptation:
         return [max(math.exp(log_length.value), step)
                 for log_length, step in zip(self.log_length, self.step_size)]
 
-    def leapfrog_steps(self, jitter: float, most: int) -> int:
-        """The leapfrog steps ``ceil(h_t T / eps)`` for jitter ``h_t``, in [1, most]: the
-        most any group asks for, which the others take too, their trajectories longer than
-        their own ``T`` at no cost (a pass moves every chain)."""
-        return max(min(most, max(1, math.ceil(jitter * length / step)))
-                   for length, step in zip(self.length, self.step_size))
+    def leapfrog_steps(self, jitter: float, most: int) -> list[int]:
+        """Each group's leapfrog steps ``ceil(h_t T / eps)`` for jitter ``h_t``, in
+        [1, most]."""
+        return [min(most, max(1, math.ceil(jitter * length / step)))
+                for length, step in zip(self.length, self.step_size)]
 
     def learn(self, t: int, jitter: float, theta: Tensor, proposal: Tensor, p_new: Tensor,
               accept_prob: Tensor) -> None:
@@ -264,8 +266,10 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
 
     ``groups`` G: the chains are G groups of C/G consecutive chains, each group sampling a
     posterior of its own (the splits of a data set, fitted together) with its own step
-    size, trajectory length and diagonal mass matrix, adapted from its own chains alone; an
-    iteration runs the leapfrog steps of the group that asks for most."""
+    size, trajectory length and diagonal mass matrix, adapted from its own chains alone.
+    Each group takes its own ``ceil(h_t T / eps)`` leapfrog steps, the pass costing the most
+    any group asks for: a group that went on with the longest would measure SNAPER's
+    gradient at another time than ``h_t T``, and its ``T`` would shrink towards one step."""
     check_positive_int("warmup", warmup)
     check_positive_int("groups", groups)
     if init.shape[0] % groups:
@@ -293,8 +297,9 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
         p = adapt.metric.momentum(torch.randn(theta.shape, dtype=theta.dtype,
                                               device=theta.device, generator=generator))
         proposal, p_new, energy_new, grad_new = _leapfrog(
-            potential, theta, p, grad, _per_chain(adapt.step_size, theta), adapt.metric, steps)
-        gradients += steps
+            potential, theta, p, grad, _per_chain(adapt.step_size, theta), adapt.metric,
+            _per_chain(steps, theta))
+        gradients += max(steps)
         error = (energy_new + adapt.metric.kinetic(p_new)
                  - energy - adapt.metric.kinetic(p)).nan_to_num(math.inf, math.inf)
         accept_prob = torch.exp(-error.clamp(min=0))
@@ -310,7 +315,7 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
             continue
         draws[:, t - warmup] = theta
         divergences += (error > DIVERGENCE).long()
-        steps_taken += steps
+        steps_taken += max(steps)
         acceptance += _group_means(accept_prob.double(), groups)
     return HMCRun(draws, divergences, torch.tensor(adapt.step_size, dtype=torch.float64),
                   torch.tensor(adapt.length, dtype=torch.float64), steps_taken / samples,
@@ -380,7 +385,8 @@ def _initial_step_size(potential: Potential, theta: Tensor, energy: Tensor, grad
         p = metric.momentum(torch.randn(theta.shape, dtype=theta.dtype, device=theta.device,
                                         generator=generator))
         _, p_new, energy_new, _ = _leapfrog(potential, theta, p, grad,
-                                            _per_chain(steps, theta), metric, 1)
+                                            _per_chain(steps, theta), metric,
+                                            theta.new_ones(theta.shape[0], 1))
         error = (energy_new + metric.kinetic(p_new)
                  - energy - metric.kinetic(p)).nan_to_num(math.inf, math.inf)
         return _harmonic_means(torch.exp(-error.clamp(min=0)), groups)

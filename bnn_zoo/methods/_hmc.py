@@ -8,7 +8,7 @@ The sampler, ChEES-HMC with SNAPER's trajectory criterion ([`bnn_zoo.methods._ch
 moves all chains in lockstep, one number of leapfrog steps per iteration, so a GPU runs 64
 chains for little more than the cost of one. The splits of a data set sample together in
 the same way ([`HMC.fit_many`][]): their chains in groups, each group with its own data,
-noise, step size, trajectory length and mass matrix.
+noise, step size, trajectory length, mass matrix and number of leapfrog steps.
 """
 
 from __future__ import annotations

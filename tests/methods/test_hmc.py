@@ -16,7 +16,13 @@ from pyro.infer.mcmc.util import initialize_model
 
 from bnn_zoo import zoo
 from bnn_zoo.methods import HMC, SVI, Budget
-from bnn_zoo.methods._chees import _Direction, chees_hmc, mass_windows, van_der_corput
+from bnn_zoo.methods._chees import (
+    _Direction,
+    _leapfrog,
+    chees_hmc,
+    mass_windows,
+    van_der_corput,
+)
 from bnn_zoo.methods._hmc import (
     ChainPotential,
     HeldOutNoise,
@@ -25,6 +31,7 @@ from bnn_zoo.methods._hmc import (
     draw_chunks,
     full_batch_map,
 )
+from bnn_zoo.methods._metric import Metric
 from bnn_zoo.methods._nuts import bulk_ess, output_draws
 from bnn_zoo.models._mlp import BayesianMLP
 from bnn_zoo.models._priors import GaussianPrior
@@ -250,6 +257,53 @@ def test_each_group_adapts_its_own_step_size_and_trajectory_length():
         ess = bulk_ess(chains)
         relative = chains.reshape(-1, 2).var(0) / covariances[g].diagonal() - 1
         assert bool((relative.abs() < 4.5 * (2 / ess).sqrt()).all()), (g, relative, ess)
+
+
+def test_leapfrog_moves_each_chain_its_own_number_of_steps():
+    """Chains asking for 1, 4 and 9 steps in one pass end exactly where each would alone:
+    a chain that has taken its steps stands still while the others go on."""
+    scales = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)[:, None]
+
+    def potential(theta):
+        return 0.5 * (theta.square() / scales.square()).sum(1), theta / scales.square()
+
+    g = torch.Generator().manual_seed(0)
+    theta, p = (torch.randn(3, 2, generator=g, dtype=torch.float64) for _ in range(2))
+    metric, step_size = Metric.unit(theta), torch.full((3, 1), 0.1, dtype=torch.float64)
+    steps = torch.tensor([[1.0], [4.0], [9.0]], dtype=torch.float64)
+    together = _leapfrog(potential, theta, p, potential(theta)[1], step_size, metric, steps)
+    for c, count in enumerate(steps[:, 0].tolist()):
+        alone = _leapfrog(potential, theta, p, potential(theta)[1], step_size, metric,
+                          torch.full_like(steps, count))
+        for got, want in zip(together, alone):
+            assert torch.equal(got[c], want[c]), (c, got[c], want[c])
+
+
+def test_a_group_adapts_the_trajectory_length_it_adapts_alone():
+    """A Gaussian whose coordinates correlate at 0.9, sampled alone and beside three that
+    correlate at 0.999 and ask for far longer trajectories: over 8 seeds its adapted
+    ``log T`` is the same within 3 standard errors of the difference of the means. Were its
+    chains to run the others' leapfrog steps, SNAPER's gradient would be measured past the
+    time ``h_t T`` it asks for, and its ``T`` would shrink (by a factor of four here)."""
+    covariances = [torch.tensor([[1.0, rho], [rho, 1.0]], dtype=torch.float64)
+                   for rho in (0.9, 0.999)]
+
+    def adapted(groups, seed):
+        precisions = torch.stack([torch.linalg.inv(covariances[g]) for g in groups])
+
+        def potential(theta):
+            gradient = (precisions.repeat_interleave(8, 0) @ theta[:, :, None])[:, :, 0]
+            return 0.5 * (theta * gradient).sum(1), gradient
+
+        run = chees_hmc(potential, torch.zeros(8 * len(groups), 2, dtype=torch.float64),
+                        warmup=400, samples=1, groups=len(groups), progress=False,
+                        generator=torch.Generator().manual_seed(seed))
+        return math.log(run.trajectory_length[0])
+
+    alone = torch.tensor([adapted([0], seed) for seed in range(8)])
+    beside = torch.tensor([adapted([0, 1, 1, 1], seed) for seed in range(8)])
+    se = (alone.var() / 8 + beside.var() / 8).sqrt()
+    assert abs(float(beside.mean() - alone.mean())) < 3 * se, (alone.exp(), beside.exp())
 
 
 def test_hmc_fits_splits_together_each_with_its_own_noise():
