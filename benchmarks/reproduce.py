@@ -135,7 +135,7 @@ RESULTS: tuple[Result, ...] = (
             f"--entries {FIDELITY_ENTRIES}"),
     _result("reference_yacht", "sweep",
             "-m bnn_zoo compare --data uci/yacht --reference hmc --splits 20 --threads 2 "
-            f"--entries {FIDELITY_ENTRIES}"),
+            "--entries map"),
     _result("reference_energy", "sweep",
             "-m bnn_zoo compare --data uci/energy --reference hmc --splits 3 --threads 2 "
             "--entries map"),
