@@ -143,18 +143,20 @@ class HMCRun:
 
 
 def _leapfrog(potential: Potential, theta: Tensor, p: Tensor, grad: Tensor,
-              step_size: Tensor, metric: Metric, steps: Tensor
+              step_size: Tensor, metric: Metric, steps: list[int]
               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``steps`` (C, 1) leapfrog steps of sizes ``step_size`` (C, 1) from ``(theta, p)``;
-    returns ``(theta', p', U', grad')``. Every pass moves the chains that have steps left;
-    the others stand still until the last has taken its own."""
+    """Each group's ``steps`` (G values, as in `_per_chain`) leapfrog steps of sizes
+    ``step_size`` (C, 1) from ``(theta, p)``; returns ``(theta', p', U', grad')``. Every
+    pass moves the chains that have steps left; the others stand still until the last has
+    taken its own. The number of passes is known on the host: no device sync."""
+    counts = _per_chain(steps, theta)
     p = p - 0.5 * step_size * grad
     energy = None
-    for step in range(int(steps.max())):
-        moving = step < steps
+    for step in range(max(steps)):
+        moving = step < counts
         theta = torch.where(moving, theta + step_size * metric.velocity(p), theta)
         energy, grad = potential(theta)
-        kick = torch.where(step < steps - 1, step_size, 0.5 * step_size)
+        kick = torch.where(step < counts - 1, step_size, 0.5 * step_size)
         p = torch.where(moving, p - kick * grad, p)
     return theta, p, energy, grad
 
@@ -294,12 +296,12 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
     for t in tqdm(range(warmup + samples), desc="HMC", disable=not show, leave=False):
         jitter = van_der_corput(t + 1)
         steps = adapt.leapfrog_steps(jitter, max_leapfrog)
+        passes = max(steps)
         p = adapt.metric.momentum(torch.randn(theta.shape, dtype=theta.dtype,
                                               device=theta.device, generator=generator))
         proposal, p_new, energy_new, grad_new = _leapfrog(
-            potential, theta, p, grad, _per_chain(adapt.step_size, theta), adapt.metric,
-            _per_chain(steps, theta))
-        gradients += max(steps)
+            potential, theta, p, grad, _per_chain(adapt.step_size, theta), adapt.metric, steps)
+        gradients += passes
         error = (energy_new + adapt.metric.kinetic(p_new)
                  - energy - adapt.metric.kinetic(p)).nan_to_num(math.inf, math.inf)
         accept_prob = torch.exp(-error.clamp(min=0))
@@ -315,7 +317,7 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
             continue
         draws[:, t - warmup] = theta
         divergences += (error > DIVERGENCE).long()
-        steps_taken += max(steps)
+        steps_taken += passes
         acceptance += _group_means(accept_prob.double(), groups)
     return HMCRun(draws, divergences, torch.tensor(adapt.step_size, dtype=torch.float64),
                   torch.tensor(adapt.length, dtype=torch.float64), steps_taken / samples,
@@ -385,8 +387,7 @@ def _initial_step_size(potential: Potential, theta: Tensor, energy: Tensor, grad
         p = metric.momentum(torch.randn(theta.shape, dtype=theta.dtype, device=theta.device,
                                         generator=generator))
         _, p_new, energy_new, _ = _leapfrog(potential, theta, p, grad,
-                                            _per_chain(steps, theta), metric,
-                                            theta.new_ones(theta.shape[0], 1))
+                                            _per_chain(steps, theta), metric, [1] * groups)
         error = (energy_new + metric.kinetic(p_new)
                  - energy - metric.kinetic(p)).nan_to_num(math.inf, math.inf)
         return _harmonic_means(torch.exp(-error.clamp(min=0)), groups)

@@ -270,11 +270,11 @@ def test_leapfrog_moves_each_chain_its_own_number_of_steps():
     g = torch.Generator().manual_seed(0)
     theta, p = (torch.randn(3, 2, generator=g, dtype=torch.float64) for _ in range(2))
     metric, step_size = Metric.unit(theta), torch.full((3, 1), 0.1, dtype=torch.float64)
-    steps = torch.tensor([[1.0], [4.0], [9.0]], dtype=torch.float64)
+    steps = [1, 4, 9]  # three groups of one chain
     together = _leapfrog(potential, theta, p, potential(theta)[1], step_size, metric, steps)
-    for c, count in enumerate(steps[:, 0].tolist()):
+    for c, count in enumerate(steps):
         alone = _leapfrog(potential, theta, p, potential(theta)[1], step_size, metric,
-                          torch.full_like(steps, count))
+                          [count] * 3)
         for got, want in zip(together, alone):
             assert torch.equal(got[c], want[c]), (c, got[c], want[c])
 
