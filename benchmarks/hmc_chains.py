@@ -1,17 +1,18 @@
 """What many HMC chains cost against one: the ``hmc`` reference's potential and gradient
 for C chains in one vectorised pass (``bnn_zoo.methods._hmc.ChainPotential``), against one
-chain, in one run.
+chain, in one run, compiled by ``torch.compile`` (``jit=True``, the entry's) and not.
 
 The problem is boston's size (455 training points, 13 inputs, the 13-50-1 network of the
-UCI protocol under the fan-in prior, noise 0.2), synthetic. For each ``--chains`` C: the
-median milliseconds of one evaluation of ``U`` and ``grad U`` for all C chains (JIT-traced,
-interleaved rounds, ``bnn_zoo._harness.timing.interleaved_medians``) and ``ratio``, that
-time over one chain's. A ratio far below C is what lets a GPU run 64 chains for little more
-than one; on a CPU, whose cores the arithmetic of one chain already keeps busy, it grows
-with C.
+UCI protocol under the fan-in prior, noise 0.2), synthetic. For each ``--chains`` C and
+``potential`` (``compiled``, or ``eager``: Pyro's trace and autograd at every call): the
+median milliseconds of one evaluation of ``U`` and ``grad U`` for all C chains
+(interleaved rounds, ``bnn_zoo._harness.timing.interleaved_medians``), ``ratio``, that
+time over one chain's with the same potential, and ``speedup``, the eager time over the
+compiled one. A ratio far below C is what lets a GPU run 64 chains for little more than
+one; on a CPU, whose cores the arithmetic of one chain already keeps busy once the
+overhead of the small operations is compiled away, it grows with C.
 
-    python benchmarks/hmc_chains.py --device cuda --out results/hmc_chains
-"""
+    python benchmarks/hmc_chains.py --device cuda --out results/hmc_chains"""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from bnn_zoo._harness.timing import interleaved_medians
 from bnn_zoo.methods._hmc import ChainPotential
 from bnn_zoo.zoo._defaults import fan_in_mlp
 
-COLUMNS = ("ms", "ratio", "per_chain_ms")
+COLUMNS = ("ms", "ratio", "per_chain_ms", "speedup")
+POTENTIALS = {"compiled": True, "eager": False}
 
 
 def problem(n: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,13 +57,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     model = fan_in_mlp(13, 1, noise_scale=0.2).to(device)
     calls = {}
     for chains in sorted(set([1, *args.chains])):
-        potential = ChainPotential(model, x, y, chains)
-        theta = 0.1 * torch.randn(chains, potential.dim, device=device)
-        calls[str(chains)] = lambda potential=potential, theta=theta: potential(theta)
+        theta = 0.1 * torch.randn(chains, ChainPotential(model, x, y, chains).dim, device=device)
+        for name, jit in POTENTIALS.items():
+            potential = ChainPotential(model, x, y, chains, jit=jit)
+            calls[f"{name} {chains}"] = lambda potential=potential, theta=theta: potential(theta)
     ms = interleaved_medians(calls, repeats=args.repeats, inner=args.inner, device=device)
-    rows = [{"device": device.type, "chains": int(c), "ms": t, "ratio": t / ms["1"],
-             "per_chain_ms": t / int(c)} for c, t in ms.items()]
-    print(write_tables(args.out, "hmc_chains", rows, keys=("device", "chains"),
+    rows = []
+    for key, t in ms.items():
+        name, chains = key.split()
+        rows.append({"device": device.type, "potential": name, "chains": int(chains), "ms": t,
+                     "ratio": t / ms[f"{name} 1"], "per_chain_ms": t / int(chains),
+                     "speedup": ms[f"eager {chains}"] / ms[f"compiled {chains}"]})
+    print(write_tables(args.out, "hmc_chains", rows, keys=("device", "potential", "chains"),
                        columns=COLUMNS))
     return rows
 

@@ -131,8 +131,8 @@ RESULTS: tuple[Result, ...] = (
             f"{BENCH}/reference_noise.py --data uci/energy --splits 1 --threads 1 --noise held_out "
             "--max-leapfrog 1024"),
     _result("reference_hmc", "sweep",
-            "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 5 --threads 2 "
-            f"--entries {FIDELITY_ENTRIES}"),
+            "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 20 "
+            f"--threads 1 --jobs 2 --replicas off --entries {FIDELITY_ENTRIES}"),
     _result("reference_yacht", "sweep",
             "-m bnn_zoo compare --data uci/yacht --reference hmc --splits 20 --threads 2 "
             "--entries map"),
@@ -148,6 +148,7 @@ RESULTS: tuple[Result, ...] = (
     _result("speed", "timing", f"{BENCH}/speed.py --runs 5"),
     _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),
     _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),
+    _result("hmc_chains", "timing", f"{BENCH}/hmc_chains.py --chains 8 160 --threads 2"),
     _result("throughput", "timing",
             f"{BENCH}/throughput.py --device cpu --processes 1 --threads 1 --repeats 7"),
     _result("scaling", "timing", f"{BENCH}/scaling.py --splits 5 --workers 1 2"),

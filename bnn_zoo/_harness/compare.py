@@ -228,7 +228,8 @@ def _batches(name: str, indices: Sequence[int], entries: Sequence[str] | None, *
              net: zoo.Network | Mapping[str, zoo.Network] | None,
              replicas: str, overrides: dict | Callable[[str], dict] | None,
              common: dict) -> list[Batch]:
-    """The batches of data set ``name`` (one per entry: its splits ``indices``), with the
+    """The batches of data set ``name`` (one per entry: its splits ``indices``, or one per
+    split where the entry fits them alone), with the
     arguments of `run_comparison` (``bundled``: the reference read from the bundled
     references, or ``None``); ``common``: the fields every batch shares."""
     datasets = [data_module.load(name, split) for split in indices]
@@ -251,9 +252,11 @@ def _batches(name: str, indices: Sequence[int], entries: Sequence[str] | None, *
                                 "(their training sets differ in size)."))
         if net is not None:
             own = {**own, "net": net[name] if isinstance(net, Mapping) else net}
-        batches.append(Batch(entry, name, tuple(indices), tuple(seed + s for s in indices),
-                             own, together=together, size=datasets[0].x_train.shape[0],
-                             bundled=entry == bundled, **common))
+        # Splits fitted alone are a batch each, so that the workers share them out.
+        for group in [tuple(indices)] if together else [(i,) for i in indices]:
+            batches.append(Batch(entry, name, group, tuple(seed + s for s in group), own,
+                                 together=together, size=datasets[0].x_train.shape[0],
+                                 bundled=entry == bundled, **common))
     return batches
 
 

@@ -2,8 +2,10 @@
 
 The unit of work of a comparison is a `Batch`: one zoo entry on the chosen splits of
 one data set (those splits stay together, so that an entry that batches its fits trains
-them as replicas in one pass). `run_batch` runs one in whatever process it lands in:
-it sets the thread count, loads the splits, and fits or reads each run through
+them as replicas in one pass), or on one split where the entry fits the splits alone
+(``replicas="off"``, or an entry that cannot batch them), so that the workers share them.
+`run_batch` runs one in whatever process it lands in: it sets the thread count, loads the
+splits, and fits or reads each run through
 `bnn_zoo._harness.runs.cached_runs`, which caches each record atomically as it
 finishes. `run_batches` runs many, in the order given back:
 

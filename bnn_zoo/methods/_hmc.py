@@ -3,7 +3,8 @@
 The chains are replicas of one model (`bnn_zoo._core.replicas`): chain ``c``'s weights are
 index ``c`` of every site of ``model.replicated(C)``, so one full-batch evaluation of the
 potential ``U_c(theta_c) = -log p(theta_c) - sum_n log p(y_n | x_n, theta_c)`` and its
-gradient serves all ``C`` chains ([`ChainPotential`][], traced once by ``torch.jit.trace``).
+gradient serves all ``C`` chains ([`ChainPotential`][], captured once as one graph and compiled
+by ``torch.compile``).
 The sampler, ChEES-HMC with SNAPER's trajectory criterion ([`bnn_zoo.methods._chees`][]),
 moves all chains in lockstep, one number of leapfrog steps per iteration, so a GPU runs 64
 chains for little more than the cost of one. The splits of a data set sample together in
@@ -27,6 +28,7 @@ from pyro.distributions import constraints
 from pyro.distributions.transforms import Transform, biject_to
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from bnn_zoo._core.checks import check_bool, check_fraction, check_positive, check_positive_int
 from bnn_zoo._core.lbfgs import LBFGSResult, minimize_lbfgs
@@ -63,8 +65,14 @@ class ChainPotential:
     support (a sampled noise scale, positive) is ``biject_to(support)`` of its coordinates,
     and the potential adds minus the log Jacobian of that map. [`values`][] and
     [`flatten`][] map to and from the sites' own values. The log density sums the sites'
-    log densities except over the chain (replica) dimension. With ``jit=True`` the
-    potential is traced once by ``torch.jit.trace``.
+    log densities except over the chain (replica) dimension.
+
+    With ``jit=True`` the value and the gradient are captured at the first call as one
+    graph of tensor operations (``make_fx`` runs Pyro's handlers and autograd's backward
+    once) and compiled by ``torch.compile`` (on a CPU, fused C++ loops: on a small network
+    the uncompiled potential is mostly per-operation overhead). It needs the C++ compiler
+    (a GPU: Triton) that ``torch.compile`` needs; ``jit=False`` runs Pyro's trace and
+    autograd at every call.
     """
 
     def __init__(self, model: Callable, x: Tensor, y: Tensor, chains: int, *,
@@ -148,16 +156,23 @@ class ChainPotential:
         return -total
 
     def __call__(self, theta: Tensor) -> tuple[Tensor, Tensor]:
-        theta = theta.detach().requires_grad_(True)
-        if self.jit and self._compiled is None:
+        if not self.jit:
+            return self.value_and_grad(theta)
+        if self._compiled is None:
+            graph = make_fx(lambda theta: self.value_and_grad(theta))(theta)
+            self._compiled = torch.compile(graph, dynamic=False, fullgraph=True)
             with warnings.catch_warnings():
-                # torch.jit.trace is deprecated in favour of torch.compile, which cannot
-                # trace through Pyro's effect handlers.
-                warnings.filterwarnings("ignore", ".*torch.jit.trace.* is deprecated",
+                # torch.compile's first call imports torch.utils.mkldnn, whose
+                # torch.jit.script_method is deprecated in torch itself.
+                warnings.filterwarnings("ignore", ".*torch.jit.script_method.* is deprecated",
                                         DeprecationWarning)
-                warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-                self._compiled = torch.jit.trace(self.energy, (theta,), check_trace=False)
-        energy = (self._compiled or self.energy)(theta)
+                return self._compiled(theta)
+        return self._compiled(theta)
+
+    def value_and_grad(self, theta: Tensor) -> tuple[Tensor, Tensor]:
+        """``U (C,)`` (`energy`) and ``grad U (C, P)`` at ``theta``, by autograd."""
+        theta = theta.detach().requires_grad_(True)
+        energy = self.energy(theta)
         grad, = torch.autograd.grad(energy.sum(), theta)
         return energy.detach(), grad
 

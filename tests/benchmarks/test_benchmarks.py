@@ -487,8 +487,13 @@ def test_hmc_chains_writes_the_time_of_each_chain_count_and_its_ratio(tmp_path,
     rows = benchmark_script("hmc_chains.py")["main"](
         ["--chains", "3", "--points", "20", "--repeats", "1", "--inner", "1",
          "--out", str(tmp_path)])
-    assert [r["chains"] for r in rows] == [1, 3]
-    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] == rows[1]["ms"] / rows[0]["ms"]
-    assert rows[1]["per_chain_ms"] == pytest.approx(rows[1]["ms"] / 3)
+    assert [(r["chains"], r["potential"]) for r in rows] == [
+        (1, "compiled"), (1, "eager"), (3, "compiled"), (3, "eager")]
+    compiled, eager = rows[2], rows[3]
+    assert rows[0]["ratio"] == 1.0 and compiled["ratio"] == compiled["ms"] / rows[0]["ms"]
+    assert eager["ratio"] == eager["ms"] / rows[1]["ms"]
+    assert compiled["per_chain_ms"] == pytest.approx(compiled["ms"] / 3)
+    assert compiled["speedup"] == eager["speedup"] == eager["ms"] / compiled["ms"]
     summary = json.loads((tmp_path / "hmc_chains.json").read_text())["summary"]
-    assert [r["chains"] for r in summary] == [1, 3]
+    assert sorted((r["chains"], r["potential"]) for r in summary) == [
+        (1, "compiled"), (1, "eager"), (3, "compiled"), (3, "eager")]

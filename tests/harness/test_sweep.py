@@ -94,6 +94,23 @@ def test_comparison_batches_are_one_per_entry_and_data_set_with_its_own_override
                                overrides_by_data=by_data.get)
 
 
+
+def test_splits_fitted_alone_are_a_batch_each_so_that_workers_share_them(tmp_path, monkeypatch):
+    """With ``replicas="off"`` every split is its own batch (one worker would otherwise fit
+    an entry's splits one after the other); fitted together they stay one batch."""
+    got = {}
+
+    def engine(batches, *, jobs, scheduler):
+        got[batches[0].together] = [(b.entry, b.splits, b.seeds) for b in batches]
+        return [[] for _ in batches]
+
+    monkeypatch.setattr(compare, "run_batches", engine)
+    for replicas in ("off", "on"):
+        compare.run_comparison(["sine"], ["map"], splits=[1, 2, 3], seed=5, out=tmp_path,
+                               replicas=replicas, jobs=2)
+    assert got == {False: [("map", (1,), (6,)), ("map", (2,), (7,)), ("map", (3,), (8,))],
+                   True: [("map", (1, 2, 3), (6, 7, 8))]}
+
 def test_the_client_caches_what_a_worker_returns_where_the_cache_lacks_it(tmp_path):
     """Records that come back from a worker whose disk the client does not share are
     written into the client's cache (the file a rerun reads), except failed runs; a file
