@@ -131,8 +131,11 @@ RESULTS: tuple[Result, ...] = (
             f"{BENCH}/reference_noise.py --data uci/energy --splits 1 --threads 1 --noise held_out "
             "--max-leapfrog 1024"),
     _result("reference_hmc", "sweep",
+            "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 5 --threads 2 "
+            f"--entries {FIDELITY_ENTRIES}"),
+    _result("reference_boston", "sweep",
             "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 20 "
-            f"--threads 1 --jobs 2 --replicas off --entries {FIDELITY_ENTRIES}"),
+            "--threads 1 --jobs 2 --replicas off --entries map"),
     _result("reference_yacht", "sweep",
             "-m bnn_zoo compare --data uci/yacht --reference hmc --splits 20 --threads 2 "
             "--entries map"),
