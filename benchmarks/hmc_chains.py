@@ -55,19 +55,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     device = args.device
     x, y = problem(args.points, 13, device)
     model = fan_in_mlp(13, 1, noise_scale=0.2).to(device)
-    calls = {}
+    calls, cases = {}, {}
     for chains in sorted(set([1, *args.chains])):
-        theta = 0.1 * torch.randn(chains, ChainPotential(model, x, y, chains).dim, device=device)
-        for name, jit in POTENTIALS.items():
-            potential = ChainPotential(model, x, y, chains, jit=jit)
-            calls[f"{name} {chains}"] = lambda potential=potential, theta=theta: potential(theta)
+        potentials = {name: ChainPotential(model, x, y, chains, jit=jit)
+                      for name, jit in POTENTIALS.items()}
+        theta = 0.1 * torch.randn(chains, potentials["eager"].dim, device=device)
+        for name, potential in potentials.items():
+            key = f"{name} {chains}"
+            cases[key] = name, chains
+            calls[key] = lambda potential=potential, theta=theta: potential(theta)
     ms = interleaved_medians(calls, repeats=args.repeats, inner=args.inner, device=device)
-    rows = []
-    for key, t in ms.items():
-        name, chains = key.split()
-        rows.append({"device": device.type, "potential": name, "chains": int(chains), "ms": t,
-                     "ratio": t / ms[f"{name} 1"], "per_chain_ms": t / int(chains),
-                     "speedup": ms[f"eager {chains}"] / ms[f"compiled {chains}"]})
+    rows = [{"device": device.type, "potential": name, "chains": chains, "ms": ms[key],
+             "ratio": ms[key] / ms[f"{name} 1"], "per_chain_ms": ms[key] / chains,
+             "speedup": ms[f"eager {chains}"] / ms[f"compiled {chains}"]}
+            for key, (name, chains) in cases.items()]
     print(write_tables(args.out, "hmc_chains", rows, keys=("device", "potential", "chains"),
                        columns=COLUMNS))
     return rows
