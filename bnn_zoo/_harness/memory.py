@@ -12,20 +12,23 @@
   shorter than the interval. ``resource.getrusage``'s maximum RSS cannot serve: it only
   ever grows over the life of the process, so it gives no block's peak.
 
-Before a CPU block, glibc's ``malloc_trim(0)`` hands the memory freed earlier back to the
-system (where glibc is the C library): otherwise a block that reuses freed heap, such as
-the second call of a training step, would show no growth at all. What is reported is then
-the block's working memory plus anything else the process touched meanwhile (its other
-threads, code pages of a library used for the first time), and it is an upper bound: a
-block that frees a chunk the allocator keeps and then allocates elsewhere counts both (up
-to 2x when a large freed hole is reused at another address; `peak_mib` measures each
-call alone for that reason).
+Before a CPU block, Python's garbage collector runs and glibc's ``malloc_trim(0)`` hands the
+memory freed earlier back to the system (where glibc is the C library): otherwise a block
+that reuses freed heap, such as the second call of a training step, would show no growth
+at all, and a collection inside the block that frees earlier garbage (tensors left in
+reference cycles) would lower the resident size under the block's own allocations. What is
+reported is then the block's working memory plus anything else the process touched
+meanwhile (its other threads, code pages of a library used for the first time), and it is
+an upper bound: a block that frees a chunk the allocator keeps and then allocates elsewhere
+counts both (up to 2x when a large freed hole is reused at another address; `peak_mib`
+measures each call alone for that reason).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import os
 import re
 import threading
@@ -126,7 +129,8 @@ class PeakMemory:
         every ``interval`` seconds), or ``"auto"`` (``"hwm"`` where ``/proc/self/clear_refs``
         can be written and no other ``"hwm"`` block is open, else ``"sample"``).
     interval : seconds between two readings of ``"sample"``.
-    trim : hand freed heap back to the system before a CPU block (see the module).
+    trim : collect garbage and hand freed heap back to the system before a CPU block
+        (see the module).
     """
 
     def __init__(self, device: torch.device | str = "cpu", *, method: str = "auto",
@@ -155,8 +159,10 @@ class PeakMemory:
         if not _STATM.exists():
             raise RuntimeError("PeakMemory on the CPU reads /proc/self (Linux); it is not "
                                "available on this system.")
-        if self.trim and _malloc_trim() is not None:
-            _malloc_trim()(0)
+        if self.trim:
+            gc.collect()
+            if _malloc_trim() is not None:
+                _malloc_trim()(0)
         method = self.method
         if method in ("auto", "hwm"):
             acquired = _hwm_in_use.acquire(blocking=False)

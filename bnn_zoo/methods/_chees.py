@@ -1,5 +1,5 @@
-"""ChEES-HMC with SNAPER's criterion: many chains of Hamiltonian Monte Carlo in lockstep,
-for the vectorised chains of [`HMC`][bnn_zoo.methods.HMC].
+"""ChEES-HMC with SNAPER's criterion: many chains of Hamiltonian Monte Carlo in one
+vectorised pass, for the chains of [`HMC`][bnn_zoo.methods.HMC].
 
 The trajectory length is adapted as in ChEES-HMC (Hoffman, Radul & Sountsov 2021, "An
 Adaptive-MCMC Scheme for Setting Trajectory Lengths in Hamiltonian Monte Carlo"), the
@@ -14,7 +14,9 @@ component ``z`` alone, ``SNAPER = E[((q' - E q') . z)^2 - ((q - E q) . z)^2)^2]`
 per-chain gradient ``h_t (a'_c^2 - a_c^2) a'_c (v'_c . z)``, ``a_c = (q_c - qbar) . z``.
 ChEES over all coordinates is dominated by the many directions a diagonal mass matrix
 whitens well, and on a network's posterior it settles on trajectories far too short for its
-slowest direction (``T`` below 1 where that direction asks for 10 and more).
+slowest direction (``T`` below 1 where that direction asks for 10 and more). ``T`` is kept
+at most ``max_leapfrog`` step sizes: a longer one would be cut at that many steps, its
+jitter lost, and the gradient would go on reading a length no chain runs.
 
 The step size follows the dual averaging of Hoffman & Gelman (2014, "The No-U-Turn Sampler",
 Algorithm 5) on the harmonic mean of the chains' acceptance probabilities (ChEES-HMC's
@@ -189,6 +191,7 @@ class _Adaptation:
     dense: bool
     generator: torch.Generator | None
     metric: Metric
+    most: int
     groups: int = 1
     step_size: list[float] = field(init=False)
     windows: frozenset[int] = field(init=False)
@@ -217,13 +220,14 @@ class _Adaptation:
 
     @property
     def length(self) -> list[float]:
-        return [max(math.exp(log_length.value), step)
+        """Each group's ``T``, between one step size and ``most`` of them."""
+        return [min(max(math.exp(log_length.value), step), self.most * step)
                 for log_length, step in zip(self.log_length, self.step_size)]
 
-    def leapfrog_steps(self, jitter: float, most: int) -> list[int]:
+    def leapfrog_steps(self, jitter: float) -> list[int]:
         """Each group's leapfrog steps ``ceil(h_t T / eps)`` for jitter ``h_t``, in
         [1, most]."""
-        return [min(most, max(1, math.ceil(jitter * length / step)))
+        return [min(self.most, max(1, math.ceil(jitter * length / step)))
                 for length, step in zip(self.length, self.step_size)]
 
     def learn(self, t: int, jitter: float, theta: Tensor, proposal: Tensor, p_new: Tensor,
@@ -239,10 +243,12 @@ class _Adaptation:
             gradients = _snaper_gradients(
                 jitter, centred, _centred(self.metric.whiten(proposal), self.groups),
                 self.metric.whitened_velocity(p_new), accept_prob, self.direction.unit)
-            for log_length, gradient in zip(self.log_length, gradients):
+            for log_length, gradient, dual in zip(self.log_length, gradients, self.dual):
                 if math.isfinite(gradient):
                     # The gradient with respect to log T is T times that with respect to T.
                     log_length.ascend(gradient * math.exp(log_length.value))
+                    # Capped by the averaged step size: the current one is too noisy.
+                    log_length.value = min(log_length.value, math.log(self.most * dual.final))
 
     def keep(self, t: int, theta: Tensor, energy: Tensor, grad: Tensor) -> None:
         """Add warmup iteration ``t``'s state to the window; at a window's end estimate the
@@ -264,7 +270,8 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
               groups: int = 1) -> HMCRun:
     """Run ``C`` chains of ChEES-HMC with SNAPER's criterion (module doc) from ``init``
     (C, P): ``warmup`` adapting iterations, then ``samples`` kept ones. Every iteration runs
-    at most ``max_leapfrog`` leapfrog steps; ``dense``: a dense mass matrix (else diagonal).
+    at most ``max_leapfrog`` leapfrog steps (``T`` at most that many step sizes); ``dense``:
+    a dense mass matrix (else diagonal).
 
     ``groups`` G: the chains are G groups of C/G consecutive chains, each group sampling a
     posterior of its own (the splits of a data set, fitted together) with its own step
@@ -285,7 +292,7 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
     if not torch.isfinite(energy).all():
         raise ValueError("Expected a finite potential at every chain's start.")
     adapt = _Adaptation(potential, warmup, target_accept, dense, generator, Metric.unit(theta),
-                        groups)
+                        max_leapfrog, groups)
     adapt.restart(theta, energy, grad)
     draws = theta.new_empty(theta.shape[0], samples, theta.shape[1])
     divergences = torch.zeros(theta.shape[0], dtype=torch.long, device=theta.device)
@@ -295,7 +302,7 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
     show = sys.stderr.isatty() if progress is None else progress
     for t in tqdm(range(warmup + samples), desc="HMC", disable=not show, leave=False):
         jitter = van_der_corput(t + 1)
-        steps = adapt.leapfrog_steps(jitter, max_leapfrog)
+        steps = adapt.leapfrog_steps(jitter)
         passes = max(steps)
         p = adapt.metric.momentum(torch.randn(theta.shape, dtype=theta.dtype,
                                               device=theta.device, generator=generator))

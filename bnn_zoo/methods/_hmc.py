@@ -6,10 +6,11 @@ potential ``U_c(theta_c) = -log p(theta_c) - sum_n log p(y_n | x_n, theta_c)`` a
 gradient serves all ``C`` chains ([`ChainPotential`][], captured once as one graph and compiled
 by ``torch.compile``).
 The sampler, ChEES-HMC with SNAPER's trajectory criterion ([`bnn_zoo.methods._chees`][]),
-moves all chains in lockstep, one number of leapfrog steps per iteration, so a GPU runs 64
-chains for little more than the cost of one. The splits of a data set sample together in
-the same way ([`HMC.fit_many`][]): their chains in groups, each group with its own data,
-noise, step size, trajectory length, mass matrix and number of leapfrog steps.
+moves all chains in the same passes of the potential, so a GPU runs 64 chains for little
+more than the cost of one. The splits of a data set sample together in the same way
+([`HMC.fit_many`][]): their chains in groups, each group with its own data, noise, step
+size, trajectory length, mass matrix and number of leapfrog steps (a group that has taken
+its steps stands still while the others go on).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ block that allocates nothing reports about zero, on the CPU by both methods and 
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -83,6 +84,27 @@ def test_freed_heap_is_trimmed_so_a_repeated_step_still_shows_up():
     pin = heap_hole()
     assert peak_mib(heap_step) == pytest.approx(50, abs=CPU_TOL + 2)
     del pin
+
+
+def test_garbage_left_before_the_block_does_not_offset_its_peak():
+    """A 16 MiB tensor left in a reference cycle before the block is freed only when the
+    garbage collector next runs; the interpreter may run it at any allocation inside the
+    block (here explicitly), and its freed pages would lower the peak from 32 MiB to 16.
+    The block starts after a collection, so the peak is the block's 32 MiB."""
+
+    class Node:
+        pass
+
+    first, second = Node(), Node()
+    first.other, second.other = second, first
+    first.tensor = allocate(16)
+    del first, second
+
+    def step():
+        gc.collect()
+        return allocate(32).sum()
+
+    assert peak_mib(step) == pytest.approx(32, abs=CPU_TOL)
 
 
 def test_peak_over_calls_is_the_largest_call_not_the_sum():
