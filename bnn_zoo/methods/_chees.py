@@ -14,9 +14,12 @@ component ``z`` alone, ``SNAPER = E[((q' - E q') . z)^2 - ((q - E q) . z)^2)^2]`
 per-chain gradient ``h_t (a'_c^2 - a_c^2) a'_c (v'_c . z)``, ``a_c = (q_c - qbar) . z``.
 ChEES over all coordinates is dominated by the many directions a diagonal mass matrix
 whitens well, and on a network's posterior it settles on trajectories far too short for its
-slowest direction (``T`` below 1 where that direction asks for 10 and more). ``T`` is kept
-at most ``max_leapfrog`` step sizes: a longer one would be cut at that many steps, its
-jitter lost, and the gradient would go on reading a length no chain runs.
+slowest direction (``T`` below 1 where that direction asks for 10 and more). Where the
+trajectories it asks for pass ``max_leapfrog`` steps, every iteration runs that many: while
+a longer trajectory still helps, the criterion averaged over the jitter,
+``E_h[SNAPER(min(h T, max_leapfrog eps))]``, only grows with ``T``, so ``T`` climbs past the
+cap and its value then says only that the cap binds. Holding ``T`` at the cap instead would
+keep the jitter but halve the mean trajectory, and the slowest direction mixes the worse.
 
 The step size follows the dual averaging of Hoffman & Gelman (2014, "The No-U-Turn Sampler",
 Algorithm 5) on the harmonic mean of the chains' acceptance probabilities (ChEES-HMC's
@@ -191,7 +194,6 @@ class _Adaptation:
     dense: bool
     generator: torch.Generator | None
     metric: Metric
-    most: int
     groups: int = 1
     step_size: list[float] = field(init=False)
     windows: frozenset[int] = field(init=False)
@@ -220,14 +222,13 @@ class _Adaptation:
 
     @property
     def length(self) -> list[float]:
-        """Each group's ``T``, between one step size and ``most`` of them."""
-        return [min(max(math.exp(log_length.value), step), self.most * step)
+        return [max(math.exp(log_length.value), step)
                 for log_length, step in zip(self.log_length, self.step_size)]
 
-    def leapfrog_steps(self, jitter: float) -> list[int]:
+    def leapfrog_steps(self, jitter: float, most: int) -> list[int]:
         """Each group's leapfrog steps ``ceil(h_t T / eps)`` for jitter ``h_t``, in
         [1, most]."""
-        return [min(self.most, max(1, math.ceil(jitter * length / step)))
+        return [min(most, max(1, math.ceil(jitter * length / step)))
                 for length, step in zip(self.length, self.step_size)]
 
     def learn(self, t: int, jitter: float, theta: Tensor, proposal: Tensor, p_new: Tensor,
@@ -243,12 +244,10 @@ class _Adaptation:
             gradients = _snaper_gradients(
                 jitter, centred, _centred(self.metric.whiten(proposal), self.groups),
                 self.metric.whitened_velocity(p_new), accept_prob, self.direction.unit)
-            for log_length, gradient, dual in zip(self.log_length, gradients, self.dual):
+            for log_length, gradient in zip(self.log_length, gradients):
                 if math.isfinite(gradient):
                     # The gradient with respect to log T is T times that with respect to T.
                     log_length.ascend(gradient * math.exp(log_length.value))
-                    # Capped by the averaged step size: the current one is too noisy.
-                    log_length.value = min(log_length.value, math.log(self.most * dual.final))
 
     def keep(self, t: int, theta: Tensor, energy: Tensor, grad: Tensor) -> None:
         """Add warmup iteration ``t``'s state to the window; at a window's end estimate the
@@ -270,8 +269,7 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
               groups: int = 1) -> HMCRun:
     """Run ``C`` chains of ChEES-HMC with SNAPER's criterion (module doc) from ``init``
     (C, P): ``warmup`` adapting iterations, then ``samples`` kept ones. Every iteration runs
-    at most ``max_leapfrog`` leapfrog steps (``T`` at most that many step sizes); ``dense``:
-    a dense mass matrix (else diagonal).
+    at most ``max_leapfrog`` leapfrog steps; ``dense``: a dense mass matrix (else diagonal).
 
     ``groups`` G: the chains are G groups of C/G consecutive chains, each group sampling a
     posterior of its own (the splits of a data set, fitted together) with its own step
@@ -292,7 +290,7 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
     if not torch.isfinite(energy).all():
         raise ValueError("Expected a finite potential at every chain's start.")
     adapt = _Adaptation(potential, warmup, target_accept, dense, generator, Metric.unit(theta),
-                        max_leapfrog, groups)
+                        groups)
     adapt.restart(theta, energy, grad)
     draws = theta.new_empty(theta.shape[0], samples, theta.shape[1])
     divergences = torch.zeros(theta.shape[0], dtype=torch.long, device=theta.device)
@@ -302,7 +300,7 @@ def chees_hmc(potential: Potential, init: Tensor, *, warmup: int, samples: int,
     show = sys.stderr.isatty() if progress is None else progress
     for t in tqdm(range(warmup + samples), desc="HMC", disable=not show, leave=False):
         jitter = van_der_corput(t + 1)
-        steps = adapt.leapfrog_steps(jitter)
+        steps = adapt.leapfrog_steps(jitter, max_leapfrog)
         passes = max(steps)
         p = adapt.metric.momentum(torch.randn(theta.shape, dtype=theta.dtype,
                                               device=theta.device, generator=generator))
