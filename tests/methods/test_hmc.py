@@ -56,6 +56,17 @@ def linear_problem(n: int = 40, d: int = 3, seed: int = 0):
     return x, y, model, cov @ features.T @ y / NOISE**2, precision, cov
 
 
+def gaussian_potential(precision: torch.Tensor):
+    """The potential of zero-mean Gaussians, ``U = theta^T P theta / 2``, and its gradient
+    ``P theta``: each chain's precision ``P`` (C, D, D), or one (D, D) for every chain."""
+
+    def potential(theta):
+        gradient = (precision @ theta[..., None])[..., 0]
+        return 0.5 * (theta * gradient).sum(1), gradient
+
+    return potential
+
+
 def assert_exact_moments(chains: torch.Tensor, mean: torch.Tensor, variance: torch.Tensor):
     """Every coordinate's mean and variance over the draws ``chains`` (C, S, P) of a
     Gaussian within Monte Carlo error: the mean's standard error is sd / sqrt(ESS), the
@@ -245,12 +256,7 @@ def test_each_group_adapts_its_own_step_size_and_trajectory_length():
     covariance within Monte Carlo error (4.5 standard errors of each variance)."""
     covariances = torch.stack([torch.eye(2, dtype=torch.float64),
                                torch.tensor([[1.0, 0.99], [0.99, 1.0]], dtype=torch.float64)])
-    precisions = torch.linalg.inv(covariances).repeat_interleave(6, 0)
-
-    def potential(theta):
-        gradient = (precisions @ theta[:, :, None])[:, :, 0]
-        return 0.5 * (theta * gradient).sum(1), gradient
-
+    potential = gaussian_potential(torch.linalg.inv(covariances).repeat_interleave(6, 0))
     run = chees_hmc(potential, torch.zeros(12, 2, dtype=torch.float64), warmup=400,
                     samples=600, groups=2, progress=False,
                     generator=torch.Generator().manual_seed(0))
@@ -291,13 +297,9 @@ def test_a_group_adapts_the_trajectory_length_it_adapts_alone():
 
     def adapted(groups, seed):
         precisions = torch.stack([torch.linalg.inv(covariances[g]) for g in groups])
-
-        def potential(theta):
-            gradient = (precisions.repeat_interleave(8, 0) @ theta[:, :, None])[:, :, 0]
-            return 0.5 * (theta * gradient).sum(1), gradient
-
-        run = chees_hmc(potential, torch.zeros(8 * len(groups), 2, dtype=torch.float64),
-                        warmup=400, samples=1, groups=len(groups), progress=False,
+        run = chees_hmc(gaussian_potential(precisions.repeat_interleave(8, 0)),
+                        torch.zeros(8 * len(groups), 2, dtype=torch.float64), warmup=400,
+                        samples=1, groups=len(groups), progress=False,
                         generator=torch.Generator().manual_seed(seed))
         return math.log(run.trajectory_length[0])
 
@@ -314,15 +316,9 @@ def test_where_the_leapfrog_cap_binds_every_iteration_runs_it():
     ``T`` climbs past 8 step sizes and almost every iteration runs the cap's 8 steps; were
     ``T`` held within the cap, the steps would spread over 1..8 (a mean of 4.5)."""
     covariance = torch.tensor([[1.0, 0.999], [0.999, 1.0]], dtype=torch.float64)
-    precision = torch.linalg.inv(covariance)
-
-    def potential(theta):
-        gradient = theta @ precision
-        return 0.5 * (theta * gradient).sum(1), gradient
-
-    run = chees_hmc(potential, torch.zeros(8, 2, dtype=torch.float64), warmup=400,
-                    samples=400, max_leapfrog=8, progress=False,
-                    generator=torch.Generator().manual_seed(0))
+    run = chees_hmc(gaussian_potential(torch.linalg.inv(covariance)),
+                    torch.zeros(8, 2, dtype=torch.float64), warmup=400, samples=400,
+                    max_leapfrog=8, progress=False, generator=torch.Generator().manual_seed(0))
     assert float(run.trajectory_length[0] / run.step_size[0]) > 8
     assert run.leapfrog_steps > 7.5, run.leapfrog_steps
 
