@@ -55,20 +55,22 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     device = args.device
     x, y = problem(args.points, 13, device)
     model = fan_in_mlp(13, 1, noise_scale=0.2).to(device)
-    calls, cases = {}, {}
-    for chains in sorted(set([1, *args.chains])):
+    counts = sorted(set([1, *args.chains]))
+    calls = {}
+    for chains in counts:
         potentials = {name: ChainPotential(model, x, y, chains, jit=jit)
                       for name, jit in POTENTIALS.items()}
         theta = 0.1 * torch.randn(chains, potentials["eager"].dim, device=device)
         for name, potential in potentials.items():
-            key = f"{name} {chains}"
-            cases[key] = name, chains
-            calls[key] = lambda potential=potential, theta=theta: potential(theta)
+            calls[f"{name} {chains}"] = lambda potential=potential, theta=theta: potential(theta)
     ms = interleaved_medians(calls, repeats=args.repeats, inner=args.inner, device=device)
-    rows = [{"device": device.type, "potential": name, "chains": chains, "ms": ms[key],
-             "ratio": ms[key] / ms[f"{name} 1"], "per_chain_ms": ms[key] / chains,
-             "speedup": ms[f"eager {chains}"] / ms[f"compiled {chains}"]}
-            for key, (name, chains) in cases.items()]
+    rows = []
+    for chains in counts:
+        for name in POTENTIALS:
+            t = ms[f"{name} {chains}"]
+            rows.append({"device": device.type, "potential": name, "chains": chains, "ms": t,
+                         "ratio": t / ms[f"{name} 1"], "per_chain_ms": t / chains,
+                         "speedup": ms[f"eager {chains}"] / ms[f"compiled {chains}"]})
     print(write_tables(args.out, "hmc_chains", rows, keys=("device", "potential", "chains"),
                        columns=COLUMNS))
     return rows
