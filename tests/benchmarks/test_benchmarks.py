@@ -68,6 +68,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
     "rff.py": ("models/test_rff.py", "test_benchmark_script_runs"),
     "scaling.py": ("benchmarks/test_benchmarks.py",
                    "test_scaling_writes_each_workers_time_memory_and_records"),
+    "seed_spread.py": ("benchmarks/test_moves.py",
+                       "test_seed_spread_fits_each_offset_and_writes_its_tables"),
     "speed.py": ("benchmarks/test_benchmarks.py",
                  "test_speed_reports_each_steps_time_and_peak_memory"),
     "throughput.py": ("benchmarks/test_scale_scripts.py",

@@ -121,3 +121,49 @@ def test_another_file_at_a_revision_is_the_old_version(tmp_path, capsys, moves_s
     assert "since revision HEAD of `" in capsys.readouterr().out
     with pytest.raises(ValueError, match="give one of them"):
         moves_script["main"]([str(new), "--old-path", str(committed), "--old", str(new)])
+
+
+def test_seed_spread_measures_each_cells_move_from_seed_to_seed(benchmark_script):
+    """``seed_spread``: per cell, the spread of its mean over the seed offsets and the paired z
+    between every two of them, as ``moves`` computes one; t's root mean square for n splits."""
+    script = benchmark_script("seed_spread.py")
+    by_seed = {0: [_run("map", s, ll) for s, ll in enumerate((-1.0, -2.0, -3.0, -4.0))],
+               1: [_run("map", s, ll) for s, ll in enumerate((-1.5, -2.0, -3.5, -4.0))],
+               2: [_run("map", s, ll) for s, ll in enumerate((-1.0, -1.0, -2.0, -4.0))]}
+    rows = {r["metric"]: r for r in script["spread"](by_seed, ["ll", "rmse"])}
+    means = [-2.5, -2.75, -2.0]
+    row = rows["ll"]
+    assert (row["runs"], row["seeds"]) == (4, 3)
+    assert row["mean"] == pytest.approx(statistics.fmean(means))
+    assert row["seed_sd"] == pytest.approx(statistics.stdev(means))
+    cell_se = [statistics.stdev(v) / 2 for v in ((-1.0, -2.0, -3.0, -4.0),
+                                                 (-1.5, -2.0, -3.5, -4.0),
+                                                 (-1.0, -1.0, -2.0, -4.0))]
+    assert row["cell_se"] == pytest.approx(statistics.fmean(cell_se))
+    z = [script["MOVES"]["moves"]({"runs": by_seed[a]}, {"runs": by_seed[b]}, ["ll"])[0]
+         ["paired_z"] for a, b in ((0, 1), (0, 2), (1, 2))]
+    assert row["z_rms"] == pytest.approx(math.sqrt(statistics.fmean(v * v for v in z)))
+    assert row["z_max"] == pytest.approx(max(map(abs, z)))
+    assert row["t_rms"] == pytest.approx(math.sqrt(3.0))  # t with 3 degrees of freedom
+    assert rows["rmse"]["seed_sd"] == 0.0 and rows["rmse"]["z_max"] == 0.0
+    assert script["t_rms"](3) == math.inf  # t with 2 degrees of freedom: no finite variance
+    assert script["t_rms"](5) == pytest.approx(math.sqrt(2.0))
+    assert script["t_rms"](20) == pytest.approx(math.sqrt(19 / 17))
+
+
+def test_seed_spread_fits_each_offset_and_writes_its_tables(tmp_path, benchmark_script):
+    """A tiny run: two offsets of ``map`` on two splits of sine, cached per offset, every run
+    kept with its offset; one offset is refused."""
+    script = benchmark_script("seed_spread.py")
+    summary = script["main"](["--data", "sine", "--entries", "map", "--splits", "2", "--seeds",
+                              "0", "7", "--steps", "5", "--out", str(tmp_path)])
+    assert [(r["entry"], r["metric"], r["runs"], r["seeds"]) for r in summary] == [
+        ("map", "ll", 2, 2), ("map", "rmse", 2, 2)]
+    assert all(r["seed_sd"] > 0 and math.isfinite(r["z_max"]) for r in summary)
+    saved = json.loads((tmp_path / "seed_spread.json").read_text())
+    assert sorted((r["seed_offset"], r["seed"]) for r in saved["runs"]) == [
+        (0, 0), (0, 1), (7, 7), (7, 8)]
+    assert (tmp_path / "seed_7" / "runs" / "map").is_dir()
+    assert "| map | ll | 2 | 2 |" in (tmp_path / "seed_spread.md").read_text()
+    with pytest.raises(SystemExit):
+        script["main"](["--data", "sine", "--seeds", "3", "3", "--out", str(tmp_path)])
