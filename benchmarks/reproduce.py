@@ -125,6 +125,9 @@ RESULTS: tuple[Result, ...] = (
     _result("nngp_ard", "sweep",
             f"{BENCH}/uci.py --data yacht bostonHousing energy concrete --entries nngp nngp-erf "
             "--splits 20 --threads 1"),
+    _result("seed_spread", "sweep",
+            f"{BENCH}/seed_spread.py --data uci/protein-tertiary-structure --entries map "
+            "--splits 5 --threads 1"),
     _result("reference_noise", "other",
             f"{BENCH}/reference_noise.py --data uci/yacht --splits 3 --samples 1000 --threads 2"),
     _result("reference_energy_leapfrog", "other",

@@ -34,6 +34,9 @@ from bnn_zoo._harness.provenance import run_columns, versions
 from bnn_zoo._harness.tables import write_tables
 
 MOVES = runpy.run_path(str(Path(__file__).with_name("moves.py")), run_name="moves")
+#: The fields of a run the JSON keeps (its predictive moments stay in the cache).
+KEPT = ("entry", "data", "split", "seed", "status", "metrics", "diagnostics", "reason", "settings",
+        "provenance")
 COLUMNS = ("seeds", "mean", "cell_se", "seed_sd", "z_rms", "t_rms", "z_max")
 
 
@@ -95,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             data_overrides, overrides=budget, validation=None),
         jobs=args.jobs, scheduler=args.scheduler, threads=args.threads)
         for seed in dict.fromkeys(args.seeds)}
-    runs = [{**record, "seed_offset": seed}
+    runs = [{**{k: record.get(k) for k in KEPT}, "seed_offset": seed}
             for seed, records in by_seed.items() for record in records]
     summary = spread(by_seed, args.metrics)
     print(write_tables(args.out, "seed_spread", summary, keys=("data", "entry", "metric"),
