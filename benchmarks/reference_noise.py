@@ -45,6 +45,22 @@ def choices(prior_scale: float) -> dict[str, dict]:
             "heteroscedastic": {"model_options": {"noise": "heteroscedastic"}}}
 
 
+def add_sampler_flags(parser: argparse.ArgumentParser) -> None:
+    """``--warmup``, ``--samples``, ``--chains`` and ``--max-leapfrog``: ``hmc``'s sampler
+    settings (default: the entry's)."""
+    for flag, what in (("warmup", "warm-up iterations"), ("samples", "draws per chain"),
+                       ("chains", "chains"),
+                       ("max-leapfrog", "most leapfrog steps an iteration")):
+        parser.add_argument(f"--{flag}", type=flags.positive_int, default=None,
+                            help=f"hmc's {what} (default: the entry's)")
+
+
+def sampler_options(args: argparse.Namespace) -> dict:
+    """The ``method_options`` of ``hmc`` that the sampler flags set."""
+    return {k: getattr(args, k) for k in ("warmup", "samples", "chains", "max_leapfrog")
+            if getattr(args, k) is not None}
+
+
 def run(name: str, split: int, noise: str, options: dict, sampler: dict, steps: int | None
         ) -> dict:
     """One ``hmc`` fit of split ``split`` of ``name`` with the noise choice ``options``."""
@@ -86,21 +102,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     flags.add_data_flag(parser, default=("uci/yacht",))
     parser.add_argument("--prior-scale", type=float, default=1.0,
                         help="the HalfNormal scale of the sampled noise (default: 1)")
-    parser.add_argument("--warmup", type=flags.positive_int, default=None,
-                        help="hmc's warm-up iterations (default: the entry's)")
-    parser.add_argument("--samples", type=flags.positive_int, default=None,
-                        help="hmc's draws per chain (default: the entry's)")
-    parser.add_argument("--chains", type=flags.positive_int, default=None,
-                        help="hmc's chains (default: the entry's)")
-    parser.add_argument("--max-leapfrog", type=flags.positive_int, default=None,
-                        help="hmc's most leapfrog steps an iteration (default: the entry's)")
+    add_sampler_flags(parser)
     parser.add_argument("--noise", nargs="+", choices=tuple(choices(1.0)), default=None,
                         help="the noise choices to fit (default: all four)")
     parser.add_argument("--steps", type=flags.positive_int, default=None,
                         help="steps of the MAP start (default: the entry's)")
     args = flags.parse(parser, argv)
-    sampler = {k: getattr(args, k) for k in ("warmup", "samples", "chains", "max_leapfrog")
-               if getattr(args, k) is not None}
+    sampler = sampler_options(args)
     chosen = {noise: options for noise, options in choices(args.prior_scale).items()
               if args.noise is None or noise in args.noise}
     runs = []

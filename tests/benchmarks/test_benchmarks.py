@@ -63,6 +63,9 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
     "nngp.py": ("models/test_nngp.py", "test_benchmark_script_runs_with_tiny_flags"),
     "reference_noise.py": ("benchmarks/test_benchmarks.py",
                            "test_reference_noise_runs_every_noise_choice_and_gates_it"),
+    "reference_sampler.py": ("benchmarks/test_benchmarks.py",
+                             "test_reference_sampler_changes_the_references_sampler_and_no_"
+                             "other_entrys"),
     "replicas.py": ("benchmarks/test_benchmarks.py",
                     "test_replicas_reports_the_times_and_peak_memory"),
     "rff.py": ("models/test_rff.py", "test_benchmark_script_runs"),
@@ -443,6 +446,29 @@ def test_reference_noise_runs_every_noise_choice_and_gates_it(tmp_path, benchmar
     assert [(r["noise"], r["gates"]) for r in summary] == [
         ("map", "0/1 pass"), ("held_out", "0/1 pass"), ("sampled", "0/1 pass"),
         ("heteroscedastic", "0/1 pass")]
+
+
+def test_reference_sampler_changes_the_references_sampler_and_no_other_entrys(
+        tmp_path, benchmark_script):
+    """The sampler flags reach ``hmc``'s method options on every split, never ``map``'s; the
+    comparison and the reference's gates are written (no fidelity table: no split passes);
+    a comparison without a reference is refused."""
+    script = benchmark_script("reference_sampler.py")
+    records = script["main"](["--data", "sine", "--splits", "2", "--warmup", "4", "--samples",
+                              "6", "--chains", "2", "--steps", "5", "--num-samples", "5",
+                              "--out", str(tmp_path)])
+    options = {(r["entry"], r["split"]): r["settings"]["overrides"].get("method_options")
+               for r in records}
+    assert options == {("hmc", 0): {"warmup": 4, "samples": 6, "chains": 2},
+                       ("hmc", 1): {"warmup": 4, "samples": 6, "chains": 2},
+                       ("map", 0): None, ("map", 1): None}
+    gates = {r["split"]: r["gates"] for r in json.loads(
+        (tmp_path / "reference.json").read_text())["summary"] if r["entry"] == "hmc"}
+    assert gates.pop("all") == "0/2 pass"  # the two chains asked for fail the gate
+    assert sorted(gates) == [0, 1] and all(g.startswith("chains 2 < 4") for g in gates.values())
+    assert (tmp_path / "compare.json").is_file() and (tmp_path / "reference.md").is_file()
+    with pytest.raises(SystemExit):
+        script["main"](["--data", "sine", "--reference", "none", "--out", str(tmp_path)])
 
 
 def test_reference_noise_fits_the_chosen_noise_with_the_chosen_sampler(tmp_path, monkeypatch,
