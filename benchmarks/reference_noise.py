@@ -45,20 +45,21 @@ def choices(prior_scale: float) -> dict[str, dict]:
             "heteroscedastic": {"model_options": {"noise": "heteroscedastic"}}}
 
 
+#: ``hmc``'s sampler settings that a flag sets (``max_leapfrog``: ``--max-leapfrog``).
+SAMPLER_SETTINGS = {"warmup": "warm-up iterations", "samples": "draws per chain",
+                    "chains": "chains", "max_leapfrog": "most leapfrog steps an iteration"}
+
+
 def add_sampler_flags(parser: argparse.ArgumentParser) -> None:
-    """``--warmup``, ``--samples``, ``--chains`` and ``--max-leapfrog``: ``hmc``'s sampler
-    settings (default: the entry's)."""
-    for flag, what in (("warmup", "warm-up iterations"), ("samples", "draws per chain"),
-                       ("chains", "chains"),
-                       ("max-leapfrog", "most leapfrog steps an iteration")):
-        parser.add_argument(f"--{flag}", type=flags.positive_int, default=None,
-                            help=f"hmc's {what} (default: the entry's)")
+    """A flag for each of `SAMPLER_SETTINGS` (default: the entry's)."""
+    for name, what in SAMPLER_SETTINGS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=flags.positive_int,
+                            default=None, help=f"hmc's {what} (default: the entry's)")
 
 
 def sampler_options(args: argparse.Namespace) -> dict:
     """The ``method_options`` of ``hmc`` that the sampler flags set."""
-    return {k: getattr(args, k) for k in ("warmup", "samples", "chains", "max_leapfrog")
-            if getattr(args, k) is not None}
+    return {k: getattr(args, k) for k in SAMPLER_SETTINGS if getattr(args, k) is not None}
 
 
 def run(name: str, split: int, noise: str, options: dict, sampler: dict, steps: int | None

@@ -86,18 +86,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                         help="the seed offsets (default: 0, 1000, ..., 7000)")
     parser.add_argument("--metrics", nargs="+", default=["ll", "rmse"],
                         help="the metrics of the runs to compare (default: ll rmse)")
-    parser.add_argument("--steps", type=flags.positive_int, default=None,
-                        help="training steps of every fit (default: each entry's budget)")
+    flags.add_fit_flags(parser)
     args = flags.parse(parser, argv)
-    if len(set(args.seeds)) < 2:
-        parser.error(f"--seeds needs two distinct offsets or more, got {args.seeds}")
-    budget = {} if args.steps is None else {"steps": args.steps}
+    if len(args.seeds) < 2 or len(set(args.seeds)) < len(args.seeds):
+        parser.error(f"--seeds needs two distinct offsets or more, each once, got {args.seeds}")
+    by_data = functools.partial(data_overrides, overrides=flags.budget_overrides(args),
+                                validation=None)
     by_seed = {seed: run_comparison(
         args.data, args.entries, splits=args.splits, seed=seed, out=args.out / f"seed_{seed}",
-        device=args.device, overrides_by_data=functools.partial(
-            data_overrides, overrides=budget, validation=None),
+        device=args.device, overrides_by_data=by_data, num_samples=args.num_samples,
         jobs=args.jobs, scheduler=args.scheduler, threads=args.threads)
-        for seed in dict.fromkeys(args.seeds)}
+        for seed in args.seeds}
     runs = [{**{k: record.get(k) for k in KEPT}, "seed_offset": seed}
             for seed, records in by_seed.items() for record in records]
     summary = spread(by_seed, args.metrics)
