@@ -5,7 +5,9 @@
 whose splits the entry's own chains leave short of the convergence gate (longer chains,
 longer trajectories). Writes what ``compare --reference`` writes under ``--out``: the
 comparison, the reference's diagnostics and gates split by split, the fidelity tables and
-the figures.
+the figures. ``--split-ids`` runs the named splits in place of ``0..N-1``: a reference
+longer than one sitting runs in parts, each committed with its runs, that
+``benchmarks/merge_comparisons.py`` summarises as one comparison.
 
     python benchmarks/reference_sampler.py --data uci/yacht --splits 20 --samples 4000 \\
         --threads 1 --jobs 2 --replicas off --entries map \\
@@ -45,14 +47,19 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     flags.add_comparison_flags(parser, data=("uci/yacht",), out="results/reference_sampler",
                                reference=REFERENCE, entries=("map",))
     NOISE["add_sampler_flags"](parser)
+    parser.add_argument("--split-ids", type=int, nargs="+", metavar="K",
+                        help="the splits to run, by index, in place of --splits (a part of a "
+                             "longer comparison; default: 0..N-1 of --splits)")
     args = flags.parse(parser, argv)
     reference = flags.reference_entry(args)
     if reference is None:
         parser.error("--reference none leaves no sampler to change; name the reference")
+    if args.split_ids and len(set(args.split_ids)) < len(args.split_ids):
+        parser.error(f"--split-ids names a split twice: {args.split_ids}")
     sampler = NOISE["sampler_options"](args)
     budget = flags.budget_overrides(args)
     records = compare.run_comparison(
-        args.data, args.entries, splits=args.splits, seed=args.seed, out=args.out,
+        args.data, args.entries, splits=args.split_ids or args.splits, seed=args.seed, out=args.out,
         device=args.device, num_samples=args.num_samples, reference=reference,
         overrides_by_data=lambda name: with_sampler(compare.data_overrides(name, budget), reference,
                                                     sampler),

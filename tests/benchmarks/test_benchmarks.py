@@ -63,6 +63,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
     "nngp.py": ("models/test_nngp.py", "test_benchmark_script_runs_with_tiny_flags"),
     "reference_noise.py": ("benchmarks/test_benchmarks.py",
                            "test_reference_noise_runs_every_noise_choice_and_gates_it"),
+    "merge_comparisons.py": ("benchmarks/test_benchmarks.py",
+                             "test_a_comparison_run_in_parts_merges_into_the_whole_run"),
     "reference_sampler.py": ("benchmarks/test_benchmarks.py",
                              "test_reference_sampler_changes_the_references_sampler_and_no_"
                              "other_entrys"),
@@ -469,6 +471,43 @@ def test_reference_sampler_changes_the_references_sampler_and_no_other_entrys(
     assert (tmp_path / "compare.json").is_file() and (tmp_path / "reference.md").is_file()
     with pytest.raises(SystemExit):
         script["main"](["--data", "sine", "--reference", "none", "--out", str(tmp_path)])
+
+
+def test_a_comparison_run_in_parts_merges_into_the_whole_run(tmp_path, benchmark_script):
+    """Splits 0 and 1 run as two parts (``--split-ids``) and merged give the tables of the run
+    of both at once: each entry's metrics and distances to the reference, its speed aside
+    (each part fitted its own); parts that share a split, differ in their settings or were
+    fitted with another seed are refused."""
+    sampler, merge = (benchmark_script(s)["main"] for s in ("reference_sampler.py",
+                                                             "merge_comparisons.py"))
+    tiny = ["--data", "sine", "--entries", "mean_field", "--reference", "map", "--steps", "5",
+            "--num-samples", "5", "--replicas", "off"]
+    for name, splits in [("whole", ["--splits", "2"]), ("part0", ["--split-ids", "0"]),
+                         ("part1", ["--split-ids", "1"])]:
+        sampler([*tiny, *splits, "--out", str(tmp_path / name)])
+    merge([str(tmp_path / "part0"), str(tmp_path / "part1"), "--out", str(tmp_path / "merged"),
+           "--reference", "map"])
+
+    def rows(folder: str, table: str) -> list[dict]:
+        summary = json.loads((tmp_path / folder / f"{table}.json").read_text())["summary"]
+        speed = ("fit_seconds", "steps_per_second", "commit")
+        return [{k: v for k, v in row.items() if not k.startswith(speed)} for row in summary]
+
+    for table in ("compare", "reference", "fidelity"):
+        assert rows("merged", table) == rows("whole", table)
+    assert {r["entry"]: r["runs"] for r in rows("merged", "compare")} == {"map": 2,
+                                                                         "mean_field": 2}
+    assert rows("merged", "fidelity")[0]["w1_to_ref"] > 0
+    with pytest.raises(SystemExit):  # fitted with seeds 0 and 1, not 1 and 2
+        merge([str(tmp_path / "part0"), str(tmp_path / "part1"), "--seed", "1", "--out",
+               str(tmp_path / "x")])
+    with pytest.raises(SystemExit):  # split 0 twice
+        merge([str(tmp_path / "part0"), str(tmp_path / "whole"), "--out", str(tmp_path / "x")])
+    sampler([*tiny, "--split-ids", "1", "--num-samples", "6", "--out", str(tmp_path / "other")])
+    with pytest.raises(SystemExit):  # 5 predictive samples against 6
+        merge([str(tmp_path / "part0"), str(tmp_path / "other"), "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit):
+        sampler([*tiny, "--split-ids", "1", "1", "--out", str(tmp_path / "x")])
 
 
 def test_reference_noise_fits_the_chosen_noise_with_the_chosen_sampler(tmp_path, monkeypatch,
