@@ -17,7 +17,7 @@ left to measure again); the reference's gate is applied again to its kept diagno
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bnn_zoo._core.files import read_json
@@ -46,31 +46,41 @@ def part_records(part: Path) -> list[dict]:
                          "has no compare.json.")
     kept = read_json(document)
     tasks = {row["data"]: row["task"] for row in kept["summary"]}
-    return [{**run, "task": tasks[run["data"]], "part": str(part)} for run in kept["runs"]]
+    return [{**run, "task": tasks[run["data"]]} for run in kept["runs"]]
 
 
-def check_parts(records: Sequence[dict], *, seed: int) -> None:
+def check_parts(parts: Mapping[Path, Sequence[dict]], *, seed: int) -> None:
     """Refuse a run that two parts hold, a run not fitted with ``seed + split``, and runs of
     one (data, entry) whose settings differ between parts, naming the parts."""
-    seen: dict[tuple, dict] = {}
-    first: dict[tuple, dict] = {}
+    holder: dict[tuple, Path] = {}
+    first: dict[tuple, tuple[Path, dict]] = {}
+    for part, runs in parts.items():
+        for r in runs:
+            key = (r["data"], r["entry"], r["split"])
+            if key in holder:
+                raise ValueError(f"Expected parts with distinct splits, but {key} is in "
+                                 f"{holder[key]} and {part}.")
+            holder[key] = part
+            if r["seed"] != seed + r["split"]:
+                raise ValueError(f"Expected the runs of seed {seed} (split k fitted with seed "
+                                 f"+ k), but {part} fitted split {r['split']} with seed "
+                                 f"{r['seed']}.")
+            mine = shared_settings(r)
+            like, theirs = first.setdefault((r["data"], r["entry"]), (part, mine))
+            for name, value in mine.items():
+                if value != theirs[name]:
+                    raise ValueError(f"Expected the parts of {r['entry']} on {r['data']} to "
+                                     f"share their settings' {name!r}, but {like} has "
+                                     f"{theirs[name]!r} and {part} {value!r}.")
+
+
+def in_comparison_order(records: Sequence[dict]) -> list[dict]:
+    """``records`` as one comparison lists them: each (data, entry) where it first appears
+    (the reference first, as every part has it), its runs by split."""
+    first = {}
     for r in records:
-        key = (r["data"], r["entry"], r["split"])
-        if key in seen:
-            raise ValueError(f"Expected parts with distinct splits, but {key} is in "
-                             f"{seen[key]['part']} and {r['part']}.")
-        seen[key] = r
-        if r["seed"] != seed + r["split"]:
-            raise ValueError(f"Expected the runs of seed {seed} (split k fitted with seed + "
-                             f"k), but {r['part']} fitted split {r['split']} with seed "
-                             f"{r['seed']}.")
-        like = first.setdefault((r["data"], r["entry"]), r)
-        mine, theirs = shared_settings(r), shared_settings(like)
-        for name, value in mine.items():
-            if value != theirs[name]:
-                raise ValueError(f"Expected the parts of {r['entry']} on {r['data']} to share "
-                                 f"their settings' {name!r}, but {like['part']} has "
-                                 f"{theirs[name]!r} and {r['part']} {value!r}.")
+        first.setdefault((r["data"], r["entry"]), len(first))
+    return sorted(records, key=lambda r: (first[r["data"], r["entry"]], r["split"]))
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
@@ -87,13 +97,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if len(set(args.parts)) < len(args.parts):
         parser.error(f"parts names a folder twice: {[str(p) for p in args.parts]}")
     try:
-        records = [r for part in args.parts for r in part_records(part)]
-        check_parts(records, seed=args.seed)
+        parts = {part: part_records(part) for part in args.parts}
+        check_parts(parts, seed=args.seed)
     except ValueError as error:
         parser.error(str(error))
-    for r in records:
-        del r["part"]
-    records.sort(key=lambda r: (r["data"], r["entry"], r["split"]))
+    records = in_comparison_order([r for runs in parts.values() for r in runs])
     _, table = compare.write_comparison(records, args.out, reference=args.reference)
     print(table)
     print(compare.write_reference(records, args.out, args.reference))
