@@ -44,6 +44,8 @@ TINY_RUNS: dict[str, tuple[str, str]] = {
                            "test_distributed_example_runs_as_one_process"),
     "gate_floor.py": ("benchmarks/test_benchmarks.py",
                       "test_gate_floor_fails_short_correlated_chains_and_passes_long_ones"),
+    "gate_by_noise.py": ("benchmarks/test_benchmarks.py",
+                         "test_gate_by_noise_ranks_each_splits_noise_against_its_gate"),
     "hmc_chains.py": ("benchmarks/test_benchmarks.py",
                       "test_hmc_chains_writes_the_time_of_each_chain_count_and_its_ratio"),
     "large_net.py": ("benchmarks/test_benchmarks.py",
@@ -508,6 +510,47 @@ def test_a_comparison_run_in_parts_merges_into_the_whole_run(tmp_path, benchmark
         merge([str(tmp_path / "part0"), str(tmp_path / "other"), "--out", str(tmp_path / "x")])
     with pytest.raises(SystemExit):
         sampler([*tiny, "--split-ids", "1", "1", "--out", str(tmp_path / "x")])
+
+
+def _reference_folder(folder: Path, data: str,
+                      splits: dict[int, tuple[float | None, float]]) -> Path:
+    """A comparison's folder whose ``compare.json`` keeps ``hmc`` runs on ``data``: split k
+    with the noise scale (``None``: none kept, as a classifier's) and the R-hat over the
+    test predictive of ``splits[k]``."""
+    runs = [{"entry": "hmc", "data": data, "split": k, "status": "ok", "metrics": {"ll": -1.0},
+             "provenance": {"code": "c0de", "commit": "abc1234", "cpu": "a CPU"},
+             "diagnostics": {"chains": 8.0, "ess_pred_min": 1000.0, "leapfrog_steps": 100.0,
+                             "r_hat_pred_max": r_hat,
+                             **({} if noise is None else {"noise_scale": noise})}}
+            for k, (noise, r_hat) in splits.items()]
+    folder.mkdir()
+    (folder / "compare.json").write_text(json.dumps({"summary": [], "runs": runs}))
+    return folder
+
+
+def test_gate_by_noise_ranks_each_splits_noise_against_its_gate(tmp_path, benchmark_script):
+    """Each split's noise is ranked within its data set (1: the smallest) beside its gate;
+    per set, the failing splits' noise ranks and Spearman's correlation between noise and
+    R-hat (-1 where R-hat falls as the noise grows, whatever the values); a split held
+    twice, or runs that keep no noise (a classifier's), are refused."""
+    main = benchmark_script("gate_by_noise.py")["main"]
+    falls = _reference_folder(tmp_path / "a", "uci/a", {0: (0.3, 1.002), 1: (0.1, 1.05),
+                                                       2: (0.2, 1.005)})
+    rises = _reference_folder(tmp_path / "b", "uci/b", {3: (1.0, 1.001), 4: (2.0, 1.02)})
+    rows = main([str(falls), str(rises), "--out", str(tmp_path / "out")])
+    assert [(r["split"], r["noise_rank"], r["gates"]) for r in rows] == [
+        (0, 3, "pass"), (1, 1, "R-hat 1.0500 > 1.01"), (2, 2, "pass"), (3, 1, "pass"),
+        (4, 2, "R-hat 1.0200 > 1.01")]
+    sets = json.loads((tmp_path / "out" / "gate_by_noise_sets.json").read_text())["summary"]
+    assert [(s["data"], s["splits"], s["passing"], s["failing_noise_ranks"]) for s in sets] == [
+        ("uci/a", 3, 2, "1"), ("uci/b", 2, 1, "2")]
+    assert [s["spearman_noise_r_hat"] for s in sets] == pytest.approx([-1.0, 1.0])
+    assert (tmp_path / "out" / "gate_by_noise.png").stat().st_size > 0
+    twice = _reference_folder(tmp_path / "c", "uci/a", {2: (0.5, 1.0)})
+    classifier = _reference_folder(tmp_path / "d", "wine", {0: (None, 1.0)})
+    for folders in ([falls, twice], [classifier]):
+        with pytest.raises(SystemExit):
+            main([*map(str, folders), "--out", str(tmp_path / "x")])
 
 
 def test_reference_noise_fits_the_chosen_noise_with_the_chosen_sampler(tmp_path, monkeypatch,
