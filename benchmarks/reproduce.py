@@ -169,6 +169,9 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_concrete_20_splits/6-9", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 6 7 8 9 --threads 1 "
             "--jobs 2 --replicas off --entries map"),
+    _result("reference_concrete_20_splits/10-13", "sweep",
+            f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 10 11 12 13 "
+            "--threads 1 --jobs 2 --replicas off --entries map"),
     _result("speed", "timing", f"{BENCH}/speed.py --runs 5"),
     _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),
     _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),
