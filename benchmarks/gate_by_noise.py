@@ -17,7 +17,7 @@ rank correlation between noise and R-hat. A figure sets each split's R-hat again
 noise over its set's median.
 
     python benchmarks/gate_by_noise.py benchmarks/results/reference_yacht_4000 \\
-        benchmarks/results/reference_concrete_20_splits --out benchmarks/results/gate_by_noise
+        benchmarks/results/reference_concrete_2000 --out benchmarks/results/gate_by_noise
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ split by split, and the fidelity tables and figure. It is for a reference longer
 sitting: each part is committed with its runs, and this writes the whole from them, fitting
 nothing.
 
-    python benchmarks/merge_comparisons.py benchmarks/results/reference_concrete_20_splits/0-9 \\
-        benchmarks/results/reference_concrete_20_splits/10-19 \\
-        --out benchmarks/results/reference_concrete_20_splits
+    python benchmarks/merge_comparisons.py benchmarks/results/reference_concrete_4000/0-9 \\
+        benchmarks/results/reference_concrete_4000/10-19 \\
+        --out benchmarks/results/reference_concrete_4000
 
 The distances to the reference are those each part measured (a kept run has no predictive
 left to measure again); the reference's gate is applied again to its kept diagnostics.

@@ -160,18 +160,25 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_yacht_4000", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/yacht --splits 20 --samples 4000 "
             "--threads 1 --jobs 2 --replicas off --entries map"),
-    _result("reference_concrete_20_splits/0-3", "sweep",
+    _result("reference_concrete_2000/0-3", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 0 1 2 3 --threads 1 "
             "--jobs 2 --replicas off --entries map"),
-    _result("reference_concrete_20_splits/4-5", "sweep",
+    _result("reference_concrete_2000/4-5", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 4 5 --threads 1 "
             "--jobs 2 --replicas off --entries map"),
-    _result("reference_concrete_20_splits/6-9", "sweep",
+    _result("reference_concrete_2000/6-9", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 6 7 8 9 --threads 1 "
             "--jobs 2 --replicas off --entries map"),
-    _result("reference_concrete_20_splits/10-13", "sweep",
+    _result("reference_concrete_2000/10-13", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 10 11 12 13 "
             "--threads 1 --jobs 2 --replicas off --entries map"),
+    _result("reference_concrete_2000", "other",
+            f"{BENCH}/merge_comparisons.py " + " ".join(
+                f"{RESULTS_DIR}/reference_concrete_2000/{part}"
+                for part in ("0-3", "4-5", "6-9", "10-13"))),
+    _result("gate_by_noise", "other",
+            f"{BENCH}/gate_by_noise.py {RESULTS_DIR}/reference_yacht_4000 "
+            f"{RESULTS_DIR}/reference_concrete_2000"),
     _result("speed", "timing", f"{BENCH}/speed.py --runs 5"),
     _result("cnn", "timing", f"{BENCH}/cnn.py --threads 1"),
     _result("loader", "timing", f"{BENCH}/loader.py --repeats 9"),
