@@ -176,6 +176,9 @@ RESULTS: tuple[Result, ...] = (
             f"{BENCH}/merge_comparisons.py " + " ".join(
                 f"{RESULTS_DIR}/reference_concrete_2000/{part}"
                 for part in ("0-3", "4-5", "6-9", "10-13"))),
+    _result("reference_concrete_4000/8_and_11", "sweep",
+            f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 8 11 --samples 4000 "
+            "--threads 1 --jobs 2 --replicas off --entries map"),
     _result("gate_by_noise", "other",
             f"{BENCH}/gate_by_noise.py {RESULTS_DIR}/reference_yacht_4000 "
             f"{RESULTS_DIR}/reference_concrete_2000"),
