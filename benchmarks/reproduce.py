@@ -179,6 +179,9 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_concrete_4000/8_and_11", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 8 11 --samples 4000 "
             "--threads 1 --jobs 2 --replicas off --entries map"),
+    _result("reference_digits/0-1", "sweep",
+            f"{BENCH}/reference_sampler.py --data digits --split-ids 0 1 --threads 1 --jobs 2 "
+            "--replicas off --entries map"),
     _result("gate_by_noise", "other",
             f"{BENCH}/gate_by_noise.py {RESULTS_DIR}/reference_yacht_4000 "
             f"{RESULTS_DIR}/reference_concrete_2000"),
