@@ -182,6 +182,9 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_digits/0-1", "sweep",
             f"{BENCH}/reference_sampler.py --data digits --split-ids 0 1 --threads 1 --jobs 2 "
             "--replicas off --entries map"),
+    _result("reference_digits/2-5", "sweep",
+            f"{BENCH}/reference_sampler.py --data digits --split-ids 2 3 4 5 --threads 1 "
+            "--jobs 2 --replicas off --entries map"),
     _result("gate_by_noise", "other",
             f"{BENCH}/gate_by_noise.py {RESULTS_DIR}/reference_yacht_4000 "
             f"{RESULTS_DIR}/reference_concrete_2000"),
