@@ -188,9 +188,13 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_digits/6-9", "sweep",
             f"{BENCH}/reference_sampler.py --data digits --split-ids 6 7 8 9 --threads 1 "
             "--jobs 2 --replicas off --entries map"),
+    _result("reference_digits/10-13", "sweep",
+            f"{BENCH}/reference_sampler.py --data digits --split-ids 10 11 12 13 --threads 1 "
+            "--jobs 2 --replicas off --entries map"),
     _result("reference_digits", "other",
             f"{BENCH}/merge_comparisons.py " + " ".join(
-                f"{RESULTS_DIR}/reference_digits/{part}" for part in ("0-1", "2-5", "6-9"))),
+                f"{RESULTS_DIR}/reference_digits/{part}"
+                for part in ("0-1", "2-5", "6-9", "10-13"))),
     _result("gate_by_noise", "other",
             f"{BENCH}/gate_by_noise.py {RESULTS_DIR}/reference_yacht_4000 "
             f"{RESULTS_DIR}/reference_concrete_2000"),
