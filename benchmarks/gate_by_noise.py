@@ -27,76 +27,62 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
-from bnn_zoo._core.files import read_json
+from bnn_zoo import results
 from bnn_zoo._harness import flags
 from bnn_zoo._harness.figures import save_figure
-from bnn_zoo._harness.provenance import run_columns, versions
+from bnn_zoo._harness.provenance import versions
 from bnn_zoo._harness.summary import GATE, REFERENCE
 from bnn_zoo._harness.tables import write_tables
 
+#: The diagnostics of a reference's run that the tables show, and that its gate reads.
+DIAGNOSTICS = ("noise_scale", "leapfrog_steps", "r_hat_pred_max", "ess_pred_min", "chains")
 SPLIT_COLUMNS = ("noise_scale", "noise_rank", "leapfrog_steps", "ll", "r_hat_pred_max",
                  "ess_pred_min", "gates")
 SET_COLUMNS = ("splits", "passing", "failing_noise_ranks", "spearman_noise_r_hat")
 
 
-def reference_runs(folder: Path, reference: str) -> list[dict]:
-    """The finished runs of ``reference`` that ``folder/compare.json`` keeps."""
-    document = folder / "compare.json"
-    if not document.exists():
-        raise ValueError(f"Expected a comparison's results folder, but {str(folder)!r} has no "
-                         "compare.json.")
-    runs = [r for r in read_json(document)["runs"]
-            if r["entry"] == reference and r["status"] == "ok"]
-    if not runs:
-        raise ValueError(f"Expected finished runs of {reference!r} in {document}, found none.")
-    missing = [r["split"] for r in runs if "noise_scale" not in r.get("diagnostics", {})]
-    if missing:
-        raise ValueError(f"Expected a sampled reference with a fixed noise in {document}, but "
-                         f"splits {missing} keep no noise_scale (a classifier has none).")
-    return runs
+def reference_runs(folder: Path, reference: str) -> pd.DataFrame:
+    """The finished runs of ``reference`` that ``folder/compare.json`` keeps, a row each
+    (`bnn_zoo.results.load`), its diagnostics under their own names."""
+    runs = results.load(folder / "compare.json")
+    runs = runs[(runs["entry"] == reference) & (runs["status"] == "ok")]
+    if runs.empty:
+        raise ValueError(f"Expected finished runs of {reference!r} in {folder}, found none.")
+    if "diag_noise_scale" not in runs or runs["diag_noise_scale"].isna().any():
+        raise ValueError(f"Expected a sampled reference with a fixed noise in {folder}, but "
+                         "some of its runs keep no noise_scale (a classifier has none).")
+    return runs.rename(columns={f"diag_{name}": name for name in DIAGNOSTICS})
 
 
-def ranks(values: Sequence[float]) -> np.ndarray:
-    """The rank of each of ``values`` among them, 1 for the smallest (ties in input order)."""
-    return np.argsort(np.argsort(values, kind="stable"), kind="stable") + 1
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation: Pearson's correlation of the ranks of ``x`` and ``y``."""
-    return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
-
-
-def split_rows(runs: Sequence[dict]) -> list[dict]:
-    """One row per run (a data set's split): its noise, the noise's rank in its data set,
-    its leapfrog steps, test LL, predictive R-hat and ESS, and its gate."""
-    rows = []
-    for data in dict.fromkeys(r["data"] for r in runs):
-        own = sorted((r for r in runs if r["data"] == data), key=lambda r: r["split"])
-        rank = ranks([r["diagnostics"]["noise_scale"] for r in own])
-        for r, k in zip(own, rank, strict=True):
-            d = r["diagnostics"]
-            rows.append({"data": data, "split": r["split"], "noise_scale": d["noise_scale"],
-                         "noise_rank": int(k), "leapfrog_steps": d.get("leapfrog_steps"),
-                         "ll": r["metrics"]["ll"], "r_hat_pred_max": d["r_hat_pred_max"],
-                         "ess_pred_min": d["ess_pred_min"],
-                         "gates": "; ".join(GATE.failures(d)) or "pass", **run_columns(r)})
-    return rows
+def split_rows(runs: pd.DataFrame) -> list[dict]:
+    """One row per run (a data set's split): its noise, the noise's rank in its data set
+    (1: the smallest, ties by split), its leapfrog steps, test LL, predictive R-hat and ESS,
+    and its gate."""
+    runs = pd.concat(own.sort_values("split") for _, own in runs.groupby("data", sort=False))
+    runs = runs.assign(
+        noise_rank=runs.groupby("data", sort=False)["noise_scale"].rank(method="first")
+        .astype(int),
+        gates=["; ".join(GATE.failures(d)) or "pass"
+               for d in runs[list(DIAGNOSTICS)].to_dict("records")])
+    return runs[["data", "split", *SPLIT_COLUMNS, "code", "commit", "machine"]].to_dict(
+        "records")
 
 
 def set_rows(rows: Sequence[dict]) -> list[dict]:
     """Per data set of `split_rows`: its splits, how many pass, the noise ranks of those
-    that fail, and the rank correlation between noise and R-hat."""
+    that fail, and Spearman's rank correlation between noise and R-hat (Pearson's
+    correlation of their ranks)."""
     out = []
-    for data in dict.fromkeys(r["data"] for r in rows):
-        own = [r for r in rows if r["data"] == data]
-        failing = sorted(r["noise_rank"] for r in own if r["gates"] != "pass")
+    for data, own in pd.DataFrame(rows).groupby("data", sort=False):
+        failing = sorted(own.loc[own["gates"] != "pass", "noise_rank"])
         out.append({"data": data, "splits": len(own),
-                    "passing": sum(r["gates"] == "pass" for r in own),
+                    "passing": int((own["gates"] == "pass").sum()),
                     "failing_noise_ranks": " ".join(map(str, failing)) or "-",
-                    "spearman_noise_r_hat": spearman([r["noise_scale"] for r in own],
-                                                     [r["r_hat_pred_max"] for r in own])})
+                    "spearman_noise_r_hat": float(own["noise_scale"].rank().corr(
+                        own["r_hat_pred_max"].rank()))})
     return out
 
 
@@ -131,12 +117,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                            without=("device", "splits", "retain_freed_memory"))
     args = flags.parse(parser, argv)
     try:
-        runs = [r for folder in args.folders for r in reference_runs(folder, args.reference)]
+        runs = pd.concat([reference_runs(folder, args.reference) for folder in args.folders])
     except ValueError as error:
         parser.error(str(error))
-    held = [(r["data"], r["split"]) for r in runs]
-    if len(set(held)) < len(held):
-        parser.error(f"folders hold a split twice: {sorted(k for k in held if held.count(k) > 1)}")
+    held = runs[["data", "split"]]
+    if held.duplicated().any():
+        twice = sorted(map(tuple, held[held.duplicated()].to_numpy().tolist()))
+        parser.error(f"folders hold a split twice: {twice}")
     rows = split_rows(runs)
     provenance = versions(rows)
     print(write_tables(args.out, "gate_by_noise", rows, keys=("data", "split"),
