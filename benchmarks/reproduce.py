@@ -78,6 +78,21 @@ def _result(folder: str, kind: str, *commands: str) -> Result:
 
 
 BENCH = "benchmarks"
+#: The flags of a reference sampled split by split, two splits at a time on two cores.
+SPLIT_BY_SPLIT = "--threads 1 --jobs 2 --replicas off --entries map"
+
+
+def _reference_parts(folder: str, data: str, parts: dict[str, str]) -> tuple[Result, ...]:
+    """A reference on ``data`` sampled in parts (``benchmarks/reference_sampler.py``): each
+    part ``name -> split ids`` into ``folder/name``, then their merge into ``folder``
+    (``benchmarks/merge_comparisons.py``)."""
+    return (*(_result(f"{folder}/{name}", "sweep",
+                      f"{BENCH}/reference_sampler.py --data {data} --split-ids {ids} "
+                      f"{SPLIT_BY_SPLIT}") for name, ids in parts.items()),
+            _result(folder, "other", f"{BENCH}/merge_comparisons.py " + " ".join(
+                f"{RESULTS_DIR}/{folder}/{name}" for name in parts)))
+
+
 #: The sets of the study of the learning-rate schedule (constant against cosine).
 LR_STUDY_DATA = "uci/yacht uci/bostonHousing uci/energy uci/concrete"
 #: Every committed folder and how it is written, the cheap ones first.
@@ -160,41 +175,13 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_yacht_4000", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/yacht --splits 20 --samples 4000 "
             "--threads 1 --jobs 2 --replicas off --entries map"),
-    _result("reference_concrete_2000/0-3", "sweep",
-            f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 0 1 2 3 --threads 1 "
-            "--jobs 2 --replicas off --entries map"),
-    _result("reference_concrete_2000/4-5", "sweep",
-            f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 4 5 --threads 1 "
-            "--jobs 2 --replicas off --entries map"),
-    _result("reference_concrete_2000/6-9", "sweep",
-            f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 6 7 8 9 --threads 1 "
-            "--jobs 2 --replicas off --entries map"),
-    _result("reference_concrete_2000/10-13", "sweep",
-            f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 10 11 12 13 "
-            "--threads 1 --jobs 2 --replicas off --entries map"),
-    _result("reference_concrete_2000", "other",
-            f"{BENCH}/merge_comparisons.py " + " ".join(
-                f"{RESULTS_DIR}/reference_concrete_2000/{part}"
-                for part in ("0-3", "4-5", "6-9", "10-13"))),
+    *_reference_parts("reference_concrete_2000", "uci/concrete",
+                      {"0-3": "0 1 2 3", "4-5": "4 5", "6-9": "6 7 8 9", "10-13": "10 11 12 13"}),
     _result("reference_concrete_4000/8_and_11", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 8 11 --samples 4000 "
-            "--threads 1 --jobs 2 --replicas off --entries map"),
-    _result("reference_digits/0-1", "sweep",
-            f"{BENCH}/reference_sampler.py --data digits --split-ids 0 1 --threads 1 --jobs 2 "
-            "--replicas off --entries map"),
-    _result("reference_digits/2-5", "sweep",
-            f"{BENCH}/reference_sampler.py --data digits --split-ids 2 3 4 5 --threads 1 "
-            "--jobs 2 --replicas off --entries map"),
-    _result("reference_digits/6-9", "sweep",
-            f"{BENCH}/reference_sampler.py --data digits --split-ids 6 7 8 9 --threads 1 "
-            "--jobs 2 --replicas off --entries map"),
-    _result("reference_digits/10-13", "sweep",
-            f"{BENCH}/reference_sampler.py --data digits --split-ids 10 11 12 13 --threads 1 "
-            "--jobs 2 --replicas off --entries map"),
-    _result("reference_digits", "other",
-            f"{BENCH}/merge_comparisons.py " + " ".join(
-                f"{RESULTS_DIR}/reference_digits/{part}"
-                for part in ("0-1", "2-5", "6-9", "10-13"))),
+            f"{SPLIT_BY_SPLIT}"),
+    *_reference_parts("reference_digits", "digits",
+                      {"0-1": "0 1", "2-5": "2 3 4 5", "6-9": "6 7 8 9", "10-13": "10 11 12 13"}),
     _result("gate_by_noise", "other",
             f"{BENCH}/gate_by_noise.py {RESULTS_DIR}/reference_yacht_4000 "
             f"{RESULTS_DIR}/reference_concrete_2000"),
