@@ -181,7 +181,8 @@ RESULTS: tuple[Result, ...] = (
             f"{BENCH}/reference_sampler.py --data uci/concrete --split-ids 8 11 --samples 4000 "
             f"{SPLIT_BY_SPLIT}"),
     *_reference_parts("reference_digits", "digits",
-                      {"0-1": "0 1", "2-5": "2 3 4 5", "6-9": "6 7 8 9", "10-13": "10 11 12 13"}),
+                      {"0-1": "0 1", "2-5": "2 3 4 5", "6-9": "6 7 8 9", "10-13": "10 11 12 13",
+                       "14-17": "14 15 16 17", "18-19": "18 19"}),
     _result("gate_by_noise", "other",
             f"{BENCH}/gate_by_noise.py {RESULTS_DIR}/reference_yacht_4000 "
             f"{RESULTS_DIR}/reference_concrete_2000"),
