@@ -125,7 +125,7 @@ RESULTS: tuple[Result, ...] = (
     _result("laplace_torch", "other", f"{BENCH}/laplace_torch.py --splits 10"),
     _result("classification_reference", "sweep",
             f"{BENCH}/compare_guides.py --data two_moons breast_cancer wine --splits 3 "
-            "--threads 1"),
+            "--threads 1 --jobs 2 --replicas off"),
     _result("compare_cnn", "sweep", "-m bnn_zoo compare --data digits --net cnn"),
     _result("compare_cnn_mnist1d", "sweep", "-m bnn_zoo compare --data mnist1d --net cnn"),
     _result("laplace_cnn", "other", f"{BENCH}/laplace_cnn.py --splits 2 --threads 1"),
