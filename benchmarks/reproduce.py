@@ -153,7 +153,7 @@ RESULTS: tuple[Result, ...] = (
             f"--entries {FIDELITY_ENTRIES}"),
     _result("reference_boston", "sweep",
             "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 20 "
-            "--threads 1 --jobs 2 --replicas off --entries map"),
+            f"{SPLIT_BY_SPLIT}"),
     _result("reference_yacht", "sweep",
             "-m bnn_zoo compare --data uci/yacht --reference hmc --splits 20 --threads 2 "
             "--entries map"),
@@ -168,13 +168,12 @@ RESULTS: tuple[Result, ...] = (
             "--threads 2 --entries map"),
     _result("reference_classification_20_splits", "sweep",
             "-m bnn_zoo compare --data wine breast_cancer --reference hmc --splits 20 "
-            "--threads 1 --jobs 2 --replicas off --entries map"),
+            f"{SPLIT_BY_SPLIT}"),
     _result("reference_two_moons", "sweep",
-            "-m bnn_zoo compare --data two_moons --reference hmc --splits 20 --threads 1 "
-            "--jobs 2 --replicas off --entries map"),
+            f"-m bnn_zoo compare --data two_moons --reference hmc --splits 20 {SPLIT_BY_SPLIT}"),
     _result("reference_yacht_4000", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/yacht --splits 20 --samples 4000 "
-            "--threads 1 --jobs 2 --replicas off --entries map"),
+            f"{SPLIT_BY_SPLIT}"),
     *_reference_parts("reference_concrete_2000", "uci/concrete",
                       {"0-3": "0 1 2 3", "4-5": "4 5", "6-9": "6 7 8 9", "10-13": "10 11 12 13"}),
     _result("reference_concrete_4000/8_and_11", "sweep",
