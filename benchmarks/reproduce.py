@@ -163,9 +163,6 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_concrete", "sweep",
             "-m bnn_zoo compare --data uci/concrete --reference hmc --splits 3 --threads 2 "
             "--entries map"),
-    _result("reference_classification", "sweep",
-            "-m bnn_zoo compare --data two_moons breast_cancer wine --reference hmc --splits 3 "
-            "--threads 2 --entries map"),
     _result("reference_classification_20_splits", "sweep",
             "-m bnn_zoo compare --data wine breast_cancer --reference hmc --splits 20 "
             f"{SPLIT_BY_SPLIT}"),
