@@ -82,6 +82,14 @@ BENCH = "benchmarks"
 SPLIT_BY_SPLIT = "--threads 1 --jobs 2 --replicas off --entries map"
 
 
+def _reference_sweep(folder: str, data: str) -> Result:
+    """The reference on every split of ``data`` (20), sampled split by split by
+    ``bnn_zoo compare`` into ``folder``."""
+    return _result(folder, "sweep",
+                   f"-m bnn_zoo compare --data {data} --reference hmc --splits 20 "
+                   f"{SPLIT_BY_SPLIT}")
+
+
 def _reference_parts(folder: str, data: str, parts: dict[str, str]) -> tuple[Result, ...]:
     """A reference on ``data`` sampled in parts (``benchmarks/reference_sampler.py``): each
     part ``name -> split ids`` into ``folder/name``, then their merge into ``folder``
@@ -151,9 +159,7 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_hmc", "sweep",
             "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 5 --threads 2 "
             f"--entries {FIDELITY_ENTRIES}"),
-    _result("reference_boston", "sweep",
-            "-m bnn_zoo compare --data uci/bostonHousing --reference hmc --splits 20 "
-            f"{SPLIT_BY_SPLIT}"),
+    _reference_sweep("reference_boston", "uci/bostonHousing"),
     _result("reference_yacht", "sweep",
             "-m bnn_zoo compare --data uci/yacht --reference hmc --splits 20 --threads 2 "
             "--entries map"),
@@ -163,11 +169,8 @@ RESULTS: tuple[Result, ...] = (
     _result("reference_concrete", "sweep",
             "-m bnn_zoo compare --data uci/concrete --reference hmc --splits 3 --threads 2 "
             "--entries map"),
-    _result("reference_classification_20_splits", "sweep",
-            "-m bnn_zoo compare --data wine breast_cancer --reference hmc --splits 20 "
-            f"{SPLIT_BY_SPLIT}"),
-    _result("reference_two_moons", "sweep",
-            f"-m bnn_zoo compare --data two_moons --reference hmc --splits 20 {SPLIT_BY_SPLIT}"),
+    _reference_sweep("reference_classification_20_splits", "wine breast_cancer"),
+    _reference_sweep("reference_two_moons", "two_moons"),
     _result("reference_yacht_4000", "sweep",
             f"{BENCH}/reference_sampler.py --data uci/yacht --splits 20 --samples 4000 "
             f"{SPLIT_BY_SPLIT}"),
