@@ -184,7 +184,8 @@ RESULTS: tuple[Result, ...] = (
                        "14-17": "14 15 16 17", "18-19": "18 19"}),
     *_reference_parts("reference_wine_quality_red", "uci/wine-quality-red",
                       {"0-1": "0 1", "2-5": "2 3 4 5", "6-9": "6 7 8 9",
-                       "10-13": "10 11 12 13", "14-18": "14 15 16 17 18"}),
+                       "10-13": "10 11 12 13", "14-18": "14 15 16 17 18",
+                       "19": "19"}),
     _result("gate_by_noise", "other",
             f"{BENCH}/gate_by_noise.py {RESULTS_DIR}/reference_yacht_4000 "
             f"{RESULTS_DIR}/reference_concrete_2000"),
