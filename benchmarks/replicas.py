@@ -38,6 +38,7 @@ import torch
 from bnn_zoo import zoo
 from bnn_zoo._harness import flags
 from bnn_zoo._harness.memory import PeakMemory
+from bnn_zoo._harness.provenance import provenance, run_columns, versions
 from bnn_zoo._harness.tables import merge_summary, write_tables
 from bnn_zoo._harness.timing import interleaved_medians
 
@@ -141,13 +142,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                               min(entry.budget.batch_size or args.points,
                                                   args.points), args.repeats, x.device),
            "one_fit_mib": max(one_mib), "replicas_mib": max(many_mib),
-           "device": str(x.device)}
+           "device": str(x.device), **run_columns({"provenance": provenance()})}
     rows = merge_summary(args.out, "replicas", [row], keys=KEYS)
     print(write_tables(args.out, "replicas", rows, keys=KEYS,
                        columns=("batched", "one_fit_s", "replicas_s", "ratio", "floor",
                                 "speedup_vs_one_by_one", "hand_step_ratio", "one_fit_mib",
                                 "replicas_mib",
-                                "device")))
+                                "device"), provenance=versions(rows)))
     return [row]
 
 

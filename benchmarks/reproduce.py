@@ -196,8 +196,9 @@ RESULTS: tuple[Result, ...] = (
     _result("throughput", "timing",
             f"{BENCH}/throughput.py --device cpu --processes 1 --threads 1 --repeats 7"),
     _result("scaling", "timing", f"{BENCH}/scaling.py --splits 5 --workers 1 2"),
-    _result("replicas", "timing", f"{BENCH}/replicas.py --threads 1 --repeats 3",
-            f"{BENCH}/replicas.py --threads 2 --repeats 3"),
+    _result("replicas", "timing",
+            *(f"{BENCH}/replicas.py --threads {threads} --repeats 3{allocator}"
+              for allocator in ("", " --retain-freed-memory") for threads in (1, 2))),
 )
 #: Folders of :data:`RESULTS_DIR` that no command here writes.
 ELSEWHERE = {"fingerprints": "benchmarks/fingerprints.py, run on the code before a change",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bnn_zoo._core.files import read_json, write_text_atomic
-from bnn_zoo._harness.provenance import note, run_columns
+from bnn_zoo._harness.provenance import UNKNOWN, note, run_columns
 from bnn_zoo._harness.provenance import provenance as process_provenance
 from bnn_zoo._harness.summary import RUNS
 
@@ -229,12 +229,19 @@ def merge_summary(out: str | Path, name: str, rows: Sequence[dict], *, keys: Seq
                   ) -> list[dict]:
     """The summary rows of ``<name>.json`` under ``out`` (none if there is no such file),
     each replaced by the row of ``rows`` with the same values of ``keys``, followed by the
-    rows of ``rows`` that replace none: what to pass to `write_tables` when one run
-    measures some rows of a table (one setting of a benchmark) and keeps the others."""
+    rows of ``rows`` that replace none: what to pass to `write_tables`, with
+    ``provenance=versions(merged)``, when one run measures some rows of a table (one
+    setting of a benchmark) and keeps the others. A kept row that does not name its
+    ``code``, ``commit`` and ``machine`` (`run_columns`) takes its file's, so that the table
+    names the code of every row it shows, not only this run's."""
     path = Path(out) / f"{name}.json"
-    old = read_json(path)["summary"] if path.exists() else []
+    document = read_json(path) if path.exists() else {"summary": []}
+    found = document.get("provenance") or {}
+    origin = {column: "; ".join(found.get(column) or [UNKNOWN])
+              for column in ("code", "commit", "machine")}
     new = {tuple(row.get(k) for k in keys): row for row in rows}
-    merged = [new.pop(tuple(row.get(k) for k in keys), row) for row in old]
+    merged = [new.pop(tuple(row.get(k) for k in keys), {**origin, **row})
+              for row in document["summary"]]
     return merged + list(new.values())
 
 

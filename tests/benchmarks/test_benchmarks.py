@@ -424,6 +424,40 @@ def test_replicas_keeps_the_rows_of_other_settings(tmp_path, benchmark_script):
     assert summary[0]["replicas_s"] == third["replicas_s"]  # replaced (2 rows), not added
 
 
+def test_replicas_names_the_code_of_every_row_it_keeps(tmp_path, benchmark_script):
+    # A row kept from a file of other code, which names its code only in the file's
+    # provenance (as files did before rows named it), keeps that code: the table's line
+    # and provenance name both versions, and the file is stale, not passed off as this
+    # run's.
+    from bnn_zoo._harness.provenance import code_version
+    from bnn_zoo._harness.stale import stale_files
+
+    script = benchmark_script("replicas.py")
+    threads = torch.get_num_threads()
+    common = ["--replicas", "2", "--steps", "3", "--repeats", "1", "--points", "20",
+              "--out", str(tmp_path)]
+    path = tmp_path / "replicas.json"
+    try:
+        script["main"]([*common, "--threads", "1"])
+        document = json.loads(path.read_text())
+        for column in ("code", "commit", "machine"):
+            del document["summary"][0][column]
+        document["provenance"] = {"code": ["0123456789ab"], "commit": ["abc1234"],
+                                  "machine": ["an older machine"]}
+        path.write_text(json.dumps(document))
+        script["main"]([*common, "--threads", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    document = json.loads(path.read_text())
+    kept, measured = document["summary"]
+    assert (kept["code"], kept["commit"], kept["machine"]) == (
+        "0123456789ab", "abc1234", "an older machine")
+    assert measured["code"] == code_version()
+    assert document["provenance"]["code"] == sorted(["0123456789ab", code_version()])
+    assert "0123456789ab" in (tmp_path / "replicas.md").read_text()
+    assert [row["file"] for row in stale_files([path])] == [str(path)]
+
+
 def test_loader_benchmark_writes_the_times_and_ratios(tmp_path, monkeypatch, benchmark_script):
     """A tiny run: one row, each loader's ratio its time over the tensors' fit, in the
     JSON too."""
