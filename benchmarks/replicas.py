@@ -132,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             many.append(time.perf_counter() - started)
         many_mib.append(peak.mib)
     one_s, many_s = statistics.median(one), statistics.median(many)
+    process = provenance()  # this run's: its row's code, and the file's torch, date, threads
     row = {"entry": args.entry, "replicas": args.replicas, "steps": args.steps,
            "threads": torch.get_num_threads(),
            "allocator": "retained" if args.retain_freed_memory else "default",
@@ -142,13 +143,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                               min(entry.budget.batch_size or args.points,
                                                   args.points), args.repeats, x.device),
            "one_fit_mib": max(one_mib), "replicas_mib": max(many_mib),
-           "device": str(x.device), **run_columns({"provenance": provenance()})}
+           "device": str(x.device), **run_columns({"provenance": process})}
     rows = merge_summary(args.out, "replicas", [row], keys=KEYS)
     print(write_tables(args.out, "replicas", rows, keys=KEYS,
                        columns=("batched", "one_fit_s", "replicas_s", "ratio", "floor",
                                 "speedup_vs_one_by_one", "hand_step_ratio", "one_fit_mib",
                                 "replicas_mib",
-                                "device"), provenance=versions(rows)))
+                                "device"), provenance={**versions(rows), "process": process}))
     return [row]
 
 

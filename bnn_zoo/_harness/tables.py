@@ -230,8 +230,9 @@ def merge_summary(out: str | Path, name: str, rows: Sequence[dict], *, keys: Seq
     """The summary rows of ``<name>.json`` under ``out`` (none if there is no such file),
     each replaced by the row of ``rows`` with the same values of ``keys``, followed by the
     rows of ``rows`` that replace none: what to pass to `write_tables`, with
-    ``provenance=versions(merged)``, when one run measures some rows of a table (one
-    setting of a benchmark) and keeps the others. A kept row that does not name its
+    ``provenance`` from `versions` of the merged rows (and this run's whole `provenance`
+    under ``"process"``), when one run measures some rows of a table (one setting of a
+    benchmark) and keeps the others. A kept row that does not name its
     ``code``, ``commit`` and ``machine`` (`run_columns`) takes its file's, so that the table
     names the code of every row it shows, not only this run's."""
     path = Path(out) / f"{name}.json"

@@ -404,19 +404,29 @@ def test_replicas_reports_the_times_and_peak_memory(tmp_path, monkeypatch, bench
     assert "replicas_mib" in (tmp_path / "replicas.md").read_text()
 
 
+def _replicas_setting(benchmark_script, out):
+    """A tiny run of ``replicas.py`` into ``out`` at a thread count (torch's count restored
+    after): the row it measured."""
+    script = benchmark_script("replicas.py")
+
+    def run(threads: int) -> dict:
+        saved = torch.get_num_threads()
+        try:
+            return script["main"](["--replicas", "2", "--steps", "3", "--repeats", "1",
+                                   "--points", "20", "--out", str(out),
+                                   "--threads", str(threads)])[0]
+        finally:
+            torch.set_num_threads(saved)
+    return run
+
+
 def test_replicas_keeps_the_rows_of_other_settings(tmp_path, benchmark_script):
     # One run measures one setting: a run with another thread count adds its row, a rerun
     # of a setting replaces that setting's row.
-    script = benchmark_script("replicas.py")
-    threads = torch.get_num_threads()
-    common = ["--replicas", "2", "--steps", "3", "--repeats", "1", "--points", "20",
-              "--out", str(tmp_path)]
-    try:
-        script["main"]([*common, "--threads", "1"])
-        second = script["main"]([*common, "--threads", "2"])[0]
-        third = script["main"]([*common, "--threads", "1"])[0]
-    finally:
-        torch.set_num_threads(threads)
+    run = _replicas_setting(benchmark_script, tmp_path)
+    run(1)
+    second = run(2)
+    third = run(1)
     summary = json.loads((tmp_path / "replicas.json").read_text())["summary"]
     assert [(row["threads"], row["allocator"]) for row in summary] == [(1, "default"),
                                                                         (2, "default")]
@@ -432,28 +442,23 @@ def test_replicas_names_the_code_of_every_row_it_keeps(tmp_path, benchmark_scrip
     from bnn_zoo._harness.provenance import code_version
     from bnn_zoo._harness.stale import stale_files
 
-    script = benchmark_script("replicas.py")
-    threads = torch.get_num_threads()
-    common = ["--replicas", "2", "--steps", "3", "--repeats", "1", "--points", "20",
-              "--out", str(tmp_path)]
+    run = _replicas_setting(benchmark_script, tmp_path)
     path = tmp_path / "replicas.json"
-    try:
-        script["main"]([*common, "--threads", "1"])
-        document = json.loads(path.read_text())
-        for column in ("code", "commit", "machine"):
-            del document["summary"][0][column]
-        document["provenance"] = {"code": ["0123456789ab"], "commit": ["abc1234"],
-                                  "machine": ["an older machine"]}
-        path.write_text(json.dumps(document))
-        script["main"]([*common, "--threads", "2"])
-    finally:
-        torch.set_num_threads(threads)
+    run(1)
+    document = json.loads(path.read_text())
+    for column in ("code", "commit", "machine"):
+        del document["summary"][0][column]
+    document["provenance"] = {"code": ["0123456789ab"], "commit": ["abc1234"],
+                              "machine": ["an older machine"]}
+    path.write_text(json.dumps(document))
+    run(2)
     document = json.loads(path.read_text())
     kept, measured = document["summary"]
     assert (kept["code"], kept["commit"], kept["machine"]) == (
         "0123456789ab", "abc1234", "an older machine")
     assert measured["code"] == code_version()
     assert document["provenance"]["code"] == sorted(["0123456789ab", code_version()])
+    assert document["provenance"]["process"]["code"] == code_version()  # torch, date, ...
     assert "0123456789ab" in (tmp_path / "replicas.md").read_text()
     assert [row["file"] for row in stale_files([path])] == [str(path)]
 
