@@ -70,13 +70,39 @@ def fidelity_figure(rows: Sequence[dict]) -> Figure:
                     yerr=[0.0 if math.isnan(r.get(f"{distance}_se", math.nan))
                           else r[f"{distance}_se"] for r in group], fmt="o", ms=4,
                     capsize=2)
-        for r in group:
-            ax.annotate(r["entry"], (r["fit_seconds"], r[distance]), fontsize=7,
-                        xytext=(3, 2), textcoords="offset points")
+        labels = [ax.annotate(r["entry"], (r["fit_seconds"], r[distance]), fontsize=7,
+                              xytext=(3, 2), textcoords="offset points") for r in group]
         ax.set(xscale="log", yscale="log", xlabel="fit time (s)",
                ylabel=f"{distance} (closer is lower)",
                title=f"{data}: fidelity to the reference against cost")
+        _separate(fig, labels)
     return fig
+
+
+#: The offsets (points, up or down from the default's) a label tries in turn: whole lines of
+#: its 7-point text.
+_LABEL_SHIFTS = (0, -9, 9, -18, 18, -27, 27, -36, 36, -45, 45)
+
+
+def _separate(fig: Figure, labels: list) -> None:
+    """Move each label of ``labels`` to the first of `_LABEL_SHIFTS` where it overlaps no
+    label placed before it (with 2 points between them side by side), or where it overlaps
+    them least if none is clear."""
+    fig.draw_without_rendering()
+    placed = []
+    for label in labels:
+        x, y = label.xyann
+        overlaps = []
+        for shift in _LABEL_SHIFTS:
+            label.xyann = (x, y + shift)
+            box = label.get_window_extent().padded(2, 0)
+            overlaps.append(sum(max(0.0, min(box.x1, o.x1) - max(box.x0, o.x0))
+                                * max(0.0, min(box.y1, o.y1) - max(box.y0, o.y0))
+                                for o in placed))
+            if overlaps[-1] == 0.0:
+                break
+        label.xyann = (x, y + _LABEL_SHIFTS[overlaps.index(min(overlaps))])
+        placed.append(label.get_window_extent().padded(2, 0))
 
 
 def write_fidelity(records: Sequence[dict], out: str | Path, reference: str) -> str | None:
