@@ -41,8 +41,10 @@ def run_row(run: Mapping, origin: Mapping | None = None) -> dict:
     ``date``...), with ``code`` and ``commit`` as the tables show them
     (`bnn_zoo._harness.provenance.run_columns`). A flat run (as the benchmark
     scripts keep them) keeps its fields. ``origin``: the provenance of the process that
-    wrote the file, for runs that keep none of their own."""
-    if not any(key in run for key in NESTED):
+    wrote the file, for runs that keep none of their own. A run whose `NESTED` fields are
+    not mappings (``metrics`` a list of rows, as ``benchmarks/fingerprints.py`` keeps them)
+    is a flat run."""
+    if not any(isinstance(run.get(key), Mapping) for key in NESTED):
         return _with(run, origin)
     provenance = run.get("provenance") or origin or {}
     row = {k: v for k, v in run.items() if k not in NESTED}
@@ -78,7 +80,10 @@ def load(path: str | Path) -> pd.DataFrame:
     through [`run_row`][bnn_zoo.results.run_row]: metrics, diagnostics and provenance as
     columns); elsewhere they are the files' summary rows, or the rows of each of their
     tables (``table``: its name), which are the measurements of scripts that keep no
-    runs. Column ``file`` names the file (relative to the folder). A file that cannot be
+    runs. The parts of a comparison run in parts (the subfolders of a folder whose own file
+    keeps runs: `benchmarks/merge_comparisons.py` keeps theirs in the merged file) give no
+    rows of their own, so each run is read once. Column ``file`` names the file (relative
+    to the folder). A file that cannot be
     read or parsed raises a ``ValueError`` naming it; a file of another kind gives no rows.
     """
     path = Path(path)
@@ -89,7 +94,9 @@ def load(path: str | Path) -> pd.DataFrame:
     else:
         raise ValueError(f"Expected a results folder or file, but {str(path)!r} does not "
                          "exist.")
-    read = [(name, *_rows(file)) for file, name in files]
-    any_runs = any(kept for _, kept, _ in read)
-    return pd.DataFrame([{"file": name, **row} for name, kept, rows in read
-                         if kept or not any_runs for row in rows])
+    read = [(file, name, *_rows(file)) for file, name in files]
+    merges = {file.parent for file, _, kept, _ in read if kept}
+    any_runs = bool(merges)
+    return pd.DataFrame([{"file": name, **row} for file, name, kept, rows in read
+                         if (kept or not any_runs) and merges.isdisjoint(file.parents[1:])
+                         for row in rows])

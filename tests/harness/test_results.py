@@ -65,6 +65,35 @@ def test_where_a_file_keeps_runs_only_runs_are_rows(tmp_path):
     assert set(loaded["code"]) == {"unknown"}
 
 
+def test_the_parts_of_a_merged_comparison_are_read_once(tmp_path):
+    """A comparison run in two parts and merged keeps all its runs in the merged file; the
+    parts' files give no rows, while a part loaded on its own gives its runs."""
+    runs = [{"entry": "hmc", "data": "d", "split": s, "status": "ok", "metrics": {"ll": s}}
+            for s in range(4)]
+    (tmp_path / "compare.json").write_text(json.dumps({"runs": runs}))
+    for name, part in (("0-1", runs[:2]), ("2-3", runs[2:])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "compare.json").write_text(json.dumps({"runs": part}))
+    loaded = results.load(tmp_path)
+    assert list(loaded["split"]) == [0, 1, 2, 3]
+    assert set(loaded["file"]) == {"compare.json"}
+    assert list(results.load(tmp_path / "2-3")["split"]) == [2, 3]
+
+
+def test_the_committed_results_load_as_one_table():
+    """Every committed results file reads, a merged reference's runs once, and the runs of
+    ``fingerprints.json``, whose ``metrics`` is a list of rows, as flat runs."""
+    loaded = results.load(RESULTS)
+    digits = loaded[loaded["file"].str.startswith("reference_digits/")]
+    assert set(digits["file"]) == {"reference_digits/compare.json"}
+    assert not digits.duplicated(["entry", "split"]).any()
+    kept = read_json(RESULTS / "fingerprints" / "fingerprints.json")["runs"]
+    fingerprints = loaded[loaded["file"] == "fingerprints/fingerprints.json"]
+    assert len(fingerprints) == len(kept)
+    assert [m for m in fingerprints["metrics"] if isinstance(m, list)] == [
+        run["metrics"] for run in kept if run.get("metrics") is not None]
+
+
 @pytest.mark.parametrize("text", ["{\"runs\": [", ""])
 def test_a_file_that_cannot_be_read_is_named(tmp_path, text):
     (tmp_path / "broken.json").write_text(text)
