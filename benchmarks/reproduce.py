@@ -145,9 +145,12 @@ RESULTS: tuple[Result, ...] = (
     _result("uci_gap", "sweep",
             f"{BENCH}/uci.py --gap --data yacht energy --threads 1 --reference nuts"),
     _result("uci", "sweep", f"{BENCH}/uci.py --splits 20 --threads 1 --reference nuts"),
-    _result("nngp_ard", "sweep",
+    _result("nngp_ard", "other",
             f"{BENCH}/uci.py --data yacht bostonHousing energy concrete --entries nngp nngp-erf "
-            "--splits 20 --threads 1"),
+            "--splits 20 --threads 1",
+            f"{BENCH}/moves.py {RESULTS_DIR}/nngp_ard/uci_summary.json --since 1910f8c "
+            f"--old-path {RESULTS_DIR}/uci/uci_summary.json --metrics ll rmse "
+            "--name nngp_ard_moves"),
     _result("seed_spread", "sweep",
             f"{BENCH}/seed_spread.py --data uci/protein-tertiary-structure --entries map "
             "--splits 5 --threads 1"),
