@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.text import Annotation
+from matplotlib.transforms import Bbox
 
 from bnn_zoo._harness.figures import save_figure
 from bnn_zoo._harness.provenance import run_columns, versions
@@ -84,25 +86,25 @@ def fidelity_figure(rows: Sequence[dict]) -> Figure:
 _LABEL_SHIFTS = (0, -9, 9, -18, 18, -27, 27, -36, 36, -45, 45)
 
 
-def _separate(fig: Figure, labels: list) -> None:
+def _separate(fig: Figure, labels: Sequence[Annotation]) -> None:
     """Move each label of ``labels`` to the first of `_LABEL_SHIFTS` where it overlaps no
     label placed before it (with 2 points between them side by side), or where it overlaps
     them least if none is clear."""
     fig.draw_without_rendering()
-    placed = []
+    placed: list[Bbox] = []
     for label in labels:
         x, y = label.xyann
-        overlaps = []
+        tried = []  # (overlap, shift, box) of each shift tried
         for shift in _LABEL_SHIFTS:
             label.xyann = (x, y + shift)
             box = label.get_window_extent().padded(2, 0)
-            overlaps.append(sum(max(0.0, min(box.x1, o.x1) - max(box.x0, o.x0))
-                                * max(0.0, min(box.y1, o.y1) - max(box.y0, o.y0))
-                                for o in placed))
-            if overlaps[-1] == 0.0:
+            common = (Bbox.intersection(box, other) for other in placed)
+            tried.append((sum(c.width * c.height for c in common if c is not None), shift, box))
+            if tried[-1][0] == 0.0:
                 break
-        label.xyann = (x, y + _LABEL_SHIFTS[overlaps.index(min(overlaps))])
-        placed.append(label.get_window_extent().padded(2, 0))
+        _, shift, box = min(tried, key=lambda t: t[0])
+        label.xyann = (x, y + shift)
+        placed.append(box)
 
 
 def write_fidelity(records: Sequence[dict], out: str | Path, reference: str) -> str | None:
