@@ -99,8 +99,9 @@ def _separate(fig: Figure, labels: Sequence[Annotation]) -> None:
             label.xyann = (x, y + shift)
             box = label.get_window_extent().padded(2, 0)
             common = (Bbox.intersection(box, other) for other in placed)
-            tried.append((sum(c.width * c.height for c in common if c is not None), shift, box))
-            if tried[-1][0] == 0.0:
+            overlap = sum(c.width * c.height for c in common if c is not None)
+            tried.append((overlap, shift, box))
+            if overlap == 0.0:
                 break
         _, shift, box = min(tried, key=lambda t: t[0])
         label.xyann = (x, y + shift)
