@@ -1,5 +1,5 @@
-"""Carry an unfinished sweep to another machine: its run cache packed into one file that git
-can hold, and unpacked back into a cache on the other side.
+"""Carry an unfinished sweep to another machine: its run cache packed into files that git
+can hold, one per data set, and unpacked back into a cache on the other side.
 
 A sweep (``uci.py``, ``classification.py``, ``compare``) caches every finished run under
 ``<out>/runs/`` (:mod:`bnn_zoo._harness.runs`). That folder is not committed: with the
@@ -8,9 +8,13 @@ megabytes. The committed ``<name>_summary.json`` restores the runs of a *finishe
 sweep longer than one machine's lease (the whole UCI protocol is about 20 fit-hours) needs
 its finished runs carried over before it ends.
 
-``--out OUT`` writes ``OUT/checkpoint.jsonl``: one line per cached run of today's code
-(:func:`bnn_zoo._harness.provenance.code_version`) that finished or was skipped, sorted by
-entry, data set, split and seed, less what the tables do not read:
+``--out OUT`` writes ``OUT/checkpoint/<data set>.jsonl`` (``uci_concrete.jsonl`` for
+``uci/concrete``): one line per cached run of today's code
+(:func:`bnn_zoo._harness.provenance.code_version`) on that data set that finished or was
+skipped, sorted by entry, split and seed, and removes the files of data sets without such a
+run. A sweep runs its data sets one after the other, so the file of a finished data set is
+written once and stays the same while the next ones fill; each file stays far below what a
+git host accepts. A run is packed less what the tables do not read:
 
 * the thinned loss curve (``losses``, kept empty, as a restored run has it);
 * on a data set where the reference entry (``--reference``, default ``hmc``) was skipped,
@@ -21,10 +25,11 @@ entry, data set, split and seed, less what the tables do not read:
   the reference finishes. A sweep measured against no reference (``--reference none``, as
   ``classification.py`` runs) drops them everywhere.
 
-``--out OUT --unpack`` writes every run of the file of today's code back into ``OUT/runs/`` where
-its cache file is missing (:func:`bnn_zoo._harness.runs.cache_record`); the sweep's next
-command then fits only what is missing. ``reproduce.py`` unpacks a sweep folder's
-checkpoint before it runs the sweep.
+``--out OUT --unpack`` writes every run of today's code in those files back into
+``OUT/runs/`` where its cache file is missing (:func:`bnn_zoo._harness.runs.cache_record`); the
+sweep's next command then fits only what is missing. ``reproduce.py`` unpacks a sweep folder's
+checkpoint before it runs the sweep. Once the sweep has finished and its tables are written,
+the checkpoint folder has served and is deleted.
 
     python benchmarks/checkpoint.py --out benchmarks/results/uci            # before the lease ends
     python benchmarks/checkpoint.py --out benchmarks/results/uci --unpack   # on the next machine
@@ -46,8 +51,8 @@ from bnn_zoo._harness.provenance import code_version, run_code
 from bnn_zoo._harness.runs import cache_record
 from bnn_zoo._harness.summary import REFERENCE
 
-#: The file a sweep's cache is packed into, under its ``--out``.
-CHECKPOINT = "checkpoint.jsonl"
+#: The folder a sweep's cache is packed into, under its ``--out``: one file per data set.
+CHECKPOINT = "checkpoint"
 #: The statuses of the runs a cache keeps (a failed run is fitted again, never cached).
 KEPT = ("ok", "skipped")
 #: The predictive at every test point: read only by the distances to a reference.
@@ -90,24 +95,39 @@ def packed(records: Sequence[dict], reference: str | None) -> list[dict]:
     return out
 
 
+def data_file(data: str) -> str:
+    """The name of the checkpoint file of the data set ``data``."""
+    return data.replace("/", "_") + ".jsonl"
+
+
 def pack(out: Path, reference: str | None = REFERENCE) -> int:
-    """Write ``out/checkpoint.jsonl`` from the cache under ``out``; return how many runs."""
+    """Write ``out/checkpoint/<data set>.jsonl`` from the cache under ``out``, one file per
+    data set, and remove the files of other data sets; return how many runs."""
     records = packed(cached_records(out), reference)
-    write_text_atomic(out / CHECKPOINT,
-                      "".join(json.dumps(r, default=repr) + "\n" for r in records))
+    by_file: dict[str, list[dict]] = {}
+    for record in records:
+        by_file.setdefault(data_file(record["data"]), []).append(record)
+    folder = out / CHECKPOINT
+    folder.mkdir(exist_ok=True)
+    for name, group in by_file.items():
+        write_text_atomic(folder / name,
+                          "".join(json.dumps(r, default=repr) + "\n" for r in group))
+    for path in folder.glob("*.jsonl"):
+        if path.name not in by_file:
+            path.unlink()
     return len(records)
 
 
 def unpack(out: Path) -> int:
-    """Write the cache file of every run of today's code in ``out/checkpoint.jsonl`` where
-    none exists; return how many were written (none without that file)."""
-    path = out / CHECKPOINT
-    if not path.exists():
-        return 0
+    """Write the cache file of every run of today's code in ``out/checkpoint/*.jsonl`` where
+    none exists; return how many were written (none without such files)."""
     code = code_version()
-    records = [_record(path, number, line)
-               for number, line in enumerate(path.read_text().splitlines(), 1) if line]
-    return sum(cache_record(out, r) for r in records if run_code(r) == code)
+    written = 0
+    for path in sorted((out / CHECKPOINT).glob("*.jsonl")):
+        records = [_record(path, number, line)
+                   for number, line in enumerate(path.read_text().splitlines(), 1) if line]
+        written += sum(cache_record(out, r) for r in records if run_code(r) == code)
+    return written
 
 
 def _reference(text: str) -> str | None:
@@ -134,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.unpack:
         print(f"Unpacked {unpack(args.out)} runs into {args.out / 'runs'}")
     else:
-        print(f"Packed {pack(args.out, args.reference)} runs into {args.out / CHECKPOINT}")
+        print(f"Packed {pack(args.out, args.reference)} runs into {args.out / CHECKPOINT}/")
     return 0
 
 

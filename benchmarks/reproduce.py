@@ -22,7 +22,7 @@ The commands run one after the other, a sweep's batches spread over ``--jobs`` l
 workers or the cluster at ``--scheduler``; a command that fails is reported and the next
 one runs. Each sweep resumes from its cache: a rerun of an interrupted reproduction fits
 only what is missing (runs of other code than today's are refitted, never reused); a
-sweep folder holding a ``checkpoint.jsonl`` (the finished runs of an unfinished sweep, carried
+sweep folder holding a ``checkpoint/`` folder (the finished runs of an unfinished sweep, carried
 from another machine by ``benchmarks/checkpoint.py``) has it unpacked into its cache first.
 The UCI folders need ``BNN_ZOO_DATA`` (see the getting-started page), ``mnist1d`` the
 ``mnist1d`` extra and ``laplace_torch`` the ``laplace-torch`` package.
@@ -42,8 +42,9 @@ from bnn_zoo._harness import flags
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = "benchmarks/results"
-#: A sweep's packed run cache (``benchmarks/checkpoint.py``), unpacked before the sweep runs.
-CHECKPOINT = "checkpoint.jsonl"
+#: A sweep's packed run cache, one file per data set (``benchmarks/checkpoint.py``),
+#: unpacked before the sweep runs.
+CHECKPOINT = "checkpoint"
 KINDS = ("sweep", "timing", "other")
 #: The regression entries measured against the reference (every one but ``hmc`` itself and
 #: ``nuts``, five minutes a split that fail every gate).

@@ -1,6 +1,6 @@
-"""``benchmarks/checkpoint.py``: an unfinished sweep's run cache packed into one file and
-unpacked on a fresh checkout, where the sweep then reads every packed run back instead of
-fitting it."""
+"""``benchmarks/checkpoint.py``: an unfinished sweep's run cache packed into one file per
+data set and unpacked on a fresh checkout, where the sweep then reads every packed run back
+instead of fitting it."""
 
 from __future__ import annotations
 
@@ -36,12 +36,13 @@ def test_a_packed_sweep_resumes_from_a_fresh_cache(tmp_path, capsys, checkpoint_
     other["settings"]["code"] = other["provenance"]["code"] = "0ld"
     runs.cache_record(first, other)
     assert runs_moved("--out", str(first)) == 2
-    lines = (first / "checkpoint.jsonl").read_text().splitlines()
+    assert [p.name for p in (first / "checkpoint").iterdir()] == ["sine.jsonl"]
+    lines = (first / "checkpoint" / "sine.jsonl").read_text().splitlines()
     packed = [json.loads(line) for line in lines]
     assert [(r["entry"], r["split"], r["losses"]) for r in packed] == [("map", 0, []),
                                                                        ("map", 1, [])]
-    fresh.mkdir()
-    (fresh / "checkpoint.jsonl").write_text("\n".join([*lines, json.dumps(other)]) + "\n")
+    (fresh / "checkpoint").mkdir(parents=True)
+    (fresh / "checkpoint" / "sine.jsonl").write_text("\n".join([*lines, json.dumps(other)]) + "\n")
     assert runs_moved("--out", str(fresh), "--unpack") == 2
     assert runs_moved("--out", str(fresh), "--unpack") == 0  # none missing
     again = compare.run_comparison(["sine"], ["map"], splits=2, out=fresh, cached_only=True,
@@ -50,8 +51,29 @@ def test_a_packed_sweep_resumes_from_a_fresh_cache(tmp_path, capsys, checkpoint_
     for new, old in zip(again, records, strict=True):
         assert (new["metrics"], new["moments"]) == (old["metrics"], old["moments"])
     shutil.rmtree(fresh / "runs")
-    (fresh / "checkpoint.jsonl").unlink()
+    (fresh / "checkpoint" / "sine.jsonl").unlink()
     assert runs_moved("--out", str(fresh), "--unpack") == 0  # no file, nothing to write
+
+
+def test_each_data_set_has_its_own_file_and_a_data_set_without_runs_none(
+        tmp_path, monkeypatch, checkpoint_script):
+    """Runs are grouped into one file per data set (``/`` becomes ``_``), each in the
+    order entry, split, seed; a file left from a data set with no run of today's code goes."""
+    records = [_record("map", "uci/yacht"), _record("bbb", "uci/yacht"),
+               _record("map", "two_moons")]
+    records[1]["split"] = 1
+    monkeypatch.setitem(checkpoint_script["pack"].__globals__, "cached_records",
+                        lambda out: sorted(records, key=checkpoint_script["_key"]))
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "uci_energy.jsonl").write_text("{}\n")
+    assert checkpoint_script["pack"](tmp_path, None) == 3
+    files = {p.name: [json.loads(line) for line in p.read_text().splitlines()]
+             for p in folder.iterdir()}
+    assert {name: [(r["entry"], r["data"], r["split"]) for r in group]
+            for name, group in files.items()} == {
+        "uci_yacht.jsonl": [("bbb", "uci/yacht", 1), ("map", "uci/yacht", 0)],
+        "two_moons.jsonl": [("map", "two_moons", 0)]}
 
 
 def _record(entry: str, data: str, status: str = "ok") -> dict:

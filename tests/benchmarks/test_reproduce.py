@@ -71,7 +71,7 @@ def test_dry_run_prints_each_command_and_refuses_unknown_folders(capsys):
 
 def test_a_sweep_folder_with_a_checkpoint_is_unpacked_before_its_commands(
         tmp_path, monkeypatch, benchmark_script):
-    """The checkpoint that ``benchmarks/checkpoint.py`` packs (under its own file name) is
+    """The checkpoint that ``benchmarks/checkpoint.py`` packs (under its own folder name) is
     unpacked into the sweep's cache before the sweep runs; a sweep without one, and a
     timing run, run their commands alone."""
     run = REPRODUCE["run"]
@@ -86,7 +86,7 @@ def test_a_sweep_folder_with_a_checkpoint_is_unpacked_before_its_commands(
     chosen = REPRODUCE["chosen"](["uci", "uci_gap", "speed"], False)
     uci = tmp_path / "benchmarks" / "results" / "uci"
     uci.mkdir(parents=True)
-    (uci / benchmark_script("checkpoint.py")["CHECKPOINT"]).write_text("")
+    (uci / benchmark_script("checkpoint.py")["CHECKPOINT"]).mkdir()
     rows = run(chosen, jobs=2)
     unpack = [sys.executable, str(tmp_path / "benchmarks" / "checkpoint.py"), "--out", str(uci),
               "--unpack"]

@@ -285,7 +285,7 @@ def test_every_command_that_reads_results_names_a_file_it_cannot_read(tmp_path, 
     _one_error_line(capsys.readouterr().err, cli.PROG, str(broken))
     with pytest.raises(ValueError, match=f"Cannot read results file '{broken}'"):
         runs.restore_cache(broken.parent, "compare", task="regression")
-    _broken(tmp_path / "sweep" / "checkpoint.jsonl", '{"entry": "map"}\n{"entry": \n')
+    _broken(tmp_path / "sweep" / "checkpoint" / "sine.jsonl", '{"entry": "map"}\n{"entry": \n')
     for argv in ([str(ROOT / "benchmarks" / "moves.py"), str(broken), "--old", str(broken)],
                  [str(ROOT / "benchmarks" / "checkpoint.py"), "--out", str(tmp_path / "sweep"),
                   "--unpack"]):
