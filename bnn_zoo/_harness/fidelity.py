@@ -81,13 +81,19 @@ def fidelity_figure(rows: Sequence[dict]) -> Figure:
     return fig
 
 
-#: The offsets (points, up or down from the default's) a label tries in turn: whole lines of
-#: its 7-point text.
-_LABEL_SHIFTS = (0, -9, 9, -18, 18, -27, 27, -36, 36, -45, 45)
+#: The height (points) of a line of the labels' 7-point text: the step of a label's shifts.
+_LINE = 9
+
+
+def _shifts(count: int) -> list[int]:
+    """The offsets (points, up or down from the default's) a label tries in turn: 0, then
+    whole lines alternately below and above, out to ``count`` lines. A placed label blocks at
+    most two of them, so with ``count`` labels one is always clear."""
+    return [0, *(sign * _LINE * k for k in range(1, count + 1) for sign in (-1, 1))]
 
 
 def _separate(fig: Figure, labels: Sequence[Annotation]) -> None:
-    """Move each label of ``labels`` to the first of `_LABEL_SHIFTS` where it overlaps no
+    """Move each label of ``labels`` to the first of its `_shifts` where it overlaps no
     label placed before it (with 2 points between them side by side), or where it overlaps
     them least if none is clear."""
     fig.draw_without_rendering()
@@ -95,7 +101,7 @@ def _separate(fig: Figure, labels: Sequence[Annotation]) -> None:
     for label in labels:
         x, y = label.xyann
         tried = []  # (overlap, shift, box) of each shift tried
-        for shift in _LABEL_SHIFTS:
+        for shift in _shifts(len(labels)):
             label.xyann = (x, y + shift)
             box = label.get_window_extent().padded(2, 0)
             common = (Bbox.intersection(box, other) for other in placed)

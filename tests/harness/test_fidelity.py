@@ -64,10 +64,11 @@ def test_an_entry_without_quantiles_is_left_out():
 
 
 def test_labels_of_points_that_coincide_do_not_overlap():
-    """Five entries at one point: each label moves up or down until it clears the others."""
+    """Fifteen entries at one point (more than five lines above and below): each label
+    moves up or down until it clears the others."""
     rows = [{"data": "toy", "entry": f"entry_{i}", "task": "regression", "w1_to_ref": 0.5,
-             "w1_to_ref_se": 0.1, "fit_seconds": 2.0} for i in range(5)]
+             "w1_to_ref_se": 0.1, "fit_seconds": 2.0} for i in range(15)]
     ax = fidelity.fidelity_figure(rows).axes[0]
     boxes = [text.get_window_extent() for text in ax.texts]
-    assert len(boxes) == 5
+    assert len(boxes) == 15
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
